@@ -1,0 +1,101 @@
+"""The medrt exception tree.
+
+Every error that reaches a user names the input it is about and the reason, so a
+batch run or the listener can log it, list it in ``errors.csv`` and go on.
+Callers tell the kinds apart by class:
+
+``MedrtError``
+    ``InputError`` (bad input; carries ``source`` and ``reason``)
+        ``NotDicomError``            not DICOM at all
+        ``CorruptDicomError``        DICOM, but the header cannot be parsed
+        ``NoPixelDataError``         a DICOM object without pixel data
+        ``NotAnImageError``          an object that is not an image (SR, SEG, RT Dose, ...)
+        ``CorruptPixelDataError``    pixel data truncated, the wrong length, or undecodable
+        ``UnsupportedImageError``    an image medrt cannot analyse (unknown syntax, odd layout)
+        ``DecoderMissingError``      the decoder plugin for the transfer syntax is not installed
+"""
+
+from __future__ import annotations
+
+from os import PathLike
+
+__all__ = [
+    "MedrtError",
+    "InputError",
+    "NotDicomError",
+    "CorruptDicomError",
+    "NoPixelDataError",
+    "NotAnImageError",
+    "CorruptPixelDataError",
+    "UnsupportedImageError",
+    "DecoderMissingError",
+    "describe_source",
+]
+
+
+class MedrtError(Exception):
+    """Base class of every error medrt raises on purpose."""
+
+
+def describe_source(source: object) -> str:
+    """A short, PHI-free name for an input: a path as given, or the kind of object."""
+    if isinstance(source, (str, PathLike)):
+        return str(source)
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return f"<{len(source)} bytes>"
+    if source is None:
+        return "<unknown input>"
+    try:
+        uid = getattr(source, "SOPInstanceUID", None)
+    except Exception:  # a damaged header: the UID itself may be unreadable
+        uid = None
+    if uid:
+        return f"<dataset {uid}>"
+    return f"<{type(source).__name__}>"
+
+
+class InputError(MedrtError):
+    """An input medrt cannot use. ``source`` names it; ``reason`` says why."""
+
+    kind = "bad input"
+
+    def __init__(self, source: object, reason: str) -> None:
+        self.source = describe_source(source)
+        self.reason = reason
+        super().__init__(f"{self.source}: {self.kind}: {reason}")
+
+
+class NotDicomError(InputError):
+    kind = "not a DICOM file"
+
+
+class CorruptDicomError(InputError):
+    kind = "corrupt DICOM"
+
+
+class NoPixelDataError(InputError):
+    kind = "no pixel data"
+
+
+class NotAnImageError(InputError):
+    kind = "not an image"
+
+
+class CorruptPixelDataError(InputError):
+    kind = "corrupt pixel data"
+
+
+class UnsupportedImageError(InputError):
+    kind = "unsupported image"
+
+
+class DecoderMissingError(InputError):
+    """No installed plugin can decode the transfer syntax. ``packages`` lists what to install."""
+
+    kind = "decoder missing"
+
+    def __init__(self, source: object, reason: str, packages: tuple[str, ...] = ()) -> None:
+        self.packages = packages
+        if packages:
+            reason = f"{reason}; install it with: pip install {' '.join(packages)}"
+        super().__init__(source, reason)

@@ -1,0 +1,631 @@
+"""Decode DICOM (a path, bytes or a Dataset) into :class:`~medrt.types.Frame` objects.
+
+pydicom parses, and its registered plugins decode (pylibjpeg-libjpeg for JPEG,
+pylibjpeg-openjpeg for JPEG 2000, pyjpegls for JPEG-LS, pylibjpeg-rle or numpy for
+RLE). This module adds what analysis needs on top:
+
+* one ``Frame`` per frame, pixels float32 in modality units (rescale or modality
+  LUT applied), MONOCHROME1 inverted to display semantics, colour reduced to
+  luminance with the RGB kept for display;
+* spacing, geometry, UIDs and a default window, from classic or enhanced
+  (functional-group) headers;
+* a clear :class:`~medrt.errors.InputError` subclass, naming the input and the
+  reason, for every way an input can be unusable.
+
+Uncompressed little-endian greyscale data takes a fast path: one cast from a view
+on the file's bytes, instead of pydicom's copy followed by a float64 rescale, so
+decoding a 4096² frame costs about what pydicom's bare ``pixel_array`` costs.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import pydicom
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.errors import InvalidDicomError
+from pydicom.uid import (
+    UID,
+    DeflatedExplicitVRLittleEndian,
+    ExplicitVRBigEndian,
+    ExplicitVRLittleEndian,
+    ImplicitVRLittleEndian,
+)
+
+from medrt.errors import (
+    CorruptDicomError,
+    CorruptPixelDataError,
+    DecoderMissingError,
+    InputError,
+    NoPixelDataError,
+    NotAnImageError,
+    NotDicomError,
+    UnsupportedImageError,
+)
+from medrt.types import Frame, Geometry, SourceRef, SpacingSource, Window, WindowSource
+
+__all__ = [
+    "DicomSource",
+    "read_dataset",
+    "read_frames",
+    "frames_from_dataset",
+    "decoder_packages",
+    "is_image_sop_class",
+]
+
+log = logging.getLogger(__name__)
+
+DicomSource = str | os.PathLike[str] | bytes | bytearray | memoryview | Dataset | BinaryIO
+
+PIXEL_KEYWORDS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
+_PIXEL_TAGS = (0x7FE00010, 0x7FE00008, 0x7FE00009)
+_REQUIRED_PIXEL_ATTRS = ("Rows", "Columns", "BitsAllocated", "SamplesPerPixel")
+
+# SOP classes that may carry pixel data but are not images to analyse.
+_NON_IMAGE_SOP_CLASSES = frozenset(
+    str(u)
+    for u in (
+        pydicom.uid.SegmentationStorage,
+        pydicom.uid.RTDoseStorage,
+        pydicom.uid.RTStructureSetStorage,
+        pydicom.uid.RTPlanStorage,
+        pydicom.uid.ParametricMapStorage,
+        pydicom.uid.RawDataStorage,
+        pydicom.uid.EncapsulatedPDFStorage,
+        pydicom.uid.KeyObjectSelectionDocumentStorage,
+    )
+)
+_NON_IMAGE_NAME_PARTS = (
+    "SR Storage",
+    "Waveform",
+    "Presentation State",
+    "Encapsulated",
+    "Directory Storage",
+    "Segmentation Storage",
+)
+
+# What to ``pip install`` for each family of compressed transfer syntaxes.
+_JPEG = ("pylibjpeg", "pylibjpeg-libjpeg")
+_J2K = ("pylibjpeg", "pylibjpeg-openjpeg")
+_DECODER_PACKAGES: dict[str, tuple[str, ...]] = {
+    "1.2.840.10008.1.2.4.50": _JPEG,
+    "1.2.840.10008.1.2.4.51": _JPEG,
+    "1.2.840.10008.1.2.4.57": _JPEG,
+    "1.2.840.10008.1.2.4.70": _JPEG,
+    "1.2.840.10008.1.2.4.80": ("pyjpegls",),
+    "1.2.840.10008.1.2.4.81": ("pyjpegls",),
+    "1.2.840.10008.1.2.4.90": _J2K,
+    "1.2.840.10008.1.2.4.91": _J2K,
+    "1.2.840.10008.1.2.4.201": _J2K,
+    "1.2.840.10008.1.2.4.202": _J2K,
+    "1.2.840.10008.1.2.4.203": _J2K,
+    "1.2.840.10008.1.2.5": ("pylibjpeg", "pylibjpeg-rle"),
+}
+
+_NATIVE_LE = frozenset(
+    str(u) for u in (ExplicitVRLittleEndian, ImplicitVRLittleEndian, DeflatedExplicitVRLittleEndian)
+)
+_PERCENTILE_MAX_SAMPLES = 1 << 20
+# Refuse to allocate more than this for one object's decoded pixels: a damaged
+# Rows/Columns/NumberOfFrames must give an error, not exhaust memory.
+MAX_DECODED_BYTES = 8 << 30
+_LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)  # ITU-R BT.601, as in YBR_FULL
+
+
+def decoder_packages(transfer_syntax_uid: str) -> tuple[str, ...]:
+    """The pip packages that provide a decoder for ``transfer_syntax_uid`` (empty if built in)."""
+    return _DECODER_PACKAGES.get(str(transfer_syntax_uid), ())
+
+
+def is_image_sop_class(sop_class_uid: str) -> bool:
+    """False for SOP classes that are known not to be images (SR, SEG, RT Dose, ...)."""
+    uid = str(sop_class_uid)
+    if uid in _NON_IMAGE_SOP_CLASSES:
+        return False
+    name = UID(uid).name
+    if name.startswith("RT ") and "Image" not in name:  # RT plans, structures, records
+        return False
+    return not any(part in name for part in _NON_IMAGE_NAME_PARTS)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_dataset(source: DicomSource, *, stop_before_pixels: bool = False) -> Dataset:
+    """Parse ``source`` into a pydicom Dataset, or raise an :class:`InputError` naming it.
+
+    Files without the 128-byte preamble and ``DICM`` prefix (old or hand-made
+    files) are accepted when a data set with DICOM attributes can be parsed from
+    them; anything else is :class:`NotDicomError`.
+    """
+    if isinstance(source, Dataset):
+        return source
+    name: object = source
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if path.is_dir():
+            raise InputError(source, "is a directory, not a file")
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise InputError(source, "no such file") from None
+        except OSError as exc:
+            raise InputError(source, f"cannot be read: {exc.strerror or exc}") from None
+    elif isinstance(source, (bytes, bytearray, memoryview)):
+        data = bytes(source)
+    elif hasattr(source, "read"):
+        name = getattr(source, "name", source)
+        data = source.read()
+    else:
+        raise TypeError(f"cannot read DICOM from {type(source).__name__}")
+
+    if not data:
+        raise NotDicomError(name, "the file is empty")
+    has_prefix = len(data) >= 132 and data[128:132] == b"DICM"
+    try:
+        ds = pydicom.dcmread(io.BytesIO(data), stop_before_pixels=stop_before_pixels)
+    except InvalidDicomError:
+        ds = _read_without_preamble(name, data, stop_before_pixels)
+    except Exception as exc:  # pydicom raises many types on damaged headers
+        if has_prefix:
+            raise CorruptDicomError(name, f"the header cannot be parsed ({_exc_text(exc)})") from exc
+        raise NotDicomError(name, "no DICOM header could be parsed") from exc
+    if not has_prefix and not _looks_like_dicom(ds):
+        raise NotDicomError(name, "no 'DICM' prefix and no DICOM attributes found")
+    if len(ds) == 0:
+        raise CorruptDicomError(name, "no data elements could be read: the file is truncated or damaged")
+    if isinstance(source, (str, os.PathLike)):
+        ds.filename = str(source)
+    return ds
+
+
+def _read_without_preamble(name: object, data: bytes, stop_before_pixels: bool) -> Dataset:
+    try:
+        ds = pydicom.dcmread(io.BytesIO(data), force=True, stop_before_pixels=stop_before_pixels)
+        # Touch every top-level element, so garbage fails here rather than later.
+        for _ in ds.keys():
+            pass
+    except Exception as exc:
+        raise NotDicomError(name, "no 'DICM' prefix and no DICOM data set could be parsed") from exc
+    if not _looks_like_dicom(ds):
+        raise NotDicomError(name, "no 'DICM' prefix and no DICOM attributes found")
+    log.info("%s: read without DICOM preamble/prefix", getattr(ds, "SOPInstanceUID", "<no uid>"))
+    return ds
+
+
+def _looks_like_dicom(ds: Dataset) -> bool:
+    """True when a force-parsed data set has the attributes any real DICOM object has."""
+    try:
+        keys = ds.keys()
+        if not keys:
+            return False
+        has_ids = 0x00080016 in keys or 0x00080018 in keys  # SOP Class / SOP Instance UID
+        has_image = 0x00280010 in keys and any(t in keys for t in _PIXEL_TAGS)
+        if not (has_ids or has_image):
+            return False
+        # Garbage parsed with force=True rarely has a first tag in group 0x0002 or 0x0008.
+        return min(keys) < 0x00090000
+    except Exception:
+        return False
+
+
+def _exc_text(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    first = text[0] if text else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+# --------------------------------------------------------------------------- frames
+
+
+def read_frames(source: DicomSource) -> list[Frame]:
+    """Decode ``source`` (a path, bytes, a file object or a Dataset) into one Frame per frame.
+
+    Raises an :class:`~medrt.errors.InputError` subclass naming the input and the
+    reason for every unusable input.
+    """
+    ds = read_dataset(source)
+    path = Path(source) if isinstance(source, (str, os.PathLike)) else None
+    return frames_from_dataset(ds, path=path, name=source if path else None)
+
+
+def frames_from_dataset(ds: Dataset, *, path: Path | None = None, name: object = None) -> list[Frame]:
+    """Turn a parsed Dataset into frames; see :func:`read_frames`."""
+    label = name if name is not None else (path if path is not None else ds)
+    try:
+        return _frames(ds, path, label)
+    except InputError:
+        raise
+    except Exception as exc:  # a lazily-parsed attribute that is garbage, and the like
+        raise CorruptDicomError(label, f"an attribute cannot be read ({_exc_text(exc)})") from exc
+
+
+def _frames(ds: Dataset, path: Path | None, label: object) -> list[Frame]:
+    sop_class = str(ds.get("SOPClassUID", "") or "")
+    if not sop_class and hasattr(ds, "file_meta"):
+        sop_class = str(ds.file_meta.get("MediaStorageSOPClassUID", "") or "")
+    if sop_class and not is_image_sop_class(sop_class):
+        raise NotAnImageError(label, f"{UID(sop_class).name} objects are not images")
+    keyword = next((k for k in PIXEL_KEYWORDS if k in ds), None)
+    if keyword is None:
+        what = UID(sop_class).name if sop_class else "the object"
+        hint = " (the file may be truncated)" if sop_class and "Image" in UID(sop_class).name else ""
+        raise NoPixelDataError(label, f"{what} has no (7FE0,0010) Pixel Data{hint}")
+    if keyword != "PixelData":
+        raise UnsupportedImageError(label, f"{keyword} (floating-point pixels) is not supported")
+    missing = [k for k in _REQUIRED_PIXEL_ATTRS if ds.get(k) in (None, "")]
+    if "PhotometricInterpretation" not in ds:
+        missing.append("PhotometricInterpretation")
+    if missing:
+        raise CorruptDicomError(label, f"required Image Pixel attribute(s) missing: {', '.join(missing)}")
+
+    tsyntax = _transfer_syntax(ds, label)
+    photometric = str(ds.PhotometricInterpretation).strip().upper()
+    n_frames = _number_of_frames(ds)
+    arr = _decode(ds, tsyntax, photometric, n_frames, label)  # (frames, rows, cols[, 3])
+
+    color: np.ndarray | None = None
+    inverted = False
+    if arr.ndim == 4 or photometric == "PALETTE COLOR":
+        if photometric == "PALETTE COLOR":
+            from pydicom.pixels import apply_color_lut
+
+            arr = apply_color_lut(arr, ds)
+        color = arr
+        pixels = np.tensordot(arr, _LUMA, axes=([-1], [0])).astype(np.float32, copy=False)
+        low = high = None
+    else:
+        pixels, low, high = _modality(arr, ds, tsyntax)
+        if photometric == "MONOCHROME1":
+            # Invert inside the range the stored values can take, so values stay in
+            # modality units' range and higher means brighter, as for MONOCHROME2.
+            np.subtract(np.float32(low + high), pixels, out=pixels)
+            inverted = True
+
+    meta = _header_only(ds)
+    ref = SourceRef(dataset=meta, path=path, transfer_syntax_uid=str(tsyntax), number_of_frames=n_frames)
+    spacing, spacing_source = _spacing(ds)
+    geometries = _geometries(ds, n_frames)
+    uids = {
+        "sop_class_uid": sop_class,
+        "sop_instance_uid": str(ds.get("SOPInstanceUID", "") or ""),
+        "series_instance_uid": str(ds.get("SeriesInstanceUID", "") or ""),
+        "study_instance_uid": str(ds.get("StudyInstanceUID", "") or ""),
+        "frame_of_reference_uid": str(ds.FrameOfReferenceUID) if ds.get("FrameOfReferenceUID") else None,
+    }
+    header_window = _header_window(ds)
+    frames: list[Frame] = []
+    for i in range(n_frames):
+        px = pixels[i]
+        px.flags.writeable = False
+        window = header_window
+        if window is not None and inverted:
+            window = Window(low + high - window.center, window.width, WindowSource.HEADER)  # type: ignore[operator]
+        if window is None:
+            window = _percentile_window(px)
+        rgb = None
+        if color is not None:
+            rgb = color[i]
+            rgb.flags.writeable = False
+        frames.append(
+            Frame(
+                pixels=px,
+                spacing_mm=spacing,
+                spacing_source=spacing_source,
+                window=window,
+                photometric=photometric,
+                modality=str(ds.get("Modality", "") or ""),
+                frame_index=i,
+                source=ref,
+                geometry=geometries[i],
+                color=rgb,
+                inverted=inverted,
+                **uids,
+            )
+        )
+    return frames
+
+
+def _transfer_syntax(ds: Dataset, label: object) -> UID:
+    """The data set's transfer syntax, inferred from how it was read when the meta lacks it."""
+    meta = getattr(ds, "file_meta", None)
+    uid = meta.get("TransferSyntaxUID") if meta is not None else None
+    if not uid:
+        elem = ds["PixelData"]
+        if elem.is_undefined_length:
+            raise UnsupportedImageError(label, "compressed pixel data but no Transfer Syntax UID in the file meta")
+        implicit, little = ds.original_encoding
+        if little is False:
+            uid = ExplicitVRBigEndian
+        else:
+            uid = ImplicitVRLittleEndian if implicit else ExplicitVRLittleEndian
+        if meta is None:
+            ds.file_meta = meta = FileMetaDataset()
+        meta.TransferSyntaxUID = uid
+        log.warning(
+            "%s: no Transfer Syntax UID in the file meta; decoding as %s, as it was read",
+            ds.get("SOPInstanceUID", "<no uid>"),
+            UID(uid).name,
+        )
+    uid = UID(str(uid))
+    from pydicom.pixels import get_decoder
+
+    try:
+        decoder = get_decoder(uid)
+    except NotImplementedError:
+        raise UnsupportedImageError(label, f"transfer syntax {uid.name} ({uid}) is not supported") from None
+    if not decoder.is_available:
+        missing = "; ".join(decoder.missing_dependencies)
+        raise DecoderMissingError(
+            label,
+            f"no installed plugin can decode {uid.name} pixel data ({missing})",
+            packages=decoder_packages(uid),
+        )
+    return uid
+
+
+def _number_of_frames(ds: Dataset) -> int:
+    value = ds.get("NumberOfFrames", 1)
+    try:
+        n = int(value) if value not in (None, "") else 1
+    except (TypeError, ValueError):
+        n = 1
+    return max(n, 1)
+
+
+def _decode(ds: Dataset, tsyntax: UID, photometric: str, n_frames: int, label: object) -> np.ndarray:
+    """Decoded stored values shaped ``(frames, rows, cols[, samples])``, RGB for colour."""
+    rows, cols = int(ds.Rows), int(ds.Columns)
+    if rows <= 0 or cols <= 0:
+        raise CorruptDicomError(label, f"image size {rows}x{cols} is empty")
+    samples = int(ds.SamplesPerPixel)
+    bits = int(ds.BitsAllocated)
+    if samples not in (1, 3) or bits not in (1, 8, 16, 32, 64):
+        raise UnsupportedImageError(label, f"{samples} samples of {bits} bits per pixel is not supported")
+    decoded = rows * cols * n_frames * samples * max(bits // 8, 1)
+    if decoded > MAX_DECODED_BYTES:
+        raise UnsupportedImageError(
+            label, f"{n_frames} frame(s) of {rows}x{cols}x{samples} would need {decoded / 2**30:.1f} GiB"
+        )
+    if tsyntax.is_encapsulated:
+        _check_fragments(ds, n_frames, label)
+    fast = _native_view(ds, tsyntax, rows, cols, n_frames, label)
+    if fast is not None:
+        return fast
+    from pydicom.pixels import pixel_array
+
+    try:
+        arr = pixel_array(ds)
+    except ValueError as exc:
+        text = str(exc)
+        if "less than expected" in text or "truncated" in text.lower():
+            raise CorruptPixelDataError(label, f"pixel data is truncated ({_first_line(text)})") from exc
+        raise CorruptPixelDataError(label, _first_line(text)) from exc
+    except RuntimeError as exc:
+        raise CorruptPixelDataError(
+            label, f"the {tsyntax.name} pixel data could not be decoded ({_first_error(str(exc))})"
+        ) from exc
+    except (KeyboardInterrupt, SystemExit, MemoryError):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - Rust decoders panic with a BaseException
+        raise CorruptPixelDataError(label, f"pixel data cannot be decoded ({_exc_text(exc)})") from exc
+    shape = (n_frames, rows, cols, samples) if samples > 1 else (n_frames, rows, cols)
+    return arr.reshape(shape)
+
+
+def _check_fragments(ds: Dataset, n_frames: int, label: object) -> None:
+    """Encapsulated data needs at least one fragment per frame."""
+    from pydicom.encaps import parse_basic_offsets, parse_fragments
+
+    data = ds.PixelData
+    try:
+        buffer = io.BytesIO(data)
+        parse_basic_offsets(buffer)
+        n_fragments, offsets = parse_fragments(buffer)
+    except Exception as exc:
+        raise CorruptPixelDataError(label, f"encapsulated pixel data is damaged ({_exc_text(exc)})") from exc
+    if offsets:
+        last = offsets[-1]
+        length = int.from_bytes(data[last + 4 : last + 8], "little")
+        if last + 8 + length > len(data):
+            raise CorruptPixelDataError(
+                label, "the file ends inside the encapsulated pixel data (truncated)"
+            )
+    if n_fragments < n_frames:
+        raise CorruptPixelDataError(
+            label, f"{n_frames} frame(s) declared but the encapsulated pixel data has {n_fragments} fragment(s)"
+        )
+
+
+def _native_view(
+    ds: Dataset, tsyntax: UID, rows: int, cols: int, n_frames: int, label: object
+) -> np.ndarray | None:
+    """A zero-copy view of uncompressed little-endian greyscale pixel data, or None.
+
+    Only taken where it gives exactly what pydicom's decoder gives: otherwise
+    (bits stored needing a mask or sign extension that the data really uses, odd
+    bit depths, colour) the general decoder runs.
+    """
+    if str(tsyntax) not in _NATIVE_LE or int(ds.SamplesPerPixel) != 1:
+        return None
+    bits = int(ds.BitsAllocated)
+    if bits not in (8, 16, 32):
+        return None
+    signed = int(ds.get("PixelRepresentation", 0) or 0) == 1
+    data = ds.PixelData
+    if not isinstance(data, (bytes, bytearray)):
+        return None
+    expected = rows * cols * n_frames * (bits // 8)
+    if len(data) < expected:
+        raise CorruptPixelDataError(
+            label, f"pixel data is truncated: {len(data)} bytes, {expected} expected for {n_frames}x{rows}x{cols}x{bits} bit"
+        )
+    dtype = np.dtype(f"<{'i' if signed else 'u'}{bits // 8}")
+    arr = np.frombuffer(data, dtype=dtype, count=rows * cols * n_frames).reshape(n_frames, rows, cols)
+    stored = int(ds.get("BitsStored", bits) or bits)
+    if stored < bits:
+        lo, hi = (-(1 << (stored - 1)), (1 << (stored - 1)) - 1) if signed else (0, (1 << stored) - 1)
+        if arr.min() < lo or arr.max() > hi:
+            return None  # unused high bits are set: let pydicom mask / sign-extend
+    return arr
+
+
+def _first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
+
+
+def _first_error(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[1] if len(lines) > 1 else (lines[0] if lines else text)
+
+
+def _modality(arr: np.ndarray, ds: Dataset, tsyntax: UID) -> tuple[np.ndarray, float, float]:
+    """Stored values to float32 modality units, with the range the stored values map to."""
+    bits = int(ds.get("BitsStored", ds.BitsAllocated) or ds.BitsAllocated)
+    signed = int(ds.get("PixelRepresentation", 0) or 0) == 1
+    smin, smax = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    lut_item = _modality_lut_item(ds)
+    if lut_item is not None:
+        from pydicom.pixels import apply_modality_lut
+
+        out = np.asarray(apply_modality_lut(arr, ds), dtype=np.float32)
+        bounds = np.asarray(apply_modality_lut(np.array([smin, smax], dtype=np.int64), ds), dtype=np.float64)
+        return out, float(bounds.min()), float(bounds.max())
+    slope, intercept = _rescale(ds)
+    out = arr.astype(np.float32)  # the one copy: a cast from the file's bytes
+    if slope != 1.0:
+        out *= np.float32(slope)
+    if intercept != 0.0:
+        out += np.float32(intercept)
+    a, b = smin * slope + intercept, smax * slope + intercept
+    return out, float(min(a, b)), float(max(a, b))
+
+
+def _modality_lut_item(ds: Dataset) -> Dataset | None:
+    seq = ds.get("ModalityLUTSequence")
+    return seq[0] if seq else None
+
+
+def _rescale(ds: Dataset) -> tuple[float, float]:
+    """RescaleSlope/Intercept, from the top level or the enhanced functional groups."""
+    if "RescaleSlope" in ds and "RescaleIntercept" in ds:
+        return float(ds.RescaleSlope), float(ds.RescaleIntercept)
+    item = _functional_item(ds, "PixelValueTransformationSequence", 0)
+    if item is not None and "RescaleSlope" in item and "RescaleIntercept" in item:
+        return float(item.RescaleSlope), float(item.RescaleIntercept)
+    return 1.0, 0.0
+
+
+def _functional_item(ds: Dataset, keyword: str, index: int) -> Dataset | None:
+    """``keyword``'s first item for frame ``index``, per-frame groups first, then shared."""
+    per_frame = ds.get("PerFrameFunctionalGroupsSequence")
+    if per_frame and index < len(per_frame):
+        seq = per_frame[index].get(keyword)
+        if seq:
+            return seq[0]
+    shared = ds.get("SharedFunctionalGroupsSequence")
+    if shared:
+        seq = shared[0].get(keyword)
+        if seq:
+            return seq[0]
+    return None
+
+
+def _spacing(ds: Dataset) -> tuple[tuple[float, float] | None, SpacingSource]:
+    candidates: list[tuple[Any, SpacingSource]] = [
+        (ds.get("PixelSpacing"), SpacingSource.PIXEL_SPACING),
+        (ds.get("ImagerPixelSpacing"), SpacingSource.IMAGER_PIXEL_SPACING),
+        (ds.get("ImagePlanePixelSpacing"), SpacingSource.IMAGE_PLANE),
+        (ds.get("NominalScannedPixelSpacing"), SpacingSource.NOMINAL_SCANNED),
+    ]
+    measures = _functional_item(ds, "PixelMeasuresSequence", 0)
+    if measures is not None:
+        candidates.insert(1, (measures.get("PixelSpacing"), SpacingSource.PIXEL_SPACING))
+    for value, source in candidates:
+        pair = _float_pair(value)
+        if pair is not None:
+            return pair, source
+    return None, SpacingSource.NONE
+
+
+def _float_pair(value: Any) -> tuple[float, float] | None:
+    try:
+        if value is None or len(value) != 2:
+            return None
+        a, b = float(value[0]), float(value[1])
+    except (TypeError, ValueError):
+        return None
+    return (a, b) if a > 0 and b > 0 and np.isfinite(a) and np.isfinite(b) else None
+
+
+def _geometries(ds: Dataset, n_frames: int) -> list[Geometry | None]:
+    top = _geometry(ds.get("ImagePositionPatient"), ds.get("ImageOrientationPatient"))
+    if top is not None or "PerFrameFunctionalGroupsSequence" not in ds:
+        return [top] * n_frames
+    out: list[Geometry | None] = []
+    for i in range(n_frames):
+        pos = _functional_item(ds, "PlanePositionSequence", i)
+        ori = _functional_item(ds, "PlaneOrientationSequence", i)
+        out.append(
+            _geometry(
+                pos.get("ImagePositionPatient") if pos is not None else None,
+                ori.get("ImageOrientationPatient") if ori is not None else None,
+            )
+        )
+    return out
+
+
+def _geometry(position: Sequence[Any] | None, orientation: Sequence[Any] | None) -> Geometry | None:
+    try:
+        if position is None or orientation is None or len(position) != 3 or len(orientation) != 6:
+            return None
+        p = tuple(float(v) for v in position)
+        o = tuple(float(v) for v in orientation)
+    except (TypeError, ValueError):
+        return None
+    return Geometry(position=p, orientation=o)  # type: ignore[arg-type]
+
+
+def _header_window(ds: Dataset) -> Window | None:
+    center, width = ds.get("WindowCenter"), ds.get("WindowWidth")
+    if center is None or width is None:
+        item = _functional_item(ds, "FrameVOILUTSequence", 0)
+        if item is not None:
+            center, width = item.get("WindowCenter"), item.get("WindowWidth")
+    try:
+        c = float(center[0] if isinstance(center, Sequence) and not isinstance(center, str) else center)  # type: ignore[index,arg-type]
+        w = float(width[0] if isinstance(width, Sequence) and not isinstance(width, str) else width)  # type: ignore[index,arg-type]
+    except (TypeError, ValueError, IndexError):
+        return None
+    if not (np.isfinite(c) and np.isfinite(w)) or w <= 0:
+        return None
+    return Window(c, w, WindowSource.HEADER)
+
+
+def _percentile_window(pixels: np.ndarray) -> Window:
+    """The 0.1–99.9 % range, on a regular subsample of at most ~1 M pixels."""
+    step = max(1, int(np.ceil(np.sqrt(pixels.size / _PERCENTILE_MAX_SAMPLES))))
+    sample = pixels[::step, ::step]
+    lo, hi = np.percentile(sample, [0.1, 99.9])
+    lo, hi = float(lo), float(hi)
+    if not hi > lo:
+        hi = lo + 1.0
+    return Window((lo + hi) / 2.0, hi - lo, WindowSource.PERCENTILE)
+
+
+def _header_only(ds: Dataset) -> Dataset:
+    """A new Dataset with every element but the pixel data (so frames do not pin the bytes)."""
+    meta = Dataset({tag: ds[tag] for tag in ds.keys() if int(tag) not in _PIXEL_TAGS})
+    if hasattr(ds, "file_meta"):
+        meta.file_meta = ds.file_meta
+    meta.preamble = getattr(ds, "preamble", None)
+    if getattr(ds, "filename", None):
+        meta.filename = ds.filename
+    meta.set_original_encoding(*ds.original_encoding, ds.original_character_set)
+    return meta

@@ -1,0 +1,56 @@
+"""Find input files under paths given on the command line or by a source."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+__all__ = ["iter_files"]
+
+log = logging.getLogger(__name__)
+
+
+def iter_files(paths: Iterable[str | os.PathLike[str]], *, follow_outside_links: bool = False) -> Iterator[Path]:
+    """Yield the files named by ``paths``, walking folders recursively in sorted order.
+
+    Hidden files and folders (a leading dot) are passed over. A symbolic link
+    inside a folder is followed only when it stays inside that folder, unless
+    ``follow_outside_links`` is set, so a scan never wanders into the rest of the
+    file system. A path that does not exist is yielded as is, so that the reader
+    reports it like any other bad input.
+    """
+    for raw in paths:
+        root = Path(raw)
+        if not root.is_dir():
+            yield root
+            continue
+        real_root = root.resolve()
+        seen: set[Path] = set()
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+            here = Path(dirpath)
+            real_here = here.resolve()
+            if real_here in seen:  # a link loop
+                dirnames[:] = []
+                continue
+            seen.add(real_here)
+            dirnames[:] = sorted(
+                d for d in dirnames if not d.startswith(".") and _allowed(here / d, real_root, follow_outside_links)
+            )
+            for name in sorted(filenames):
+                if name.startswith("."):
+                    continue
+                path = here / name
+                if _allowed(path, real_root, follow_outside_links):
+                    yield path
+
+
+def _allowed(path: Path, real_root: Path, follow_outside_links: bool) -> bool:
+    if follow_outside_links or not path.is_symlink():
+        return True
+    target = path.resolve()
+    if target == real_root or real_root in target.parents:
+        return True
+    log.info("not following %s: the link leads outside the input folder", path)
+    return False

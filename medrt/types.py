@@ -1,0 +1,164 @@
+"""Typed payloads that travel between pipeline stages.
+
+They are frozen dataclasses: a stage never edits what it was given, it makes a
+new object. Arrays inside them are set read-only where medrt creates them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from pydicom.dataset import Dataset
+
+__all__ = [
+    "SpacingSource",
+    "WindowSource",
+    "Window",
+    "Geometry",
+    "SourceRef",
+    "Frame",
+    "LesionTruth",
+]
+
+
+class SpacingSource(str, enum.Enum):
+    """Which attribute a frame's pixel spacing came from.
+
+    ``PixelSpacing`` is in the patient (CT, MR) and is what measurements use;
+    ``ImagerPixelSpacing`` is at the detector plane of projection radiography
+    (DX, CR, MG), so sizes measured with it include the geometric magnification.
+    """
+
+    PIXEL_SPACING = "PixelSpacing"
+    IMAGER_PIXEL_SPACING = "ImagerPixelSpacing"
+    IMAGE_PLANE = "ImagePlanePixelSpacing"  # RT Image: at the image receptor plane
+    NOMINAL_SCANNED = "NominalScannedPixelSpacing"
+    NONE = "none"
+
+
+class WindowSource(str, enum.Enum):
+    HEADER = "header"
+    PERCENTILE = "percentile"
+
+
+@dataclass(frozen=True, slots=True)
+class Window:
+    """A VOI window in the same units as ``Frame.pixels`` (display semantics)."""
+
+    center: float
+    width: float
+    source: WindowSource = WindowSource.HEADER
+
+    @property
+    def low(self) -> float:
+        return self.center - self.width / 2.0
+
+    @property
+    def high(self) -> float:
+        return self.center + self.width / 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """Where a frame sits in the patient: ImagePositionPatient and ImageOrientationPatient."""
+
+    position: tuple[float, float, float]
+    orientation: tuple[float, float, float, float, float, float]
+
+    @property
+    def normal(self) -> tuple[float, float, float]:
+        r = np.asarray(self.orientation[:3], dtype=np.float64)
+        c = np.asarray(self.orientation[3:], dtype=np.float64)
+        n = np.cross(r, c)
+        return (float(n[0]), float(n[1]), float(n[2]))
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class SourceRef:
+    """Where a frame came from, with the header that SEG/SR/SC builders need later.
+
+    ``dataset`` is the source object's header without its pixel data, shared by
+    every frame of one object. Treat it as read-only.
+    """
+
+    dataset: Dataset
+    path: Path | None = None
+    transfer_syntax_uid: str = ""
+    number_of_frames: int = 1
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Frame:
+    """One 2-D image, ready for analysis.
+
+    ``pixels`` is float32 ``(rows, cols)`` in modality units (HU for CT) after the
+    modality LUT, with display semantics: higher is brighter (MONOCHROME1 input is
+    inverted). For colour input it is the luminance, and ``color`` keeps the
+    decoded RGB for display.
+    """
+
+    pixels: np.ndarray
+    spacing_mm: tuple[float, float] | None
+    spacing_source: SpacingSource
+    window: Window
+    photometric: str
+    sop_class_uid: str
+    sop_instance_uid: str
+    series_instance_uid: str
+    study_instance_uid: str
+    frame_of_reference_uid: str | None
+    modality: str
+    frame_index: int
+    source: SourceRef
+    geometry: Geometry | None = None
+    color: np.ndarray | None = None
+    inverted: bool = False
+
+    @property
+    def rows(self) -> int:
+        return int(self.pixels.shape[0])
+
+    @property
+    def cols(self) -> int:
+        return int(self.pixels.shape[1])
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, self.cols)
+
+    @property
+    def number_of_frames(self) -> int:
+        return self.source.number_of_frames
+
+    @property
+    def key(self) -> str:
+        """A unique, PHI-free name for the frame: ``SOPInstanceUID[#frame]``."""
+        if self.source.number_of_frames > 1:
+            return f"{self.sop_instance_uid}#{self.frame_index}"
+        return self.sop_instance_uid
+
+
+@dataclass(frozen=True, slots=True)
+class LesionTruth:
+    """Ground truth for one lesion in one frame, as the phantom generated it.
+
+    Coordinates are in source pixels, ``(row, col)``; ``bbox`` is half-open
+    ``(r0, c0, r1, c1)``. ``label`` is the value of this lesion in the frame's
+    label mask. ``contrast`` is in the frame's modality units (HU for CT).
+    """
+
+    label: int
+    center: tuple[float, float]
+    bbox: tuple[int, int, int, int]
+    diameter_mm: float
+    area_mm2: float
+    contrast: float
+    shape: str = "round"
+    kind: str = "bright"
+    extras: dict[str, float] = field(default_factory=dict)

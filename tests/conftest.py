@@ -1,0 +1,74 @@
+"""Shared test fixtures.
+
+Under ``CI=true`` a test that would skip because a tool or package is missing
+fails instead, so a missing install step in ``.ci/run`` can never hide behind a
+skip. Only tests marked ``gpu`` may skip in CI.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+REPO = Path(__file__).resolve().parent.parent
+SAMPLE_DIR = REPO / "sample_dicom"
+
+
+def missing(reason: str) -> None:
+    """Skip locally, fail in CI: for a tool or package the test environment should have."""
+    if IN_CI:
+        pytest.fail(f"required in CI but missing: {reason}")
+    pytest.skip(reason)
+
+
+def require_tool(name: str) -> str:
+    """Return the path of executable ``name``, or skip (fail in CI) when it is not installed."""
+    path = shutil.which(name)
+    if path is None:
+        missing(f"executable {name!r} is not installed (see .ci/run for the apt package)")
+    return path  # type: ignore[return-value]
+
+
+def require_module(name: str):  # type: ignore[no-untyped-def]
+    """Import and return module ``name``, or skip (fail in CI) when it is not installed."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        missing(f"python package {name!r} is not importable: {exc}")
+
+
+def pydicom_test_dir() -> Path:
+    """The folder of DICOM files that ship inside pydicom's wheel (no download needed)."""
+    import pydicom.data
+
+    return Path(pydicom.data.__file__).parent / "test_files"
+
+
+def pynetdicom_test_dir() -> Path:
+    """The folder of DICOM files that ship inside pynetdicom's wheel."""
+    import pynetdicom
+
+    return Path(pynetdicom.__file__).parent / "tests" / "dicom_files"
+
+
+def bundled_dicom_files() -> list[Path]:
+    """Every ``*.dcm`` file bundled in the pydicom and pynetdicom wheels, sorted.
+
+    Listed from disk: ``pydicom.data.get_testdata_files`` would try to download
+    the files that are not in the wheel, and this machine is offline.
+    """
+    files = sorted(pydicom_test_dir().glob("*.dcm")) + sorted(pynetdicom_test_dir().glob("*.dcm"))
+    assert len(files) > 60, "pydicom/pynetdicom test files not found"
+    return files
+
+
+@pytest.fixture
+def sample_dir() -> Path:
+    if not SAMPLE_DIR.is_dir() or not any(SAMPLE_DIR.rglob("*.dcm")):
+        pytest.fail("sample_dicom/ is missing or empty; regenerate it (see sample_dicom/README.md)")
+    return SAMPLE_DIR

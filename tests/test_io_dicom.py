@@ -1,0 +1,422 @@
+"""medrt.io.dicom against every image file bundled in pydicom's and pynetdicom's wheels.
+
+Each file must either decode to what pydicom's own decoder gives (after the same
+LUT steps, done here with pydicom's functions in float64) or raise a clear
+MedrtError naming the file. No file may raise anything else.
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pydicom
+import pytest
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.pixels import apply_color_lut, apply_modality_lut
+from pydicom.uid import (
+    UID,
+    ExplicitVRBigEndian,
+    ExplicitVRLittleEndian,
+    ImplicitVRLittleEndian,
+    JPEGLossless,
+    generate_uid,
+)
+
+from conftest import bundled_dicom_files, pydicom_test_dir, pynetdicom_test_dir
+from medrt.errors import (
+    CorruptDicomError,
+    CorruptPixelDataError,
+    DecoderMissingError,
+    InputError,
+    MedrtError,
+    NoPixelDataError,
+    NotAnImageError,
+    NotDicomError,
+)
+from medrt.io.dicom import read_dataset, read_frames
+from medrt.types import SpacingSource, WindowSource
+
+LUMA = np.array([0.299, 0.587, 0.114])
+
+# Files whose outcome is known; everything else must decode like pydicom.
+EXPECTED_ERRORS: dict[str, type[MedrtError]] = {
+    "MR_truncated.dcm": CorruptPixelDataError,
+    "JPEG-lossy.dcm": CorruptPixelDataError,  # pydicom's own decoders fail on it too
+    "JPEG2000-embedded-sequence-delimiter.dcm": CorruptPixelDataError,
+    "test-SR.dcm": NotAnImageError,
+    "reportsi.dcm": NotAnImageError,
+    "liver_1frame.dcm": NotAnImageError,
+    "liver_expb_1frame.dcm": NotAnImageError,
+    "rtdose.dcm": NotAnImageError,
+    "rtdose_rle.dcm": NotAnImageError,
+    "rtplan.dcm": NotAnImageError,
+    "rtstruct.dcm": NotAnImageError,
+    "waveform_ecg.dcm": NotAnImageError,
+    "ExplVR_BigEndNoMeta.dcm": NotAnImageError,  # an RT Ion Plan without preamble
+    "no_meta.dcm": NotDicomError,
+    "priv_SQ.dcm": NoPixelDataError,
+    "UN_sequence.dcm": NoPixelDataError,
+    "nested_priv_SQ.dcm": CorruptDicomError,  # pixel data but no Image Pixel module
+    "meta_missing_tsyntax.dcm": CorruptDicomError,
+}
+
+
+def reference_frames(path: Path) -> list[np.ndarray]:
+    """What pydicom itself gives, after the LUT steps medrt promises, in float64."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds = pydicom.dcmread(path, force=True)
+        if "TransferSyntaxUID" not in getattr(ds, "file_meta", {}):
+            implicit, little = ds.original_encoding
+            ds.file_meta = getattr(ds, "file_meta", FileMetaDataset())
+            ds.file_meta.TransferSyntaxUID = (
+                ExplicitVRBigEndian if not little else ImplicitVRLittleEndian if implicit else ExplicitVRLittleEndian
+            )
+        arr = ds.pixel_array
+    n = int(ds.get("NumberOfFrames", 1) or 1)
+    spp = int(ds.SamplesPerPixel)
+    pi = ds.PhotometricInterpretation
+    if pi == "PALETTE COLOR":
+        arr = apply_color_lut(arr, ds)
+        spp = 3
+    arr = arr.reshape((n, ds.Rows, ds.Columns, 3) if spp == 3 else (n, ds.Rows, ds.Columns))
+    if spp == 3:
+        return [np.tensordot(a.astype(np.float64), LUMA, axes=([-1], [0])) for a in arr]
+    out = np.asarray(apply_modality_lut(arr, ds), dtype=np.float64)
+    if pi == "MONOCHROME1":
+        bits, signed = ds.BitsStored, ds.PixelRepresentation == 1
+        ext = np.array([-(2 ** (bits - 1)), 2 ** (bits - 1) - 1] if signed else [0, 2**bits - 1])
+        lo_hi = np.asarray(apply_modality_lut(ext, ds), dtype=np.float64)
+        out = lo_hi.sum() - out
+    return list(out)
+
+
+@pytest.mark.parametrize("path", bundled_dicom_files(), ids=lambda p: p.name)
+def test_bundled_file_decodes_like_pydicom_or_fails_clearly(path: Path) -> None:
+    try:
+        frames = read_frames(path)
+    except MedrtError as exc:
+        assert isinstance(exc, InputError)
+        assert str(path) in str(exc), "the error must name the file"
+        assert exc.reason and len(exc.reason) > 10
+        if path.name in EXPECTED_ERRORS:
+            assert isinstance(exc, EXPECTED_ERRORS[path.name]), exc
+            return
+        if isinstance(exc, NotAnImageError):  # a deliberate refusal: SR, SEG, RT Dose, ...
+            sop = pydicom.dcmread(path, force=True, stop_before_pixels=True).SOPClassUID
+            assert sop.name in exc.reason
+            return
+        # An unexpected error is acceptable only where pydicom cannot decode either.
+        with pytest.raises(Exception):  # noqa: B017 - any failure of pydicom's own decoder
+            reference_frames(path)
+        return
+    assert path.name not in EXPECTED_ERRORS, f"expected {EXPECTED_ERRORS.get(path.name)}"
+    expected = reference_frames(path)
+    assert len(frames) == len(expected)
+    for i, (frame, ref) in enumerate(zip(frames, expected, strict=True)):
+        assert frame.pixels.dtype == np.float32
+        assert frame.pixels.shape == ref.shape == (frame.rows, frame.cols)
+        np.testing.assert_allclose(frame.pixels, ref, rtol=1e-6, atol=1e-3 * max(1.0, np.abs(ref).max()) * 1e-3)
+        assert frame.frame_index == i
+        assert not frame.pixels.flags.writeable
+        assert frame.window.width > 0
+        assert "PixelData" not in frame.source.dataset
+
+
+def test_bundled_files_summary(capsys: pytest.CaptureFixture[str]) -> None:
+    """Print how many bundled files decode and how many fail, by error kind."""
+    counts: Counter[str] = Counter()
+    syntaxes: set[str] = set()
+    for path in bundled_dicom_files():
+        try:
+            frames = read_frames(path)
+            counts["decoded"] += 1
+            syntaxes.add(frames[0].source.transfer_syntax_uid)
+        except MedrtError as exc:
+            counts[type(exc).__name__] += 1
+    with capsys.disabled():
+        print(f"\nbundled DICOM files: {sum(counts.values())}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        print("decoded transfer syntaxes: " + ", ".join(sorted(UID(s).name for s in syntaxes)))
+    assert counts["decoded"] >= 50
+
+
+def _relabel(path: Path, new_ts: str) -> bytes:
+    ds = pydicom.dcmread(path)
+    ds.file_meta.TransferSyntaxUID = new_ts
+    buf = io.BytesIO()
+    ds.save_as(buf)
+    return buf.getvalue()
+
+
+def test_every_common_transfer_syntax_decodes() -> None:
+    """The transfer syntaxes the issue names, each from a real bundled file."""
+    by_ts: dict[str, list[Path]] = {}
+    for path in bundled_dicom_files():
+        try:
+            frames = read_frames(path)
+        except MedrtError:
+            continue
+        by_ts.setdefault(frames[0].source.transfer_syntax_uid, []).append(path)
+    wanted = {
+        "1.2.840.10008.1.2": "implicit LE",
+        "1.2.840.10008.1.2.1": "explicit LE",
+        "1.2.840.10008.1.2.2": "big endian",
+        "1.2.840.10008.1.2.1.99": "deflate",
+        "1.2.840.10008.1.2.5": "RLE",
+        "1.2.840.10008.1.2.4.50": "JPEG baseline",
+        "1.2.840.10008.1.2.4.51": "JPEG extended 12-bit",
+        "1.2.840.10008.1.2.4.70": "JPEG lossless SV1",
+        "1.2.840.10008.1.2.4.80": "JPEG-LS lossless",
+        "1.2.840.10008.1.2.4.81": "JPEG-LS near-lossless",
+        "1.2.840.10008.1.2.4.90": "JPEG 2000 lossless",
+        "1.2.840.10008.1.2.4.91": "JPEG 2000",
+    }
+    missing = {name for uid, name in wanted.items() if uid not in by_ts}
+    assert not missing, f"no bundled file decoded for: {missing}"
+
+    # .57 (JPEG lossless, any predictor) has no bundled file; a .70 stream is a valid .57 stream.
+    src = pydicom_test_dir() / "SC_rgb_jpeg_gdcm.dcm"
+    as57 = read_frames(_relabel(src, JPEGLossless))
+    np.testing.assert_array_equal(as57[0].pixels, read_frames(src)[0].pixels)
+    assert as57[0].source.transfer_syntax_uid == JPEGLossless
+
+
+def test_ct_values_are_hounsfield_units() -> None:
+    path = pydicom_test_dir() / "CT_small.dcm"
+    ds = pydicom.dcmread(path)
+    frame = read_frames(path)[0]
+    raw = ds.pixel_array
+    r, c = 64, 40
+    assert frame.pixels[r, c] == pytest.approx(raw[r, c] * float(ds.RescaleSlope) + float(ds.RescaleIntercept))
+    assert frame.modality == "CT"
+    assert frame.spacing_mm == (0.661468, 0.661468)
+    assert frame.spacing_source is SpacingSource.PIXEL_SPACING
+    assert frame.geometry is not None and frame.geometry.position == tuple(float(v) for v in ds.ImagePositionPatient)
+    assert frame.sop_instance_uid == ds.SOPInstanceUID
+    assert frame.series_instance_uid == ds.SeriesInstanceUID
+    assert frame.study_instance_uid == ds.StudyInstanceUID
+
+
+def test_path_bytes_fileobj_and_dataset_give_the_same_frame() -> None:
+    path = pydicom_test_dir() / "MR_small_RLE.dcm"
+    data = path.read_bytes()
+    a = read_frames(path)[0].pixels
+    b = read_frames(data)[0].pixels
+    c = read_frames(io.BytesIO(data))[0].pixels
+    d = read_frames(pydicom.dcmread(path))[0].pixels
+    for other in (b, c, d):
+        np.testing.assert_array_equal(a, other)
+
+
+def test_multiframe_gives_one_frame_per_frame_sharing_one_header() -> None:
+    frames = read_frames(pydicom_test_dir() / "examples_ybr_color.dcm")
+    assert len(frames) == 30
+    assert [f.frame_index for f in frames] == list(range(30))
+    assert len({id(f.source) for f in frames}) == 1
+    assert frames[0].color is not None and frames[0].color.shape == (240, 320, 3)
+    # Luminance of the decoded RGB (pydicom converts YBR_FULL_422 to RGB).
+    rgb = frames[3].color.astype(np.float64)
+    np.testing.assert_allclose(frames[3].pixels, rgb @ LUMA, rtol=1e-5)
+    assert frames[0].key.endswith("#0") and frames[5].key.endswith("#5")
+
+
+def _mono_dataset(photometric: str, stored: np.ndarray, **attrs: object) -> Dataset:
+    ds = Dataset()
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    ds.SOPClassUID = pydicom.uid.DigitalXRayImageStorageForPresentation
+    ds.SOPInstanceUID = generate_uid()
+    ds.Modality = "DX"
+    ds.Rows, ds.Columns = stored.shape
+    ds.BitsAllocated, ds.BitsStored, ds.HighBit = 16, 12, 11
+    ds.PixelRepresentation = 0
+    ds.SamplesPerPixel = 1
+    ds.PhotometricInterpretation = photometric
+    for key, value in attrs.items():
+        setattr(ds, key, value)
+    ds.PixelData = stored.astype("<u2").tobytes()
+    return ds
+
+
+def test_monochrome1_is_inverted_to_display_semantics() -> None:
+    stored = np.array([[0, 1000], [3000, 4095]], dtype=np.uint16)
+    ds = _mono_dataset("MONOCHROME1", stored, WindowCenter=1000, WindowWidth=500, ImagerPixelSpacing=[0.125, 0.125])
+    frame = read_frames(ds)[0]
+    np.testing.assert_array_equal(frame.pixels, 4095 - stored.astype(np.float32))
+    assert frame.inverted
+    assert frame.window.center == 3095 and frame.window.width == 500
+    assert frame.window.source is WindowSource.HEADER
+    assert frame.spacing_source is SpacingSource.IMAGER_PIXEL_SPACING
+    # The same image stored as MONOCHROME2 with the inverse values is the same picture.
+    mono2 = read_frames(_mono_dataset("MONOCHROME2", 4095 - stored, WindowCenter=3095, WindowWidth=500))[0]
+    np.testing.assert_array_equal(frame.pixels, mono2.pixels)
+    assert not mono2.inverted
+
+
+def test_window_first_value_from_header_and_percentile_fallback() -> None:
+    stored = (np.arange(100 * 100, dtype=np.uint16) % 4096).reshape(100, 100)
+    two = read_frames(_mono_dataset("MONOCHROME2", stored, WindowCenter=[40, 300], WindowWidth=[400, 1500]))[0]
+    assert (two.window.center, two.window.width) == (40, 400)
+    none = read_frames(_mono_dataset("MONOCHROME2", stored))[0]
+    assert none.window.source is WindowSource.PERCENTILE
+    lo, hi = np.percentile(stored, [0.1, 99.9])
+    assert none.window.low == pytest.approx(lo) and none.window.high == pytest.approx(hi)
+
+
+def test_unused_high_bits_are_masked_like_pydicom() -> None:
+    stored = np.array([[0xF001, 0x0FFF]], dtype=np.uint16)  # garbage in the 4 unused bits
+    frame = read_frames(_mono_dataset("MONOCHROME2", stored))[0]
+    np.testing.assert_array_equal(frame.pixels, [[1, 4095]])
+
+
+def test_enhanced_multiframe_functional_groups() -> None:
+    """Per-frame geometry, rescale and spacing from (shared/per-frame) functional groups."""
+    ds = _mono_dataset("MONOCHROME2", np.zeros((3 * 4, 4), dtype=np.uint16))
+    ds.SOPClassUID = pydicom.uid.EnhancedCTImageStorage
+    ds.Rows, ds.Columns, ds.NumberOfFrames = 4, 4, 3
+    ds.PixelData = (np.arange(48, dtype=np.uint16)).tobytes()
+    shared = Dataset()
+    measures, orient, transform = Dataset(), Dataset(), Dataset()
+    measures.PixelSpacing = [0.5, 0.6]
+    orient.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
+    transform.RescaleSlope, transform.RescaleIntercept, transform.RescaleType = 2, -1024, "HU"
+    shared.PixelMeasuresSequence = [measures]
+    shared.PlaneOrientationSequence = [orient]
+    shared.PixelValueTransformationSequence = [transform]
+    ds.SharedFunctionalGroupsSequence = [shared]
+    per_frame = []
+    for z in range(3):
+        item, pos = Dataset(), Dataset()
+        pos.ImagePositionPatient = [0, 0, 2.5 * z]
+        item.PlanePositionSequence = [pos]
+        per_frame.append(item)
+    ds.PerFrameFunctionalGroupsSequence = per_frame
+    frames = read_frames(ds)
+    assert len(frames) == 3
+    assert frames[2].geometry is not None and frames[2].geometry.position == (0.0, 0.0, 5.0)
+    assert frames[0].spacing_mm == (0.5, 0.6)
+    np.testing.assert_array_equal(frames[1].pixels, np.arange(16, 32).reshape(4, 4) * 2 - 1024)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_random_bytes_are_not_dicom(tmp_path: Path) -> None:
+    path = tmp_path / "noise.dcm"
+    path.write_bytes(np.random.default_rng(0).bytes(4000))
+    with pytest.raises(NotDicomError, match="noise.dcm"):
+        read_frames(path)
+    with pytest.raises(NotDicomError):
+        read_frames(b"")
+    with pytest.raises(NotDicomError):
+        read_frames(b"DICM" * 10)
+
+
+def test_missing_file_and_directory_are_input_errors(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="no such file"):
+        read_frames(tmp_path / "absent.dcm")
+    with pytest.raises(InputError, match="is a directory"):
+        read_frames(tmp_path)
+
+
+def _pixel_data_end(data: bytes) -> int:
+    """Offset just past the (explicit VR little endian) Pixel Data element's value."""
+    at = data.rindex(b"\xe0\x7f\x10\x00")
+    length = int.from_bytes(data[at + 8 : at + 12], "little")
+    if length == 0xFFFFFFFF:  # encapsulated: the end of the last fragment
+        return data.index(b"\xfe\xff\xdd\xe0", at)
+    return at + 12 + length
+
+
+@pytest.mark.parametrize("name", ["CT_small.dcm", "MR_small_RLE.dcm", "MR_small_jpeg_ls_lossless.dcm", "JPEG2000.dcm", "image_dfl.dcm"])
+def test_truncated_files_give_clear_errors(name: str) -> None:
+    data = (pydicom_test_dir() / name).read_bytes()
+    # Cut anywhere before the end of the pixel data (what follows it, such as
+    # trailing padding, can be lost without losing pixels). Deflated files are
+    # compressed as a whole, so any cut loses pixels.
+    end = len(data) - 8 if name == "image_dfl.dcm" else _pixel_data_end(data)
+    for cut in [*np.linspace(1, end - 1, 36).astype(int), end - 1]:
+        with pytest.raises(InputError) as info:
+            read_frames(data[:cut])
+        assert info.value.reason
+
+
+def test_header_cut_in_the_middle_of_an_element(tmp_path: Path) -> None:
+    path = pydicom_test_dir() / "CT_small.dcm"
+    ds = pydicom.dcmread(path)
+    data = path.read_bytes()
+    # Find the value of (0010,0010) PatientName and cut inside it.
+    offset = data.index(b"\x10\x00\x10\x00PN")
+    cut = tmp_path / "cut.dcm"
+    cut.write_bytes(data[: offset + 10])
+    with pytest.raises((CorruptDicomError, NoPixelDataError)) as info:
+        read_frames(cut)
+    assert "cut.dcm" in str(info.value)
+    assert str(ds.PatientName) not in str(info.value), "errors must not carry patient names"
+
+
+def test_wrong_length_pixel_data() -> None:
+    ds = pydicom.dcmread(pydicom_test_dir() / "CT_small.dcm")
+    ds.PixelData = ds.PixelData[:-200]
+    with pytest.raises(CorruptPixelDataError, match="truncated"):
+        read_frames(ds)
+    ds = pydicom.dcmread(pydicom_test_dir() / "CT_small.dcm")
+    ds.Rows = 256  # header says twice the data there is
+    with pytest.raises(CorruptPixelDataError):
+        read_frames(ds)
+    ds = pydicom.dcmread(pydicom_test_dir() / "CT_small.dcm")
+    ds.NumberOfFrames = 1000000  # a damaged count must not allocate gigabytes
+    with pytest.raises(MedrtError):
+        read_frames(ds)
+
+
+def test_non_image_and_no_pixel_objects() -> None:
+    with pytest.raises(NotAnImageError, match="Comprehensive SR"):
+        read_frames(pydicom_test_dir() / "test-SR.dcm")
+    with pytest.raises(NotAnImageError, match="Segmentation"):
+        read_frames(pydicom_test_dir() / "liver_1frame.dcm")
+    ds = pydicom.dcmread(pydicom_test_dir() / "CT_small.dcm")
+    del ds.PixelData
+    with pytest.raises(NoPixelDataError, match="CT Image Storage"):
+        read_frames(ds)
+
+
+def test_missing_decoder_names_the_package_to_install() -> None:
+    """Run in a child interpreter where the JPEG 2000 plugin packages cannot be imported."""
+    code = f"""
+import sys
+for mod in ("openjpeg", "pylibjpeg", "libjpeg", "rle", "jpeg_ls", "PIL", "gdcm"):
+    sys.modules[mod] = None  # makes "import mod" raise ImportError, as when not installed
+from medrt.errors import DecoderMissingError
+from medrt.io.dicom import read_frames
+try:
+    read_frames({str(pynetdicom_test_dir() / "MRImageStorage_JPG2000_Lossless.dcm")!r})
+except DecoderMissingError as exc:
+    print("OK", exc)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.startswith("OK"), out.stdout + out.stderr
+    assert "MRImageStorage_JPG2000_Lossless.dcm" in out.stdout
+    assert "pip install pylibjpeg pylibjpeg-openjpeg" in out.stdout
+
+
+def test_decoder_missing_error_is_a_medrt_error() -> None:
+    exc = DecoderMissingError("x.dcm", "no plugin", packages=("pyjpegls",))
+    assert isinstance(exc, MedrtError) and "pip install pyjpegls" in str(exc)
+
+
+def test_read_dataset_accepts_files_without_preamble() -> None:
+    ds = pydicom.dcmread(pydicom_test_dir() / "CT_small.dcm")
+    buf = io.BytesIO()
+    ds.save_as(buf, enforce_file_format=False)  # keeps meta; now strip preamble+prefix
+    raw = buf.getvalue()
+    no_preamble = raw[132:] if raw[128:132] == b"DICM" else raw
+    frames = read_frames(no_preamble)
+    np.testing.assert_array_equal(frames[0].pixels, read_frames(pydicom_test_dir() / "CT_small.dcm")[0].pixels)
+    assert read_dataset(no_preamble).SOPInstanceUID == ds.SOPInstanceUID
