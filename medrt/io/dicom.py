@@ -22,7 +22,6 @@ from __future__ import annotations
 import io
 import logging
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -47,8 +46,16 @@ from medrt.errors import (
     NotAnImageError,
     NotDicomError,
     UnsupportedImageError,
+    describe_source,
 )
-from medrt.types import Frame, Geometry, SourceRef, SpacingSource, Window, WindowSource
+from medrt.io.header import (
+    frame_geometries,
+    header_window,
+    modality_values,
+    percentile_window,
+    pixel_spacing,
+)
+from medrt.types import Frame, SourceRef, Window, WindowSource
 
 __all__ = [
     "DicomSource",
@@ -57,6 +64,7 @@ __all__ = [
     "frames_from_dataset",
     "decoder_packages",
     "is_image_sop_class",
+    "number_of_frames",
 ]
 
 log = logging.getLogger(__name__)
@@ -111,7 +119,6 @@ _DECODER_PACKAGES: dict[str, tuple[str, ...]] = {
 _NATIVE_LE = frozenset(
     str(u) for u in (ExplicitVRLittleEndian, ImplicitVRLittleEndian, DeflatedExplicitVRLittleEndian)
 )
-_PERCENTILE_MAX_SAMPLES = 1 << 20
 # Refuse to allocate more than this for one object's decoded pixels: a damaged
 # Rows/Columns/NumberOfFrames must give an error, not exhaust memory.
 MAX_DECODED_BYTES = 8 << 30
@@ -142,36 +149,52 @@ def read_dataset(source: DicomSource, *, stop_before_pixels: bool = False) -> Da
 
     Files without the 128-byte preamble and ``DICM`` prefix (old or hand-made
     files) are accepted when a data set with DICOM attributes can be parsed from
-    them; anything else is :class:`NotDicomError`.
+    them; anything else is :class:`NotDicomError`. Paths are read straight from
+    the file, so ``stop_before_pixels`` reads only the header of a large image.
     """
     if isinstance(source, Dataset):
         return source
-    name: object = source
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if path.is_dir():
             raise InputError(source, "is a directory, not a file")
         try:
-            data = path.read_bytes()
+            with open(path, "rb") as fp:
+                ds = _parse(source, fp, stop_before_pixels)
         except FileNotFoundError:
             raise InputError(source, "no such file") from None
         except OSError as exc:
             raise InputError(source, f"cannot be read: {exc.strerror or exc}") from None
-    elif isinstance(source, (bytes, bytearray, memoryview)):
-        data = bytes(source)
-    elif hasattr(source, "read"):
+        ds.filename = str(source)
+        return ds
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return _parse(source, io.BytesIO(source), stop_before_pixels)
+    if hasattr(source, "read"):
         name = getattr(source, "name", source)
-        data = source.read()
-    else:
-        raise TypeError(f"cannot read DICOM from {type(source).__name__}")
+        fp = source if _seekable(source) else io.BytesIO(source.read())
+        return _parse(name, fp, stop_before_pixels)
+    raise TypeError(f"cannot read DICOM from {type(source).__name__}")
 
-    if not data:
-        raise NotDicomError(name, "the file is empty")
-    has_prefix = len(data) >= 132 and data[128:132] == b"DICM"
+
+def _seekable(fp: Any) -> bool:
     try:
-        ds = pydicom.dcmread(io.BytesIO(data), stop_before_pixels=stop_before_pixels)
+        return bool(fp.seekable())
+    except Exception:
+        return False
+
+
+def _parse(name: object, fp: BinaryIO, stop_before_pixels: bool) -> Dataset:
+    start = fp.tell()
+    head = fp.read(132)
+    fp.seek(start)
+    if not head:
+        raise NotDicomError(name, "the file is empty")
+    has_prefix = len(head) == 132 and head[128:132] == b"DICM"
+    try:
+        ds = pydicom.dcmread(fp, stop_before_pixels=stop_before_pixels)
     except InvalidDicomError:
-        ds = _read_without_preamble(name, data, stop_before_pixels)
+        fp.seek(start)
+        ds = _read_without_preamble(name, fp, stop_before_pixels)
     except Exception as exc:  # pydicom raises many types on damaged headers
         if has_prefix:
             raise CorruptDicomError(name, f"the header cannot be parsed ({_exc_text(exc)})") from exc
@@ -180,14 +203,12 @@ def read_dataset(source: DicomSource, *, stop_before_pixels: bool = False) -> Da
         raise NotDicomError(name, "no 'DICM' prefix and no DICOM attributes found")
     if len(ds) == 0:
         raise CorruptDicomError(name, "no data elements could be read: the file is truncated or damaged")
-    if isinstance(source, (str, os.PathLike)):
-        ds.filename = str(source)
     return ds
 
 
-def _read_without_preamble(name: object, data: bytes, stop_before_pixels: bool) -> Dataset:
+def _read_without_preamble(name: object, fp: BinaryIO, stop_before_pixels: bool) -> Dataset:
     try:
-        ds = pydicom.dcmread(io.BytesIO(data), force=True, stop_before_pixels=stop_before_pixels)
+        ds = pydicom.dcmread(fp, force=True, stop_before_pixels=stop_before_pixels)
         # Touch every top-level element, so garbage fails here rather than later.
         for _ in ds.keys():
             pass
@@ -195,7 +216,7 @@ def _read_without_preamble(name: object, data: bytes, stop_before_pixels: bool) 
         raise NotDicomError(name, "no 'DICM' prefix and no DICOM data set could be parsed") from exc
     if not _looks_like_dicom(ds):
         raise NotDicomError(name, "no 'DICM' prefix and no DICOM attributes found")
-    log.info("%s: read without DICOM preamble/prefix", getattr(ds, "SOPInstanceUID", "<no uid>"))
+    log.info("%s: read without DICOM preamble/prefix", describe_source(ds))
     return ds
 
 
@@ -267,7 +288,7 @@ def _frames(ds: Dataset, path: Path | None, label: object) -> list[Frame]:
 
     tsyntax = _transfer_syntax(ds, label)
     photometric = str(ds.PhotometricInterpretation).strip().upper()
-    n_frames = _number_of_frames(ds)
+    n_frames = number_of_frames(ds)
     arr = _decode(ds, tsyntax, photometric, n_frames, label)  # (frames, rows, cols[, 3])
 
     color: np.ndarray | None = None
@@ -281,7 +302,7 @@ def _frames(ds: Dataset, path: Path | None, label: object) -> list[Frame]:
         pixels = np.tensordot(arr, _LUMA, axes=([-1], [0])).astype(np.float32, copy=False)
         low = high = None
     else:
-        pixels, low, high = _modality(arr, ds, tsyntax)
+        pixels, low, high = modality_values(arr, ds)
         if photometric == "MONOCHROME1":
             # Invert inside the range the stored values can take, so values stay in
             # modality units' range and higher means brighter, as for MONOCHROME2.
@@ -290,8 +311,8 @@ def _frames(ds: Dataset, path: Path | None, label: object) -> list[Frame]:
 
     meta = _header_only(ds)
     ref = SourceRef(dataset=meta, path=path, transfer_syntax_uid=str(tsyntax), number_of_frames=n_frames)
-    spacing, spacing_source = _spacing(ds)
-    geometries = _geometries(ds, n_frames)
+    spacing, spacing_source = pixel_spacing(ds)
+    geometries = frame_geometries(ds, n_frames)
     uids = {
         "sop_class_uid": sop_class,
         "sop_instance_uid": str(ds.get("SOPInstanceUID", "") or ""),
@@ -299,16 +320,16 @@ def _frames(ds: Dataset, path: Path | None, label: object) -> list[Frame]:
         "study_instance_uid": str(ds.get("StudyInstanceUID", "") or ""),
         "frame_of_reference_uid": str(ds.FrameOfReferenceUID) if ds.get("FrameOfReferenceUID") else None,
     }
-    header_window = _header_window(ds)
+    from_header = header_window(ds)
     frames: list[Frame] = []
     for i in range(n_frames):
         px = pixels[i]
         px.flags.writeable = False
-        window = header_window
+        window = from_header
         if window is not None and inverted:
             window = Window(low + high - window.center, window.width, WindowSource.HEADER)  # type: ignore[operator]
         if window is None:
-            window = _percentile_window(px)
+            window = percentile_window(px)
         rgb = None
         if color is not None:
             rgb = color[i]
@@ -370,7 +391,7 @@ def _transfer_syntax(ds: Dataset, label: object) -> UID:
     return uid
 
 
-def _number_of_frames(ds: Dataset) -> int:
+def number_of_frames(ds: Dataset) -> int:
     value = ds.get("NumberOfFrames", 1)
     try:
         n = int(value) if value not in (None, "") else 1
@@ -483,140 +504,6 @@ def _first_line(text: str) -> str:
 def _first_error(text: str) -> str:
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     return lines[1] if len(lines) > 1 else (lines[0] if lines else text)
-
-
-def _modality(arr: np.ndarray, ds: Dataset, tsyntax: UID) -> tuple[np.ndarray, float, float]:
-    """Stored values to float32 modality units, with the range the stored values map to."""
-    bits = int(ds.get("BitsStored", ds.BitsAllocated) or ds.BitsAllocated)
-    signed = int(ds.get("PixelRepresentation", 0) or 0) == 1
-    smin, smax = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
-    lut_item = _modality_lut_item(ds)
-    if lut_item is not None:
-        from pydicom.pixels import apply_modality_lut
-
-        out = np.asarray(apply_modality_lut(arr, ds), dtype=np.float32)
-        bounds = np.asarray(apply_modality_lut(np.array([smin, smax], dtype=np.int64), ds), dtype=np.float64)
-        return out, float(bounds.min()), float(bounds.max())
-    slope, intercept = _rescale(ds)
-    out = arr.astype(np.float32)  # the one copy: a cast from the file's bytes
-    if slope != 1.0:
-        out *= np.float32(slope)
-    if intercept != 0.0:
-        out += np.float32(intercept)
-    a, b = smin * slope + intercept, smax * slope + intercept
-    return out, float(min(a, b)), float(max(a, b))
-
-
-def _modality_lut_item(ds: Dataset) -> Dataset | None:
-    seq = ds.get("ModalityLUTSequence")
-    return seq[0] if seq else None
-
-
-def _rescale(ds: Dataset) -> tuple[float, float]:
-    """RescaleSlope/Intercept, from the top level or the enhanced functional groups."""
-    if "RescaleSlope" in ds and "RescaleIntercept" in ds:
-        return float(ds.RescaleSlope), float(ds.RescaleIntercept)
-    item = _functional_item(ds, "PixelValueTransformationSequence", 0)
-    if item is not None and "RescaleSlope" in item and "RescaleIntercept" in item:
-        return float(item.RescaleSlope), float(item.RescaleIntercept)
-    return 1.0, 0.0
-
-
-def _functional_item(ds: Dataset, keyword: str, index: int) -> Dataset | None:
-    """``keyword``'s first item for frame ``index``, per-frame groups first, then shared."""
-    per_frame = ds.get("PerFrameFunctionalGroupsSequence")
-    if per_frame and index < len(per_frame):
-        seq = per_frame[index].get(keyword)
-        if seq:
-            return seq[0]
-    shared = ds.get("SharedFunctionalGroupsSequence")
-    if shared:
-        seq = shared[0].get(keyword)
-        if seq:
-            return seq[0]
-    return None
-
-
-def _spacing(ds: Dataset) -> tuple[tuple[float, float] | None, SpacingSource]:
-    candidates: list[tuple[Any, SpacingSource]] = [
-        (ds.get("PixelSpacing"), SpacingSource.PIXEL_SPACING),
-        (ds.get("ImagerPixelSpacing"), SpacingSource.IMAGER_PIXEL_SPACING),
-        (ds.get("ImagePlanePixelSpacing"), SpacingSource.IMAGE_PLANE),
-        (ds.get("NominalScannedPixelSpacing"), SpacingSource.NOMINAL_SCANNED),
-    ]
-    measures = _functional_item(ds, "PixelMeasuresSequence", 0)
-    if measures is not None:
-        candidates.insert(1, (measures.get("PixelSpacing"), SpacingSource.PIXEL_SPACING))
-    for value, source in candidates:
-        pair = _float_pair(value)
-        if pair is not None:
-            return pair, source
-    return None, SpacingSource.NONE
-
-
-def _float_pair(value: Any) -> tuple[float, float] | None:
-    try:
-        if value is None or len(value) != 2:
-            return None
-        a, b = float(value[0]), float(value[1])
-    except (TypeError, ValueError):
-        return None
-    return (a, b) if a > 0 and b > 0 and np.isfinite(a) and np.isfinite(b) else None
-
-
-def _geometries(ds: Dataset, n_frames: int) -> list[Geometry | None]:
-    top = _geometry(ds.get("ImagePositionPatient"), ds.get("ImageOrientationPatient"))
-    if top is not None or "PerFrameFunctionalGroupsSequence" not in ds:
-        return [top] * n_frames
-    out: list[Geometry | None] = []
-    for i in range(n_frames):
-        pos = _functional_item(ds, "PlanePositionSequence", i)
-        ori = _functional_item(ds, "PlaneOrientationSequence", i)
-        out.append(
-            _geometry(
-                pos.get("ImagePositionPatient") if pos is not None else None,
-                ori.get("ImageOrientationPatient") if ori is not None else None,
-            )
-        )
-    return out
-
-
-def _geometry(position: Sequence[Any] | None, orientation: Sequence[Any] | None) -> Geometry | None:
-    try:
-        if position is None or orientation is None or len(position) != 3 or len(orientation) != 6:
-            return None
-        p = tuple(float(v) for v in position)
-        o = tuple(float(v) for v in orientation)
-    except (TypeError, ValueError):
-        return None
-    return Geometry(position=p, orientation=o)  # type: ignore[arg-type]
-
-
-def _header_window(ds: Dataset) -> Window | None:
-    center, width = ds.get("WindowCenter"), ds.get("WindowWidth")
-    if center is None or width is None:
-        item = _functional_item(ds, "FrameVOILUTSequence", 0)
-        if item is not None:
-            center, width = item.get("WindowCenter"), item.get("WindowWidth")
-    try:
-        c = float(center[0] if isinstance(center, Sequence) and not isinstance(center, str) else center)  # type: ignore[index,arg-type]
-        w = float(width[0] if isinstance(width, Sequence) and not isinstance(width, str) else width)  # type: ignore[index,arg-type]
-    except (TypeError, ValueError, IndexError):
-        return None
-    if not (np.isfinite(c) and np.isfinite(w)) or w <= 0:
-        return None
-    return Window(c, w, WindowSource.HEADER)
-
-
-def _percentile_window(pixels: np.ndarray) -> Window:
-    """The 0.1–99.9 % range, on a regular subsample of at most ~1 M pixels."""
-    step = max(1, int(np.ceil(np.sqrt(pixels.size / _PERCENTILE_MAX_SAMPLES))))
-    sample = pixels[::step, ::step]
-    lo, hi = np.percentile(sample, [0.1, 99.9])
-    lo, hi = float(lo), float(hi)
-    if not hi > lo:
-        hi = lo + 1.0
-    return Window((lo + hi) / 2.0, hi - lo, WindowSource.PERCENTILE)
 
 
 def _header_only(ds: Dataset) -> Dataset:

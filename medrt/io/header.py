@@ -1,0 +1,161 @@
+"""Header attributes a Frame needs: modality LUT, spacing, geometry, VOI window.
+
+Classic headers keep these at the top level; enhanced multi-frame objects keep
+them in the shared or per-frame functional groups. Each function looks in both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from pydicom.dataset import Dataset
+
+from medrt.types import Geometry, SpacingSource, Window, WindowSource
+
+__all__ = [
+    "modality_values",
+    "rescale",
+    "functional_item",
+    "pixel_spacing",
+    "frame_geometries",
+    "header_window",
+    "percentile_window",
+]
+
+_PERCENTILE_MAX_SAMPLES = 1 << 20
+
+
+def modality_values(arr: np.ndarray, ds: Dataset) -> tuple[np.ndarray, float, float]:
+    """Stored values to float32 modality units, with the range the stored values map to."""
+    bits = int(ds.get("BitsStored", ds.BitsAllocated) or ds.BitsAllocated)
+    signed = int(ds.get("PixelRepresentation", 0) or 0) == 1
+    smin, smax = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
+    lut_item = _modality_lut_item(ds)
+    if lut_item is not None:
+        from pydicom.pixels import apply_modality_lut
+
+        out = np.asarray(apply_modality_lut(arr, ds), dtype=np.float32)
+        bounds = np.asarray(apply_modality_lut(np.array([smin, smax], dtype=np.int64), ds), dtype=np.float64)
+        return out, float(bounds.min()), float(bounds.max())
+    slope, intercept = rescale(ds)
+    out = arr.astype(np.float32)  # the one copy: a cast from the file's bytes
+    if slope != 1.0:
+        out *= np.float32(slope)
+    if intercept != 0.0:
+        out += np.float32(intercept)
+    a, b = smin * slope + intercept, smax * slope + intercept
+    return out, float(min(a, b)), float(max(a, b))
+
+
+def _modality_lut_item(ds: Dataset) -> Dataset | None:
+    seq = ds.get("ModalityLUTSequence")
+    return seq[0] if seq else None
+
+
+def rescale(ds: Dataset) -> tuple[float, float]:
+    """RescaleSlope/Intercept, from the top level or the enhanced functional groups."""
+    if "RescaleSlope" in ds and "RescaleIntercept" in ds:
+        return float(ds.RescaleSlope), float(ds.RescaleIntercept)
+    item = functional_item(ds, "PixelValueTransformationSequence", 0)
+    if item is not None and "RescaleSlope" in item and "RescaleIntercept" in item:
+        return float(item.RescaleSlope), float(item.RescaleIntercept)
+    return 1.0, 0.0
+
+
+def functional_item(ds: Dataset, keyword: str, index: int) -> Dataset | None:
+    """``keyword``'s first item for frame ``index``, per-frame groups first, then shared."""
+    per_frame = ds.get("PerFrameFunctionalGroupsSequence")
+    if per_frame and index < len(per_frame):
+        seq = per_frame[index].get(keyword)
+        if seq:
+            return seq[0]
+    shared = ds.get("SharedFunctionalGroupsSequence")
+    if shared:
+        seq = shared[0].get(keyword)
+        if seq:
+            return seq[0]
+    return None
+
+
+def pixel_spacing(ds: Dataset) -> tuple[tuple[float, float] | None, SpacingSource]:
+    candidates: list[tuple[Any, SpacingSource]] = [
+        (ds.get("PixelSpacing"), SpacingSource.PIXEL_SPACING),
+        (ds.get("ImagerPixelSpacing"), SpacingSource.IMAGER_PIXEL_SPACING),
+        (ds.get("ImagePlanePixelSpacing"), SpacingSource.IMAGE_PLANE),
+        (ds.get("NominalScannedPixelSpacing"), SpacingSource.NOMINAL_SCANNED),
+    ]
+    measures = functional_item(ds, "PixelMeasuresSequence", 0)
+    if measures is not None:
+        candidates.insert(1, (measures.get("PixelSpacing"), SpacingSource.PIXEL_SPACING))
+    for value, source in candidates:
+        pair = _float_pair(value)
+        if pair is not None:
+            return pair, source
+    return None, SpacingSource.NONE
+
+
+def _float_pair(value: Any) -> tuple[float, float] | None:
+    try:
+        if value is None or len(value) != 2:
+            return None
+        a, b = float(value[0]), float(value[1])
+    except (TypeError, ValueError):
+        return None
+    return (a, b) if a > 0 and b > 0 and np.isfinite(a) and np.isfinite(b) else None
+
+
+def frame_geometries(ds: Dataset, n_frames: int) -> list[Geometry | None]:
+    top = _geometry(ds.get("ImagePositionPatient"), ds.get("ImageOrientationPatient"))
+    if top is not None or "PerFrameFunctionalGroupsSequence" not in ds:
+        return [top] * n_frames
+    out: list[Geometry | None] = []
+    for i in range(n_frames):
+        pos = functional_item(ds, "PlanePositionSequence", i)
+        ori = functional_item(ds, "PlaneOrientationSequence", i)
+        out.append(
+            _geometry(
+                pos.get("ImagePositionPatient") if pos is not None else None,
+                ori.get("ImageOrientationPatient") if ori is not None else None,
+            )
+        )
+    return out
+
+
+def _geometry(position: Sequence[Any] | None, orientation: Sequence[Any] | None) -> Geometry | None:
+    try:
+        if position is None or orientation is None or len(position) != 3 or len(orientation) != 6:
+            return None
+        p = tuple(float(v) for v in position)
+        o = tuple(float(v) for v in orientation)
+    except (TypeError, ValueError):
+        return None
+    return Geometry(position=p, orientation=o)  # type: ignore[arg-type]
+
+
+def header_window(ds: Dataset) -> Window | None:
+    center, width = ds.get("WindowCenter"), ds.get("WindowWidth")
+    if center is None or width is None:
+        item = functional_item(ds, "FrameVOILUTSequence", 0)
+        if item is not None:
+            center, width = item.get("WindowCenter"), item.get("WindowWidth")
+    try:
+        c = float(center[0] if isinstance(center, Sequence) and not isinstance(center, str) else center)  # type: ignore[index,arg-type]
+        w = float(width[0] if isinstance(width, Sequence) and not isinstance(width, str) else width)  # type: ignore[index,arg-type]
+    except (TypeError, ValueError, IndexError):
+        return None
+    if not (np.isfinite(c) and np.isfinite(w)) or w <= 0:
+        return None
+    return Window(c, w, WindowSource.HEADER)
+
+
+def percentile_window(pixels: np.ndarray) -> Window:
+    """The 0.1–99.9 % range, on a regular subsample of at most ~1 M pixels."""
+    step = max(1, int(np.ceil(np.sqrt(pixels.size / _PERCENTILE_MAX_SAMPLES))))
+    sample = pixels[::step, ::step]
+    lo, hi = np.percentile(sample, [0.1, 99.9])
+    lo, hi = float(lo), float(hi)
+    if not hi > lo:
+        hi = lo + 1.0
+    return Window((lo + hi) / 2.0, hi - lo, WindowSource.PERCENTILE)

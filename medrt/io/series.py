@@ -1,0 +1,429 @@
+"""Group DICOM inputs into series, order their slices, and turn a series into a volume.
+
+A folder scan or a C-STORE inbox hands over objects in any order, mixed with
+other series, non-image objects (SR, SEG) and damaged files. Analysis wants one
+ordered stack per series, and 3-D tools want a SimpleITK image with the right
+geometry. Grouping reads headers only, so a large folder groups quickly; pixels
+are decoded only by :func:`series_to_sitk`.
+
+Ordering follows what viewers and MONAI Deploy do: ImagePositionPatient projected
+on the slice normal, InstanceNumber as the fallback, and of two objects at the same
+position the one with the higher AcquisitionNumber is kept. Logs carry UIDs and
+counts only, never names, IDs or paths (a path may contain a patient's name).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+from pydicom.dataset import Dataset
+from pydicom.uid import UID
+
+from medrt.errors import CorruptDicomError, InputError, UnsupportedImageError, describe_source
+from medrt.io.dicom import is_image_sop_class, number_of_frames, read_dataset, read_frames
+from medrt.io.header import frame_geometries
+from medrt.io.scan import iter_files
+from medrt.types import Frame, Geometry
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import SimpleITK
+
+__all__ = [
+    "OrderedBy", "SeriesInput", "SeriesItem", "Series", "BadInput", "NonImage", "GroupResult",
+    "group_series", "order_items", "series_to_sitk",
+]
+
+log = logging.getLogger(__name__)
+
+OrderedBy = Literal["position", "instance", "none"]
+SeriesInput = str | os.PathLike[str] | Dataset | Frame
+
+POSITION_ATOL_MM = 0.01  # two slices closer than this (or 1e-3 of the spacing) share a position
+POSITION_RTOL = 1e-3
+ORIENTATION_ATOL = 1e-3  # direction cosines that differ less than this are the same orientation
+SPACING_RTOL = 0.01  # slice steps may differ from their median by 1 % before a volume is refused
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesItem:
+    """One DICOM object of a series; a multi-frame object is one item of ``frames`` frames.
+
+    ``position`` is ImagePositionPatient (of the first frame) projected on the slice
+    normal, in mm, or None without geometry. ``source`` is what the pixels are decoded
+    from: a path, a Dataset, or the Frames the caller already decoded.
+    """
+
+    path: Path | None
+    sop_instance_uid: str
+    instance_number: int | None
+    acquisition_number: int | None
+    position: float | None
+    frames: int = 1
+    geometry: Geometry | None = None
+    input_index: int = 0
+    source: Path | Dataset | tuple[Frame, ...] | None = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """The image objects of one (StudyInstanceUID, SeriesInstanceUID), in slice order."""
+
+    study_instance_uid: str
+    series_instance_uid: str
+    modality: str
+    items: tuple[SeriesItem, ...]
+    ordered_by: OrderedBy
+    duplicates_dropped: tuple[SeriesItem, ...] = ()
+    frame_of_reference_uid: str | None = None
+    sop_class_uid: str = ""
+
+    @property
+    def frames(self) -> int:
+        """Frames over all items (a multi-frame object counts each of its frames)."""
+        return sum(item.frames for item in self.items)
+
+
+@dataclass(frozen=True, slots=True)
+class BadInput:
+    """An input that could not be grouped, and why; grouping went on without it."""
+
+    source: str
+    error: InputError
+
+    @property
+    def reason(self) -> str:
+        return self.error.reason
+
+
+@dataclass(frozen=True, slots=True)
+class NonImage:
+    """A readable DICOM object that is not an image (SR, SEG, ...), kept out of the series."""
+
+    source: str
+    sop_class_uid: str
+    sop_instance_uid: str
+    series_instance_uid: str
+    study_instance_uid: str
+
+    @property
+    def kind(self) -> str:
+        return UID(self.sop_class_uid).name
+
+
+@dataclass(frozen=True, slots=True)
+class GroupResult:
+    """Everything :func:`group_series` found: ordered series, bad inputs and non-images."""
+
+    series: tuple[Series, ...]
+    errors: tuple[BadInput, ...] = ()
+    non_images: tuple[NonImage, ...] = ()
+
+    def get(self, series_instance_uid: str) -> Series | None:
+        """The series with this SeriesInstanceUID (the first, if two studies share it)."""
+        return next((s for s in self.series if s.series_instance_uid == series_instance_uid), None)
+
+
+# --------------------------------------------------------------------------- grouping
+
+_Source = Path | Dataset | tuple[Frame, ...]
+
+
+def group_series(inputs: SeriesInput | Iterable[SeriesInput]) -> GroupResult:
+    """Group files (folders are walked), Datasets or Frames by study and series, in slice order.
+
+    Only headers are read. Unusable inputs are listed in ``errors`` with their
+    reason and non-image objects in ``non_images``; neither stops the grouping.
+    Frames are grouped per SOPInstanceUID, so the frames of one object form one item.
+    """
+    if isinstance(inputs, (str, os.PathLike, Dataset, Frame)):
+        inputs = [inputs]
+    groups: dict[tuple[str, str], list[SeriesItem]] = {}
+    headers: dict[tuple[str, str], Dataset] = {}
+    errors: list[BadInput] = []
+    non_images: list[NonImage] = []
+    count = 0
+    for count, (header, path, source) in enumerate(_headers(inputs), start=1):
+        try:
+            if isinstance(header, InputError):
+                raise header
+            found = _read_header(header, count - 1, path, source)
+        except InputError as exc:
+            errors.append(BadInput(exc.source, exc))
+            continue
+        if isinstance(found, NonImage):
+            non_images.append(found)
+            continue
+        groups.setdefault(found[0], []).append(found[1])
+        headers.setdefault(found[0], header)
+
+    series: list[Series] = []
+    for key in sorted(groups):
+        ordered, dropped, ordered_by = order_items(groups[key], label=key[1])
+        ds = headers[key]
+        series.append(
+            Series(
+                key[0], key[1], _text(ds, "Modality"), ordered, ordered_by, dropped,
+                _text(ds, "FrameOfReferenceUID") or None, _sop_class(ds),
+            )
+        )
+    log.info(
+        "grouped %d input(s) into %d series (%d image object(s)); %d bad, %d non-image",
+        count, len(series), sum(len(s.items) for s in series), len(errors), len(non_images),
+    )
+    return GroupResult(tuple(series), tuple(errors), tuple(non_images))
+
+
+def _headers(inputs: Iterable[SeriesInput]) -> Iterator[tuple[Dataset | InputError, Path | None, _Source]]:
+    """Each input's header (or why it has none), its path, and what its pixels come from."""
+    frames: dict[str, list[Frame]] = {}
+    for raw in inputs:
+        if isinstance(raw, Frame):
+            frames.setdefault(raw.sop_instance_uid or str(id(raw.source)), []).append(raw)
+        elif isinstance(raw, Dataset):
+            name = getattr(raw, "filename", None)
+            yield raw, Path(name) if isinstance(name, (str, os.PathLike)) and str(name) else None, raw
+        else:
+            for path in iter_files([raw]):
+                header: Dataset | InputError
+                try:
+                    header = read_dataset(path, stop_before_pixels=True)
+                except InputError as exc:
+                    header = exc
+                yield header, path, path
+    for group in frames.values():
+        yield group[0].source.dataset, group[0].source.path, tuple(group)
+
+
+def _text(ds: Dataset, keyword: str) -> str:
+    return str(ds.get(keyword, "") or "")
+
+
+def _sop_class(ds: Dataset) -> str:
+    meta = getattr(ds, "file_meta", None)
+    return _text(ds, "SOPClassUID") or (_text(meta, "MediaStorageSOPClassUID") if meta is not None else "")
+
+
+def _read_header(
+    ds: Dataset, index: int, path: Path | None, source: _Source
+) -> tuple[tuple[str, str], SeriesItem] | NonImage:
+    """One header's (study, series) key and item, or a NonImage."""
+    label: object = path if path is not None else ds
+    try:
+        study, series, sop_class = _text(ds, "StudyInstanceUID"), _text(ds, "SeriesInstanceUID"), _sop_class(ds)
+        if sop_class and not is_image_sop_class(sop_class):
+            return NonImage(describe_source(label), sop_class, _text(ds, "SOPInstanceUID"), series, study)
+        missing = [k for k, v in (("StudyInstanceUID", study), ("SeriesInstanceUID", series)) if not v]
+        if missing:
+            raise CorruptDicomError(label, f"no {' or '.join(missing)}, so it cannot be grouped")
+        n_frames = len(source) if isinstance(source, tuple) else number_of_frames(ds)
+        geometry = source[0].geometry if isinstance(source, tuple) else frame_geometries(ds, n_frames)[0]
+        position = _project(geometry, _unit_normal(geometry.orientation)) if geometry is not None else None
+        item = SeriesItem(
+            path, _text(ds, "SOPInstanceUID"), _int_or_none(ds.get("InstanceNumber")),
+            _int_or_none(ds.get("AcquisitionNumber")), position, n_frames, geometry, index, source,
+        )
+    except InputError:
+        raise
+    except Exception as exc:  # a lazily parsed attribute that is garbage
+        raise CorruptDicomError(label, f"a header attribute cannot be read ({type(exc).__name__})") from exc
+    return (study, series), item
+
+
+def _float_or_none(value: object) -> float | None:
+    try:
+        number = float(str(value)) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
+    return number if number is not None and np.isfinite(number) else None
+
+
+def _int_or_none(value: object) -> int | None:
+    number = _float_or_none(value)
+    return int(number) if number is not None else None
+
+
+def _unit_normal(orientation: Sequence[float]) -> np.ndarray:
+    n = np.cross(np.asarray(orientation[:3], dtype=np.float64), np.asarray(orientation[3:], dtype=np.float64))
+    length = float(np.linalg.norm(n))
+    return n / length if length > 0 else n
+
+
+def _project(geometry: Geometry, normal: Sequence[float] | np.ndarray) -> float:
+    return float(np.dot(np.asarray(geometry.position, dtype=np.float64), np.asarray(normal, dtype=np.float64)))
+
+
+# --------------------------------------------------------------------------- ordering
+
+
+def order_items(
+    items: Sequence[SeriesItem], *, label: str = ""
+) -> tuple[tuple[SeriesItem, ...], tuple[SeriesItem, ...], OrderedBy]:
+    """Put one series' items in slice order and drop duplicates: ``(ordered, dropped, ordered_by)``.
+
+    By position along the common slice normal (ascending) when every item has a
+    geometry and they share one orientation; otherwise by InstanceNumber, then
+    SOPInstanceUID. Of items at one position (or with one SOPInstanceUID) the one
+    with the higher AcquisitionNumber, then InstanceNumber, then the later input is
+    kept. ``label`` (a UID) names the series in logs.
+    """
+    best: dict[str, SeriesItem] = {}
+    for item in items:
+        key = item.sop_instance_uid or f"#{item.input_index}"
+        if key not in best or _preference(item) > _preference(best[key]):
+            best[key] = item
+    unique = list(best.values())
+    dropped = [item for item in items if best[item.sop_instance_uid or f"#{item.input_index}"] is not item]
+    for item in dropped:
+        log.warning("series %s: SOPInstanceUID %s given twice; one copy dropped", label, item.sop_instance_uid)
+
+    reason = _why_not_by_position(unique)
+    if reason is None:
+        ordered, duplicates = _order_by_position(unique, label)
+        return ordered, (*dropped, *duplicates), "position"
+    if len(unique) > 1:
+        log.info("series %s: ordered by InstanceNumber, not position: %s", label, reason)
+    ordered_by: OrderedBy = "instance" if any(i.instance_number is not None for i in unique) else "none"
+    ordered_items = sorted(
+        unique, key=lambda i: (i.instance_number is None, i.instance_number or 0, i.sop_instance_uid, i.input_index)
+    )
+    return tuple(ordered_items), tuple(dropped), ordered_by
+
+
+def _preference(item: SeriesItem) -> tuple[bool, int, bool, int, int]:
+    acq, inst = item.acquisition_number, item.instance_number
+    return (acq is not None, acq or 0, inst is not None, inst or 0, item.input_index)
+
+
+def _why_not_by_position(items: Sequence[SeriesItem]) -> str | None:
+    lacking = sum(item.geometry is None for item in items)
+    if not items or lacking:
+        return f"{lacking} of {len(items)} item(s) lack ImagePositionPatient/ImageOrientationPatient"
+    first = np.asarray(items[0].geometry.orientation)  # type: ignore[union-attr]
+    differ = sum(
+        not np.allclose(item.geometry.orientation, first, rtol=0.0, atol=ORIENTATION_ATOL)  # type: ignore[union-attr]
+        for item in items
+    )
+    return f"ImageOrientationPatient differs in {differ} of {len(items)} item(s)" if differ else None
+
+
+def _order_by_position(
+    items: Sequence[SeriesItem], label: str
+) -> tuple[tuple[SeriesItem, ...], tuple[SeriesItem, ...]]:
+    normal = _unit_normal(items[0].geometry.orientation)  # type: ignore[union-attr]
+    placed = sorted(
+        (dataclasses.replace(i, position=_project(i.geometry, normal)) for i in items),  # type: ignore[arg-type]
+        key=lambda i: (i.position, i.input_index),
+    )
+    steps = np.diff([i.position for i in placed])
+    real = steps[steps > POSITION_ATOL_MM]
+    tolerance = max(POSITION_ATOL_MM, POSITION_RTOL * float(np.median(real))) if real.size else POSITION_ATOL_MM
+    clusters: list[list[SeriesItem]] = []
+    for item in placed:
+        if clusters and item.position - clusters[-1][0].position <= tolerance:  # type: ignore[operator]
+            clusters[-1].append(item)
+        else:
+            clusters.append([item])
+    ordered: list[SeriesItem] = []
+    dropped: list[SeriesItem] = []
+    for cluster in clusters:
+        keep = max(cluster, key=_preference)
+        ordered.append(keep)
+        for other in cluster:
+            if other is not keep:
+                dropped.append(other)
+                log.warning(
+                    "series %s: %s and %s share position %.3f mm; kept %s (AcquisitionNumber %s)",
+                    label, keep.sop_instance_uid, other.sop_instance_uid, keep.position,
+                    keep.sop_instance_uid, keep.acquisition_number,
+                )
+    return tuple(ordered), tuple(dropped)
+
+
+# --------------------------------------------------------------------------- volume
+
+
+def series_to_sitk(series: Series) -> SimpleITK.Image:
+    """Decode a series into a float32 SimpleITK volume in modality units (HU for CT).
+
+    Spacing, origin (the first slice's ImagePositionPatient) and direction (row and
+    column cosines and the slice normal) come from the headers. Raises
+    :class:`UnsupportedImageError`, naming the series and the reason, when the frames
+    do not form one regular volume.
+    """
+    import SimpleITK as sitk
+
+    uid = series.series_instance_uid
+    frames = [frame for item in series.items for frame in _decoded(item)]
+    if not frames:
+        raise UnsupportedImageError(uid, "the series has no frames")
+    shapes = sorted({f.shape for f in frames})
+    if len(shapes) > 1:
+        sizes = ", ".join(f"{r}x{c}" for r, c in shapes[:4])
+        raise UnsupportedImageError(uid, f"frames differ in size ({sizes}, rows x columns)")
+    lacking = sum(f.geometry is None for f in frames)
+    if lacking:
+        raise UnsupportedImageError(
+            uid, f"no geometry: {lacking} of {len(frames)} frame(s) lack ImagePositionPatient/ImageOrientationPatient"
+        )
+    spacing = frames[0].spacing_mm
+    if spacing is None or any(f.spacing_mm is None for f in frames):
+        raise UnsupportedImageError(uid, "no pixel spacing on every frame")
+    if not np.allclose([f.spacing_mm for f in frames], spacing, rtol=SPACING_RTOL, atol=0.0):
+        raise UnsupportedImageError(uid, "pixel spacing differs between frames")
+    orientation = np.asarray(frames[0].geometry.orientation, dtype=np.float64)  # type: ignore[union-attr]
+    if not np.allclose([f.geometry.orientation for f in frames], orientation, rtol=0.0, atol=ORIENTATION_ATOL):  # type: ignore[union-attr]
+        raise UnsupportedImageError(uid, "ImageOrientationPatient differs between frames")
+    normal = _unit_normal(orientation)
+    ipp = np.asarray([f.geometry.position for f in frames], dtype=np.float64)  # type: ignore[union-attr]
+    positions = ipp @ normal
+    order = np.argsort(positions, kind="stable")
+    frames = [frames[i] for i in order]
+    ipp, positions = ipp[order], positions[order]
+    dz = _slice_spacing(uid, positions, frames[0])
+    offsets = (ipp - ipp[0]) - np.outer(positions - positions[0], normal)
+    if len(frames) > 1 and float(np.abs(offsets).max()) > max(POSITION_ATOL_MM, SPACING_RTOL * dz):
+        raise UnsupportedImageError(uid, "slices are shifted in-plane along the stack (gantry tilt?): not a regular volume")
+
+    volume = np.empty((len(frames), *shapes[0]), dtype=np.float32)
+    for k, frame in enumerate(frames):
+        volume[k] = frame.pixels
+    image = sitk.GetImageFromArray(volume)
+    image.SetSpacing((float(spacing[1]), float(spacing[0]), dz))  # x = columns, y = rows
+    image.SetOrigin(tuple(float(v) for v in ipp[0]))
+    direction = np.column_stack([orientation[:3], orientation[3:], normal])
+    image.SetDirection(tuple(float(v) for v in direction.ravel()))
+    log.info("series %s: volume of %d frame(s) of %dx%d", uid, len(frames), *shapes[0])
+    return image
+
+
+def _decoded(item: SeriesItem) -> list[Frame]:
+    if isinstance(item.source, tuple):
+        return list(item.source)
+    if item.source is None:
+        raise UnsupportedImageError(item.sop_instance_uid, "the item has no source to decode")
+    return read_frames(item.source)
+
+
+def _slice_spacing(uid: str, positions: np.ndarray, first: Frame) -> float:
+    """The slice step in mm: the median step, refused when the steps are not uniform."""
+    if len(positions) == 1:  # one slice: its nominal thickness, else 1 mm
+        header = first.source.dataset
+        values = (_float_or_none(header.get(k)) for k in ("SpacingBetweenSlices", "SliceThickness"))
+        return next((v for v in values if v is not None and v > 0), 1.0)
+    steps = np.diff(positions)
+    if float(steps.min()) <= POSITION_ATOL_MM:
+        raise UnsupportedImageError(uid, "two frames share one position: not a regular volume")
+    median = float(np.median(steps))
+    if float(np.abs(steps - median).max()) > max(POSITION_ATOL_MM, SPACING_RTOL * median):
+        raise UnsupportedImageError(
+            uid,
+            f"non-uniform slice spacing: steps from {steps.min():.4g} to {steps.max():.4g} mm (median {median:.4g} mm)",
+        )
+    return median
