@@ -420,3 +420,18 @@ def test_read_dataset_accepts_files_without_preamble() -> None:
     frames = read_frames(no_preamble)
     np.testing.assert_array_equal(frames[0].pixels, read_frames(pydicom_test_dir() / "CT_small.dcm")[0].pixels)
     assert read_dataset(no_preamble).SOPInstanceUID == ds.SOPInstanceUID
+
+
+def test_truncated_file_on_disk_is_reported_not_mapped(tmp_path: Path) -> None:
+    """From a path, uncompressed pixels are memory-mapped: a short file must not be mapped."""
+    data = (pydicom_test_dir() / "CT_small.dcm").read_bytes()
+    end = _pixel_data_end(data)
+    for cut in (end - 1, end - 5000, end - 32000):
+        path = tmp_path / f"cut_{cut}.dcm"
+        path.write_bytes(data[:cut])
+        with pytest.raises(CorruptPixelDataError, match="truncated") as info:
+            read_frames(path)
+        assert path.name in str(info.value)
+    whole = tmp_path / "whole.dcm"
+    whole.write_bytes(data)
+    np.testing.assert_array_equal(read_frames(whole)[0].pixels, read_frames(data)[0].pixels)

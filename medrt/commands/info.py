@@ -1,0 +1,143 @@
+"""``medrt info PATH...``: what medrt sees in each file, and whether it decodes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydicom.uid import UID
+
+from medrt.errors import InputError
+from medrt.io.dicom import frames_from_dataset, read_dataset
+from medrt.io.scan import iter_files
+
+__all__ = ["FileInfo", "inspect_file", "register"]
+
+
+@dataclass
+class FileInfo:
+    """One file as medrt sees it. No patient attributes: this goes to screens and logs."""
+
+    path: str
+    ok: bool
+    skipped: bool = False
+    error: str | None = None
+    error_kind: str | None = None
+    sop_class: str | None = None
+    sop_instance_uid: str | None = None
+    series_instance_uid: str | None = None
+    modality: str | None = None
+    transfer_syntax: str | None = None
+    transfer_syntax_uid: str | None = None
+    rows: int | None = None
+    cols: int | None = None
+    frames: int | None = None
+    spacing_mm: list[float] | None = None
+    spacing_source: str | None = None
+    photometric: str | None = None
+    bits_stored: int | None = None
+    window: dict[str, Any] | None = None
+    decode_ms: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def inspect_file(path: Path) -> FileInfo:
+    """Read and decode ``path``; report what was found, or the error that stopped it."""
+    info = FileInfo(path=str(path), ok=False)
+    try:
+        ds = read_dataset(path, defer_size=1 << 16)  # pixels stay in the file until decoded
+        info.sop_class = UID(str(ds.SOPClassUID)).name if "SOPClassUID" in ds else None
+        info.sop_instance_uid = str(ds.get("SOPInstanceUID", "") or "") or None
+        meta = getattr(ds, "file_meta", None)
+        ts = meta.get("TransferSyntaxUID") if meta is not None else None
+        if ts:
+            info.transfer_syntax, info.transfer_syntax_uid = UID(str(ts)).name, str(ts)
+        t0 = time.perf_counter()
+        frames = frames_from_dataset(ds, path=path, name=path)
+        info.decode_ms = round((time.perf_counter() - t0) * 1000.0, 2)
+    except InputError as exc:
+        info.error, info.error_kind = exc.reason, type(exc).__name__
+        return info
+    first = frames[0]
+    info.ok = True
+    info.transfer_syntax_uid = first.source.transfer_syntax_uid
+    info.transfer_syntax = UID(first.source.transfer_syntax_uid).name
+    info.series_instance_uid = first.series_instance_uid or None
+    info.modality = first.modality or None
+    info.rows, info.cols, info.frames = first.rows, first.cols, len(frames)
+    info.spacing_mm = list(first.spacing_mm) if first.spacing_mm else None
+    info.spacing_source = first.spacing_source.value
+    info.photometric = first.photometric
+    info.bits_stored = int(first.source.dataset.get("BitsStored", 0) or 0) or None
+    info.window = {"center": round(first.window.center, 3), "width": round(first.window.width, 3), "source": first.window.source.value}
+    return info
+
+
+def _human(info: FileInfo) -> str:
+    if info.skipped:
+        return f"{info.path}\n  skipped: {info.error}"
+    if not info.ok:
+        return f"{info.path}\n  ERROR ({info.error_kind}): {info.error}"
+    spacing = (
+        f"{info.spacing_mm[0]:g}x{info.spacing_mm[1]:g} mm ({info.spacing_source})" if info.spacing_mm else "no spacing"
+    )
+    window = info.window or {}
+    parts = [
+        info.sop_class or "unknown SOP class",
+        info.modality or "?",
+        info.transfer_syntax or "?",
+        f"{info.rows}x{info.cols}",
+        f"{info.frames} frame{'s' if info.frames != 1 else ''}",
+        spacing,
+        f"{info.photometric}, {info.bits_stored} bits",
+        f"window {window.get('center'):g}/{window.get('width'):g} ({window.get('source')})",
+        f"decoded in {info.decode_ms:.1f} ms",
+    ]
+    return f"{info.path}\n  " + " | ".join(parts)
+
+
+def run(args: argparse.Namespace) -> int:
+    from medrt.cli import EXIT_OK, EXIT_PARTIAL
+
+    results: list[FileInfo] = []
+    for given in args.paths:
+        walked = Path(given).is_dir()
+        for path in iter_files([given], follow_outside_links=args.follow_links):
+            info = inspect_file(path)
+            # Inside a folder, files that are not DICOM at all (notes, sidecars)
+            # are passed over with a note; a file named on the command line is not.
+            info.skipped = walked and info.error_kind == "NotDicomError"
+            results.append(info)
+    decoded = sum(r.ok for r in results)
+    skipped = sum(r.skipped for r in results)
+    errors = len(results) - decoded - skipped
+    if args.json:
+        summary = {"files": len(results), "decoded": decoded, "errors": errors, "skipped": skipped}
+        print(json.dumps({"files": [asdict(r) for r in results], "summary": summary}, indent=2))
+    else:
+        for r in results:
+            print(_human(r))
+        print(
+            f"\n{len(results)} file(s): {decoded} decoded, {errors} with errors, {skipped} skipped (not DICOM)"
+        )
+    return EXIT_PARTIAL if errors or not decoded else EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "info",
+        help="show what medrt sees in DICOM files (SOP class, syntax, size, spacing) and whether they decode",
+        description="Show what medrt sees in each file: SOP class, transfer syntax, size, frames, "
+        "spacing and window, and whether the pixels decode (with the reason when they do not). "
+        "Folders are searched recursively; files in them that are not DICOM at all are "
+        "skipped with a note. Exit status 1 when any DICOM file (or any file named on the "
+        "command line) has an error, or nothing decoded.",
+    )
+    p.add_argument("paths", nargs="+", metavar="PATH", help="files or folders")
+    p.add_argument("--json", action="store_true", help="print one JSON object for programs")
+    p.add_argument("--follow-links", action="store_true", help="follow symbolic links that lead outside a folder")
+    p.set_defaults(func=run)
