@@ -1,0 +1,38 @@
+# The two commands of the README's quick start: `make demo` and `make test`.
+# Each creates .venv (python3 -m venv) when missing and installs what it needs.
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+# Stamp files so pip runs only when pyproject.toml changes.
+STAMP_CORE = $(VENV)/.medrt-core
+STAMP_DEV  = $(VENV)/.medrt-dev
+
+.PHONY: demo test lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP_CORE): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e .
+	touch $@
+
+$(STAMP_DEV): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@ $(STAMP_CORE)
+
+demo: $(STAMP_CORE)
+	$(BIN)/medrt info sample_dicom
+
+test: $(STAMP_DEV)
+	$(BIN)/python -m pytest
+
+lint: $(STAMP_DEV)
+	$(BIN)/ruff check medrt tests models
+
+bench: $(STAMP_CORE)
+	$(BIN)/medrt bench
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,68 @@
+"""The ``medrt`` command line: a thin dispatcher over ``medrt.commands``.
+
+Each command module exposes ``register(subparsers)``, which adds its parser and
+sets ``func`` to a callable ``(args) -> int`` exit code. Library code logs; only
+commands print, for people, or as JSON with ``--json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from importlib import import_module
+
+from medrt import __version__
+from medrt.errors import MedrtError
+
+# Exit codes, documented in the README.
+EXIT_OK = 0
+EXIT_PARTIAL = 1  # completed, but some inputs had errors
+EXIT_FAILED = 2  # nothing useful done: bad usage or a fatal error
+
+COMMANDS = (
+    "medrt.commands.info",
+    "medrt.commands.phantom",
+    "medrt.commands.bench",
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="medrt",
+        description="Real-time medical-imaging inference (research use; not for clinical use).",
+    )
+    parser.add_argument("--version", action="version", version=f"medrt {__version__}")
+    parser.add_argument(
+        "-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)"
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        import_module(name).register(sub)
+    return parser
+
+
+def _setup_logging(verbosity: int) -> None:
+    level = logging.WARNING - 10 * min(verbosity, 2)
+    logging.basicConfig(
+        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.verbose)
+    try:
+        return int(args.func(args))
+    except MedrtError as exc:
+        print(f"medrt: error: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print("medrt: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

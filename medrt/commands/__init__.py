@@ -1,0 +1,1 @@
+"""One module per ``medrt`` sub-command; each exposes ``register(subparsers)``."""

@@ -1,0 +1,77 @@
+"""The ``medrt`` command line, run as a user would run it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO, pydicom_test_dir
+
+
+def medrt(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "medrt", *args], cwd=cwd, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_info_on_a_folder_with_a_mix_of_good_and_bad_files(tmp_path: Path) -> None:
+    folder = tmp_path / "mix"
+    (folder / "sub").mkdir(parents=True)
+    shutil.copy(pydicom_test_dir() / "CT_small.dcm", folder / "ct.dcm")
+    shutil.copy(pydicom_test_dir() / "MR_small_jpeg_ls_lossless.dcm", folder / "sub" / "mr_jls.dcm")
+    shutil.copy(pydicom_test_dir() / "test-SR.dcm", folder / "report.dcm")
+    shutil.copy(pydicom_test_dir() / "MR_truncated.dcm", folder / "sub" / "truncated.dcm")
+    (folder / "notes.txt").write_text("not an image\n")
+    (folder / "noise.bin").write_bytes(bytes(range(256)) * 8)
+
+    out = medrt("info", "--json", str(folder))
+    assert out.returncode == 1, "completed with errors"
+    doc = json.loads(out.stdout)
+    by_name = {Path(f["path"]).name: f for f in doc["files"]}
+    assert doc["summary"] == {"files": 6, "decoded": 2, "errors": 2, "skipped": 2}
+    assert by_name["ct.dcm"]["ok"] and by_name["ct.dcm"]["transfer_syntax"] == "Explicit VR Little Endian"
+    assert by_name["ct.dcm"]["spacing_source"] == "PixelSpacing"
+    assert by_name["mr_jls.dcm"]["transfer_syntax"] == "JPEG-LS Lossless Image Compression"
+    assert by_name["report.dcm"]["error_kind"] == "NotAnImageError"
+    assert by_name["truncated.dcm"]["error_kind"] == "CorruptPixelDataError"
+    assert by_name["notes.txt"]["error_kind"] == "NotDicomError" and by_name["notes.txt"]["skipped"]
+    assert by_name["noise.bin"]["error_kind"] == "NotDicomError" and by_name["noise.bin"]["skipped"]
+
+    human = medrt("info", str(folder))
+    assert "6 file(s): 2 decoded, 2 with errors, 2 skipped (not DICOM)" in human.stdout
+    assert "truncated.dcm" in human.stdout and "ERROR (CorruptPixelDataError)" in human.stdout
+
+
+def test_info_never_prints_patient_names() -> None:
+    import pydicom
+
+    path = pydicom_test_dir() / "CT_small.dcm"
+    name = str(pydicom.dcmread(path).PatientName)
+    out = medrt("info", "--json", str(path))
+    assert out.returncode == 0
+    assert name not in out.stdout and name not in out.stderr
+
+
+def test_info_ok_exit_code_and_missing_path(tmp_path: Path) -> None:
+    assert medrt("info", str(pydicom_test_dir() / "MR_small.dcm")).returncode == 0
+    missing = medrt("info", str(tmp_path / "nope.dcm"))
+    assert missing.returncode == 1 and "no such file" in missing.stdout
+    text = tmp_path / "named.txt"
+    text.write_text("hello")
+    named = medrt("info", str(text))  # named on the command line: an error, not a skip
+    assert named.returncode == 1 and "ERROR (NotDicomError)" in named.stdout
+
+
+def test_info_on_the_samples_succeeds(sample_dir: Path) -> None:
+    out = medrt("info", "--json", str(sample_dir))
+    assert out.returncode == 0, out.stdout[-2000:]
+    doc = json.loads(out.stdout)
+    assert doc["summary"]["decoded"] == 43 and doc["summary"]["errors"] == 0
+
+
+def test_usage_error_exit_code() -> None:
+    out = medrt("no-such-command")
+    assert out.returncode == 2
