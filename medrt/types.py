@@ -24,6 +24,7 @@ __all__ = [
     "SourceRef",
     "Frame",
     "LesionTruth",
+    "Lesion",
 ]
 
 
@@ -162,3 +163,23 @@ class LesionTruth:
     shape: str = "round"
     kind: str = "bright"
     extras: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Lesion:
+    """One detected lesion in one frame, in source pixel coordinates ``(row, col)``.
+
+    ``bbox`` is half-open ``(r0, c0, r1, c1)``. ``diameter_mm`` is the longest
+    diameter of the component (Feret), ``area_mm2`` its pixel count times the
+    pixel area. ``score`` is the mean lesion probability inside the component and
+    ``max_score`` the peak. ``label`` is its value in the frame's label map.
+    """
+
+    label: int
+    bbox: tuple[int, int, int, int]
+    centroid: tuple[float, float]
+    area_mm2: float
+    diameter_mm: float
+    score: float
+    max_score: float
+    rechecked: bool = False

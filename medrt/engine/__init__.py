@@ -1,0 +1,1 @@
+"""Models and the runtimes that execute them (ONNX Runtime, TensorRT, torch CUDA)."""

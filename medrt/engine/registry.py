@@ -1,0 +1,202 @@
+"""Model specs: each shipped or user-supplied ONNX model is described by a TOML file.
+
+The spec carries what a runtime needs to feed the model and read its outputs
+(names, shapes, normalisation, thresholds) and the file's sha256: loading refuses
+a model file whose hash differs from its spec. The format is documented in
+``models/README.md`` ("bring your own model").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from medrt.errors import MedrtError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+__all__ = [
+    "ModelError",
+    "ModelIntegrityError",
+    "ModelSpec",
+    "TensorSpec",
+    "load_spec",
+    "shipped_models_dir",
+    "shipped_specs",
+    "find_spec",
+    "sha256_file",
+]
+
+TASKS = ("segmentation", "roi_classifier")
+NORMALIZATIONS = ("window", "fixed_window")
+
+
+class ModelError(MedrtError):
+    """A model or its spec cannot be used; the message names the file and the reason."""
+
+
+class ModelIntegrityError(ModelError):
+    """A model file's sha256 differs from the one in its spec (tampered or stale)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int | str, ...]
+    dtype: str = "float32"
+    meaning: str = ""
+    activation: str = "none"  # "sigmoid" when the output is a logit
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """A model file and what it needs. ``path`` is the resolved ONNX file."""
+
+    name: str
+    version: str
+    task: str
+    path: Path
+    sha256: str
+    spec_path: Path
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    normalization: str = "window"
+    window: tuple[float, float] | None = None  # (center, width) for fixed_window
+    multiple_of: int = 1
+    thumbnail: int = 0  # roi_classifier: longest thumbnail side
+    stride: int = 1  # roi_classifier: heatmap cell size in thumbnail pixels
+    thresholds: dict[str, float] = field(default_factory=dict)
+    description: str = ""
+    card: Path | None = None
+    training: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ident(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    def output(self, name: str) -> TensorSpec:
+        for out in self.outputs:
+            if out.name == name:
+                return out
+        raise ModelError(f"{self.spec_path}: no output named {name!r}")
+
+    def verify(self) -> None:
+        """Raise :class:`ModelIntegrityError` unless the file's sha256 matches the spec."""
+        if not self.path.is_file():
+            raise ModelError(f"{self.spec_path}: model file {self.path} does not exist")
+        actual = sha256_file(self.path)
+        if actual != self.sha256:
+            raise ModelIntegrityError(
+                f"{self.path}: sha256 {actual[:16]}… does not match {self.sha256[:16]}… in "
+                f"{self.spec_path.name}; the file was changed or the spec is stale. "
+                "Refusing to load it."
+            )
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fp:
+        for chunk in iter(lambda: fp.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _require(table: dict[str, Any], key: str, where: str) -> Any:
+    if key not in table:
+        raise ModelError(f"{where}: missing required key {key!r}")
+    return table[key]
+
+
+def _tensors(items: Any, where: str) -> tuple[TensorSpec, ...]:
+    if not isinstance(items, list) or not items:
+        raise ModelError(f"{where}: must be a non-empty list of tables")
+    out = []
+    for i, item in enumerate(items):
+        loc = f"{where}[{i}]"
+        shape = tuple(_require(item, "shape", loc))
+        out.append(
+            TensorSpec(
+                name=str(_require(item, "name", loc)),
+                shape=shape,
+                dtype=str(item.get("dtype", "float32")),
+                meaning=str(item.get("meaning", "")),
+                activation=str(item.get("activation", "none")),
+            )
+        )
+    return tuple(out)
+
+
+def load_spec(spec_path: str | Path, *, verify: bool = True) -> ModelSpec:
+    """Read a model spec TOML; with ``verify`` (the default) check the model's sha256."""
+    spec_path = Path(spec_path)
+    try:
+        doc = tomllib.loads(spec_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ModelError(f"{spec_path}: no such model spec") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ModelError(f"{spec_path}: not valid TOML ({exc})") from None
+    where = str(spec_path)
+    model = _require(doc, "model", where)
+    task = str(_require(model, "task", f"{where} [model]"))
+    if task not in TASKS:
+        raise ModelError(f"{where}: [model] task must be one of {TASKS}, not {task!r}")
+    norm = doc.get("normalization", {})
+    method = str(norm.get("method", "window"))
+    if method not in NORMALIZATIONS:
+        raise ModelError(f"{where}: [normalization] method must be one of {NORMALIZATIONS}, not {method!r}")
+    window = None
+    if method == "fixed_window":
+        window = (float(_require(norm, "center", where)), float(_require(norm, "width", where)))
+    card = model.get("card")
+    spec = ModelSpec(
+        name=str(_require(model, "name", f"{where} [model]")),
+        version=str(_require(model, "version", f"{where} [model]")),
+        task=task,
+        path=(spec_path.parent / str(_require(model, "file", f"{where} [model]"))).resolve(),
+        sha256=str(_require(model, "sha256", f"{where} [model]")).lower(),
+        spec_path=spec_path.resolve(),
+        inputs=_tensors(doc.get("inputs"), f"{where} [[inputs]]"),
+        outputs=_tensors(doc.get("outputs"), f"{where} [[outputs]]"),
+        normalization=method,
+        window=window,
+        multiple_of=int(model.get("multiple_of", 1)),
+        thumbnail=int(model.get("thumbnail", 0)),
+        stride=int(model.get("stride", 1)),
+        thresholds={k: float(v) for k, v in doc.get("thresholds", {}).items()},
+        description=str(model.get("description", "")),
+        card=(spec_path.parent / str(card)).resolve() if card else None,
+        training=dict(doc.get("training", {})),
+    )
+    if task == "roi_classifier" and spec.thumbnail <= 0:
+        raise ModelError(f"{where}: a roi_classifier needs [model] thumbnail (longest side, pixels)")
+    if verify:
+        spec.verify()
+    return spec
+
+
+def shipped_models_dir() -> Path:
+    """The folder of the models shipped with medrt (``models/``, installed as ``medrt.models``)."""
+    return Path(str(resources.files("medrt.models")))
+
+
+def shipped_specs(*, verify: bool = True) -> list[ModelSpec]:
+    return [load_spec(p, verify=verify) for p in sorted(shipped_models_dir().glob("*.toml"))]
+
+
+def find_spec(name_or_path: str | Path, *, verify: bool = True) -> ModelSpec:
+    """A spec by path (a ``.toml`` file) or by the name of a shipped model."""
+    candidate = Path(name_or_path)
+    if candidate.suffix == ".toml" or candidate.exists():
+        return load_spec(candidate, verify=verify)
+    path = shipped_models_dir() / f"{name_or_path}.toml"
+    if not path.is_file():
+        names = ", ".join(p.stem for p in sorted(shipped_models_dir().glob("*.toml"))) or "none"
+        raise ModelError(f"no shipped model named {name_or_path!r} (shipped: {names})")
+    return load_spec(path, verify=verify)
