@@ -1,0 +1,1 @@
+"""Analysis stages of the inference path: ROI proposals, segmentation, recheck, lesions."""

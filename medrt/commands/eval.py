@@ -1,0 +1,114 @@
+"""``medrt eval PRED GT``: score a results.jsonl against phantom ground truth."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from medrt.errors import InputError
+from medrt.evaluation import RESULTS_JSONL, EvalReport, evaluate, iter_predictions
+from medrt.phantom.truth import TRUTH_JSON, FrameTruth, load_ground_truth
+
+__all__ = ["load_truth_tree", "format_report", "register"]
+
+
+def load_truth_tree(paths: list[str]) -> dict[str, FrameTruth]:
+    """Every ``ground_truth.json`` under ``paths`` (searched recursively), merged by key."""
+    truth: dict[str, FrameTruth] = {}
+    for given in paths:
+        root = Path(given)
+        if not root.exists():
+            raise InputError(root, "no such file or folder")
+        if root.is_file():
+            root = root.parent
+        found = sorted(root.rglob(TRUTH_JSON))
+        if not found:
+            raise InputError(root, f"no {TRUTH_JSON} in it or below it")
+        for path in found:
+            try:
+                part = load_ground_truth(path.parent)
+            except (OSError, ValueError, KeyError) as exc:
+                raise InputError(path, f"unreadable ground truth ({exc})") from exc
+            twice = truth.keys() & part.keys()
+            if twice:
+                raise InputError(path, f"{len(twice)} frames already seen in another ground truth")
+            truth.update(part)
+    return truth
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100.0 * v:.1f}%"
+
+
+def _num(v: float | None, fmt: str = ".3f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def format_report(r: EvalReport) -> str:
+    """The report as a table for people."""
+    lines = [f"{'size (mm)':<10} {'GT':>5} {'detected':>9} {'sensitivity':>12}"]
+    for b in r.buckets:
+        lines.append(f"{b.name:<10} {b.gt:>5} {b.detected:>9} {_pct(b.sensitivity):>12}")
+    lines.append(f"{'all':<10} {r.gt_lesions:>5} {r.detected:>9} {_pct(r.sensitivity):>12}")
+    lines += [
+        "",
+        f"false positives: {r.false_positives} ({_num(r.fp_per_frame)} per frame; "
+        f"{r.ignored_predictions} more on ignored lesions, not counted)",
+        f"Dice of detected lesions ({len(r.dices)} with masks): "
+        f"mean {_num(r.dice_mean)}, median {_num(r.dice_median)}",
+        f"specificity: {_pct(r.specificity)} of {r.negative_frames} negative frames "
+        f"have no false positive",
+        f"frames: {r.frames}, {r.frames_without_prediction} without a prediction "
+        f"(counted as predicted empty); {r.unknown_prediction_keys} predicted frames "
+        f"not in the ground truth (skipped)",
+    ]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from medrt.cli import EXIT_OK
+
+    truth = load_truth_tree(args.gt)
+    report = evaluate(iter_predictions(args.pred), truth)
+    if args.json:
+        print(json.dumps(report.to_json(per_lesion=args.per_lesion), indent=2))
+    else:
+        print(format_report(report))
+        if args.per_lesion:
+            for m in report.matches:
+                print(
+                    f"{m.key} label {m.gt_label} {m.gt_diameter_mm:.1f} mm: "
+                    + (
+                        f"found (label {m.pred_label}, Dice {_num(m.dice)})"
+                        if m.detected
+                        else "missed"
+                    )
+                )
+    return EXIT_OK
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "eval",
+        help="score lesion predictions (results.jsonl) against phantom ground truth",
+        description="Score lesion predictions against phantom ground truth: sensitivity per "
+        "size bucket (2-5, 5-10, 10-30 mm), false positives per frame, Dice of detected "
+        "lesions, specificity on frames without lesions. Ground-truth frames missing from "
+        "the predictions count as predicted empty. Exit status 2 when an input is missing "
+        "or no prediction matches a ground-truth frame.",
+    )
+    p.add_argument(
+        "pred",
+        metavar="PRED",
+        help=f"a {RESULTS_JSONL}, or a folder holding one (with an optional masks.npz beside it)",
+    )
+    p.add_argument(
+        "gt",
+        nargs="+",
+        metavar="GT",
+        help=f"ground-truth folders, searched recursively for {TRUTH_JSON}",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object for programs")
+    p.add_argument("--per-lesion", action="store_true", help="also list every scored lesion")
+    p.set_defaults(func=run)

@@ -1,0 +1,332 @@
+"""Scoring predictions against the committed phantom ground truth, and ``medrt eval``."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, SAMPLE_DIR
+from medrt.analysis.lesions import lesion_to_json
+from medrt.cli import main
+from medrt.errors import InputError
+from medrt.evaluation import (
+    FramePrediction,
+    bucket_of,
+    evaluate,
+    iter_predictions,
+    load_predictions,
+)
+from medrt.phantom import FrameTruth, load_ground_truth
+from medrt.types import Lesion, LesionTruth
+
+
+@pytest.fixture(scope="module")
+def truth() -> dict[str, FrameTruth]:
+    out = load_ground_truth(SAMPLE_DIR / "ct_stream")
+    out.update(load_ground_truth(SAMPLE_DIR / "radiographs"))
+    return out
+
+
+def as_lesion(
+    g: LesionTruth, shift_mm: tuple[float, float] = (0.0, 0.0), t: FrameTruth | None = None
+) -> Lesion:
+    dr = shift_mm[0] / t.spacing_mm[0] if t else 0.0
+    dc = shift_mm[1] / t.spacing_mm[1] if t else 0.0
+    return Lesion(
+        label=g.label,
+        bbox=g.bbox,
+        centroid=(g.center[0] + dr, g.center[1] + dc),
+        area_mm2=g.area_mm2,
+        diameter_mm=g.diameter_mm,
+        score=1.0,
+        max_score=1.0,
+    )
+
+
+def perfect(key: str, t: FrameTruth, drop: frozenset[int] = frozenset()) -> FramePrediction:
+    """The ground truth itself as a prediction, less the lesions labelled in ``drop``."""
+    labels = t.mask.copy()
+    labels[np.isin(labels, list(drop))] = 0
+    lesions = tuple(as_lesion(g) for g in t.lesions if g.label not in drop)
+    return FramePrediction(key, lesions, labels)
+
+
+def test_perfect_predictions_score_perfectly(truth: dict[str, FrameTruth]) -> None:
+    report = evaluate([perfect(k, t) for k, t in truth.items()], truth)
+    n = sum(len(t.scored_lesions) for t in truth.values())
+    assert report.gt_lesions == report.detected == n == 25
+    assert report.sensitivity == 1.0 and report.false_positives == 0 and report.fp_per_frame == 0.0
+    assert report.dice_mean == 1.0 and report.dice_median == 1.0 and len(report.dices) == n
+    assert report.frames == 43 and report.negative_frames == 25
+    assert report.specificity == 1.0 and report.frames_without_prediction == 0
+    expected = {name: 0 for name in ("2-5", "5-10", "10-30")}
+    for t in truth.values():
+        for g in t.scored_lesions:
+            expected[bucket_of(g.diameter_mm)] += 1
+    assert {b.name: b.gt for b in report.buckets} == expected
+    assert all(b.sensitivity == 1.0 for b in report.buckets if b.gt)
+    doc = report.to_json(per_lesion=True)
+    json.dumps(doc)  # serialisable
+    assert doc["sensitivity"] == 1.0 and len(doc["lesions"]) == n
+
+
+def test_dropping_half_the_lesions_halves_sensitivity_as_counted(
+    truth: dict[str, FrameTruth],
+) -> None:
+    dropped: dict[str, set[int]] = {}
+    n = 0
+    for k, t in truth.items():
+        for g in t.scored_lesions:
+            if n % 2 == 0:
+                dropped.setdefault(k, set()).add(g.label)
+            n += 1
+    preds = [perfect(k, t, frozenset(dropped.get(k, ()))) for k, t in truth.items()]
+    report = evaluate(preds, truth)
+    missed = sum(len(v) for v in dropped.values())
+    assert report.detected == n - missed
+    assert report.sensitivity == pytest.approx((n - missed) / n)
+    assert report.false_positives == 0 and report.dice_mean == 1.0
+    for b in report.buckets:
+        in_bucket = [(m.key, m.gt_label) for m in report.matches if m.bucket == b.name]
+        gone = sum(1 for k, lab in in_bucket if lab in dropped.get(k, ()))
+        assert b.detected == b.gt - gone
+
+
+def add_blob(
+    pred: FramePrediction, t: FrameTruth, label: int, at: tuple[int, int]
+) -> FramePrediction:
+    r, c = at
+    assert not t.mask[r - 10 : r + 13, c - 10 : c + 13].any(), "blob must be away from lesions"
+    labels = pred.labels.copy()
+    labels[r : r + 3, c : c + 3] = label
+    blob = Lesion(label, (r, c, r + 3, c + 3), (r + 1.0, c + 1.0), 1.0, 1.0, 0.9, 0.9)
+    return FramePrediction(pred.key, (*pred.lesions, blob), labels)
+
+
+def test_spurious_blobs_are_false_positives(truth: dict[str, FrameTruth]) -> None:
+    preds, added, touched_negative = [], 0, 0
+    for i, (k, t) in enumerate(truth.items()):
+        p = perfect(k, t)
+        if i % 3 == 0:
+            for j in range(2):
+                p = add_blob(p, t, 900 + j, (20 + 40 * j, 20))  # frame corner: outside the body
+            added += 2
+            touched_negative += int(not t.scored_lesions)
+        preds.append(p)
+    report = evaluate(preds, truth)
+    assert report.false_positives == added == 30
+    assert report.fp_per_frame == pytest.approx(added / 43)
+    assert report.sensitivity == 1.0
+    assert report.negative_frames_clean == report.negative_frames - touched_negative
+    assert report.specificity == pytest.approx(1 - touched_negative / report.negative_frames)
+
+
+def smallest_lesion(truth: dict[str, FrameTruth]) -> tuple[str, FrameTruth, LesionTruth]:
+    return min(
+        ((k, t, g) for k, t in truth.items() for g in t.scored_lesions),
+        key=lambda x: x[2].diameter_mm,
+    )
+
+
+def test_centroid_fallback_matches_within_the_documented_distance(
+    truth: dict[str, FrameTruth],
+) -> None:
+    key, t, g = smallest_lesion(truth)
+    limit = max(2.0, 0.5 * g.diameter_mm)
+    assert g.diameter_mm < 4.0 and limit == 2.0
+    one = {key: t}
+    for shift, found in [(limit - 0.01, True), (limit + 0.01, False)]:
+        for direction in [(1.0, 0.0), (0.0, -1.0), (math.sqrt(0.5), math.sqrt(0.5))]:
+            offset = (shift * direction[0], shift * direction[1])
+            others = tuple(as_lesion(o) for o in t.scored_lesions if o.label != g.label)
+            pred = FramePrediction(key, (as_lesion(g, offset, t), *others), None)  # no masks
+            report = evaluate([pred], one)
+            m = next(m for m in report.matches if m.gt_label == g.label)
+            assert m.detected is found, (shift, direction)
+            assert report.false_positives == (0 if found else 1)
+            if found:
+                assert m.distance_mm == pytest.approx(shift) and m.dice is None
+
+
+def test_large_lesion_fallback_distance_is_half_its_diameter(truth: dict[str, FrameTruth]) -> None:
+    key, t, g = max(
+        ((k, t, g) for k, t in truth.items() for g in t.scored_lesions),
+        key=lambda x: x[2].diameter_mm,
+    )
+    limit = 0.5 * g.diameter_mm
+    for shift, found in [(limit - 0.01, True), (limit + 0.01, False)]:
+        pred = FramePrediction(key, tuple(as_lesion(o, (shift, 0.0), t) for o in t.scored_lesions))
+        m = next(m for m in evaluate([pred], {key: t}).matches if m.gt_label == g.label)
+        assert m.detected is found
+
+
+def test_dice_is_measured_against_a_shifted_mask(truth: dict[str, FrameTruth]) -> None:
+    key, t = next((k, t) for k, t in truth.items() if t.rows == 4096 and t.scored_lesions)
+    g = max(t.scored_lesions, key=lambda g: g.area_mm2)
+    gt = t.mask == g.label
+    moved = np.zeros_like(gt)
+    moved[:, 2:] = gt[:, :-2]  # two columns to the right
+    labels = np.zeros(t.mask.shape, np.uint16)
+    labels[moved] = 7
+    r0, c0, r1, c1 = g.bbox
+    lesion = replace(as_lesion(g), label=7, bbox=(r0, c0 + 2, r1, min(c1 + 2, t.cols)))
+    report = evaluate([FramePrediction(key, (lesion,), labels)], {key: t})
+    expected = 2 * np.count_nonzero(gt & moved) / (gt.sum() + moved.sum())
+    m = next(m for m in report.matches if m.gt_label == g.label)
+    assert m.pred_label == 7 and m.dice == pytest.approx(expected)
+    assert report.dice_mean == pytest.approx(expected)
+
+
+def test_ignored_lesions_are_neither_hit_nor_false_positive(truth: dict[str, FrameTruth]) -> None:
+    key, t = next((k, t) for k, t in truth.items() if len(t.scored_lesions) == 1)
+    g = t.scored_lesions[0]
+    flagged = replace(
+        t, lesions=tuple(replace(x, extras={**x.extras, "ignore": 1.0}) for x in t.lesions)
+    )
+    report = evaluate([perfect(key, t)], {key: flagged})
+    assert report.gt_lesions == 0 and report.false_positives == 0
+    assert report.ignored_predictions == 1
+    assert report.negative_frames == 1 and report.specificity == 1.0
+    # Without a mask the centroid rule applies to ignored lesions too.
+    report = evaluate([FramePrediction(key, (as_lesion(g),))], {key: flagged})
+    assert report.false_positives == 0 and report.ignored_predictions == 1
+    # A prediction far from it is still a false positive.
+    far = FramePrediction(key, (as_lesion(g, (30.0, 0.0), t),))
+    assert evaluate([far], {key: flagged}).false_positives == 1
+
+
+@pytest.mark.parametrize(
+    ("diameter", "bucket"),
+    [
+        (1.5, "2-5"),
+        (2.0, "2-5"),
+        (4.999, "2-5"),
+        (5.0, "5-10"),
+        (9.999, "5-10"),
+        (10.0, "10-30"),
+        (30.0, "10-30"),
+        (45.0, "10-30"),
+    ],
+)
+def test_bucket_edges(truth: dict[str, FrameTruth], diameter: float, bucket: str) -> None:
+    assert bucket_of(diameter) == bucket
+    key, t = next((k, t) for k, t in truth.items() if len(t.scored_lesions) == 1)
+    sized = replace(t, lesions=(replace(t.lesions[0], diameter_mm=diameter),))
+    report = evaluate([FramePrediction(key)], {key: sized})
+    assert {b.name: b.gt for b in report.buckets}[bucket] == 1 and report.detected == 0
+
+
+def test_input_errors(truth: dict[str, FrameTruth]) -> None:
+    key, t = next(iter(truth.items()))
+    with pytest.raises(InputError, match="none of 1 prediction keys"):
+        evaluate([FramePrediction("1.2.3")], truth)
+    with pytest.raises(InputError, match="same frame"):
+        evaluate([FramePrediction(key), FramePrediction(f"{key}#0")], truth)
+    with pytest.raises(InputError, match="label map shape"):
+        evaluate([FramePrediction(key, (), np.zeros((3, 3), np.uint16))], truth)
+    report = evaluate([FramePrediction(f"{key}#0"), FramePrediction("1.2.3")], truth)
+    assert report.frames_without_prediction == 42 and report.unknown_prediction_keys == 1
+    assert evaluate([], truth).frames_without_prediction == 43
+
+
+def write_results(
+    folder: Path, truth: dict[str, FrameTruth], skip: set[str], masks_for: str
+) -> None:
+    """A batch-style output folder: results.jsonl for every frame not in ``skip``, and
+    masks.npz for frames whose file lies in the folder named ``masks_for``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    masks = {}
+    with (folder / "results.jsonl").open("w") as fh:
+        for k, t in truth.items():
+            if k in skip:
+                continue
+            rec = {
+                "sop_instance_uid": k,
+                "frame_index": 0,
+                "lesions": [lesion_to_json(as_lesion(g)) for g in t.lesions],
+            }
+            fh.write(json.dumps(rec) + "\n")
+            if t.file.parent.name == masks_for:
+                masks[k] = t.mask
+    np.savez_compressed(folder / "masks.npz", **masks)
+
+
+def test_results_folder_round_trips(tmp_path: Path, truth: dict[str, FrameTruth]) -> None:
+    write_results(tmp_path, truth, set(), "ct_stream")
+    preds = load_predictions(tmp_path)
+    assert len(preds) == 43 and sum(p.labels is not None for p in preds) == 40
+    report = evaluate(iter_predictions(tmp_path / "results.jsonl"), truth)
+    assert report.sensitivity == 1.0 and report.false_positives == 0
+    assert len(report.dices) == 17 and report.dice_mean == 1.0
+
+
+def medrt(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "medrt", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_cli_eval_json(tmp_path: Path, truth: dict[str, FrameTruth]) -> None:
+    positive = next(k for k, t in truth.items() if len(t.scored_lesions) == 2)
+    negative = [k for k, t in truth.items() if not t.lesions][:2]
+    write_results(tmp_path / "run", truth, {positive, *negative}, "ct_stream")
+    out = medrt("eval", str(tmp_path / "run"), str(SAMPLE_DIR), "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["frames"] == 43 and doc["frames_without_prediction"] == 3
+    assert doc["gt_lesions"] == 25 and doc["detected"] == 23
+    assert doc["sensitivity"] == pytest.approx(23 / 25)
+    assert doc["false_positives"] == 0 and doc["specificity"] == 1.0
+    assert doc["dice"]["mean"] == 1.0 and doc["dice"]["n"] == 17 - 2 * (
+        truth[positive].file.parent.name == "ct_stream"
+    )
+
+
+def test_cli_eval_table_and_bad_inputs(
+    tmp_path: Path, truth: dict[str, FrameTruth], capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_results(tmp_path / "run", truth, set(), "none")
+    assert main(["eval", str(tmp_path / "run" / "results.jsonl"), str(SAMPLE_DIR)]) == 0
+    table = capsys.readouterr().out
+    assert "sensitivity" in table and "all" in table and "100.0%" in table
+
+    assert main(["eval", str(tmp_path / "nothing"), str(SAMPLE_DIR)]) == 2
+    assert "no results.jsonl" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path / "run"), str(tmp_path)]) == 2
+    assert "no ground_truth.json" in capsys.readouterr().err
+
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "results.jsonl").write_text(
+        json.dumps({"sop_instance_uid": "1.2.3", "frame_index": 0, "lesions": []}) + "\n"
+    )
+    out = medrt("eval", str(tmp_path / "other"), str(SAMPLE_DIR))
+    assert out.returncode == 2 and "matches one of the 43 ground-truth frames" in out.stderr
+
+    (tmp_path / "other" / "results.jsonl").write_text("{not json\n")
+    assert main(["eval", str(tmp_path / "other"), str(SAMPLE_DIR)]) == 2
+    assert "line 1" in capsys.readouterr().err
+
+
+def test_a_lesion_segmented_in_pieces_is_one_hit_and_no_false_positive(truth: dict[str, FrameTruth]) -> None:
+    """Through the real component extraction: a perfect probability map of a frame whose
+    border-crossing nodule's mask is in two pieces gives one hit per lesion, no FP."""
+    from medrt.analysis.lesions import lesions_from_probability
+
+    key, t = next((k, t) for k, t in truth.items() if t.file.name == "dx_0002.dcm")
+    labels, lesions = lesions_from_probability((t.mask > 0).astype(np.float32), t.spacing_mm)
+    assert len(lesions) > len(t.scored_lesions), "the sample has a lesion whose mask is in pieces"
+    report = evaluate([FramePrediction(key, tuple(lesions), labels)], {key: t})
+    assert report.sensitivity == 1.0
+    assert report.false_positives == 0
+    assert report.ignored_predictions == len(lesions) - len(t.scored_lesions)
