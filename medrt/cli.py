@@ -25,6 +25,8 @@ COMMANDS = (
     "medrt.commands.info",
     "medrt.commands.phantom",
     "medrt.commands.bench",
+    "medrt.commands.models",
+    "medrt.commands.eval",
 )
 
 

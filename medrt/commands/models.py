@@ -1,0 +1,222 @@
+"""``medrt models list|verify|import-bundle``: the shipped models, your own, and MONAI bundles.
+
+The spec format is documented in ``models/README.md``. Nothing heavy is imported
+at start-up: onnxruntime loads in ``verify``, torch and monai in ``import-bundle``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from medrt.engine.registry import (
+    ModelError,
+    ModelSpec,
+    TensorSpec,
+    load_spec,
+    shipped_models_dir,
+)
+
+__all__ = ["ModelStatus", "model_status", "register", "verify_model"]
+
+# Spec dtype -> the type onnxruntime reports for a graph input or output.
+ORT_TYPES = {
+    "float32": "tensor(float)",
+    "float16": "tensor(float16)",
+    "float64": "tensor(double)",
+    "uint8": "tensor(uint8)",
+    "int8": "tensor(int8)",
+    "int32": "tensor(int32)",
+    "int64": "tensor(int64)",
+    "bool": "tensor(bool)",
+}
+# The outputs a task's consumer reads by name (models/README.md).
+REQUIRED_OUTPUTS = {"roi_classifier": ("presence", "heatmap")}
+
+
+@dataclass
+class ModelStatus:
+    """One spec as ``list``/``verify`` report it."""
+
+    spec: str
+    ok: bool
+    name: str | None = None
+    version: str | None = None
+    task: str | None = None
+    file: str | None = None
+    size_bytes: int | None = None
+    error: str | None = None
+
+
+def _check_tensors(spec: ModelSpec, kind: str, wanted: tuple[TensorSpec, ...], graph: list[Any]) -> None:
+    by_name = {node.name: node for node in graph}
+    for tensor in wanted:
+        node = by_name.get(tensor.name)
+        where = f"{spec.spec_path}: [[{kind}s]] {tensor.name!r}"
+        if node is None:
+            raise ModelError(
+                f"{where} is not an {kind} of {spec.path.name} (the graph's {kind}s: {', '.join(by_name)})"
+            )
+        dims = list(node.shape)
+        if len(dims) != len(tensor.shape):
+            raise ModelError(f"{where}: shape {list(tensor.shape)} has rank {len(tensor.shape)}, the graph's {dims}")
+        for i, (mine, theirs) in enumerate(zip(tensor.shape, dims, strict=True)):
+            if isinstance(mine, int) and isinstance(theirs, int) and mine != theirs:
+                raise ModelError(f"{where}: dimension {i} is {mine} in the spec, {theirs} in the graph")
+        expected = ORT_TYPES.get(tensor.dtype)
+        if expected is not None and node.type != expected:
+            raise ModelError(f"{where}: dtype {tensor.dtype} in the spec, {node.type} in the graph")
+
+
+def verify_model(spec_path: str | Path) -> ModelSpec:
+    """Load a spec, check the file's sha256, open it with onnxruntime (CPU) and match the IO tensors.
+
+    Raises :class:`ModelError` (naming the file and the reason) at the first problem.
+    """
+    spec = load_spec(spec_path)
+    names = {t.name for t in spec.outputs}
+    missing = [n for n in REQUIRED_OUTPUTS.get(spec.task, ()) if n not in names]
+    if missing:
+        raise ModelError(f"{spec.spec_path}: a {spec.task} needs [[outputs]] named {', '.join(missing)}")
+    from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
+
+    # The runtime's own loader (it checks the names it feeds and reads), on one CPU thread.
+    session = OnnxRuntimeBackend(spec, providers=["CPUExecutionProvider"], threads=1).session
+    _check_tensors(spec, "input", spec.inputs, session.get_inputs())
+    _check_tensors(spec, "output", spec.outputs, session.get_outputs())
+    return spec
+
+
+def model_status(spec_path: Path, *, deep: bool = False) -> ModelStatus:
+    """Check one spec: sha256 always; with ``deep``, also open it with onnxruntime."""
+    status = ModelStatus(spec=str(spec_path), ok=False)
+    try:
+        spec = load_spec(spec_path, verify=False)
+        status.name, status.version, status.task = spec.name, spec.version, spec.task
+        status.file = str(spec.path)
+        status.size_bytes = spec.path.stat().st_size if spec.path.is_file() else None
+        if deep:
+            verify_model(spec_path)
+        else:
+            spec.verify()
+    except ModelError as exc:
+        status.error = str(exc)
+        return status
+    status.ok = True
+    return status
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n / 1e3:.1f} kB"
+
+
+def _print(results: list[ModelStatus], as_json: bool, what: str) -> None:
+    if as_json:
+        print(json.dumps({"models": [asdict(r) for r in results]}, indent=2))
+        return
+    for r in results:
+        if r.ok:
+            print(f"{r.name:<20} {r.version:<10} {r.task:<15} {_size(r.size_bytes):>9}  {what} ok")
+        else:
+            print(f"{(r.name or Path(r.spec).name):<20} ERROR: {r.error}")
+
+
+def run_list(args: argparse.Namespace) -> int:
+    folder = shipped_models_dir()
+    results = [model_status(p) for p in sorted(folder.glob("*.toml"))]
+    _print(results, args.json, "sha256")
+    if not results and not args.json:
+        print(f"no shipped models (none in {folder}); see models/README.md to bring your own")
+    return 1 if any(not r.ok for r in results) else 0
+
+
+def run_verify(args: argparse.Namespace) -> int:
+    results = [model_status(Path(p), deep=True) for p in args.specs]
+    if args.json:
+        _print(results, True, "")
+    else:
+        for r in results:
+            if r.ok:
+                print(f"OK    {r.spec}  ({r.name}@{r.version}, {r.task}, {_size(r.size_bytes)})")
+            else:
+                print(f"FAIL  {r.spec}\n      {r.error}")
+        failed = sum(not r.ok for r in results)
+        print(f"\n{len(results)} spec(s): {len(results) - failed} ok, {failed} failed")
+    return 1 if any(not r.ok for r in results) else 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from medrt.bundle import import_bundle
+
+    spec = import_bundle(args.bundle, args.out, name=args.name, label=args.label, trust=args.trust)
+    if args.json:
+        print(json.dumps({"spec": str(spec.spec_path), "onnx": str(spec.path), "training": spec.training}, indent=2))
+        return 0
+    print(f"wrote {spec.path}\nwrote {spec.spec_path}")
+    print(f"  {spec.ident}: {spec.outputs[0].meaning}, activation {spec.outputs[0].activation}")
+    window = f" {spec.window[0]:g}/{spec.window[1]:g}" if spec.window else " (the frame's own VOI window)"
+    print(f"  normalisation {spec.normalization}{window}; sizes a multiple of {spec.multiple_of}")
+    print(f"  {spec.training.get('export_check', '')}")
+    for note in spec.training.get("notes", []):
+        print(f"  note: {note}")
+    print(f"check it with: medrt models verify {spec.spec_path}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "models",
+        help="list the shipped models, verify model specs, import a MONAI bundle",
+        description="Models are ONNX files described by a TOML spec (models/README.md). "
+        "Shipped models are trained on synthetic phantoms: research/demo use only, not for clinical use.",
+    )
+    msub = p.add_subparsers(dest="models_command", metavar="ACTION", required=True)
+
+    ls = msub.add_parser(
+        "list",
+        help="the shipped models and whether their sha256 matches",
+        description="One line per shipped model: name, version, task, file size, sha256 check. "
+        "Exit status 1 when any shipped model fails its check.",
+    )
+    ls.add_argument("--json", action="store_true", help="print one JSON object for programs")
+    ls.set_defaults(func=run_list)
+
+    ver = msub.add_parser(
+        "verify",
+        help="check model specs: sha256, onnxruntime loads the file, IO names match",
+        description="For each SPEC.toml: load it, check the model file's sha256, open the model "
+        "with onnxruntime (CPU) and check that the spec's input and output names, ranks and "
+        "dtypes are in the graph. Exit status 0 when all pass, 1 when any fails.",
+    )
+    ver.add_argument("specs", nargs="+", metavar="SPEC.toml", help="model spec files")
+    ver.add_argument("--json", action="store_true", help="print one JSON object for programs")
+    ver.set_defaults(func=run_verify)
+
+    imp = msub.add_parser(
+        "import-bundle",
+        help="convert a 2-D MONAI bundle to ONNX + a medrt spec (needs medrt[train] and --trust)",
+        description="Convert a 2-D MONAI bundle folder (configs/metadata.json, configs/inference.json, "
+        "models/model.ts or models/model.pt) to DIR/NAME.onnx and DIR/NAME.toml. The ONNX output is "
+        "checked against torch before the spec is written. A bundle is code: its configs import "
+        "modules and evaluate Python, and model.ts is a TorchScript program, so nothing is loaded "
+        "without --trust. Needs torch and monai: pip install 'medrt[train]'.",
+    )
+    imp.add_argument("bundle", metavar="BUNDLE_DIR", help="the bundle folder")
+    imp.add_argument("--out", required=True, type=Path, metavar="DIR", help="where to write NAME.onnx and NAME.toml")
+    imp.add_argument("--name", help="model name (default: the bundle's metadata name)")
+    imp.add_argument(
+        "--label",
+        help="output channel to export, by channel_def name or index (default: the first non-background)",
+    )
+    imp.add_argument(
+        "--trust",
+        action="store_true",
+        help="I trust this bundle: let it run its config code and TorchScript with my permissions",
+    )
+    imp.add_argument("--json", action="store_true", help="print one JSON object for programs")
+    imp.set_defaults(func=run_import)

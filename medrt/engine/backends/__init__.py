@@ -1,0 +1,1 @@
+"""One module per runtime, each behind :class:`medrt.engine.backends.base.Backend`."""

@@ -1,0 +1,277 @@
+"""Model specs (``medrt.engine.registry``) and ``medrt models list|verify``, on real ONNX files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, require_module
+from medrt.engine.registry import (
+    ModelError,
+    ModelIntegrityError,
+    find_spec,
+    load_spec,
+    sha256_file,
+    shipped_models_dir,
+)
+
+
+def medrt(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "medrt", *args], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+
+
+def _save(graph_nodes: list, inputs: list, outputs: list, path: Path) -> Path:
+    onnx = require_module("onnx")
+    helper = onnx.helper
+    graph = helper.make_graph(graph_nodes, "tiny", inputs, outputs)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
+
+
+def segmenter_onnx(path: Path) -> Path:
+    """``foreground = Identity(image)``, [N, 1, H, W] float32."""
+    onnx = require_module("onnx")
+    h, F = onnx.helper, onnx.TensorProto.FLOAT
+    return _save(
+        [h.make_node("Identity", ["image"], ["foreground"])],
+        [h.make_tensor_value_info("image", F, ["N", 1, "H", "W"])],
+        [h.make_tensor_value_info("foreground", F, ["N", 1, "H", "W"])],
+        path,
+    )
+
+
+def roi_onnx(path: Path) -> Path:
+    """``heatmap`` = 4x4 average pool of the thumbnail; ``presence`` = its max, [N, 1]."""
+    onnx = require_module("onnx")
+    h, F = onnx.helper, onnx.TensorProto.FLOAT
+    return _save(
+        [
+            h.make_node("AveragePool", ["image"], ["heatmap"], kernel_shape=[4, 4], strides=[4, 4]),
+            h.make_node("GlobalMaxPool", ["heatmap"], ["pooled"]),
+            h.make_node("Flatten", ["pooled"], ["presence"], axis=1),
+        ],
+        [h.make_tensor_value_info("image", F, ["N", 1, "H", "W"])],
+        [
+            h.make_tensor_value_info("presence", F, ["N", 1]),
+            h.make_tensor_value_info("heatmap", F, ["N", 1, "h", "w"]),
+        ],
+        path,
+    )
+
+
+SEG_SPEC = """\
+[model]
+name = "tiny_seg"
+version = "1.2.3"
+task = "segmentation"
+file = "{file}"
+sha256 = "{sha}"
+multiple_of = 16
+description = "identity test model"
+card = "tiny_seg.md"
+
+[[inputs]]
+name = "image"
+shape = ["N", 1, "H", "W"]
+dtype = "float32"
+meaning = "normalised frame"
+
+[[outputs]]
+name = "{out}"
+shape = ["N", 1, "H", "W"]
+activation = "sigmoid"
+
+[normalization]
+method = "fixed_window"
+center = 40
+width = 400
+
+[thresholds]
+probability = 0.5
+
+[training]
+data = "none"
+epochs = 0
+"""
+
+ROI_SPEC = """\
+[model]
+name = "tiny_roi"
+version = "0.1"
+task = "roi_classifier"
+file = "roi.onnx"
+sha256 = "{sha}"
+thumbnail = 256
+stride = 4
+
+[[inputs]]
+name = "image"
+shape = ["N", 1, "H", "W"]
+
+[[outputs]]
+name = "presence"
+shape = ["N", 1]
+activation = "sigmoid"
+{heatmap}
+[thresholds]
+presence = 0.5
+heatmap = 0.5
+"""
+
+HEATMAP = '\n[[outputs]]\nname = "heatmap"\nshape = ["N", 1, "h", "w"]\nactivation = "sigmoid"\n'
+
+
+def write_seg(tmp_path: Path, *, out: str = "foreground") -> Path:
+    model = segmenter_onnx(tmp_path / "seg.onnx")
+    spec = tmp_path / "tiny_seg.toml"
+    spec.write_text(SEG_SPEC.format(file=model.name, sha=sha256_file(model), out=out))
+    return spec
+
+
+def test_load_spec_reads_every_field(tmp_path: Path) -> None:
+    spec = load_spec(write_seg(tmp_path))
+    assert (spec.name, spec.version, spec.task, spec.ident) == ("tiny_seg", "1.2.3", "segmentation", "tiny_seg@1.2.3")
+    assert spec.path == (tmp_path / "seg.onnx").resolve() and spec.sha256 == sha256_file(spec.path)
+    assert spec.inputs[0].shape == ("N", 1, "H", "W") and spec.inputs[0].dtype == "float32"
+    assert spec.output("foreground").activation == "sigmoid"
+    assert (spec.normalization, spec.window, spec.multiple_of) == ("fixed_window", (40.0, 400.0), 16)
+    assert spec.thresholds == {"probability": 0.5} and spec.training == {"data": "none", "epochs": 0}
+    assert spec.card == (tmp_path / "tiny_seg.md").resolve()
+    with pytest.raises(ModelError, match="no output named 'mask'"):
+        spec.output("mask")
+
+
+def test_a_changed_model_file_is_refused(tmp_path: Path) -> None:
+    spec_path = write_seg(tmp_path)
+    with open(tmp_path / "seg.onnx", "ab") as fp:
+        fp.write(b"\0")
+    with pytest.raises(ModelIntegrityError, match=r"seg\.onnx: sha256 .* Refusing to load it"):
+        load_spec(spec_path)
+    assert load_spec(spec_path, verify=False).name == "tiny_seg"  # reading the spec alone still works
+
+    out = medrt("models", "verify", str(spec_path))
+    assert out.returncode == 1
+    assert "FAIL" in out.stdout and "seg.onnx: sha256" in out.stdout and "1 failed" in out.stdout
+
+
+def test_a_missing_model_file_names_it(tmp_path: Path) -> None:
+    spec_path = write_seg(tmp_path)
+    (tmp_path / "seg.onnx").unlink()
+    with pytest.raises(ModelError, match=r"seg\.onnx does not exist"):
+        load_spec(spec_path)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda s: s.replace('name = "tiny_seg"\n', ""), r"\[model\]: missing required key 'name'"),
+        (lambda s: s.replace('file = "seg.onnx"\n', ""), r"missing required key 'file'"),
+        (lambda s: s.replace("[[outputs]]", "[[unused]]"), r"\[\[outputs\]\]: must be a non-empty list"),
+        (lambda s: s.replace('task = "segmentation"', 'task = "detector"'), r"task must be one of .* not 'detector'"),
+        (lambda s: s.replace('method = "fixed_window"', 'method = "zscore"'), r"method must be one of"),
+        (lambda s: s.replace("center = 40\n", ""), r"missing required key 'center'"),
+        (lambda s: s.replace("[model]", "[model"), r"not valid TOML"),
+    ],
+)
+def test_bad_specs_name_the_file_and_the_reason(tmp_path: Path, edit, message: str) -> None:  # type: ignore[no-untyped-def]
+    spec_path = write_seg(tmp_path)
+    spec_path.write_text(edit(spec_path.read_text()))
+    with pytest.raises(ModelError, match=message) as info:
+        load_spec(spec_path)
+    assert str(spec_path) in str(info.value)
+    out = medrt("models", "verify", str(spec_path))
+    assert out.returncode == 1 and str(spec_path) in out.stdout
+
+
+def test_no_such_spec_and_no_such_shipped_model(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="no such model spec"):
+        load_spec(tmp_path / "absent.toml")
+    with pytest.raises(ModelError, match=r"no shipped model named 'no_such_model' \(shipped: "):
+        find_spec("no_such_model")
+    assert find_spec(write_seg(tmp_path)).name == "tiny_seg"
+
+
+def test_verify_checks_names_against_the_onnx_graph(tmp_path: Path) -> None:
+    good = write_seg(tmp_path)
+    (tmp_path / "other").mkdir()
+    bad = write_seg(tmp_path / "other", out="mask")
+    out = medrt("models", "verify", "--json", str(good), str(bad))
+    assert out.returncode == 1, out.stderr
+    by_spec = {Path(m["spec"]).parent.name: m for m in json.loads(out.stdout)["models"]}
+    assert by_spec[tmp_path.name]["ok"] and by_spec[tmp_path.name]["task"] == "segmentation"
+    assert not by_spec["other"]["ok"]
+    assert "'mask'" in by_spec["other"]["error"] and "not in the ONNX graph of seg.onnx" in by_spec["other"]["error"]
+
+    ok = medrt("models", "verify", str(good))
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert ok.stdout.startswith("OK") and "tiny_seg@1.2.3" in ok.stdout
+
+
+def test_verify_a_file_that_is_not_onnx(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"not a model")
+    spec = tmp_path / "junk.toml"
+    spec.write_text(SEG_SPEC.format(file=junk.name, sha=sha256_file(junk), out="foreground"))
+    out = medrt("models", "verify", str(spec))
+    assert out.returncode == 1 and "junk.onnx: onnxruntime cannot load the model" in out.stdout
+
+
+def test_roi_classifier_contract(tmp_path: Path) -> None:
+    model = roi_onnx(tmp_path / "roi.onnx")
+    spec_path = tmp_path / "roi.toml"
+    spec_path.write_text(ROI_SPEC.format(sha=sha256_file(model), heatmap=HEATMAP))
+    spec = load_spec(spec_path)
+    assert (spec.task, spec.thumbnail, spec.stride, spec.normalization) == ("roi_classifier", 256, 4, "window")
+    assert spec.output("heatmap").shape == ("N", 1, "h", "w")
+    assert medrt("models", "verify", str(spec_path)).returncode == 0
+
+    spec_path.write_text(ROI_SPEC.format(sha=sha256_file(model), heatmap=""))
+    out = medrt("models", "verify", str(spec_path))
+    assert out.returncode == 1 and "a roi_classifier needs [[outputs]] named heatmap" in out.stdout
+
+    spec_path.write_text(ROI_SPEC.format(sha=sha256_file(model), heatmap=HEATMAP).replace("thumbnail = 256\n", ""))
+    with pytest.raises(ModelError, match="a roi_classifier needs \\[model\\] thumbnail"):
+        load_spec(spec_path)
+
+
+def test_models_list_reports_every_shipped_spec() -> None:
+    shipped = sorted(shipped_models_dir().glob("*.toml"))
+    out = medrt("models", "list", "--json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    listed = json.loads(out.stdout)["models"]
+    assert [Path(m["spec"]).name for m in listed] == [p.name for p in shipped]
+    assert all(m["ok"] and m["size_bytes"] > 0 for m in listed)
+
+    human = medrt("models", "list")
+    assert human.returncode == 0
+    if shipped:
+        for m in listed:
+            assert m["name"] in human.stdout and "sha256 ok" in human.stdout
+    else:
+        assert "no shipped models" in human.stdout
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda s: s.replace('shape = ["N", 1, "H", "W"]\ndtype', 'shape = ["N", 1, "H"]\ndtype'), "has rank 3"),
+        (lambda s: s.replace('shape = ["N", 1, "H", "W"]\ndtype', 'shape = ["N", 3, "H", "W"]\ndtype'), "dimension 1 is 3 in the spec, 1 in the graph"),
+        (lambda s: s.replace('dtype = "float32"', 'dtype = "float16"'), r"dtype float16 in the spec, tensor\(float\) in the graph"),
+    ],
+)
+def test_verify_checks_shapes_and_dtypes(tmp_path: Path, edit, message: str) -> None:  # type: ignore[no-untyped-def]
+    from medrt.commands.models import verify_model
+
+    spec_path = write_seg(tmp_path)
+    spec_path.write_text(edit(spec_path.read_text()))
+    with pytest.raises(ModelError, match=message) as info:
+        verify_model(spec_path)
+    assert str(spec_path.resolve()) in str(info.value) and "'image'" in str(info.value)
