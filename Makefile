@@ -18,8 +18,12 @@ $(STAMP_CORE): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e .
 	touch $@
 
+# The tests also exercise training and MONAI-bundle import, so they need the
+# train extra. torch goes first, pinned: 2.13.0 is the CPU build this machine
+# keeps on disk; asking for plain torch (or monai first) pulls a multi-GB CUDA build.
 $(STAMP_DEV): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev,train]'
 	touch $@ $(STAMP_CORE)
 
 demo: $(STAMP_CORE)
