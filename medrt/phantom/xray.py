@@ -68,8 +68,13 @@ def _nodule(
         edge_px=max(1.0, 0.3 / spacing),
         dome=0.5,
     )
-    lo, hi = (1.5, 3.0) if faint else (8.0, 60.0)
-    contrast = round(float(rng.uniform(lo, hi)) * sigma, 3)
+    # Contrast against the anatomy, not against the noise: this phantom's noise is
+    # kept low so the samples compress, and contrast scaled to it made nodules a
+    # thousandth of the window (far subtler than real ones). Faint nodules are
+    # 0.6-1.4 % of a chest window (25-50 units of 4095), bright ones 2-8 %; both
+    # are still 15-200 times the noise.
+    lo, hi = (25.0, 50.0) if faint else (80.0, 300.0)
+    contrast = round(float(rng.uniform(lo, hi)), 3)
     return blob, contrast, IRREGULAR if irregular else ROUND, "faint" if faint else "bright"
 
 
