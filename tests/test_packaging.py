@@ -45,7 +45,7 @@ def test_wheel_installs_and_runs_from_any_directory(tmp_path: Path) -> None:
         assert rel in names, f"{rel} missing from the wheel: add its package to pyproject.toml"
     assert "medrt/models/__init__.py" in names
     for shipped in sorted((REPO / "models").glob("*")):
-        if shipped.suffix in (".onnx", ".toml", ".md"):
+        if shipped.suffix in (".onnx", ".toml", ".md", ".pt"):
             assert f"medrt/models/{shipped.name}" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "medrt = medrt.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -1,39 +1,141 @@
-"""ONNX Runtime backend (CPU here; CUDA and TensorRT execution providers where installed)."""
+"""ONNX Runtime backend: CPU, and CUDA or the TensorRT execution provider where installed.
+
+Providers are chosen explicitly and checked against what this onnxruntime build
+offers (``onnxruntime`` is CPU-only; ``onnxruntime-gpu``, the ``gpu`` extra,
+adds CUDA and TensorRT). Inference goes through IO binding: per input shape the
+backend keeps a binding whose outputs are preallocated numpy buffers, so a frame
+allocates nothing. The first call for a new shape runs the session once to learn
+the output shapes (the models have dynamic H/W), then binds buffers of those
+shapes for every later call.
+
+Threads: ``intra_op_num_threads`` = the cores this process may use (one
+convolution uses them all; a model serves one frame at a time),
+``inter_op_num_threads`` = 1 (the networks are chains, so a second pool would
+only compete with the pipeline's decode and pre-processing threads).
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from medrt.engine.backends.base import Backend, BackendInfo
 from medrt.engine.registry import ModelError, ModelSpec
 
-__all__ = ["OnnxRuntimeBackend"]
+__all__ = ["OnnxRuntimeBackend", "providers_for", "default_threads"]
 
 log = logging.getLogger(__name__)
 
+PRECISIONS = ("fp32", "fp16", "int8")
+CPU, CUDA, TRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider"
+GPU_HINT = "install onnxruntime-gpu (pip install 'medrt[gpu]') on a machine with an NVIDIA driver"
+
+ProviderArg = str | tuple[str, dict[str, Any]]
+
+
+def default_threads() -> int:
+    """The cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def providers_for(device: str, precision: str) -> list[ProviderArg]:
+    """The provider list for a device and precision.
+
+    ``cpu`` runs fp32, or int8 for a QDQ-quantized model. ``cuda`` runs fp32 on
+    the CUDA provider; fp16 and int8 on CUDA go through the TensorRT provider
+    (its engines cached under :func:`medrt.engine.cache.cache_dir` ``("ort-trt")``),
+    with CUDA then CPU behind it for the nodes TensorRT does not take.
+    """
+    from medrt.engine.cache import cache_dir
+
+    kind, _, index = device.partition(":")
+    if kind == "cpu":
+        if precision == "fp16":
+            raise ModelError("onnxruntime on the CPU runs fp32 or int8 (a QDQ model), not fp16")
+        return [CPU]
+    if kind != "cuda":
+        raise ModelError(f"Argument \"device\" must be 'cpu', 'cuda' or 'cuda:N', not {device!r}")
+    dev = int(index or 0)
+    cuda: ProviderArg = (CUDA, {"device_id": dev})
+    if precision == "fp32":
+        return [cuda, CPU]
+    trt_opts = {
+        "device_id": dev,
+        "trt_fp16_enable": True,
+        "trt_int8_enable": precision == "int8",
+        "trt_engine_cache_enable": True,
+        "trt_engine_cache_path": str(cache_dir("ort-trt")),
+    }
+    return [(TRT, trt_opts), cuda, CPU]
+
+
+def _name(p: ProviderArg) -> str:
+    return p if isinstance(p, str) else p[0]
+
 
 class OnnxRuntimeBackend(Backend):
-    """One InferenceSession per model, created once, with explicit providers and threads."""
+    """One InferenceSession per model, created once, with explicit providers and threads.
+
+    ``providers`` (names or ``(name, options)`` pairs) overrides what ``device``
+    and ``precision`` would choose. ``reuse_outputs=True`` returns the bound
+    output buffers themselves (valid until the next call with the same input
+    shape); the default returns copies the caller may keep.
+    """
 
     name = "onnxruntime"
 
-    def __init__(self, spec: ModelSpec, *, providers: list[str] | None = None, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        *,
+        providers: Sequence[ProviderArg] | None = None,
+        device: str = "cpu",
+        precision: str = "fp32",
+        threads: int | None = None,
+        io_binding: bool = True,
+        reuse_outputs: bool = False,
+        max_shapes: int = 16,
+    ) -> None:
         import onnxruntime as ort
 
+        if precision not in PRECISIONS:
+            raise ModelError(f"Argument \"precision\" must be one of {PRECISIONS}, not {precision!r}")
         super().__init__(spec)
+        self.precision = precision
+        chosen = list(providers) if providers else providers_for(device, precision)
+        available = ort.get_available_providers()
+        missing = [_name(p) for p in chosen if _name(p) not in available]
+        if missing:
+            raise ModelError(
+                f"onnxruntime {ort.__version__} here has no {', '.join(missing)} "
+                f"(available: {', '.join(available)}); {GPU_HINT}"
+            )
+        if precision == "fp16" and not any(_name(p) == TRT for p in chosen):
+            raise ModelError("fp16 with onnxruntime needs the TensorrtExecutionProvider (the model file is fp32)")
         opts = ort.SessionOptions()
-        self.threads = threads or os.cpu_count() or 1
+        self.threads = threads or default_threads()
         opts.intra_op_num_threads = self.threads
         opts.inter_op_num_threads = 1
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        self.providers = providers or ["CPUExecutionProvider"]
         try:
-            self.session = ort.InferenceSession(str(spec.path), opts, providers=self.providers)
+            self.session = ort.InferenceSession(str(spec.path), opts, providers=chosen)
         except Exception as exc:  # onnxruntime raises its own exception types
             raise ModelError(f"{spec.path}: onnxruntime cannot load the model ({exc})") from exc
+        self.providers = list(self.session.get_providers())
+        if _name(chosen[0]) not in self.providers:  # ORT falls back silently when a provider fails to start
+            raise ModelError(
+                f"{spec.ident}: onnxruntime could not start {_name(chosen[0])} (active: {self.providers}); "
+                "are the CUDA/cuDNN/TensorRT libraries it needs installed?"
+            )
         graph_inputs = {i.name for i in self.session.get_inputs()}
         graph_outputs = {o.name for o in self.session.get_outputs()}
         missing = [n for n in [self.input_name] if n not in graph_inputs] + [
@@ -41,10 +143,48 @@ class OnnxRuntimeBackend(Backend):
         ]
         if missing:
             raise ModelError(f"{spec.spec_path}: names {missing} are not in the ONNX graph of {spec.path.name}")
+        self.io_binding = io_binding
+        self.reuse_outputs = reuse_outputs
+        self.max_shapes = max(1, max_shapes)
+        self._bound: OrderedDict[tuple[int, ...], tuple[Any, list[np.ndarray]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _run(self, x: np.ndarray) -> list[np.ndarray]:
+        return self.session.run(self.output_names, {self.input_name: x})
+
+    def _bind(self, x: np.ndarray) -> tuple[Any, list[np.ndarray], list[np.ndarray] | None]:
+        """The binding and output buffers for ``x.shape``; for a new shape also this run's result."""
+        shape = tuple(x.shape)
+        entry = self._bound.get(shape)
+        if entry is not None:
+            self._bound.move_to_end(shape)
+            return entry[0], entry[1], None
+        first = self._run(x)
+        buffers = [np.empty(a.shape, a.dtype) for a in first]
+        binding = self.session.io_binding()
+        for name, buf in zip(self.output_names, buffers, strict=True):
+            binding.bind_output(name, "cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
+        self._bound[shape] = (binding, buffers)
+        while len(self._bound) > self.max_shapes:
+            self._bound.popitem(last=False)
+        for buf, a in zip(buffers, first, strict=True):
+            np.copyto(buf, a)
+        return binding, buffers, first
 
     def infer(self, x: np.ndarray) -> list[np.ndarray]:
-        return self.session.run(self.output_names, {self.input_name: np.ascontiguousarray(x, dtype=np.float32)})
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if not self.io_binding:
+            return self._run(x)
+        with self._lock:
+            binding, buffers, first = self._bind(x)
+            if first is None:
+                binding.bind_cpu_input(self.input_name, x)
+                self.session.run_with_iobinding(binding)
+                binding.clear_binding_inputs()  # drop the reference to the caller's array
+            elif not self.reuse_outputs:
+                return first
+            return buffers if self.reuse_outputs else [b.copy() for b in buffers]
 
     def info(self) -> BackendInfo:
-        device = "cuda" if any("CUDA" in p or "Tensorrt" in p for p in self.providers) else "cpu"
-        return BackendInfo(self.name, device, "fp32", self.spec.ident, self.threads)
+        device = "cuda" if any(p in (CUDA, TRT) for p in self.providers[:1]) else "cpu"
+        return BackendInfo(self.name, device, self.precision, self.spec.ident, self.threads)
