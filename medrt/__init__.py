@@ -15,7 +15,7 @@ try:
 except PackageNotFoundError:  # pragma: no cover - running from a bare source tree
     __version__ = "0.0.0+unknown"
 
-__all__ = ["MedrtError", "__version__", "read_frames"]
+__all__ = ["MedrtError", "__version__", "read_frames", "load_analyzer", "AnalyzerConfig"]
 
 
 def read_frames(source, **kwargs):  # type: ignore[no-untyped-def]
@@ -23,3 +23,12 @@ def read_frames(source, **kwargs):  # type: ignore[no-untyped-def]
     from medrt.io.dicom import read_frames as _read_frames
 
     return _read_frames(source, **kwargs)
+
+
+def __getattr__(name: str):  # type: ignore[no-untyped-def]
+    """``medrt.load_analyzer`` and ``medrt.AnalyzerConfig``, imported on first use."""
+    if name in ("load_analyzer", "AnalyzerConfig", "Analyzer"):
+        from medrt import analyzer
+
+        return getattr(analyzer, name)
+    raise AttributeError(f"module 'medrt' has no attribute {name!r}")

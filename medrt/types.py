@@ -25,6 +25,9 @@ __all__ = [
     "Frame",
     "LesionTruth",
     "Lesion",
+    "RoiProposal",
+    "StageTimings",
+    "FrameResult",
 ]
 
 
@@ -183,3 +186,56 @@ class Lesion:
     score: float
     max_score: float
     rechecked: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RoiProposal:
+    """A region the ROI classifier says may hold lesions: half-open ``(r0, c0, r1, c1)``
+    in source pixels, with the classifier's peak cell probability there."""
+
+    bbox: tuple[int, int, int, int]
+    score: float
+
+
+@dataclass(frozen=True, slots=True)
+class StageTimings:
+    """Milliseconds per stage for one frame. ``total`` is wall time end to end."""
+
+    decode: float = 0.0
+    preprocess: float = 0.0
+    roi: float = 0.0
+    segment: float = 0.0
+    recheck: float = 0.0
+    postprocess: float = 0.0
+    total: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {k: round(getattr(self, k), 3) for k in self.__slots__}
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class FrameResult:
+    """What the analysis found in one frame, and what it cost.
+
+    ``labels`` is a uint16 label map in the frame's pixel grid whose values are
+    the lesions' ``label``. ``crops`` are the 1024² regions the UNet ran on
+    (empty when the ROI classifier called the frame negative and the UNet was
+    skipped). ``mode`` is "roi" or "full" (sliding window over the whole frame).
+    """
+
+    frame: Frame
+    lesions: tuple[Lesion, ...]
+    labels: np.ndarray
+    presence: float
+    proposals: tuple[RoiProposal, ...]
+    crops: tuple[tuple[int, int, int, int], ...]
+    mode: str
+    timings: StageTimings
+    backend: str
+    precision: str
+    models: tuple[str, ...]
+
+    @property
+    def skipped(self) -> bool:
+        """True when the ROI classifier called the frame negative (no UNet run)."""
+        return self.mode == "roi" and not self.crops

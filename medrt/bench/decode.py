@@ -1,19 +1,15 @@
-"""Benchmarks that ``medrt bench`` runs. Each figure is a ratio against a baseline
-measured side by side in the same run, interleaved, median over repeats: this
-machine's timings drift too much for absolute numbers to mean much.
-"""
+"""Decode benchmark: medrt's ``read_frames`` against pydicom's bare ``pixel_array``."""
 
 from __future__ import annotations
 
 import logging
-import statistics
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["run_decode_bench", "interleaved_medians"]
+from medrt.bench import interleaved_medians
+
+__all__ = ["run_decode_bench"]
 
 log = logging.getLogger(__name__)
 
@@ -24,19 +20,6 @@ DECODE_SYNTAXES = {
     "JPEG-LS Lossless": ("jpegls", "1.2.840.10008.1.2.4.80"),
     "JPEG 2000 Lossless": ("j2k", "1.2.840.10008.1.2.4.90"),
 }
-
-
-def interleaved_medians(funcs: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1) -> dict[str, float]:
-    """Median wall time in ms of each function, run in turn within each repeat."""
-    times: dict[str, list[float]] = {name: [] for name in funcs}
-    for i in range(warmup + repeats):
-        for name, func in funcs.items():
-            t0 = time.perf_counter()
-            func()
-            dt = (time.perf_counter() - t0) * 1000.0
-            if i >= warmup:
-                times[name].append(dt)
-    return {name: statistics.median(v) for name, v in times.items()}
 
 
 def _radiograph_file(folder: Path, size: int, compress: str) -> Path:

@@ -1,0 +1,153 @@
+"""The one inference path: Frame -> ROI classifier -> 1024² crops -> UNet -> 2× recheck -> lesions.
+
+``load_analyzer(config)`` loads every model once, warms it up on the real input
+shapes, and returns an :class:`Analyzer` whose ``analyze(frame)`` every face
+(viewer, batch, listener) calls. ``mode="full"`` runs the UNet as a sliding
+window over the whole frame instead: the baseline every speed claim is
+measured against.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from medrt.analysis.lesions import lesions_from_probability
+from medrt.analysis.recheck import RecheckConfig, recheck
+from medrt.analysis.roi import classify
+from medrt.analysis.segment import segment_crops, sliding_window
+from medrt.engine.backends.base import Backend
+from medrt.engine.registry import ModelSpec, find_spec
+from medrt.preprocess import normalize
+from medrt.types import Frame, FrameResult, StageTimings
+
+__all__ = ["AnalyzerConfig", "Analyzer", "load_analyzer"]
+
+log = logging.getLogger(__name__)
+
+MODES = ("roi", "full")
+
+
+@dataclass(frozen=True)
+class AnalyzerConfig:
+    """How to analyse frames. Models are shipped names or paths to ``.toml`` specs."""
+
+    mode: str = "roi"
+    backend: str = "auto"
+    device: str = "auto"
+    precision: str = "fp32"
+    roi_model: str = "roi_classifier"
+    seg_model: str = "lesion_unet"
+    recheck: bool = True
+    recheck_config: RecheckConfig = field(default_factory=RecheckConfig)
+    crop: int = 1024
+    overlap: float = 0.25
+    threshold: float | None = None  # None: the segmenter spec's probability threshold
+    presence_threshold: float | None = None  # None: the ROI classifier spec's
+    heatmap_threshold: float | None = None
+    max_crops: int = 8
+    warmup_shapes: tuple[tuple[int, int], ...] = ((1024, 1024), (512, 512))
+    threads: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f'Argument "mode" must be one of {MODES}, got {self.mode!r}.')
+        if not 0.0 <= self.overlap < 1.0:
+            raise ValueError(f'Argument "overlap" must be in [0, 1), got {self.overlap!r}.')
+
+
+def _create(spec: ModelSpec, config: AnalyzerConfig) -> Backend:
+    try:
+        from medrt.engine.select import create_backend
+    except ImportError:  # pragma: no cover - select is part of the package
+        create_backend = None
+    if create_backend is not None:
+        return create_backend(spec, backend=config.backend, device=config.device, precision=config.precision,
+                              threads=config.threads)
+    from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
+
+    return OnnxRuntimeBackend(spec, threads=config.threads)
+
+
+class Analyzer:
+    """Models loaded once and warmed up; ``analyze`` is safe to call from one thread at a time."""
+
+    def __init__(self, config: AnalyzerConfig, roi: Backend, seg: Backend) -> None:
+        self.config = config
+        self.roi = roi
+        self.seg = seg
+        self.threshold = config.threshold if config.threshold is not None else seg.spec.thresholds.get("probability", 0.5)
+        info = seg.info()
+        self.backend_name, self.precision = info.backend, info.precision
+        self.models = (roi.spec.ident, seg.spec.ident)
+
+    def warmup(self) -> None:
+        """Run the real shapes once so the first real frame is not a cold start."""
+        t0 = time.perf_counter()
+        self.seg.warmup(list(self.config.warmup_shapes))
+        self.roi.warmup([(self.roi.spec.thumbnail, self.roi.spec.thumbnail)])
+        log.info("warm-up took %.0f ms", (time.perf_counter() - t0) * 1000)
+
+    def analyze(self, frame: Frame, *, decode_ms: float = 0.0, mode: str | None = None,
+                recheck_small: bool | None = None) -> FrameResult:
+        mode = mode or self.config.mode
+        do_recheck = self.config.recheck if recheck_small is None else recheck_small
+        t_start = time.perf_counter()
+        window = (frame.window.center, frame.window.width)
+        norm = normalize(frame.pixels, *window)
+        t_pre = time.perf_counter()
+        presence, proposals, crops = 1.0, (), ()
+        if mode == "roi":
+            roi = classify(self.roi, frame.pixels, window, crop=self.config.crop, max_crops=self.config.max_crops,
+                           presence_threshold=self.config.presence_threshold,
+                           heatmap_threshold=self.config.heatmap_threshold)
+            presence, proposals, crops = roi.presence, roi.proposals, roi.crops
+        t_roi = time.perf_counter()
+        if mode == "full":
+            prob = sliding_window(self.seg, norm, roi=self.config.crop, overlap=self.config.overlap)
+        elif crops:
+            prob = segment_crops(self.seg, norm, crops)
+        else:
+            prob = None
+        t_seg = time.perf_counter()
+        rechecked = None
+        if prob is not None and do_recheck:
+            labels0, lesions0 = lesions_from_probability(prob, frame.spacing_mm, self.threshold)
+            prob, rechecked, runs = recheck(self.seg, norm, prob, labels0, lesions0, frame.spacing_mm,
+                                            self.threshold, self.config.recheck_config)
+            log.debug("%s: %d recheck windows", frame.key, runs)
+        t_rc = time.perf_counter()
+        if prob is None:
+            labels, lesions = np.zeros(frame.shape, np.uint16), []
+        else:
+            labels, lesions = lesions_from_probability(prob, frame.spacing_mm, self.threshold,
+                                                       rechecked_mask=rechecked)
+        labels.flags.writeable = False
+        t_end = time.perf_counter()
+        ms = 1000.0
+        timings = StageTimings(
+            decode=decode_ms, preprocess=(t_pre - t_start) * ms, roi=(t_roi - t_pre) * ms,
+            segment=(t_seg - t_roi) * ms, recheck=(t_rc - t_seg) * ms, postprocess=(t_end - t_rc) * ms,
+            total=decode_ms + (t_end - t_start) * ms,
+        )
+        return FrameResult(frame=frame, lesions=tuple(lesions), labels=labels, presence=presence,
+                           proposals=tuple(proposals), crops=tuple(crops), mode=mode, timings=timings,
+                           backend=self.backend_name, precision=self.precision, models=self.models)
+
+
+def load_analyzer(config: AnalyzerConfig | None = None, **overrides: object) -> Analyzer:
+    """Load the models of ``config`` (verifying their sha256), create their backends once
+    and warm them up. Keyword arguments override fields of ``config``."""
+    config = replace(config or AnalyzerConfig(), **overrides)  # type: ignore[arg-type]
+    roi_spec = find_spec(config.roi_model)
+    seg_spec = find_spec(config.seg_model)
+    if roi_spec.task != "roi_classifier":
+        raise ValueError(f"{roi_spec.spec_path}: task is {roi_spec.task!r}, not roi_classifier")
+    if seg_spec.task != "segmentation":
+        raise ValueError(f"{seg_spec.spec_path}: task is {seg_spec.task!r}, not segmentation")
+    analyzer = Analyzer(config, _create(roi_spec, config), _create(seg_spec, config))
+    analyzer.warmup()
+    return analyzer

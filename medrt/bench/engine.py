@@ -1,0 +1,191 @@
+"""Inference-engine benchmarks: ROI path vs full-frame sliding window, cold start,
+UNet efficiency against the machine's sgemm, and the engine table."""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from medrt.bench import interleaved_times, percentile
+
+__all__ = ["roi_vs_full", "cold_start", "unet_efficiency", "engine_table", "phantom_frames"]
+
+log = logging.getLogger(__name__)
+
+BENCH_SEED = 9500  # held out from training (1000+) and calibration (5000+)
+
+
+def _frame_from_phantom(p: Any, key: str) -> Any:
+    """A medrt Frame for an in-memory phantom frame (no DICOM round trip)."""
+    from pydicom.dataset import Dataset
+
+    from medrt.types import Frame, SourceRef, SpacingSource, Window
+
+    return Frame(
+        pixels=p.pixels, spacing_mm=p.spacing_mm,
+        spacing_source=SpacingSource.PIXEL_SPACING if p.kind == "ct" else SpacingSource.IMAGER_PIXEL_SPACING,
+        window=Window(*p.window), photometric="MONOCHROME2", sop_class_uid="", sop_instance_uid=key,
+        series_instance_uid="", study_instance_uid="", frame_of_reference_uid=None, modality=p.modality,
+        frame_index=0, source=SourceRef(Dataset()),
+    )
+
+
+def phantom_frames(n: int, size: int = 4096) -> list[tuple[Any, Any]]:
+    """``n`` held-out radiographs with at least one nodule: (Frame, FrameTruth)."""
+    from medrt.phantom import generate_radiograph
+    from medrt.phantom.truth import FrameTruth
+
+    out = []
+    for i in range(n):
+        p = generate_radiograph(BENCH_SEED, size=size, index=i, n_lesions=2, border_lesion=(i % 2 == 1))
+        key = f"bench{i}"
+        truth = FrameTruth(file=Path(key), sop_instance_uid=key, frame_index=0, spacing_mm=p.spacing_mm,
+                           spacing_source="ImagerPixelSpacing", rows=p.shape[0], cols=p.shape[1],
+                           photometric="MONOCHROME2", lesions=p.lesions, slice_location=None,
+                           masks_path=Path("/dev/null"), _cache={"mask": p.labels})
+        out.append((_frame_from_phantom(p, key), truth))
+    return out
+
+
+def _predictions(results: list[Any]) -> list[Any]:
+    from medrt.evaluation import FramePrediction
+
+    return [FramePrediction(r.frame.sop_instance_uid, r.lesions, r.labels) for r in results]
+
+
+def roi_vs_full(analyzer: Any, n_frames: int = 4, size: int = 4096) -> dict[str, Any]:
+    """The same analyzer (models, backend) in ROI mode and in full sliding-window mode,
+    frame by frame in turn: speed-up and lesion sensitivity of each."""
+    from medrt.evaluation import evaluate
+
+    data = phantom_frames(n_frames, size)
+    truth = {f.sop_instance_uid: t for f, t in data}
+    roi_res, full_res, roi_ms, full_ms = [], [], [], []
+    for frame, _ in data:
+        for mode, res, ms in (("roi", roi_res, roi_ms), ("full", full_res, full_ms)):
+            t0 = time.perf_counter()
+            res.append(analyzer.analyze(frame, mode=mode))
+            ms.append((time.perf_counter() - t0) * 1000.0)
+    rep_roi, rep_full = evaluate(_predictions(roi_res), truth), evaluate(_predictions(full_res), truth)
+    return {
+        "frames": n_frames, "size": size,
+        "roi_ms_p50": round(percentile(roi_ms, 50), 1), "full_ms_p50": round(percentile(full_ms, 50), 1),
+        "speedup": round(percentile(full_ms, 50) / percentile(roi_ms, 50), 2),
+        "sensitivity_roi": rep_roi.sensitivity, "sensitivity_full": rep_full.sensitivity,
+        "fp_per_frame_roi": rep_roi.fp_per_frame, "fp_per_frame_full": rep_full.fp_per_frame,
+        "crops_per_frame": float(np.mean([len(r.crops) for r in roi_res])),
+    }
+
+
+def cold_start(config: Any, n: int = 6) -> dict[str, Any]:
+    """Load time, then the first frame after load against the steady state (same frame)."""
+    from medrt.analyzer import load_analyzer
+
+    frame, _ = phantom_frames(1)[0]
+    t0 = time.perf_counter()
+    analyzer = load_analyzer(config)
+    load_ms = (time.perf_counter() - t0) * 1000.0
+    t1 = time.perf_counter()
+    analyzer.analyze(frame)
+    first = (time.perf_counter() - t1) * 1000.0
+    steady = interleaved_times({"f": lambda: analyzer.analyze(frame)}, repeats=n, warmup=0)["f"]
+    med = percentile(steady, 50)
+    return {"load_ms": round(load_ms, 1), "first_ms": round(first, 1), "steady_ms_p50": round(med, 1),
+            "ratio": round(first / med, 2)}
+
+
+def _conv_flops(onnx_path: Path, h: int, w: int) -> float:
+    """Multiply-adds x 2 of every Conv/ConvTranspose for a 1x1xHxW input (shape inference)."""
+    import onnx
+    from onnx import shape_inference
+
+    model = onnx.load(str(onnx_path))
+    inp = model.graph.input[0]
+    dims = inp.type.tensor_type.shape.dim
+    for d, v in zip(dims, (1, 1, h, w), strict=True):
+        d.ClearField("dim_param")
+        d.dim_value = v
+    model = shape_inference.infer_shapes(model)
+    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
+              for vi in list(model.graph.value_info) + list(model.graph.output) + list(model.graph.input)}
+    inits = {i.name: list(i.dims) for i in model.graph.initializer}
+    flops = 0.0
+    for node in model.graph.node:
+        if node.op_type not in ("Conv", "ConvTranspose"):
+            continue
+        wshape = inits.get(node.input[1])
+        out = shapes.get(node.output[0])
+        inshape = shapes.get(node.input[0])
+        if not wshape or not out or not inshape:
+            continue
+        kernel = int(np.prod(wshape[2:]))
+        if node.op_type == "Conv":  # weight [Cout, Cin/g, k, k]
+            flops += 2.0 * np.prod(out) * wshape[1] * kernel
+        else:  # ConvTranspose weight [Cin, Cout/g, k, k]: each input pixel scatters Cout*k*k
+            flops += 2.0 * np.prod(inshape) * wshape[1] * kernel
+    return float(flops)
+
+
+def sgemm_gflops(n: int = 2048, repeats: int = 5) -> float:
+    """numpy/BLAS float32 matrix multiply on this machine's cores, best of ``repeats``."""
+    a = np.random.default_rng(0).random((n, n), dtype=np.float32)
+    b = np.random.default_rng(1).random((n, n), dtype=np.float32)
+    a @ b
+    best = min(interleaved_times({"mm": lambda: a @ b}, repeats=repeats, warmup=0)["mm"])
+    return 2.0 * n**3 / (best / 1000.0) / 1e9
+
+
+def unet_efficiency(backend: Any, size: int = 1024, repeats: int = 7) -> dict[str, Any]:
+    """Achieved GFLOP/s of the UNet on a ``size``² crop against sgemm, measured in turn."""
+    flops = _conv_flops(backend.spec.path, size, size)
+    x = np.random.default_rng(0).random((1, 1, size, size), dtype=np.float32)
+    a = np.random.default_rng(0).random((2048, 2048), dtype=np.float32)
+    times = interleaved_times({"unet": lambda: backend.infer(x), "sgemm": lambda: a @ a}, repeats=repeats)
+    unet_ms, mm_ms = percentile(times["unet"], 50), min(times["sgemm"])
+    gemm = 2.0 * 2048**3 / (mm_ms / 1000.0) / 1e9
+    achieved = flops / (unet_ms / 1000.0) / 1e9
+    return {"model": backend.spec.ident, "size": size, "gflop": round(flops / 1e9, 2), "unet_ms_p50": round(unet_ms, 1),
+            "achieved_gflops": round(achieved, 1), "sgemm_gflops": round(gemm, 1),
+            "efficiency": round(achieved / gemm, 3)}
+
+
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as fp:
+            return int(fp.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except OSError:
+        return float("nan")
+
+
+def engine_table(spec_name: str = "lesion_unet", size: int = 1024, repeats: int = 15) -> list[dict[str, Any]]:
+    """p50/p99 latency at ``size``² for each backend/precision available here."""
+    from medrt.engine.registry import find_spec
+    from medrt.engine.select import ALLOW_LIST, create_backend, probe
+
+    found = probe()
+    spec = find_spec(spec_name)
+    rows = []
+    x = np.random.default_rng(0).random((1, 1, size, size), dtype=np.float32)
+    for entry in ALLOW_LIST:
+        backend, device, precision = entry.backend, entry.device, entry.precision
+        if not found.supports(backend, device) or precision == "int8":
+            continue  # int8 has its own row (quantized model + gate)
+        before = _rss_mb()
+        try:
+            b = create_backend(spec, backend=backend, device=device, precision=precision)
+        except Exception as exc:  # a runtime that is present but unusable: report, go on
+            rows.append({"backend": backend, "device": device, "precision": precision, "error": str(exc)})
+            continue
+        times = interleaved_times({"x": lambda b=b: b.infer(x)}, repeats=repeats, warmup=2)["x"]
+        info = b.info()
+        rows.append({"backend": info.backend, "device": info.device, "precision": info.precision,
+                     "model": spec.ident, "size": size, "p50_ms": round(percentile(times, 50), 1),
+                     "p99_ms": round(percentile(times, 99), 1), "memory_mb": round(_rss_mb() - before, 1),
+                     "hardware": platform.processor() or platform.machine()})
+    return rows
