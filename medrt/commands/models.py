@@ -1,13 +1,15 @@
-"""``medrt models list|verify|import-bundle``: the shipped models, your own, and MONAI bundles.
+"""``medrt models list|verify|import-bundle|quantize``: the shipped models, your own, MONAI bundles, INT8.
 
 The spec format is documented in ``models/README.md``. Nothing heavy is imported
-at start-up: onnxruntime loads in ``verify``, torch and monai in ``import-bundle``.
+at start-up: onnxruntime loads in ``verify`` and ``quantize``, torch and monai in ``import-bundle``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,7 @@ from medrt.engine.registry import (
     ModelError,
     ModelSpec,
     TensorSpec,
+    find_spec,
     load_spec,
     shipped_models_dir,
 )
@@ -168,10 +171,79 @@ def run_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibration(path: Path) -> list[Any]:
+    """Normalised calibration inputs from a ``.npy`` (one array, (N, H, W) or (N, 1, H, W)) or ``.npz``."""
+    import numpy as np
+
+    try:
+        data = np.load(path, allow_pickle=False)
+        if isinstance(data, np.ndarray):
+            arrays = [data]
+        else:
+            with data:
+                arrays = [np.asarray(data[k]) for k in data.files]
+    except (OSError, ValueError) as exc:
+        raise ModelError(f"{path}: cannot read calibration arrays ({exc})") from None
+    out: list[Any] = []
+    for arr in arrays:
+        out += list(arr) if arr.ndim >= 3 else [arr]  # quantize_int8 takes (H, W), (1, H, W) or NCHW items
+    return out
+
+
+def run_quantize(args: argparse.Namespace) -> int:
+    from medrt.engine.gate import compare
+    from medrt.engine.quantize import move_quantized, quantize_int8
+
+    spec = find_spec(args.spec)
+    calibration = _calibration(Path(args.calibration)) if args.calibration else None
+    args.out.mkdir(parents=True, exist_ok=True)
+    # Quantize into a scratch folder: a refused model never reaches --out (nor replaces what is there).
+    with tempfile.TemporaryDirectory(dir=args.out, prefix=".medrt-quantize-") as tmp:
+        reduced = quantize_int8(
+            spec,
+            tmp,
+            calibration=calibration,
+            exclude_first_last=args.keep_first_last,
+            calibration_note=f"{args.calibration} ({len(calibration)} inputs)" if calibration else None,
+        )
+        report = None if args.no_gate else compare(spec, reduced)
+        if report is None or report.passed:
+            reduced = move_quantized(reduced, args.out)
+    result = {
+        "spec": str(reduced.spec_path) if report is None or report.passed else None,
+        "onnx": str(reduced.path) if report is None or report.passed else None,
+        "gate": report.to_json() if report else None,
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    elif report is not None:
+        print(f"{spec.ident} -> INT8 on {report.frames} validation phantoms ({report.lesions} lesions), "
+              f"{report.seconds:.0f} s")  # fmt: skip
+        for name, fig in (("fp32", report.fp32), (report.precision, report.reduced)):
+            print(f"  {name:<5} sensitivity {fig.sensitivity:.3f}  Dice {fig.dice:.3f}")
+        print(f"  drop  sensitivity {report.drop_points.sensitivity:+.1f} points  "
+              f"Dice {report.drop_points.dice:+.1f} points (limit {report.limit_points:g})")  # fmt: skip
+    if report is None:
+        print(
+            "WARNING: --no-gate: this INT8 model was NOT checked against its FP32 original. "
+            "It may miss lesions the FP32 model finds. Do not use it before `medrt models quantize` "
+            "without --no-gate accepts it.",
+            file=sys.stderr,
+        )
+    elif not report.passed:
+        print(f"medrt: {report.message}. Nothing was written to {args.out}.", file=sys.stderr)
+        return 1
+    if not args.json:
+        if report is not None:
+            print(report.message)
+        print(f"wrote {reduced.path}\nwrote {reduced.spec_path}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "models",
-        help="list the shipped models, verify model specs, import a MONAI bundle",
+        help="list the shipped models, verify model specs, import a MONAI bundle, quantize to INT8",
         description="Models are ONNX files described by a TOML spec (models/README.md). "
         "Shipped models are trained on synthetic phantoms: research/demo use only, not for clinical use.",
     )
@@ -220,3 +292,34 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     imp.add_argument("--json", action="store_true", help="print one JSON object for programs")
     imp.set_defaults(func=run_import)
+
+    qua = msub.add_parser(
+        "quantize",
+        help="INT8-quantize a model (ONNX Runtime QDQ) and check it with the accuracy gate",
+        description="Quantize SPEC (a .toml file or a shipped model's name) to DIR/NAME_int8.onnx + .toml: "
+        "ONNX Runtime static quantization (QDQ, U8S8), calibrated on phantom frames with tiny, faint, "
+        "bright and border-crossing lesions and empty frames. The accuracy gate then runs both models on "
+        "held-out phantoms; when lesion sensitivity or mean Dice drops by more than 1 point the model "
+        "is refused: nothing is written and the exit status is 1.",
+    )
+    qua.add_argument("spec", metavar="SPEC", help="model spec (.toml) or shipped model name")
+    qua.add_argument("--out", required=True, type=Path, metavar="DIR", help="where to write NAME_int8.onnx/.toml")
+    qua.add_argument("--no-gate", action="store_true", help="skip the accuracy gate (not recommended)")
+    keep = qua.add_mutually_exclusive_group()
+    keep.add_argument(
+        "--keep-first-last",
+        dest="keep_first_last",
+        action="store_true",
+        default=True,
+        help="keep the first and last weight layers in FP32 (default)",
+    )
+    keep.add_argument(
+        "--quantize-all", dest="keep_first_last", action="store_false", help="quantize every layer"
+    )
+    qua.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="calibrate on these normalised inputs (.npy (N, H, W) or (N, 1, H, W), or .npz) instead of phantoms",
+    )
+    qua.add_argument("--json", action="store_true", help="print one JSON object for programs")
+    qua.set_defaults(func=run_quantize)

@@ -1,0 +1,267 @@
+"""The accuracy gate: a reduced-precision model is refused when it loses accuracy.
+
+``compare`` runs the FP32 model and its reduced twin (INT8, FP16, ...) on the same
+held-out phantom frames, through the same analysis path, and scores both with
+:func:`medrt.evaluation.evaluate`: lesion sensitivity and mean Dice. When either
+drops by more than one point (0.01) the model is refused, with a message that
+gives both figures (design: "a model whose Dice on the validation phantoms drops
+more than 1 point is refused, with a message").
+
+The validation frames come from the held-out seeds (9000 up, as
+``models/evaluate.py``), never from the training (1000 up) or calibration (5000
+up) ranges:
+
+- CT slices (512²) go through the segmentation model on the whole slice;
+- 4096² radiographs go through the ROI path: the shipped ``roi_classifier`` plans
+  the 1024² crops (computed once, so both models see identical crops), or, where
+  there is no classifier, 1024² crops around the true lesions;
+- an ROI classifier under test is scored end to end instead: each variant plans
+  its own crops and one shared segmentation model segments them.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from medrt.analysis.lesions import lesions_from_probability
+from medrt.analysis.roi import classify, plan_crops
+from medrt.analysis.segment import segment_crops
+from medrt.engine.backends.base import Backend
+from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
+from medrt.engine.registry import ModelError, ModelSpec, load_spec, shipped_models_dir
+from medrt.evaluation import FramePrediction, evaluate
+from medrt.phantom import generate_ct_series, generate_radiograph
+from medrt.phantom.frame import PhantomFrame
+from medrt.phantom.truth import FrameTruth
+from medrt.preprocess import normalize
+from medrt.types import RoiProposal
+
+__all__ = [
+    "LIMIT_POINTS",
+    "VALIDATION_SEED",
+    "AccuracyGateError",
+    "Figures",
+    "GateReport",
+    "compare",
+    "validation_frames",
+]
+
+log = logging.getLogger(__name__)
+
+LIMIT_POINTS = 1.0  # largest allowed drop, in points (0.01)
+VALIDATION_SEED = 9000  # medrt.models.data.HELDOUT_SEED: frames no model was trained or calibrated on
+CROP = 1024
+_MARGIN = 64
+
+
+class AccuracyGateError(ModelError):
+    """A reduced-precision model lost more accuracy than the gate allows."""
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    """Lesion sensitivity and mean Dice (fractions; for ``drop_points``, points)."""
+
+    sensitivity: float
+    dice: float
+
+
+@dataclass(frozen=True, slots=True)
+class GateReport:
+    """Both models' figures on the validation phantoms, and the verdict."""
+
+    passed: bool
+    model: str
+    precision: str
+    fp32: Figures
+    reduced: Figures
+    drop_points: Figures  # fp32 minus reduced, in points; positive is a loss
+    limit_points: float
+    frames: int
+    lesions: int
+    seconds: float
+    message: str
+
+    def enforce(self) -> None:
+        """Raise :class:`AccuracyGateError` (with the figures) unless the model passed."""
+        if not self.passed:
+            raise AccuracyGateError(self.message)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _truth(key: str, frame: PhantomFrame) -> FrameTruth:
+    """Ground truth of an in-memory phantom frame (as ``models/evaluate.py`` builds it)."""
+    return FrameTruth(
+        file=Path(key), sop_instance_uid=key, frame_index=0, spacing_mm=frame.spacing_mm,
+        spacing_source="PixelSpacing" if frame.kind == "ct" else "ImagerPixelSpacing",
+        rows=frame.shape[0], cols=frame.shape[1], photometric="MONOCHROME2", lesions=frame.lesions,
+        slice_location=frame.slice_location, masks_path=Path("/dev/null"), _cache={"mask": frame.labels},
+    )  # fmt: skip
+
+
+def _key(frame: PhantomFrame) -> str:
+    return f"{frame.kind}{frame.seed}_{frame.index}"
+
+
+@functools.lru_cache(maxsize=2)
+def _frames(seed: int, n_ct_series: int, ct_slices: int, n_dx: int) -> tuple[PhantomFrame, ...]:
+    out: list[PhantomFrame] = []
+    for s in range(n_ct_series):
+        out += generate_ct_series(seed + 100 + s, n_frames=ct_slices)
+    for i in range(n_dx):
+        out.append(generate_radiograph(seed, size=4096, index=i, border_lesion=i % 2 == 1))
+    return tuple(out)
+
+
+def validation_frames(
+    *, seed: int = VALIDATION_SEED, n_ct_series: int = 1, ct_slices: int = 40, n_dx: int = 3
+) -> list[PhantomFrame]:
+    """Held-out phantoms: ``n_ct_series`` CT series of ``ct_slices`` 512² slices (seeds
+    ``seed+100`` up) and ``n_dx`` 4096² radiographs (seed ``seed``; every other one with
+    a lesion across the border). Cached: the same arguments give the same frames."""
+    return list(_frames(seed, n_ct_series, ct_slices, n_dx))
+
+
+def _truth_crops(frame: PhantomFrame) -> tuple[tuple[int, int, int, int], ...]:
+    """Without a classifier: 1024² crops around the true lesions (one central crop if none)."""
+    rows, cols = frame.shape
+    props = [
+        RoiProposal((max(0, t.bbox[0] - _MARGIN), max(0, t.bbox[1] - _MARGIN),
+                     min(rows, t.bbox[2] + _MARGIN), min(cols, t.bbox[3] + _MARGIN)), 1.0)
+        for t in frame.lesions
+    ]  # fmt: skip
+    if not props:
+        r0, c0 = max(0, (rows - CROP) // 2), max(0, (cols - CROP) // 2)
+        return ((r0, c0, r0 + CROP, c0 + CROP),)
+    return plan_crops(props, frame.shape, CROP)
+
+
+def _plan(frame: PhantomFrame, roi: Backend | None, whole_small: bool) -> tuple[tuple[int, int, int, int], ...]:
+    rows, cols = frame.shape
+    small = rows <= CROP and cols <= CROP
+    if small and (roi is None or whole_small):
+        return ((0, 0, rows, cols),)
+    if roi is None:
+        return _truth_crops(frame)
+    result = classify(roi, frame.pixels, frame.window)
+    if small:
+        return () if result.negative else ((0, 0, rows, cols),)
+    return result.crops
+
+
+def _sibling_or_shipped(spec: ModelSpec, names: Sequence[str]) -> ModelSpec | None:
+    for name in names:
+        for folder in (spec.spec_path.parent, shipped_models_dir()):
+            path = folder / f"{name}.toml"
+            if path.is_file() and path.resolve() != spec.spec_path:
+                try:
+                    return load_spec(path)
+                except ModelError as exc:
+                    log.warning("gate: cannot use %s (%s)", path, exc)
+    return None
+
+
+def _precision(reduced: ModelSpec) -> str:
+    return reduced.version.rsplit("+", 1)[1] if "+" in reduced.version else "reduced"
+
+
+def _message(model: str, precision: str, fp32: Figures, red: Figures, drop: Figures, limit: float, ok: bool) -> str:
+    def change(points: float) -> str:
+        return "+0.0" if abs(points) < 0.05 else f"{-points:+.1f}"
+
+    figures = (
+        f"Dice {fp32.dice:.3f} -> {red.dice:.3f} ({change(drop.dice)} points), "
+        f"sensitivity {fp32.sensitivity:.3f} -> {red.sensitivity:.3f} ({change(drop.sensitivity)} points)"
+    )
+    limit_text = f"{limit:g} point" + ("" if limit == 1 else "s")
+    if ok:
+        return f"{model} {precision} accepted: {figures}; within the limit of {limit_text}"
+    return f"{model} {precision} refused: {figures}; the limit is {limit_text}"
+
+
+def compare(
+    fp32_spec: ModelSpec,
+    reduced_spec: ModelSpec,
+    *,
+    frames: Sequence[PhantomFrame] | None = None,
+    roi_spec: ModelSpec | None = None,
+    segmenter_spec: ModelSpec | None = None,
+    limit_points: float = LIMIT_POINTS,
+    threads: int | None = None,
+) -> GateReport:
+    """Score ``fp32_spec`` and ``reduced_spec`` on the same validation frames; see the module doc.
+
+    ``frames`` defaults to :func:`validation_frames`. For a segmentation model,
+    ``roi_spec`` plans the radiograph crops (default: a ``roi_classifier`` next to
+    the FP32 spec, else the shipped one, else crops around the true lesions). For an
+    ROI classifier, ``segmenter_spec`` segments the crops (default: ``lesion_unet_lite``
+    or ``lesion_unet``, found the same way).
+    """
+    if fp32_spec.task != reduced_spec.task:
+        raise ModelError(f"cannot compare a {fp32_spec.task} with a {reduced_spec.task}")
+    t0 = time.perf_counter()
+    frames = validation_frames() if frames is None else list(frames)
+    variants = {"fp32": OnnxRuntimeBackend(fp32_spec, threads=threads),
+                "reduced": OnnxRuntimeBackend(reduced_spec, threads=threads)}  # fmt: skip
+    if fp32_spec.task == "roi_classifier":
+        seg_spec = segmenter_spec or _sibling_or_shipped(fp32_spec, ("lesion_unet_lite", "lesion_unet"))
+        if seg_spec is None:
+            raise ModelError("the gate of an ROI classifier needs a segmentation model (lesion_unet[_lite])")
+        shared = OnnxRuntimeBackend(seg_spec, threads=threads)
+        rois: dict[str, Backend | None] = dict(variants)
+        segs: dict[str, Backend] = {k: shared for k in variants}
+    else:
+        roi = roi_spec or _sibling_or_shipped(fp32_spec, ("roi_classifier",))
+        if roi is None:
+            log.info("gate: no roi_classifier; radiograph crops are planned around the true lesions")
+        shared_roi = OnnxRuntimeBackend(roi, threads=threads) if roi is not None else None
+        rois = {k: shared_roi for k in variants}
+        segs = dict(variants)
+    whole_small = fp32_spec.task != "roi_classifier"
+    preds: dict[str, list[FramePrediction]] = {k: [] for k in variants}
+    truth: dict[str, FrameTruth] = {}
+    for frame in frames:
+        key = _key(frame)
+        truth[key] = _truth(key, frame)
+        norm = normalize(frame.pixels, *frame.window)
+        shared_plan = None if fp32_spec.task == "roi_classifier" else _plan(frame, rois["fp32"], whole_small)
+        for name in variants:
+            crops = shared_plan if shared_plan is not None else _plan(frame, rois[name], whole_small)
+            seg = segs[name]
+            if crops:
+                prob = segment_crops(seg, norm, crops)
+            else:
+                prob = np.zeros(frame.shape, np.float32)
+            labels, lesions = lesions_from_probability(
+                prob, frame.spacing_mm, seg.spec.thresholds.get("probability", 0.5)
+            )
+            preds[name].append(FramePrediction(key=key, lesions=tuple(lesions), labels=labels))
+    reports = {name: evaluate(p, truth) for name, p in preds.items()}
+    if reports["fp32"].gt_lesions == 0:
+        raise ModelError("the validation frames hold no scored lesion: the gate cannot measure anything")
+    figs = {n: Figures(r.sensitivity or 0.0, r.dice_mean or 0.0) for n, r in reports.items()}
+    fp32, red = figs["fp32"], figs["reduced"]
+    if fp32.sensitivity == 0.0:
+        log.warning("gate: the FP32 %s finds no lesion on the validation phantoms", fp32_spec.ident)
+    drop = Figures(
+        round((fp32.sensitivity - red.sensitivity) * 100, 2), round((fp32.dice - red.dice) * 100, 2)
+    )
+    # Judged on the figures the message prints (one decimal): what is read is what was decided.
+    passed = max(round(drop.sensitivity, 1), round(drop.dice, 1)) <= limit_points
+    precision = _precision(reduced_spec)
+    message = _message(fp32_spec.name, precision, fp32, red, drop, limit_points, passed)
+    gt = reports["fp32"].gt_lesions
+    message += f" ({len(frames)} validation frames, {gt} lesions)"
+    seconds = round(time.perf_counter() - t0, 1)
+    (log.info if passed else log.warning)("gate: %s in %.1f s", message, seconds)
+    return GateReport(passed, fp32_spec.name, precision, fp32, red, drop, limit_points, len(frames), gt, seconds, message)

@@ -1,0 +1,207 @@
+"""INT8 quantization and the accuracy gate, on real models and phantoms (no mocks).
+
+The structure test quantizes a small convolution network built here with
+``onnx.helper``; the accuracy tests use the shipped ``lesion_unet_lite`` (trained by
+``python -m medrt.models.train lesion_unet_lite``) on the held-out phantoms.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, missing, require_module
+from medrt.cli import main
+from medrt.engine.gate import AccuracyGateError, compare, validation_frames
+from medrt.engine.quantize import calibration_inputs, quantize_int8
+from medrt.engine.registry import ModelError, ModelSpec, load_spec, sha256_file
+
+LITE = REPO / "models" / "lesion_unet_lite.toml"
+
+
+def _tiny_model(folder: Path) -> ModelSpec:
+    """Conv(1->8) -> Relu -> Conv(8->8) -> Relu -> Conv(8->8) -> Relu -> Conv(8->1), dynamic H/W."""
+    onnx = require_module("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, prev = [], [], "image"
+    for i, (cin, cout) in enumerate([(1, 8), (8, 8), (8, 8), (8, 1)]):
+        w = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(9 * cin)).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(np.zeros(cout, np.float32), f"b{i}")]
+        out = "logits" if i == 3 else f"c{i}"
+        nodes.append(helper.make_node("Conv", [prev, f"w{i}", f"b{i}"], [out], name=f"conv{i}", pads=[1, 1, 1, 1]))
+        if i < 3:
+            nodes.append(helper.make_node("Relu", [out], [f"r{i}"], name=f"relu{i}"))
+            prev = f"r{i}"
+    graph = helper.make_graph(
+        nodes, "tiny",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 1, "H", "W"])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 1, "H", "W"])],
+        inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "tiny.onnx"
+    onnx.save(model, str(path))
+    (folder / "tiny.md").write_text("card\n")
+    (folder / "tiny.toml").write_text(
+        f'[model]\nname = "tiny"\nversion = "1.0"\ntask = "segmentation"\nfile = "tiny.onnx"\n'
+        f'sha256 = "{sha256_file(path)}"\nmultiple_of = 1\ncard = "tiny.md"\n\n'
+        '[[inputs]]\nname = "image"\nshape = [1, 1, "H", "W"]\n\n'
+        '[[outputs]]\nname = "logits"\nshape = [1, 1, "H", "W"]\nactivation = "sigmoid"\n\n'
+        '[thresholds]\nprobability = 0.5\n\n[training]\ndata = "none: random weights"\n'
+    )
+    return load_spec(folder / "tiny.toml")
+
+
+def _run(spec: ModelSpec, x: np.ndarray) -> np.ndarray:
+    from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
+
+    return OnnxRuntimeBackend(spec, threads=1).infer(x)[0]
+
+
+def test_quantize_writes_a_qdq_model_whose_first_and_last_layers_stay_fp32(tmp_path: Path) -> None:
+    onnx = require_module("onnx")
+    spec = _tiny_model(tmp_path / "fp32")
+    rng = np.random.default_rng(1)
+    calib = [rng.random((64, 64), dtype=np.float32) for _ in range(6)]
+    q = quantize_int8(spec, tmp_path / "out", calibration=calib)
+
+    # The spec: a copy with the new file, its sha256 (load_spec checks it), version and card.
+    assert q.path == (tmp_path / "out" / "tiny_int8.onnx").resolve()
+    assert q.spec_path.name == "tiny_int8.toml"
+    assert q.sha256 == sha256_file(q.path) and load_spec(q.spec_path).sha256 == q.sha256
+    assert q.version == "1.0+int8" and q.task == spec.task and q.thresholds == spec.thresholds
+    assert q.card == spec.card and q.inputs == spec.inputs and q.outputs == spec.outputs
+    text = q.spec_path.read_text()
+    assert "[quantization]" in text and 'excluded_nodes = ["conv0", "conv3"]' in text
+    assert "caller-supplied, 6 inputs" in text
+
+    graph = onnx.load(str(q.path)).graph
+    ops = Counter(n.op_type for n in graph.node)
+    assert ops["QuantizeLinear"] >= 2 and ops["DequantizeLinear"] >= 4, ops
+    produced_by = {o: n for n in graph.node for o in n.output}
+    convs = {n.name: n for n in graph.node if n.op_type == "Conv"}
+    float_inits = {i.name for i in graph.initializer if i.data_type == onnx.TensorProto.FLOAT}
+    for name in ("conv0", "conv3"):  # excluded: float weights straight from an initializer
+        weight = convs[name].input[1]
+        assert weight in float_inits and weight not in produced_by, name
+    assert convs["conv0"].input[0] == "image", "the graph input must reach the first conv unquantized"
+    assert "logits" in convs["conv3"].output, "the last conv must write the output in float"
+    for name in ("conv1", "conv2"):  # quantized: int8 weights through DequantizeLinear
+        assert produced_by[convs[name].input[1]].op_type == "DequantizeLinear", name
+
+    # Close to FP32 on an input like the calibration ones.
+    x = calib[0][None, None]
+    ref, got = _run(spec, x), _run(q, x)
+    assert float(np.abs(ref - got).max()) < 0.05 * float(np.abs(ref).max())
+
+    # Everything quantized: no float weight left on any conv.
+    everything = quantize_int8(spec, tmp_path / "all", calibration=calib, exclude_first_last=False)
+    graph = onnx.load(str(everything.path)).graph
+    produced_by = {o: n for n in graph.node for o in n.output}
+    assert all(produced_by[n.input[1]].op_type == "DequantizeLinear" for n in graph.node if n.op_type == "Conv")
+
+
+def test_quantize_refuses_a_model_whose_file_changed(tmp_path: Path) -> None:
+    spec = _tiny_model(tmp_path)
+    spec.path.write_bytes(spec.path.read_bytes() + b"\0")
+    with pytest.raises(ModelError, match="sha256"):
+        quantize_int8(spec, tmp_path / "out", calibration=[np.zeros((32, 32), np.float32)])
+    assert not (tmp_path / "out" / "tiny_int8.onnx").exists()
+
+
+# --------------------------------------------------------------------------- the shipped model
+
+
+@pytest.fixture(scope="module")
+def lite() -> ModelSpec:
+    if not LITE.is_file():
+        missing("the shipped lesion_unet_lite is not there yet (python -m medrt.models.train lesion_unet_lite)")
+    return load_spec(LITE)
+
+
+@pytest.fixture(scope="module")
+def lite_int8(lite: ModelSpec, tmp_path_factory: pytest.TempPathFactory) -> ModelSpec:
+    return quantize_int8(lite, tmp_path_factory.mktemp("int8"))
+
+
+@pytest.fixture(scope="module")
+def frames() -> list:
+    return validation_frames()
+
+
+def test_int8_lite_follows_fp32_on_calibration_frames(lite: ModelSpec, lite_int8: ModelSpec) -> None:
+    onnx = require_module("onnx")
+    ops = Counter(n.op_type for n in onnx.load(str(lite_int8.path)).graph.node)
+    assert ops["QuantizeLinear"] > 0 and ops["DequantizeLinear"] > 0, ops
+    for x in calibration_inputs(lite)[:4]:
+        p_ref = 1 / (1 + np.exp(-_run(lite, x)))
+        p_got = 1 / (1 + np.exp(-_run(lite_int8, x)))
+        assert float(np.abs(p_ref - p_got).mean()) < 0.01
+        ref, got = p_ref >= 0.5, p_got >= 0.5
+        if ref.sum() > 50:
+            assert 2 * (ref & got).sum() / (ref.sum() + got.sum()) > 0.9
+
+
+def test_gate_accepts_a_good_int8_model(lite: ModelSpec, lite_int8: ModelSpec, frames: list) -> None:
+    report = compare(lite, lite_int8, frames=frames)
+    assert report.fp32.sensitivity > 0.25 and report.fp32.dice > 0.5, "the FP32 model must find lesions"
+    assert report.passed, report.message
+    assert report.drop_points.dice <= 1.0 and report.drop_points.sensitivity <= 1.0
+    assert report.message.startswith("lesion_unet_lite int8 accepted")
+    report.enforce()  # does not raise
+
+
+def test_gate_refuses_a_badly_calibrated_model(
+    lite: ModelSpec, frames: list, tmp_path: Path
+) -> None:
+    # Calibrated on empty frames only, every layer quantized: lesions saturate the ranges.
+    poor = quantize_int8(lite, tmp_path, calibration=[np.zeros((512, 512), np.float32)], exclude_first_last=False)
+    report = compare(lite, poor, frames=frames)
+    assert not report.passed
+    assert max(report.drop_points.dice, report.drop_points.sensitivity) > 1.0
+    msg = report.message
+    assert msg.startswith("lesion_unet_lite int8 refused: Dice ")
+    assert f"{report.fp32.dice:.3f} -> {report.reduced.dice:.3f}" in msg
+    assert f"{report.fp32.sensitivity:.3f} -> {report.reduced.sensitivity:.3f}" in msg
+    assert "the limit is 1 point" in msg
+    with pytest.raises(AccuracyGateError, match="refused") as info:
+        report.enforce()
+    assert isinstance(info.value, ModelError)
+
+
+def test_cli_quantize_writes_an_accepted_model_and_refuses_a_bad_one(
+    lite: ModelSpec, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # medrt.cli.main is what `python -m medrt` runs; in-process it reuses the phantoms
+    # cached by the tests above (a subprocess would spend 15 s regenerating them).
+    ok = main(["models", "quantize", str(LITE), "--out", str(tmp_path / "ok")])
+    out = capsys.readouterr()
+    assert ok == 0, out.err
+    assert "lesion_unet_lite int8 accepted" in out.out and "sensitivity" in out.out
+    spec = load_spec(tmp_path / "ok" / "lesion_unet_lite_int8.toml")
+    assert spec.version == f"{lite.version}+int8"
+    names = sorted(p.name for p in (tmp_path / "ok").iterdir())
+    assert names == ["lesion_unet_lite_int8.onnx", "lesion_unet_lite_int8.toml"]
+
+    zeros = tmp_path / "empty.npy"
+    np.save(zeros, np.zeros((2, 512, 512), np.float32))
+    bad = main(["models", "quantize", str(LITE), "--out", str(tmp_path / "bad"), "--quantize-all",
+                "--calibration", str(zeros)])  # fmt: skip
+    out = capsys.readouterr()
+    assert bad == 1, out.out + out.err
+    assert "lesion_unet_lite int8 refused" in out.err and "the limit is 1 point" in out.err
+    assert list((tmp_path / "bad").iterdir()) == [], "a refused model must leave nothing behind"
+
+
+def test_cli_quantize_is_a_medrt_command() -> None:
+    run = subprocess.run([sys.executable, "-m", "medrt", "models", "quantize", "--help"],
+                         cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0 and "--keep-first-last" in run.stdout and "--quantize-all" in run.stdout
