@@ -1,0 +1,86 @@
+"""The one inference path end to end on phantoms, with the shipped models on CPU ORT."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from medrt.analyzer import AnalyzerConfig, load_analyzer
+from medrt.bench.engine import _frame_from_phantom, phantom_frames
+from medrt.evaluation import FramePrediction, evaluate
+from medrt.phantom import generate_ct_series
+
+
+@pytest.fixture(scope="module")
+def analyzer():  # type: ignore[no-untyped-def]
+    return load_analyzer(AnalyzerConfig(seg_model="lesion_unet_lite", warmup_shapes=((512, 512),)))
+
+
+@pytest.fixture(scope="module")
+def ct_frames():  # type: ignore[no-untyped-def]
+    return generate_ct_series(9902, n_frames=40)
+
+
+def test_ct_lesions_found_where_the_truth_says_and_blank_frames_give_none(analyzer, ct_frames) -> None:  # type: ignore[no-untyped-def]
+    # Soft-tissue lesions that the CT window shows (very dense ones clip like bone).
+    def clear(t):  # type: ignore[no-untyped-def]
+        return t.diameter_mm >= 6 and 40 <= abs(t.contrast) <= 200
+
+    bright = [f for f in ct_frames if any(clear(t) for t in f.lesions)]
+    blank = [f for f in ct_frames if not f.lesions]
+    assert bright and blank
+    hits = total = 0
+    for p in bright[:5]:
+        # Full mode: on a 512² slice the UNet sees the whole frame either way; the ROI
+        # classifier's own figures are in its model card.
+        res = analyzer.analyze(_frame_from_phantom(p, f"ct{p.index}"), mode="full")
+        assert res.timings.total > 0 and res.timings.segment > 0
+        for t in p.lesions:
+            if clear(t):
+                total += 1
+                hits += any(np.hypot(les.centroid[0] - t.center[0], les.centroid[1] - t.center[1]) * p.spacing_mm[0] < max(2.0, t.diameter_mm / 2)
+                            for les in res.lesions)
+    assert hits >= 0.6 * total, f"{hits} of {total}"
+    empty = [analyzer.analyze(_frame_from_phantom(p, f"blank{p.index}"), mode="full") for p in blank[:8]]
+    assert sum(len(r.lesions) for r in empty) <= 8
+
+
+def test_negative_frames_skip_the_unet(ct_frames) -> None:  # type: ignore[no-untyped-def]
+    """Conditional compute: when the classifier calls a frame negative, no UNet runs."""
+    strict = load_analyzer(AnalyzerConfig(seg_model="lesion_unet_lite", presence_threshold=1.01,
+                                          heatmap_threshold=1.01, warmup_shapes=((512, 512),)))
+    res = strict.analyze(_frame_from_phantom(ct_frames[0], "neg"))
+    assert res.skipped and not res.crops and not res.lesions
+    assert not res.labels.any()
+    assert res.timings.roi > 0 and res.timings.segment < 1.0
+
+
+def test_roi_path_agrees_with_full_mode(analyzer) -> None:  # type: ignore[no-untyped-def]
+    (frame, truth), = phantom_frames(1, size=2048)
+    roi = analyzer.analyze(frame, mode="roi")
+    full = analyzer.analyze(frame, mode="full")
+    assert roi.mode == "roi" and full.mode == "full" and not full.crops
+    t = {frame.sop_instance_uid: truth}
+    rep_roi = evaluate([FramePrediction(frame.sop_instance_uid, roi.lesions, roi.labels)], t)
+    rep_full = evaluate([FramePrediction(frame.sop_instance_uid, full.lesions, full.labels)], t)
+    assert rep_roi.detected >= rep_full.detected - 1
+    # Inside the crops the two modes see the same pixels: their masks agree there.
+    inside = np.zeros(frame.shape, bool)
+    for r0, c0, r1, c1 in roi.crops:
+        inside[max(r0, 0) : r1, max(c0, 0) : c1] = True
+    a, b = roi.labels[inside] > 0, full.labels[inside] > 0
+    if a.any() or b.any():
+        assert (a & b).sum() / max((a | b).sum(), 1) > 0.5
+
+
+def test_recheck_changes_only_small_or_faint_candidates(analyzer, ct_frames) -> None:  # type: ignore[no-untyped-def]
+    for p in [f for f in ct_frames if f.lesions][:6]:
+        frame = _frame_from_phantom(p, f"rc{p.index}")
+        off = analyzer.analyze(frame, recheck_small=False)
+        on = analyzer.analyze(frame, recheck_small=True)
+        big_off = {les.bbox for les in off.lesions if les.diameter_mm >= 5.0}
+        big_on = {les.bbox for les in on.lesions if les.diameter_mm >= 5.0 and not les.rechecked}
+        assert big_on <= big_off
+        for les in on.lesions:
+            if les.bbox not in big_off:
+                assert les.rechecked or les.diameter_mm < 5.0
