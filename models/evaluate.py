@@ -50,12 +50,7 @@ class Collected:
 
 
 def _truth(key: str, frame: Any) -> FrameTruth:
-    return FrameTruth(
-        file=Path(key), sop_instance_uid=key, frame_index=0, spacing_mm=frame.spacing_mm,
-        spacing_source="PixelSpacing" if frame.kind == "ct" else "ImagerPixelSpacing",
-        rows=frame.shape[0], cols=frame.shape[1], photometric="MONOCHROME2", lesions=frame.lesions,
-        slice_location=frame.slice_location, masks_path=Path("/dev/null"), _cache={"mask": frame.labels},
-    )
+    return FrameTruth.from_phantom(frame, key)
 
 
 def _inside(bbox: tuple[int, int, int, int], crop: tuple[int, int, int, int]) -> bool:

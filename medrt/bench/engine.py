@@ -45,11 +45,7 @@ def phantom_frames(n: int, size: int = 4096) -> list[tuple[Any, Any]]:
     for i in range(n):
         p = generate_radiograph(BENCH_SEED, size=size, index=i, n_lesions=2, border_lesion=(i % 2 == 1))
         key = f"bench{i}"
-        truth = FrameTruth(file=Path(key), sop_instance_uid=key, frame_index=0, spacing_mm=p.spacing_mm,
-                           spacing_source="ImagerPixelSpacing", rows=p.shape[0], cols=p.shape[1],
-                           photometric="MONOCHROME2", lesions=p.lesions, slice_location=None,
-                           masks_path=Path("/dev/null"), _cache={"mask": p.labels})
-        out.append((_frame_from_phantom(p, key), truth))
+        out.append((_frame_from_phantom(p, key), FrameTruth.from_phantom(p, key)))
     return out
 
 

@@ -26,7 +26,6 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -100,13 +99,7 @@ class GateReport:
 
 
 def _truth(key: str, frame: PhantomFrame) -> FrameTruth:
-    """Ground truth of an in-memory phantom frame (as ``models/evaluate.py`` builds it)."""
-    return FrameTruth(
-        file=Path(key), sop_instance_uid=key, frame_index=0, spacing_mm=frame.spacing_mm,
-        spacing_source="PixelSpacing" if frame.kind == "ct" else "ImagerPixelSpacing",
-        rows=frame.shape[0], cols=frame.shape[1], photometric="MONOCHROME2", lesions=frame.lesions,
-        slice_location=frame.slice_location, masks_path=Path("/dev/null"), _cache={"mask": frame.labels},
-    )  # fmt: skip
+    return FrameTruth.from_phantom(frame, key)
 
 
 def _key(frame: PhantomFrame) -> str:

@@ -77,6 +77,16 @@ class FrameTruth:
             self._cache["mask"] = arr
         return self._cache["mask"]
 
+    @classmethod
+    def from_phantom(cls, frame: PhantomFrame, key: str) -> FrameTruth:
+        """The truth of an in-memory phantom frame (no sidecar on disk), keyed by ``key``."""
+        return cls(
+            file=Path(key), sop_instance_uid=key, frame_index=0, spacing_mm=frame.spacing_mm,
+            spacing_source="PixelSpacing" if frame.kind == "ct" else "ImagerPixelSpacing",
+            rows=frame.shape[0], cols=frame.shape[1], photometric="MONOCHROME2", lesions=frame.lesions,
+            slice_location=frame.slice_location, masks_path=Path("/dev/null"), _cache={"mask": frame.labels},
+        )
+
     @property
     def scored_lesions(self) -> tuple[LesionTruth, ...]:
         """The lesions an evaluation should count (not flagged ``ignore``)."""
