@@ -16,6 +16,7 @@ import logging
 import math
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -49,6 +50,27 @@ def _schedule(opt: torch.optim.Optimizer, steps: int, lr: float) -> torch.optim.
     return torch.optim.lr_scheduler.LambdaLR(opt, f)
 
 
+def _fit(net: nn.Module, args: argparse.Namespace, batch_loss: Callable[[], torch.Tensor]) -> tuple[float, float]:
+    """AdamW with warm-up and cosine decay over ``args.steps`` steps of ``batch_loss()``;
+    returns (mean loss of the last 100 steps, seconds)."""
+    opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=1e-4)
+    sched = _schedule(opt, args.steps, args.lr)
+    losses: list[float] = []
+    t0 = time.perf_counter()
+    net.train()
+    for step in range(args.steps):
+        loss = batch_loss()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        if step % 100 == 0 or step == args.steps - 1:
+            log.info("step %d/%d loss %.4f (%.0f s)", step, args.steps, np.mean(losses[-100:]), time.perf_counter() - t0)
+    net.eval()
+    return float(np.mean(losses[-100:])), time.perf_counter() - t0
+
+
 def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
     from monai.losses import DiceLoss
 
@@ -59,34 +81,24 @@ def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
     net = build_unet(args.model)
     if args.resume:  # continue from earlier weights (the spec records the total steps)
         net.load_state_dict(torch.load(args.resume, map_location="cpu", weights_only=True))
-    opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=1e-4)
-    sched = _schedule(opt, args.steps, args.lr)
     # Lesion pixels are a few per thousand: plain BCE settles on "background
     # everywhere" (seen: Dice stuck at 1.0 for 3000 steps). Batch Dice plus a
     # lesion-weighted BCE learns them.
     dice = DiceLoss(sigmoid=True, batch=True)
     bce = nn.BCEWithLogitsLoss(pos_weight=torch.tensor(10.0))
     rng = np.random.default_rng(args.seed)
-    losses = []
-    t0 = time.perf_counter()
-    net.train()
-    for step in range(args.steps):
+
+    def batch_loss() -> torch.Tensor:
         x, y = phantom_data.seg_batch(rng, seg, args.batch)
         xt, yt = torch.from_numpy(x), torch.from_numpy(y)
         logits = net(xt)
-        loss = dice(logits, yt) + 0.5 * bce(logits, yt)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
-        if step % 100 == 0 or step == args.steps - 1:
-            log.info("step %d/%d loss %.4f (%.0f s)", step, args.steps, np.mean(losses[-100:]), time.perf_counter() - t0)
+        return dice(logits, yt) + 0.5 * bce(logits, yt)
+
+    final, seconds = _fit(net, args, batch_loss)
     info = {"steps": args.steps + args.prior_steps, "batch": args.batch, "crop": 256, "data": args.data,
-            "final_loss": float(np.mean(losses[-100:])),
-            "patches": int(len(seg.patches)),
-            "seconds": round(time.perf_counter() - t0 + args.prior_seconds, 1)}
-    return net.eval(), info
+            "final_loss": final, "patches": int(len(seg.patches)),
+            "seconds": round(seconds + args.prior_seconds, 1)}
+    return net, info
 
 
 def train_roi(args: argparse.Namespace) -> tuple[nn.Module, dict]:
@@ -97,36 +109,27 @@ def train_roi(args: argparse.Namespace) -> tuple[nn.Module, dict]:
         sl = slice(args.n_dx, None) if args.data == "ct" else slice(0, args.n_dx)
         roi = phantom_data.RoiData(roi.thumbs[sl], roi.windows[sl], roi.targets[sl], roi.presence[sl])
     net = RoiNet()
-    opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=1e-4)
-    sched = _schedule(opt, args.steps, args.lr)
     rng = np.random.default_rng(args.seed)
     pos_weight = torch.tensor(8.0)
     # Lesion cells are rare (a few in a thousand): batch Dice keeps the heatmap from
     # settling on "nothing anywhere"; weighted BCE keeps it calibrated.
     dice = DiceLoss(sigmoid=True, batch=True)
-    losses = []
-    t0 = time.perf_counter()
-    net.train()
-    for step in range(args.steps):
+
+    def batch_loss() -> torch.Tensor:
         x, y, p = phantom_data.roi_batch(rng, roi, args.batch)
         presence, heat = net(torch.from_numpy(x))
         target, valid = torch.from_numpy(y[:, :1]), torch.from_numpy(y[:, 1:])
         per_cell = nn.functional.binary_cross_entropy_with_logits(heat, target, pos_weight=pos_weight, reduction="none")
-        loss = (
+        return (
             (per_cell * valid).sum() / valid.sum()
             + dice(heat * valid + (valid - 1) * 20.0, target)  # invalid (padding) cells: certain background
             + nn.functional.binary_cross_entropy_with_logits(presence, torch.from_numpy(p))
         )
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
-        if step % 100 == 0 or step == args.steps - 1:
-            log.info("step %d/%d loss %.4f (%.0f s)", step, args.steps, np.mean(losses[-100:]), time.perf_counter() - t0)
+
+    final, seconds = _fit(net, args, batch_loss)
     info = {"steps": args.steps, "batch": args.batch, "thumbnails": len(roi.thumbs), "data": args.data,
-            "final_loss": float(np.mean(losses[-100:])), "seconds": round(time.perf_counter() - t0, 1)}
-    return net.eval(), info
+            "final_loss": final, "seconds": round(seconds, 1)}
+    return net, info
 
 
 def export(net: nn.Module, name: str, out: Path, roi: bool) -> Path:

@@ -53,7 +53,6 @@ def _nodule(
     center: tuple[float, float],
     diameter_mm: float,
     spacing: float,
-    sigma: float,
     faint: bool,
 ) -> tuple[Blob, float, str, str]:
     """A nodule outline (pixels), its contrast, shape and kind."""
@@ -113,7 +112,6 @@ def _centers(
 def _place_nodules(
     rng: np.random.Generator,
     base: np.ndarray,
-    sigma_map: np.ndarray,
     spacing: float,
     n_random: int,
     border: bool,
@@ -132,8 +130,7 @@ def _place_nodules(
             diameter = log_uniform(rng, 6.0 if role == "border" else _MIN_MM, max_mm)
             faint = bool(rng.random() < 0.4)
             r, c = (int(np.clip(v, 0, size - 1)) for v in center)
-            local = max(NOISE_SIGMA, float(sigma_map[r, c]))
-            blob, contrast, shape, kind = _nodule(rng, center, diameter, spacing, local, faint)
+            blob, contrast, shape, kind = _nodule(rng, center, diameter, spacing, faint)
             if any(math.dist(center, p[:2]) < blob.max_radius + 8.0 + p[2] for p in placed):
                 if role == "random":
                     center = (float(rng.uniform(0, size - 1)), float(rng.uniform(0, size - 1)))
@@ -207,7 +204,7 @@ def generate_radiograph(
     if n_lesions is None:
         n_lesions = int(lrng.integers(0, 4))
     labels, truths, added_all = _place_nodules(
-        lrng, base, sigma_map, spacing, n_lesions, border_lesion, far_apart
+        lrng, base, spacing, n_lesions, border_lesion, far_apart
     )
     if render_lesions:
         for sl, added in added_all:
