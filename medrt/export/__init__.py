@@ -1,0 +1,1 @@
+"""DICOM SEG, SR and SC objects built with highdicom, and atomic writers."""
