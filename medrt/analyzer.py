@@ -22,9 +22,9 @@ from medrt.analysis.segment import segment_crops, sliding_window
 from medrt.engine.backends.base import Backend
 from medrt.engine.registry import ModelSpec, find_spec
 from medrt.preprocess import normalize
-from medrt.types import Frame, FrameResult, StageTimings
+from medrt.types import Frame, FrameResult, RoiProposal, StageTimings
 
-__all__ = ["AnalyzerConfig", "Analyzer", "load_analyzer"]
+__all__ = ["AnalyzerConfig", "Analyzer", "Work", "load_analyzer"]
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +72,32 @@ def _create(spec: ModelSpec, config: AnalyzerConfig) -> Backend:
     return OnnxRuntimeBackend(spec, threads=config.threads)
 
 
+@dataclass(frozen=True, slots=True, eq=False)
+class Work:
+    """One frame between the analyzer's stages: what each stage has added so far."""
+
+    frame: Frame
+    norm: np.ndarray
+    mode: str
+    recheck: bool
+    timings: StageTimings
+    presence: float = 1.0
+    proposals: tuple[RoiProposal, ...] = ()
+    crops: tuple[tuple[int, int, int, int], ...] = ()
+    prob: np.ndarray | None = None
+    rechecked: np.ndarray | None = None
+
+
 class Analyzer:
-    """Models loaded once and warmed up; ``analyze`` is safe to call from one thread at a time."""
+    """Models loaded once and warmed up.
+
+    ``analyze(frame)`` is the serial path. The pipeline calls its four stages on
+    separate worker threads instead: ``prepare`` (normalise) → ``propose`` (ROI
+    classifier) → ``segment`` (UNet on the crops, then the 2× recheck) →
+    ``finish`` (lesions in mm). A :class:`Work` item carries a frame between them.
+    The backends are safe to call from several threads at once (ONNX Runtime
+    sessions are); one stage's state lives only in its Work item.
+    """
 
     def __init__(self, config: AnalyzerConfig, roi: Backend, seg: Backend) -> None:
         self.config = config
@@ -91,51 +115,76 @@ class Analyzer:
         self.roi.warmup([(self.roi.spec.thumbnail, self.roi.spec.thumbnail)])
         log.info("warm-up took %.0f ms", (time.perf_counter() - t0) * 1000)
 
-    def analyze(self, frame: Frame, *, decode_ms: float = 0.0, mode: str | None = None,
-                recheck_small: bool | None = None) -> FrameResult:
+    # -- stages -------------------------------------------------------------
+
+    def prepare(self, frame: Frame, *, decode_ms: float = 0.0, mode: str | None = None,
+                recheck_small: bool | None = None) -> Work:
+        """Stage 1: normalise the frame by its window."""
         mode = mode or self.config.mode
+        if mode not in MODES:
+            raise ValueError(f'Argument "mode" must be one of {MODES}, got {mode!r}.')
         do_recheck = self.config.recheck if recheck_small is None else recheck_small
-        t_start = time.perf_counter()
-        window = (frame.window.center, frame.window.width)
-        norm = normalize(frame.pixels, *window)
-        t_pre = time.perf_counter()
-        presence, proposals, crops = 1.0, (), ()
-        if mode == "roi":
-            roi = classify(self.roi, frame.pixels, window, crop=self.config.crop, max_crops=self.config.max_crops,
-                           presence_threshold=self.config.presence_threshold,
-                           heatmap_threshold=self.config.heatmap_threshold)
-            presence, proposals, crops = roi.presence, roi.proposals, roi.crops
-        t_roi = time.perf_counter()
-        if mode == "full":
-            prob = sliding_window(self.seg, norm, roi=self.config.crop, overlap=self.config.overlap)
-        elif crops:
-            prob = segment_crops(self.seg, norm, crops)
+        t0 = time.perf_counter()
+        norm = normalize(frame.pixels, frame.window.center, frame.window.width)
+        ms = (time.perf_counter() - t0) * 1000.0
+        return Work(frame=frame, norm=norm, mode=mode, recheck=do_recheck,
+                    timings=StageTimings(decode=decode_ms, preprocess=ms))
+
+    def propose(self, work: Work) -> Work:
+        """Stage 2: the ROI classifier on the thumbnail; a negative frame gets no crops."""
+        if work.mode != "roi":
+            return work
+        t0 = time.perf_counter()
+        frame = work.frame
+        roi = classify(self.roi, frame.pixels, (frame.window.center, frame.window.width), crop=self.config.crop,
+                       max_crops=self.config.max_crops, presence_threshold=self.config.presence_threshold,
+                       heatmap_threshold=self.config.heatmap_threshold)
+        ms = (time.perf_counter() - t0) * 1000.0
+        return replace(work, presence=roi.presence, proposals=roi.proposals, crops=roi.crops,
+                       timings=replace(work.timings, roi=ms))
+
+    def segment(self, work: Work) -> Work:
+        """Stage 3: the UNet on each crop (or the sliding window in full mode), then the 2× recheck."""
+        t0 = time.perf_counter()
+        if work.mode == "full":
+            prob = sliding_window(self.seg, work.norm, roi=self.config.crop, overlap=self.config.overlap)
+        elif work.crops:
+            prob = segment_crops(self.seg, work.norm, work.crops)
         else:
             prob = None
-        t_seg = time.perf_counter()
+        t1 = time.perf_counter()
         rechecked = None
-        if prob is not None and do_recheck:
+        if prob is not None and work.recheck:
+            frame = work.frame
             labels0, lesions0 = lesions_from_probability(prob, frame.spacing_mm, self.threshold)
-            prob, rechecked, runs = recheck(self.seg, norm, prob, labels0, lesions0, frame.spacing_mm,
+            prob, rechecked, runs = recheck(self.seg, work.norm, prob, labels0, lesions0, frame.spacing_mm,
                                             self.threshold, self.config.recheck_config)
             log.debug("%s: %d recheck windows", frame.key, runs)
-        t_rc = time.perf_counter()
-        if prob is None:
+        t2 = time.perf_counter()
+        return replace(work, prob=prob, rechecked=rechecked,
+                       timings=replace(work.timings, segment=(t1 - t0) * 1000.0, recheck=(t2 - t1) * 1000.0))
+
+    def finish(self, work: Work) -> FrameResult:
+        """Stage 4: connected components → lesions measured in mm."""
+        t0 = time.perf_counter()
+        frame = work.frame
+        if work.prob is None:
             labels, lesions = np.zeros(frame.shape, np.uint16), []
         else:
-            labels, lesions = lesions_from_probability(prob, frame.spacing_mm, self.threshold,
-                                                       rechecked_mask=rechecked)
+            labels, lesions = lesions_from_probability(work.prob, frame.spacing_mm, self.threshold,
+                                                       rechecked_mask=work.rechecked)
         labels.flags.writeable = False
-        t_end = time.perf_counter()
-        ms = 1000.0
-        timings = StageTimings(
-            decode=decode_ms, preprocess=(t_pre - t_start) * ms, roi=(t_roi - t_pre) * ms,
-            segment=(t_seg - t_roi) * ms, recheck=(t_rc - t_seg) * ms, postprocess=(t_end - t_rc) * ms,
-            total=decode_ms + (t_end - t_start) * ms,
-        )
-        return FrameResult(frame=frame, lesions=tuple(lesions), labels=labels, presence=presence,
-                           proposals=tuple(proposals), crops=tuple(crops), mode=mode, timings=timings,
+        t = replace(work.timings, postprocess=(time.perf_counter() - t0) * 1000.0)
+        t = replace(t, total=t.decode + t.preprocess + t.roi + t.segment + t.recheck + t.postprocess)
+        return FrameResult(frame=frame, lesions=tuple(lesions), labels=labels, presence=work.presence,
+                           proposals=tuple(work.proposals), crops=tuple(work.crops), mode=work.mode, timings=t,
                            backend=self.backend_name, precision=self.precision, models=self.models)
+
+    def analyze(self, frame: Frame, *, decode_ms: float = 0.0, mode: str | None = None,
+                recheck_small: bool | None = None) -> FrameResult:
+        """All four stages in turn on this thread: the serial path."""
+        work = self.prepare(frame, decode_ms=decode_ms, mode=mode, recheck_small=recheck_small)
+        return self.finish(self.segment(self.propose(work)))
 
 
 def load_analyzer(config: AnalyzerConfig | None = None, **overrides: object) -> Analyzer:

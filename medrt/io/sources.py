@@ -1,0 +1,200 @@
+"""Where frames come from: a scanner imitated by replaying files, a watched folder,
+or a queue that the PACS listener fills.
+
+A source is an iterable of items for the pipeline's first stage (paths here,
+decoded by the ``decode`` stage) with a ``close()`` that makes the iteration end
+soon, from any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from medrt.io.scan import iter_files
+
+__all__ = ["FileReplay", "FolderWatch", "QueueSource", "TEMP_SUFFIXES"]
+
+log = logging.getLogger(__name__)
+
+#: Names of files still being written by common senders (storescu, rsync, browsers).
+TEMP_SUFFIXES = (".tmp", ".part", ".partial", ".crdownload", ".filepart", ".swp")
+
+
+def _is_temp(path: Path) -> bool:
+    return path.name.startswith(".") or path.name.lower().endswith(TEMP_SUFFIXES)
+
+
+class FileReplay:
+    """Yield ``paths`` at ``fps`` items per second, the way a scanner sends images.
+
+    The schedule is absolute (item *i* is due at ``start + i / fps``), so a slow
+    consumer that blocks the replay does not stretch the schedule: the items it
+    delayed are due at once when it catches up, and their end-to-end latency shows
+    the delay. ``loop`` repeats the list (for long soak runs); ``fps=0`` replays as
+    fast as the consumer takes them.
+    """
+
+    def __init__(self, paths: Iterable[str | os.PathLike[str]], fps: float = 30.0, *, loop: int = 1) -> None:
+        self.paths = [Path(p) for p in paths]
+        if not self.paths:
+            raise ValueError('Argument "paths" must name at least one file.')
+        if fps < 0:
+            raise ValueError(f'Argument "fps" must be >= 0, got {fps!r}.')
+        if loop < 1:
+            raise ValueError(f'Argument "loop" must be >= 1, got {loop!r}.')
+        self.fps = float(fps)
+        self.loop = int(loop)
+        self._closed = threading.Event()
+        self.late = 0  # items released more than one period after they were due
+
+    @classmethod
+    def from_folder(cls, folder: str | os.PathLike[str], fps: float = 30.0, **kw: Any) -> FileReplay:
+        """Every file under ``folder`` in name order (DICOM or not: decode reports the rest)."""
+        paths = sorted(p for p in iter_files([folder]) if not _is_temp(p))
+        if not paths:
+            raise FileNotFoundError(f"{folder}: no files to replay")
+        return cls(paths, fps, **kw)
+
+    def __len__(self) -> int:
+        return len(self.paths) * self.loop
+
+    def __iter__(self) -> Iterator[Path]:
+        period = 1.0 / self.fps if self.fps > 0 else 0.0
+        start = time.perf_counter()
+        i = 0
+        for _ in range(self.loop):
+            for path in self.paths:
+                if period:
+                    due = start + i * period
+                    wait = due - time.perf_counter()
+                    if wait > 0:
+                        if self._closed.wait(wait):
+                            return
+                    elif -wait > period:
+                        self.late += 1
+                if self._closed.is_set():
+                    return
+                yield path
+                i += 1
+
+    def close(self) -> None:
+        self._closed.set()
+
+
+class FolderWatch:
+    """Yield files that appear under ``folder`` once they are complete.
+
+    A file counts as complete when its size and modification time are unchanged
+    over ``settle`` seconds (senders that write in place), or at once when it
+    appears under its final name by an atomic rename and ``trust_rename`` is set.
+    Names of partial files (dot-files, ``*.tmp``, ``*.part`` …) are ignored until
+    they are renamed. Polling (not inotify) so that it also works on network shares.
+    Files present at start are yielded too unless ``existing=False``. Iteration ends
+    after ``close()`` or when nothing new has completed for ``idle_timeout`` seconds.
+    """
+
+    def __init__(
+        self,
+        folder: str | os.PathLike[str],
+        *,
+        poll: float = 0.2,
+        settle: float = 0.5,
+        existing: bool = True,
+        idle_timeout: float | None = None,
+        trust_rename: bool = False,
+    ) -> None:
+        self.folder = Path(folder)
+        if not self.folder.is_dir():
+            raise NotADirectoryError(f"{self.folder}: not a folder")
+        self.poll = float(poll)
+        self.settle = float(settle)
+        self.existing = existing
+        self.idle_timeout = idle_timeout
+        self.trust_rename = trust_rename
+        self._closed = threading.Event()
+
+    def _snapshot(self) -> dict[Path, tuple[int, int]]:
+        out = {}
+        for path in iter_files([self.folder]):
+            if _is_temp(path):
+                continue
+            try:
+                st = path.stat()
+            except OSError:  # vanished between listing and stat
+                continue
+            out[path] = (st.st_size, st.st_mtime_ns)
+        return out
+
+    def __iter__(self) -> Iterator[Path]:
+        done: set[Path] = set() if self.existing else set(self._snapshot())
+        seen: dict[Path, tuple[tuple[int, int], float]] = {}
+        last_new = time.monotonic()
+        while not self._closed.is_set():
+            now = time.monotonic()
+            for path, sig in sorted(self._snapshot().items()):
+                if path in done:
+                    continue
+                prev = seen.get(path)
+                if prev is None and self.trust_rename and sig[0] > 0:
+                    ready = True
+                elif prev is None or prev[0] != sig:
+                    seen[path] = (sig, now)
+                    ready = False
+                else:
+                    ready = now - prev[1] >= self.settle and sig[0] > 0
+                if ready:
+                    done.add(path)
+                    seen.pop(path, None)
+                    last_new = now
+                    yield path
+                    if self._closed.is_set():
+                        return
+            if self.idle_timeout is not None and time.monotonic() - last_new > self.idle_timeout:
+                return
+            self._closed.wait(self.poll)
+
+    def close(self) -> None:
+        self._closed.set()
+
+
+class QueueSource:
+    """Items pushed by another thread (the listener's spool) for the pipeline to take.
+
+    ``put`` blocks while ``maxsize`` items are waiting, so a producer that must not
+    lose anything is slowed down instead. Iteration ends after ``close()`` once the
+    items already put have been taken.
+    """
+
+    _CLOSED = object()
+
+    def __init__(self, maxsize: int = 0) -> None:
+        self._q: queue.Queue[Any] = queue.Queue(maxsize)
+        self._closed = threading.Event()
+
+    def put(self, item: Any, timeout: float | None = None) -> None:
+        if self._closed.is_set():
+            raise RuntimeError("QueueSource is closed")
+        self._q.put(item, timeout=timeout)
+
+    def put_many(self, items: Sequence[Any]) -> None:
+        for item in items:
+            self.put(item)
+
+    def __iter__(self) -> Iterator[Any]:
+        while True:
+            item = self._q.get()
+            if item is self._CLOSED:
+                return
+            yield item
+
+    def close(self) -> None:
+        if not self._closed.is_set():
+            self._closed.set()
+            self._q.put(self._CLOSED)

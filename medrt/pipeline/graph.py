@@ -1,0 +1,481 @@
+"""The staged pipeline: a source thread, stage workers and a sink thread, joined by
+bounded queues whose policy is stated per edge.
+
+    source ─edge─▶ stage 1 ─edge─▶ stage 2 … ─edge─▶ sinks (in source order)
+
+Each stage runs on its own worker thread(s), so frame N+1 is decoded and
+pre-processed while frame N is in inference (double buffering). Items travel in
+an :class:`Envelope` that carries the source order, so the sink thread can hand
+results to the sinks in order even when a stage has several workers or an edge
+drops items. An exception in a stage becomes a :class:`FrameError` for that item
+and the pipeline goes on. Shutdown sends the :data:`~medrt.pipeline.queues.END`
+sentinel down the graph; ``stop()`` completes within its deadline or aborts.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Any, Protocol, runtime_checkable
+
+from medrt.pipeline.queues import END, BoundedQueue, Policy, QueueClosed
+
+__all__ = [
+    "Stage",
+    "Envelope",
+    "FrameError",
+    "Sink",
+    "Pipeline",
+    "run_serial",
+    "rule_depth",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    """A named step: ``fn(payload) -> payload`` on ``workers`` threads.
+
+    With ``fan_out`` the function returns a sequence and each element travels on
+    as its own item (decoding one multi-frame file gives one item per frame).
+    """
+
+    name: str
+    fn: Callable[[Any], Any]
+    workers: int = 1
+    fan_out: bool = False
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise ValueError(f'Argument "workers" of stage {self.name!r} must be >= 1, got {self.workers!r}.')
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One item in flight: the payload plus where it sits in the source order.
+
+    ``seq`` numbers the source's items, ``sub`` the items one source item fanned
+    out into, ``last`` marks the final one of a ``seq``. ``t_arrival`` is when the
+    source produced it (``time.perf_counter``), the start of end-to-end latency.
+    """
+
+    seq: int
+    key: str
+    payload: Any
+    t_arrival: float
+    sub: int = 0
+    last: bool = True
+    timings: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FrameError:
+    """A stage raised on this item. ``key`` names the input (file path or frame key)."""
+
+    key: str
+    stage: str
+    error: BaseException
+
+    @property
+    def reason(self) -> str:
+        return f"{type(self.error).__name__}: {self.error}"
+
+
+@runtime_checkable
+class Sink(Protocol):
+    """Receives results in source order on the pipeline's sink thread."""
+
+    def on_result(self, payload: Any, envelope: Envelope) -> None: ...
+
+    def on_error(self, error: FrameError, envelope: Envelope) -> None: ...
+
+
+def rule_depth(pre_ms: float, infer_ms: float) -> int:
+    """The seed's rule for how many items to keep in flight: (pre + infer) / max(pre, infer),
+    rounded up, and at least 2 so that one item is prepared while another is in inference."""
+    if not (pre_ms > 0 and infer_ms > 0):
+        return 2
+    return max(2, math.ceil((pre_ms + infer_ms) / max(pre_ms, infer_ms)))
+
+
+class _Orderer:
+    """Releases envelopes in (seq, sub) order; gaps left by dropped items are skipped."""
+
+    _GAP = object()
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: dict[tuple[int, int], Any] = {}
+        self._next = (0, 0)
+
+    def offer(self, env: Envelope, value: Any) -> list[tuple[Envelope, Any]]:
+        with self._lock:
+            self._pending[(env.seq, env.sub)] = (env, value)
+            return self._release()
+
+    def gap(self, env: Envelope) -> list[tuple[Envelope, Any]]:
+        with self._lock:
+            self._pending[(env.seq, env.sub)] = (env, self._GAP)
+            return self._release()
+
+    def _release(self) -> list[tuple[Envelope, Any]]:
+        out = []
+        while self._next in self._pending:
+            env, value = self._pending.pop(self._next)
+            if value is not self._GAP:
+                out.append((env, value))
+            self._next = (env.seq + 1, 0) if env.last else (env.seq, env.sub + 1)
+        return out
+
+    def flush(self) -> list[tuple[Envelope, Any]]:
+        """Whatever is left at the end (only after an abort), in order."""
+        with self._lock:
+            items = [self._pending[k] for k in sorted(self._pending)]
+            self._pending.clear()
+        return [(env, v) for env, v in items if v is not self._GAP]
+
+
+def _key_of(payload: Any) -> str:
+    key = getattr(payload, "key", None)
+    if isinstance(key, str):
+        return key
+    frame = getattr(payload, "frame", None)
+    if frame is not None and isinstance(getattr(frame, "key", None), str):
+        return frame.key
+    return str(payload)
+
+
+class Pipeline:
+    """Wire ``source`` through ``stages`` into ``sinks``.
+
+    ``policy`` is one policy for every edge or a mapping from edge name to policy;
+    edges are named after the stage they feed (``"decode"``, …) and ``"sink"``.
+    ``depth`` is the capacity of every edge; ``None`` starts at 2 and, after
+    ``telemetry.warmup`` frames, applies :func:`rule_depth` to the measured
+    stage times (``pre_stages`` before inference, the rest inference).
+    ``telemetry`` is a :class:`medrt.pipeline.telemetry.Telemetry` or None.
+    """
+
+    def __init__(
+        self,
+        source: Iterable[Any],
+        stages: Sequence[Stage],
+        sinks: Sequence[Sink] = (),
+        *,
+        policy: Policy | str | Mapping[str, Policy | str] = Policy.BLOCK,
+        depth: int | None = None,
+        telemetry: Any = None,
+        pre_stages: Sequence[str] = ("decode", "preprocess"),
+        name: str = "pipeline",
+    ) -> None:
+        if not stages:
+            raise ValueError('Argument "stages" must name at least one stage.')
+        names = [s.name for s in stages]
+        if len(set(names)) != len(names) or "sink" in names:
+            raise ValueError(f'Argument "stages" must have unique names other than "sink", got {names}.')
+        self.source = source
+        self.stages = list(stages)
+        self.sinks = list(sinks)
+        self.telemetry = telemetry
+        self.name = name
+        self.pre_stages = tuple(pre_stages)
+        self.auto_depth = depth is None
+        self.depth = 2 if depth is None else int(depth)
+        edges = [*names, "sink"]
+        policies = policy if isinstance(policy, Mapping) else dict.fromkeys(edges, policy)
+        unknown = set(policies) - set(edges)
+        if unknown:
+            raise ValueError(f'Argument "policy" names unknown edges {sorted(unknown)}; edges are {edges}.')
+        self._orderer = _Orderer()
+        self.queues = {e: BoundedQueue(e, self.depth, policies.get(e, Policy.BLOCK), partial(self._discarded, e))
+                       for e in edges}
+        self._gaps: deque[Envelope] = deque()  # discarded items, for the sink thread to skip
+        self._threads: list[threading.Thread] = []
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._remaining = {s.name: s.workers for s in self.stages}
+        self._lock = threading.Lock()
+        self._seq = 0
+        self.sink_errors = 0
+        self.results = 0
+        self.errors: list[FrameError] = []
+        self._depth_applied = not self.auto_depth
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def start(self) -> Pipeline:
+        if self._threads:
+            raise RuntimeError("pipeline already started")
+        if self.telemetry is not None:
+            self.telemetry.start()
+        self._spawn(self._source_loop, "source")
+        for i, stage in enumerate(self.stages):
+            out = self.queues[self.stages[i + 1].name] if i + 1 < len(self.stages) else self.queues["sink"]
+            for w in range(stage.workers):
+                self._spawn(self._stage_loop, f"{stage.name}-{w}", stage, self.queues[stage.name], out)
+        self._spawn(self._sink_loop, "sink")
+        return self
+
+    def _spawn(self, target: Callable[..., None], label: str, *args: Any) -> None:
+        t = threading.Thread(target=target, args=args, name=f"{self.name}-{label}", daemon=True)
+        self._threads.append(t)
+        t.start()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait until every item has reached the sinks; True when it finished."""
+        finished = self._done.wait(timeout)
+        if finished:
+            for t in self._threads:
+                t.join(1.0)
+            if self.telemetry is not None:
+                self.telemetry.stop()
+        return finished
+
+    def stop(self, timeout: float = 10.0) -> bool:
+        """Stop taking new items from the source, finish what is in flight, and shut down.
+        After ``timeout`` seconds the queues are closed and in-flight items abandoned.
+        Returns True for a clean shutdown."""
+        close = getattr(self.source, "close", None)
+        if callable(close):
+            close()  # the source ends by its own rule (a QueueSource yields what it already holds)
+        else:
+            self._stop.set()
+        if self.join(timeout):
+            return True
+        log.warning("%s: shutdown deadline of %.1f s passed; aborting in-flight items", self.name, timeout)
+        for q in self.queues.values():
+            q.close()
+        self.join(2.0)
+        return False
+
+    def run(self, timeout: float | None = None) -> bool:
+        """Start, wait for the source to run dry and every item to reach the sinks."""
+        self.start()
+        return self.join(timeout)
+
+    def __enter__(self) -> Pipeline:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    # -- threads --------------------------------------------------------------------
+
+    def _put(self, q: BoundedQueue, env: Any) -> None:
+        q.put(env)  # a refused item is accounted for by _discarded
+        if self.telemetry is not None and env is not END:
+            self.telemetry.record_depth(q.name, len(q))
+
+    def _discarded(self, edge: str, env: Envelope) -> None:
+        """A latest-policy edge dropped ``env`` or a reject-policy edge refused it.
+        Runs on the producer's thread, so it only records the gap for the sink thread."""
+        if self.telemetry is not None:
+            if self.queues[edge].policy is Policy.REJECT:
+                self.telemetry.count_reject(edge)
+            else:
+                self.telemetry.count_drop(edge)
+        self._gaps.append(env)
+
+    def _source_loop(self) -> None:
+        first = self.queues[self.stages[0].name]
+        try:
+            for payload in self.source:
+                if self._stop.is_set():
+                    break
+                env = Envelope(seq=self._seq, key=_key_of(payload), payload=payload, t_arrival=time.perf_counter())
+                self._seq += 1
+                self._put(first, env)
+        except QueueClosed:
+            return
+        except Exception as exc:  # a broken source ends the stream, reported once
+            log.error("%s: source failed: %s: %s", self.name, type(exc).__name__, exc)
+            self.errors.append(FrameError(key="<source>", stage="source", error=exc))
+        try:
+            first.put(END)
+        except QueueClosed:
+            pass
+
+    def _stage_loop(self, stage: Stage, inq: BoundedQueue, out: BoundedQueue) -> None:
+        try:
+            while True:
+                env = inq.get()
+                if env is END:
+                    with self._lock:
+                        self._remaining[stage.name] -= 1
+                        last = self._remaining[stage.name] == 0
+                    if last:
+                        out.put(END)
+                    else:
+                        inq.put(END)  # let the sibling workers see it too
+                    return
+                for item in self._apply(stage, env):
+                    self._put(out, item)
+        except QueueClosed:
+            return
+
+    def _apply(self, stage: Stage, env: Envelope) -> list[Envelope]:
+        if isinstance(env.payload, FrameError):
+            return [env]
+        t0 = time.perf_counter()
+        try:
+            value = stage.fn(env.payload)
+        except Exception as exc:
+            err = FrameError(key=env.key, stage=stage.name, error=exc)
+            log.warning("%s: %s failed on %s: %s", self.name, stage.name, env.key, err.reason)
+            if self.telemetry is not None:
+                self.telemetry.count_error(stage.name)
+            return [replace(env, payload=err)]
+        ms = (time.perf_counter() - t0) * 1000.0
+        if self.telemetry is not None:
+            self.telemetry.record_stage(stage.name, ms)
+        timings = (*env.timings, (stage.name, ms))
+        if not stage.fan_out:
+            return [replace(env, payload=value, timings=timings)]
+        values = list(value)
+        if not values:  # nothing came out: release the slot so order is kept
+            self._gaps.append(env)
+            return []
+        n = len(values)
+        share = ms / n
+        timings = (*env.timings, (stage.name, share))
+        return [replace(env, payload=v, key=_key_of(v), sub=i, last=env.last and i == n - 1, timings=timings)
+                for i, v in enumerate(values)]
+
+    def _drain_gaps(self) -> None:
+        while self._gaps:
+            self._deliver(self._orderer.gap(self._gaps.popleft()))
+
+    def _sink_loop(self) -> None:
+        """The only thread that calls sinks: results leave in source order."""
+        q = self.queues["sink"]
+        try:
+            while True:
+                try:
+                    env = q.get(timeout=0.05)
+                except TimeoutError:
+                    self._drain_gaps()
+                    continue
+                self._drain_gaps()
+                if env is END:
+                    break
+                self._deliver(self._orderer.offer(env, env.payload))
+        except QueueClosed:
+            pass
+        finally:
+            self._drain_gaps()
+            self._deliver(self._orderer.flush())
+            for sink in self.sinks:
+                close = getattr(sink, "close", None)
+                if callable(close):
+                    try:
+                        close()
+                    except Exception as exc:
+                        self.sink_errors += 1
+                        log.error("%s: sink %r failed to close: %s", self.name, sink, exc)
+            self._done.set()
+
+    def _deliver(self, ready: list[tuple[Envelope, Any]]) -> None:
+        for env, value in ready:
+            now = time.perf_counter()
+            if isinstance(value, FrameError):
+                self.errors.append(value)
+            else:
+                self.results += 1
+            if self.telemetry is not None and not isinstance(value, FrameError):
+                self.telemetry.record_frame(env.key, dict(env.timings), (now - env.t_arrival) * 1000.0)
+                self._maybe_apply_depth()
+            for sink in self.sinks:
+                try:
+                    if isinstance(value, FrameError):
+                        sink.on_error(value, env)
+                    else:
+                        sink.on_result(value, env)
+                except Exception as exc:  # a broken sink must not stop the pipeline
+                    self.sink_errors += 1
+                    log.error("%s: sink %s failed on %s: %s: %s", self.name, type(sink).__name__, env.key,
+                              type(exc).__name__, exc)
+
+    def _maybe_apply_depth(self) -> None:
+        if self._depth_applied or self.telemetry is None:
+            return
+        summary = self.telemetry.stage_p50s() if hasattr(self.telemetry, "stage_p50s") else None
+        if not summary:
+            return
+        pre = sum(v for k, v in summary.items() if k in self.pre_stages)
+        infer = sum(v for k, v in summary.items() if k not in self.pre_stages)
+        self.depth = rule_depth(pre, infer)
+        for q in self.queues.values():
+            q.resize(self.depth)
+        self._depth_applied = True
+        log.info("%s: queue depth %d from measured stage times (pre %.1f ms, infer %.1f ms)",
+                 self.name, self.depth, pre, infer)
+
+    # -- reporting ------------------------------------------------------------------------
+
+    def counters(self) -> dict[str, dict[str, int]]:
+        """Per-edge drops, rejects and the deepest the queue got."""
+        return {name: {"drops": q.drops, "rejects": q.rejects, "max_depth": q.max_depth, "depth": q.maxsize}
+                for name, q in self.queues.items()}
+
+
+@dataclass
+class _SerialStats:
+    results: int = 0
+    errors: list[FrameError] = field(default_factory=list)
+
+
+def run_serial(source: Iterable[Any], stages: Sequence[Stage], sinks: Sequence[Sink] = (),
+               telemetry: Any = None) -> _SerialStats:
+    """The same stages, one item at a time on this thread: the baseline for pipelined throughput."""
+    stats = _SerialStats()
+    if telemetry is not None:
+        telemetry.start()
+    seq = 0
+    for payload in source:
+        items = [Envelope(seq=seq, key=_key_of(payload), payload=payload, t_arrival=time.perf_counter())]
+        seq += 1
+        for stage in stages:
+            nxt: list[Envelope] = []
+            for env in items:
+                if isinstance(env.payload, FrameError):
+                    nxt.append(env)
+                    continue
+                t0 = time.perf_counter()
+                try:
+                    value = stage.fn(env.payload)
+                except Exception as exc:
+                    nxt.append(replace(env, payload=FrameError(env.key, stage.name, exc)))
+                    continue
+                ms = (time.perf_counter() - t0) * 1000.0
+                if telemetry is not None:
+                    telemetry.record_stage(stage.name, ms)
+                values = list(value) if stage.fan_out else [value]
+                for i, v in enumerate(values):
+                    nxt.append(replace(env, payload=v, key=_key_of(v), sub=i,
+                                       timings=(*env.timings, (stage.name, ms / max(1, len(values))))))
+            items = nxt
+        for env in items:
+            if isinstance(env.payload, FrameError):
+                stats.errors.append(env.payload)
+                for sink in sinks:
+                    sink.on_error(env.payload, env)
+                continue
+            stats.results += 1
+            if telemetry is not None:
+                telemetry.record_frame(env.key, dict(env.timings), (time.perf_counter() - env.t_arrival) * 1000.0)
+            for sink in sinks:
+                sink.on_result(env.payload, env)
+    if telemetry is not None:
+        telemetry.stop()
+    return stats

@@ -1,0 +1,260 @@
+"""The staged pipeline: queue policies, order, errors, shutdown, and the real analysis stages."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from medrt.io.sources import FileReplay, FolderWatch, QueueSource
+from medrt.pipeline.graph import Envelope, FrameError, Pipeline, Stage, rule_depth, run_serial
+from medrt.pipeline.queues import END, BoundedQueue, Policy, QueueClosed
+
+# -- queues -------------------------------------------------------------------------
+
+
+def test_latest_drops_the_oldest():
+    dropped = []
+    q = BoundedQueue("e", 2, Policy.LATEST, dropped.append)
+    for i in range(5):
+        assert q.put(i)
+    assert [q.get(), q.get()] == [3, 4]
+    assert dropped == [0, 1, 2] and q.drops == 3
+
+
+def test_reject_counts_and_refuses_new():
+    refused = []
+    q = BoundedQueue("e", 2, Policy.REJECT, refused.append)
+    assert [q.put(i) for i in range(5)] == [True, True, False, False, False]
+    assert [q.get(), q.get()] == [0, 1]
+    assert refused == [2, 3, 4] and q.rejects == 3
+
+
+def test_block_never_drops_and_waits_for_room():
+    q = BoundedQueue("e", 1, Policy.BLOCK)
+    q.put(0)
+    assert q.put(1, timeout=0.05) is False  # full: waited and gave up, nothing dropped
+    got = []
+
+    def consume():
+        for _ in range(20):
+            got.append(q.get(timeout=5))
+
+    t = threading.Thread(target=consume)
+    t.start()
+    for i in range(1, 20):
+        assert q.put(i, timeout=5)
+    t.join(5)
+    assert got == list(range(20)) and q.drops == 0 and q.rejects == 0
+
+
+def test_end_sentinel_is_never_dropped_and_closed_queue_raises():
+    q = BoundedQueue("e", 1, Policy.LATEST)
+    q.put(1)
+    q.put(END)
+    q.put(2)  # drops 1, keeps END
+    assert q.get() is END and q.get() == 2
+    q.close()
+    with pytest.raises(QueueClosed):
+        q.get(timeout=1)
+    with pytest.raises(QueueClosed):
+        q.put(3)
+
+
+def test_policy_names_are_checked():
+    with pytest.raises(ValueError, match="policy"):
+        BoundedQueue("e", 1, "drop-everything")
+    with pytest.raises(ValueError, match="maxsize"):
+        BoundedQueue("e", 0)
+
+
+def test_rule_depth_is_the_seed_rule():
+    assert rule_depth(10, 10) == 2
+    assert rule_depth(5, 50) == 2
+    assert rule_depth(0, 50) == 2
+    assert rule_depth(30, 30) == 2
+    assert rule_depth(100, 1) == 2  # (101)/100 rounds up to 2
+
+
+# -- pipeline -----------------------------------------------------------------------
+
+
+class Collect:
+    def __init__(self):
+        self.results, self.errors, self.closed = [], [], False
+
+    def on_result(self, payload, env: Envelope):
+        self.results.append(payload)
+
+    def on_error(self, error: FrameError, env: Envelope):
+        self.errors.append(error)
+
+    def close(self):
+        self.closed = True
+
+
+def _jitter(x):
+    time.sleep(0.001 * ((x * 7) % 5))
+    return x
+
+
+def test_results_stay_in_source_order_with_several_workers():
+    sink = Collect()
+    stages = [Stage("a", _jitter, workers=3), Stage("b", lambda x: x * 10, workers=2)]
+    p = Pipeline(range(60), stages, [sink], depth=4)
+    assert p.run(timeout=30)
+    assert sink.results == [x * 10 for x in range(60)] and sink.closed
+
+
+def test_fan_out_keeps_order_and_empty_outputs_leave_no_hole():
+    sink = Collect()
+    stages = [Stage("split", lambda n: [f"{n}.{i}" for i in range(n % 3)], workers=2, fan_out=True),
+              Stage("up", str.upper, workers=2)]
+    assert Pipeline(range(30), stages, [sink], depth=2).run(timeout=30)
+    assert sink.results == [f"{n}.{i}" for n in range(30) for i in range(n % 3)]
+
+
+def test_an_exception_is_reported_with_its_item_and_the_pipeline_goes_on():
+    def fragile(x):
+        if x % 4 == 1:
+            raise ValueError(f"bad item {x}")
+        return x
+
+    sink = Collect()
+    p = Pipeline(range(12), [Stage("fragile", fragile, workers=2), Stage("next", lambda x: x + 100)], [sink])
+    assert p.run(timeout=30)
+    assert sink.results == [x + 100 for x in range(12) if x % 4 != 1]
+    assert [e.key for e in sink.errors] == ["1", "5", "9"]
+    assert all(e.stage == "fragile" and "bad item" in e.reason for e in sink.errors)
+
+
+def test_a_broken_sink_does_not_stop_the_pipeline():
+    class Broken(Collect):
+        def on_result(self, payload, env):
+            raise RuntimeError("disk full")
+
+    good = Collect()
+    p = Pipeline(range(10), [Stage("id", lambda x: x)], [Broken(), good])
+    assert p.run(timeout=30)
+    assert good.results == list(range(10)) and p.sink_errors == 10
+
+
+def test_latest_policy_drops_under_load_but_keeps_up_and_stays_ordered():
+    sink = Collect()
+    slow = Stage("slow", lambda x: (time.sleep(0.01), x)[1])
+    p = Pipeline(FileReplay([Path(f"f{i}") for i in range(200)], fps=1000), [slow], [sink],
+                 policy=Policy.LATEST, depth=2)
+    assert p.run(timeout=60)
+    counters = p.counters()
+    drops = sum(c["drops"] for c in counters.values())
+    keys = [str(r) for r in sink.results]
+    assert drops > 0 and len(keys) + drops == 200
+    assert keys == sorted(keys, key=lambda k: int(k[1:]))  # in order, with gaps
+    assert keys[-1] == "f199"  # the newest frame was kept
+
+
+def test_reject_policy_counts_what_it_refuses():
+    sink = Collect()
+    p = Pipeline(FileReplay([Path(f"f{i}") for i in range(100)], fps=0), [Stage("slow", lambda x: (time.sleep(0.005), x)[1])],
+                 [sink], policy={"slow": "reject"}, depth=1)
+    assert p.run(timeout=60)
+    rejects = p.counters()["slow"]["rejects"]
+    assert rejects > 0 and len(sink.results) + rejects == 100
+    assert str(sink.results[0]) == "f0"
+
+
+def test_block_policy_never_drops():
+    sink = Collect()
+    p = Pipeline(FileReplay([Path(f"f{i}") for i in range(50)], fps=0),
+                 [Stage("slow", lambda x: (time.sleep(0.002), x)[1], workers=2)], [sink], policy="block", depth=1)
+    assert p.run(timeout=60)
+    assert len(sink.results) == 50 and all(c["drops"] == 0 and c["rejects"] == 0 for c in p.counters().values())
+
+
+def test_shutdown_completes_within_its_deadline():
+    src = QueueSource()
+    sink = Collect()
+    p = Pipeline(src, [Stage("id", lambda x: x, workers=2)], [sink]).start()
+    src.put_many([1, 2, 3])
+    t0 = time.monotonic()
+    assert p.stop(timeout=5)
+    assert time.monotonic() - t0 < 5
+    assert sink.results == [1, 2, 3] and sink.closed
+
+
+def test_stuck_stage_is_abandoned_at_the_deadline():
+    release = threading.Event()
+    p = Pipeline(QueueSource(), [Stage("stuck", lambda x: release.wait(30))], [Collect()]).start()
+    p.source.put(1)
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    assert p.stop(timeout=0.3) is False
+    assert time.monotonic() - t0 < 5
+    release.set()
+
+
+def test_stage_names_and_edges_are_validated():
+    with pytest.raises(ValueError, match="unique"):
+        Pipeline([], [Stage("a", abs), Stage("a", abs)])
+    with pytest.raises(ValueError, match="unknown edges"):
+        Pipeline([], [Stage("a", abs)], policy={"nope": "block"})
+    with pytest.raises(ValueError, match="workers"):
+        Stage("a", abs, workers=0)
+
+
+def test_run_serial_matches_pipeline():
+    stages = [Stage("split", lambda n: [n, -n], fan_out=True), Stage("sq", lambda x: x * x)]
+    a, b = Collect(), Collect()
+    stats = run_serial(range(10), stages, [a])
+    assert Pipeline(range(10), stages, [b]).run(timeout=30)
+    assert a.results == b.results and stats.results == 20
+
+
+# -- sources --------------------------------------------------------------------------
+
+
+def test_file_replay_paces_and_loops(tmp_path):
+    paths = [tmp_path / f"{i}.dcm" for i in range(3)]
+    replay = FileReplay(paths, fps=200, loop=2)
+    t0 = time.perf_counter()
+    got = list(replay)
+    assert got == paths * 2 and len(replay) == 6
+    assert time.perf_counter() - t0 >= 5 / 200 * 0.9  # the 6th item was due 5 periods after the first
+    with pytest.raises(ValueError, match="fps"):
+        FileReplay(paths, fps=-1)
+
+
+def test_folder_watch_waits_for_complete_files(tmp_path):
+    (tmp_path / "old.dcm").write_bytes(b"x" * 10)
+    watch = FolderWatch(tmp_path, poll=0.02, settle=0.1, idle_timeout=1.0)
+    got: list[Path] = []
+    t = threading.Thread(target=lambda: got.extend(watch))
+    t.start()
+    part = tmp_path / "new.dcm.part"
+    part.write_bytes(b"y" * 5)  # still being written: ignored
+    time.sleep(0.2)
+    assert tmp_path / "new.dcm" not in got
+    part.rename(tmp_path / "new.dcm")
+    t.join(10)
+    assert not t.is_alive()
+    assert got == [tmp_path / "old.dcm", tmp_path / "new.dcm"]
+
+
+def test_folder_watch_close_ends_iteration(tmp_path):
+    watch = FolderWatch(tmp_path, poll=0.02)
+    t = threading.Thread(target=lambda: list(watch))
+    t.start()
+    watch.close()
+    t.join(5)
+    assert not t.is_alive()
+
+
+def test_queue_source_ends_after_close():
+    src = QueueSource()
+    src.put_many(["a", "b"])
+    src.close()
+    assert list(src) == ["a", "b"]
+    with pytest.raises(RuntimeError):
+        src.put("c")
