@@ -27,6 +27,7 @@ COMMANDS = (
     "medrt.commands.bench",
     "medrt.commands.models",
     "medrt.commands.eval",
+    "medrt.commands.stream",
 )
 
 

@@ -67,6 +67,9 @@ class InputError(MedrtError):
 
 class NotDicomError(InputError):
     kind = "not a DICOM file"
+    #: A folder of images often holds other files too (reports, JSON, thumbnails):
+    #: batch and stream pass over them with a note, not as errors.
+    skippable = True
 
 
 class CorruptDicomError(InputError):

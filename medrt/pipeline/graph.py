@@ -87,6 +87,11 @@ class FrameError:
     def reason(self) -> str:
         return f"{type(self.error).__name__}: {self.error}"
 
+    @property
+    def skippable(self) -> bool:
+        """True for input that is simply not for us (a non-DICOM file), not a failure."""
+        return bool(getattr(self.error, "skippable", False))
+
 
 @runtime_checkable
 class Sink(Protocol):
@@ -160,7 +165,8 @@ class Pipeline:
     ``depth`` is the capacity of every edge; ``None`` starts at 2 and, after
     ``telemetry.warmup`` frames, applies :func:`rule_depth` to the measured
     stage times (``pre_stages`` before inference, the rest inference).
-    ``telemetry`` is a :class:`medrt.pipeline.telemetry.Telemetry` or None.
+    ``telemetry`` is a :class:`medrt.pipeline.telemetry.Telemetry`, True for one
+    made to fit this graph, or None.
     """
 
     def __init__(
@@ -207,8 +213,17 @@ class Pipeline:
         self.results = 0
         self.errors: list[FrameError] = []
         self._depth_applied = not self.auto_depth
+        if telemetry is True:
+            self.make_telemetry()
 
     # -- lifecycle ------------------------------------------------------------
+
+    def make_telemetry(self, warmup: int = 10) -> Any:
+        """A :class:`~medrt.pipeline.telemetry.Telemetry` that knows this graph's stages and edges."""
+        from medrt.pipeline.telemetry import Telemetry
+
+        self.telemetry = Telemetry([s.name for s in self.stages], list(self.queues), warmup=warmup)
+        return self.telemetry
 
     def start(self) -> Pipeline:
         if self._threads:
@@ -332,9 +347,12 @@ class Pipeline:
             value = stage.fn(env.payload)
         except Exception as exc:
             err = FrameError(key=env.key, stage=stage.name, error=exc)
-            log.warning("%s: %s failed on %s: %s", self.name, stage.name, env.key, err.reason)
-            if self.telemetry is not None:
-                self.telemetry.count_error(stage.name)
+            if getattr(exc, "skippable", False):  # e.g. a non-DICOM file in an image folder
+                log.info("%s: skipping %s: %s", self.name, env.key, err.reason)
+            else:
+                log.warning("%s: %s failed on %s: %s", self.name, stage.name, env.key, err.reason)
+                if self.telemetry is not None:
+                    self.telemetry.count_error(stage.name)
             return [replace(env, payload=err)]
         ms = (time.perf_counter() - t0) * 1000.0
         if self.telemetry is not None:
@@ -393,7 +411,9 @@ class Pipeline:
             else:
                 self.results += 1
             if self.telemetry is not None and not isinstance(value, FrameError):
-                self.telemetry.record_frame(env.key, dict(env.timings), (now - env.t_arrival) * 1000.0)
+                timings = getattr(value, "timings", None)  # a FrameResult's own steps (recheck apart)
+                self.telemetry.record_frame(env.key, timings if timings is not None else dict(env.timings),
+                                            (now - env.t_arrival) * 1000.0)
                 self._maybe_apply_depth()
             for sink in self.sinks:
                 try:
@@ -407,13 +427,14 @@ class Pipeline:
                               type(exc).__name__, exc)
 
     def _maybe_apply_depth(self) -> None:
-        if self._depth_applied or self.telemetry is None:
+        """Once warm-up is over, size every edge by the seed's rule from the measured stage times."""
+        if self.results % 100 == 0:
+            self.telemetry.sample_memory()
+        if self._depth_applied or self.results < self.telemetry.warmup + 10:
             return
-        summary = self.telemetry.stage_p50s() if hasattr(self.telemetry, "stage_p50s") else None
-        if not summary:
-            return
-        pre = sum(v for k, v in summary.items() if k in self.pre_stages)
-        infer = sum(v for k, v in summary.items() if k not in self.pre_stages)
+        p50 = {s.name: self.telemetry.latency(s.name)["p50"] for s in self.stages}
+        pre = sum(v for k, v in p50.items() if k in self.pre_stages and v == v)
+        infer = sum(v for k, v in p50.items() if k not in self.pre_stages and v == v)
         self.depth = rule_depth(pre, infer)
         for q in self.queues.values():
             q.resize(self.depth)
@@ -473,7 +494,9 @@ def run_serial(source: Iterable[Any], stages: Sequence[Stage], sinks: Sequence[S
                 continue
             stats.results += 1
             if telemetry is not None:
-                telemetry.record_frame(env.key, dict(env.timings), (time.perf_counter() - env.t_arrival) * 1000.0)
+                timings = getattr(env.payload, "timings", None)
+                telemetry.record_frame(env.key, timings if timings is not None else dict(env.timings),
+                                       (time.perf_counter() - env.t_arrival) * 1000.0)
             for sink in sinks:
                 sink.on_result(env.payload, env)
     if telemetry is not None:

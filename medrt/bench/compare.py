@@ -1,0 +1,239 @@
+"""Compare a ``medrt bench --json`` result with a saved baseline and list what got worse.
+
+``medrt bench --compare baseline.json`` uses it to exit non-zero when a figure
+moved the wrong way by more than the tolerance (a cuDNN or onnxruntime update
+that slowed a stage, a change that made decode slower than pydicom).
+
+Each number's direction comes from this table; a number not in it is not
+compared (configuration, accuracy, informational):
+
+==========================================  ===========  ==============================================
+key                                         better       why
+==========================================  ===========  ==============================================
+``*_ms`` (``p50_ms``, ``roi_ms_p50``, …)     lower        a latency; ``*_ms_p50`` too
+``p50`` / ``p95`` / ``p99``                 lower        latency percentiles (telemetry ``e2e_ms``)
+``speedup`` (roi_vs_full, int8_vs_fp32)     higher       baseline time / medrt time
+``fps``                                     higher       throughput
+``efficiency``, ``achieved_gflops``         higher       UNet GFLOP/s, alone and against sgemm
+``decode.rows[].ratio``                     lower        medrt_ms / pydicom_ms (not pydicom/medrt)
+``cold_start.ratio``                        lower        first frame / steady state
+``gate_passed``                             higher       INT8 accuracy gate: true must stay true
+``pydicom_ms``, ``sgemm_gflops``            (ignored)    the reference measured beside us, not our code
+other ``ratio`` keys                        (unknown)    reported as a note, never guessed
+==========================================  ===========  ==============================================
+
+Lists of rows are matched by identity, not position: a row's identity is the
+values of whichever of ``syntax``, ``backend``, ``device``, ``precision``,
+``size``, ``shape``, ``node``, ``stage``, ``edge`` it has (engine rows by
+backend/device/precision/size, decode rows by syntax). A key or row present on
+one side only is a note, not a regression, and so is a changed run setting
+(``size``, ``frames``, ``repeats``, ``model``, ``hardware``) that makes the
+figures incomparable.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Regression", "BenchDiff", "compare", "diff_bench", "format_regressions", "load_bench_json",
+           "direction"]
+
+LOWER, HIGHER = "lower", "higher"
+HIGHER_BETTER = frozenset({"speedup", "fps", "efficiency", "achieved_gflops", "gate_passed"})
+PERCENTILES = frozenset({"p50", "p95", "p99"})
+REFERENCE = frozenset({"pydicom_ms", "sgemm_gflops"})
+RATIO_LOWER = frozenset({"decode.rows[].ratio", "cold_start.ratio"})  # generic paths, list keys as []
+IDENTITY = ("syntax", "backend", "device", "precision", "size", "shape", "node", "stage", "edge")
+SETTINGS = frozenset({"size", "frames", "repeats", "model", "hardware"})
+
+
+@dataclass(frozen=True, slots=True)
+class Regression:
+    """A figure that moved the wrong way by more than the tolerance.
+
+    ``change`` is ``(current - baseline) / baseline``, signed: +0.30 is a latency
+    30 % higher, -0.20 a speed-up 20 % lower.
+    """
+
+    key: str
+    baseline: float
+    current: float
+    change: float
+
+
+@dataclass(frozen=True, slots=True)
+class BenchDiff:
+    """Everything a comparison found: regressions, notes, and how many figures were compared."""
+
+    regressions: tuple[Regression, ...]
+    notes: tuple[str, ...] = ()
+    checked: int = 0
+    tolerance: float = 0.15
+    improvements: tuple[Regression, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return not self.regressions
+
+
+def direction(path: str, key: str) -> str | None:
+    """``"lower"`` or ``"higher"`` is better for ``key`` at ``path`` (list indices as ``[]``);
+    ``None`` when it is not a compared figure, ``"unknown"`` for a ratio we cannot place."""
+    if key in REFERENCE:
+        return None
+    if key == "ratio":
+        return LOWER if path in RATIO_LOWER else "unknown"
+    if key in HIGHER_BETTER:
+        return HIGHER
+    if key in PERCENTILES or key.endswith("_ms") or "_ms_p" in key:
+        return LOWER
+    return None
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool):
+        return float(v)
+    if isinstance(v, (int, float)) and math.isfinite(v):
+        return float(v)
+    return None
+
+
+def _row_id(row: Mapping[str, Any]) -> str:
+    parts = [str(row[k]) for k in IDENTITY if k in row and not isinstance(row[k], (dict, list))]
+    return "/".join(parts)
+
+
+def _rows_by_id(rows: Sequence[Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for i, row in enumerate(rows):
+        ident = _row_id(row) if isinstance(row, Mapping) else ""
+        ident = ident or f"#{i}"
+        base, n = ident, 2
+        while ident in out:  # two rows with one identity: keep both, in order
+            ident, n = f"{base}~{n}", n + 1
+        out[ident] = row
+    return out
+
+
+class _Walker:
+    def __init__(self, tolerance: float) -> None:
+        self.tolerance = tolerance
+        self.regressions: list[Regression] = []
+        self.improvements: list[Regression] = []
+        self.notes: list[str] = []
+        self.checked = 0
+
+    def walk(self, cur: Any, base: Any, label: str, path: str) -> None:
+        if isinstance(cur, Mapping) and isinstance(base, Mapping):
+            for key in list(base) + [k for k in cur if k not in base]:
+                sub_label = f"{label}.{key}" if label else str(key)
+                sub_path = f"{path}.{key}" if path else str(key)
+                if key not in cur:
+                    self.notes.append(f"{sub_label}: in the baseline only")
+                elif key not in base:
+                    self.notes.append(f"{sub_label}: new, not in the baseline")
+                else:
+                    self.leaf_or_walk(cur[key], base[key], str(key), sub_label, sub_path)
+        elif isinstance(cur, list) and isinstance(base, list):
+            a, b = _rows_by_id(cur), _rows_by_id(base)
+            for ident in list(b) + [i for i in a if i not in b]:
+                sub_label = f"{label}[{ident}]"
+                if ident not in a:
+                    self.notes.append(f"{sub_label}: in the baseline only")
+                elif ident not in b:
+                    self.notes.append(f"{sub_label}: new, not in the baseline")
+                else:
+                    self.walk(a[ident], b[ident], sub_label, f"{path}[]")
+        elif type(cur) is not type(base) and not (_number(cur) is not None and _number(base) is not None):
+            self.notes.append(f"{label}: {type(base).__name__} in the baseline, {type(cur).__name__} now")
+
+    def leaf_or_walk(self, cur: Any, base: Any, key: str, label: str, path: str) -> None:
+        if isinstance(cur, (Mapping, list)) or isinstance(base, (Mapping, list)):
+            self.walk(cur, base, label, path)
+            return
+        if key == "error" or (key in SETTINGS and cur != base):
+            if cur != base:
+                self.notes.append(f"{label}: {base!r} in the baseline, {cur!r} now")
+            return
+        way = direction(path, key)
+        if way is None:
+            return
+        c, b = _number(cur), _number(base)
+        if c is None or b is None:
+            if cur != base:
+                self.notes.append(f"{label}: not comparable ({base!r} in the baseline, {cur!r} now)")
+            return
+        if way == "unknown":
+            self.notes.append(f"{label}: no known direction for this ratio; not compared")
+            return
+        self.checked += 1
+        if b == 0:
+            if c != b:
+                self.notes.append(f"{label}: baseline is 0, now {c:g}; no relative change")
+            return
+        change = (c - b) / abs(b)
+        worse = change if way == LOWER else -change
+        entry = Regression(label, b, c, change)
+        if worse > self.tolerance:
+            self.regressions.append(entry)
+        elif -worse > self.tolerance:
+            self.improvements.append(entry)
+
+
+def diff_bench(current: Mapping[str, Any], baseline: Mapping[str, Any], tolerance: float = 0.15) -> BenchDiff:
+    """Compare two ``medrt bench --json`` objects: regressions, improvements and notes."""
+    if not isinstance(current, Mapping) or not isinstance(baseline, Mapping):
+        raise TypeError('Arguments "current" and "baseline" must be bench JSON objects (dicts).')
+    if not tolerance >= 0:
+        raise ValueError(f'Argument "tolerance" must be >= 0 (0.15 = 15 %), got {tolerance!r}.')
+    w = _Walker(tolerance)
+    w.walk(current, baseline, "", "")
+    return BenchDiff(tuple(w.regressions), tuple(w.notes), w.checked, tolerance, tuple(w.improvements))
+
+
+def compare(current: Mapping[str, Any], baseline: Mapping[str, Any], tolerance: float = 0.15) -> list[Regression]:
+    """The figures of ``current`` that are worse than ``baseline`` by more than ``tolerance``
+    (a fraction: 0.15 = 15 %). See the module docstring for which way is worse."""
+    return list(diff_bench(current, baseline, tolerance).regressions)
+
+
+def format_regressions(result: BenchDiff | Sequence[Regression], tolerance: float | None = None) -> str:
+    """Regressions (and, given a :class:`BenchDiff`, improvements and notes) for people."""
+    if isinstance(result, BenchDiff):
+        diff = result
+    else:
+        diff = BenchDiff(tuple(result), tolerance=0.15 if tolerance is None else tolerance)
+    tol = diff.tolerance if tolerance is None else tolerance
+
+    def row(r: Regression) -> str:
+        return f"  {r.key}: {r.baseline:g} -> {r.current:g} ({r.change:+.1%})"
+
+    if diff.regressions:
+        lines = [f"{len(diff.regressions)} regression(s) beyond {tol:.0%}:"] + [row(r) for r in diff.regressions]
+    else:
+        checked = f" ({diff.checked} figures compared)" if diff.checked else ""
+        lines = [f"no regressions beyond {tol:.0%}{checked}"]
+    if diff.improvements:
+        lines += [f"{len(diff.improvements)} improvement(s):"] + [row(r) for r in diff.improvements]
+    if diff.notes:
+        lines += ["notes:"] + [f"  {n}" for n in diff.notes]
+    return "\n".join(lines)
+
+
+def load_bench_json(path: str | Path) -> dict[str, Any]:
+    """A saved ``medrt bench --json`` result; the error names the file and what is wrong."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such baseline file; save one with `medrt bench --json > {path.name}`") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{path}: not a bench JSON file ({exc})") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path}: not a bench JSON object (top level is {type(doc).__name__})")
+    return doc

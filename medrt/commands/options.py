@@ -1,0 +1,69 @@
+"""Command-line options shared by the commands that run the analysis (stream, batch, bench)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+__all__ = ["add_engine_options", "add_pipeline_options", "analyzer_config", "thread_layout"]
+
+
+def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_unet") -> None:
+    g = p.add_argument_group("inference engine")
+    g.add_argument("--backend", default="auto", choices=("auto", "onnxruntime", "tensorrt", "torch"),
+                   help="runtime (default: the best one this machine allows; a fallback is logged)")
+    g.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    g.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8"),
+                   help="int8 is refused when its Dice drops more than the gate allows")
+    g.add_argument("--mode", default="roi", choices=("roi", "full"),
+                   help="roi: thumbnail classifier + 1024² crops (default); full: sliding window over the frame")
+    g.add_argument("--no-recheck", action="store_true", help="skip the 2x re-check of small lesions")
+    g.add_argument("--model", default=seg_model, help=f"segmentation model name or .toml spec (default {seg_model})")
+    g.add_argument("--roi-model", default="roi_classifier", help="ROI classifier name or .toml spec")
+    g.add_argument("--threads", type=int, default=None,
+                   help="threads per model session (default: 1 per inference worker on CPU)")
+
+
+def add_pipeline_options(p: argparse.ArgumentParser, *, policy: str) -> None:
+    g = p.add_argument_group("pipeline")
+    g.add_argument("--policy", default=policy, choices=("block", "latest", "reject"),
+                   help=f"what the entry queue does when the pipeline falls behind its source: block "
+                        f"(never drop; the source waits), latest (drop the oldest waiting frame), reject "
+                        f"(refuse the new one); inner queues always block. Default {policy}")
+    g.add_argument("--depth", type=int, default=None,
+                   help="queue capacity per edge (default: from the measured stage times, seed rule)")
+    g.add_argument("--workers", type=int, default=None,
+                   help="inference workers (default: one per core on CPU, one on a GPU)")
+    g.add_argument("--decode-workers", type=int, default=1, help="decode/preprocess workers (default 1)")
+
+
+def thread_layout(args: argparse.Namespace) -> tuple[int | None, int]:
+    """(threads per model session, inference workers).
+
+    Measured on the 2-core CI machine: ORT sessions with one intra-op thread and
+    one inference worker per core beat one worker whose session spreads each
+    512² frame over both cores (the per-op thread hand-off costs more than it
+    gains on small frames). On a GPU one worker feeds the device.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = getattr(args, "workers", None)
+    on_gpu = getattr(args, "device", "auto") == "cuda" or getattr(args, "backend", "auto") in ("tensorrt", "torch")
+    if workers is None:
+        workers = 1 if on_gpu else max(1, min(cores, 4))
+    threads = args.threads
+    if threads is None and not on_gpu:
+        threads = max(1, cores // workers)
+    return threads, workers
+
+
+def analyzer_config(args: argparse.Namespace, **overrides: Any) -> Any:
+    from medrt.analyzer import AnalyzerConfig
+
+    threads, _ = thread_layout(args)
+    fields: dict[str, Any] = dict(
+        mode=args.mode, backend=args.backend, device=args.device, precision=args.precision,
+        seg_model=args.model, roi_model=args.roi_model, recheck=not args.no_recheck, threads=threads,
+    )
+    fields.update(overrides)
+    return AnalyzerConfig(**fields)

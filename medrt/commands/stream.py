@@ -1,0 +1,150 @@
+"""``medrt stream SOURCE``: the live pipeline, headless, with a status line and a summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from medrt.commands.options import (
+    add_engine_options,
+    add_pipeline_options,
+    analyzer_config,
+    thread_layout,
+)
+
+log = logging.getLogger(__name__)
+
+
+class _Findings:
+    """Counts what the stream found (a sink: runs on the pipeline's sink thread)."""
+
+    def __init__(self) -> None:
+        self.frames = 0
+        self.positive = 0
+        self.lesions = 0
+        self.errors: list[tuple[str, str]] = []
+        self.skipped = 0
+
+    def on_result(self, result: Any, env: Any) -> None:
+        self.frames += 1
+        if result.lesions:
+            self.positive += 1
+            self.lesions += len(result.lesions)
+
+    def on_error(self, error: Any, env: Any) -> None:
+        if error.skippable:
+            self.skipped += 1
+        else:
+            self.errors.append((error.key, error.reason))
+
+
+def _source(args: argparse.Namespace) -> Any:
+    from medrt.io.sources import FileReplay, FolderWatch
+
+    src = Path(args.source)
+    if args.watch:
+        return FolderWatch(src, idle_timeout=args.idle_exit)
+    if src.is_dir():
+        return FileReplay.from_folder(src, fps=args.fps, loop=args.loop)
+    if not src.exists():
+        raise FileNotFoundError(f"{src}: no such file or folder")
+    return FileReplay([src], fps=args.fps, loop=args.loop)
+
+
+def run(args: argparse.Namespace) -> int:
+    from medrt.analyzer import load_analyzer
+    from medrt.pipeline.graph import Pipeline
+    from medrt.pipeline.stages import analysis_stages
+
+    try:
+        source = _source(args)
+    except (OSError, ValueError) as exc:
+        print(f"medrt stream: {exc}", file=sys.stderr)
+        return 2
+    analyzer = load_analyzer(analyzer_config(args))
+    _, workers = thread_layout(args)
+    findings = _Findings()
+    stages = analysis_stages(analyzer, infer_workers=workers, decode_workers=args.decode_workers)
+    # Drop (or refuse) at the entry only, before any work is spent on a frame; the
+    # inner edges block, so back-pressure reaches the entry. "As fast as it goes"
+    # (--fps 0) is a pull: then the replay simply waits for room.
+    entry = "block" if args.fps == 0 and not args.watch else args.policy
+    policy: Any = {stages[0].name: entry}
+    pipe = Pipeline(source, stages, [findings], policy=policy, depth=args.depth, telemetry=True, name="stream")
+    tel = pipe.telemetry
+    live = not args.quiet and not args.json
+    tty = sys.stderr.isatty()
+    interrupted = False
+    pipe.start()
+    try:
+        last_print = 0.0
+        while not pipe.join(0.25):
+            tel.sample_memory()
+            now = time.monotonic()
+            if live and (tty or now - last_print >= 5.0):
+                line = tel.status_line()
+                print(f"\r{line}\033[K" if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
+                last_print = now
+    except KeyboardInterrupt:
+        interrupted = True
+        print("\nmedrt stream: stopping (Ctrl-C again to abort)", file=sys.stderr)
+        pipe.stop(timeout=10.0)
+    if live and tty:
+        print(file=sys.stderr)
+    tel.stop()
+    summary = tel.summary()
+    summary["pipeline"] = {"policy": entry, "depth": pipe.depth, "workers": workers,
+                           "edges": pipe.counters(), "sink_errors": pipe.sink_errors}
+    summary["findings"] = {"frames": findings.frames, "positive_frames": findings.positive,
+                           "lesions": findings.lesions, "errors": len(findings.errors),
+                           "skipped_not_dicom": findings.skipped}
+    summary["engine"] = {"backend": analyzer.backend_name, "precision": analyzer.precision,
+                         "models": list(analyzer.models)}
+    late = getattr(source, "late", None)
+    if late is not None:
+        summary["pipeline"]["late_source_items"] = late
+    if args.jsonl:
+        tel.write_jsonl(args.jsonl)
+    if args.histogram:
+        tel.histogram_png(args.histogram)
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        print(tel.summary_table())
+        f = summary["findings"]
+        print(f"findings: {f['lesions']} lesion(s) in {f['positive_frames']} of {f['frames']} frame(s); "
+              f"{f['errors']} unreadable input(s), {f['skipped_not_dicom']} non-DICOM file(s) skipped; backend {analyzer.backend_name} {analyzer.precision}; "
+              f"queue depth {pipe.depth}, {workers} inference worker(s)")
+        for key, reason in findings.errors[:20]:
+            print(f"  error: {key}: {reason}")
+    if interrupted:
+        return 130
+    return 1 if findings.errors else 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "stream",
+        help="run the live pipeline on a replayed or watched source, headless",
+        description="Replay a folder (or file) at --fps the way a scanner sends images, or watch a folder for "
+        "new files, through the staged pipeline. Prints a status line (fps, p99 latency, drops) while it runs and "
+        "a summary at the end. Exit code 0: all frames analysed; 1: some inputs could not be read; 2: bad usage.",
+    )
+    p.add_argument("source", help="folder or file to replay (or the folder to watch with --watch)")
+    p.add_argument("--fps", type=float, default=30.0, help="replay rate, frames per second (0: as fast as possible)")
+    p.add_argument("--loop", type=int, default=1, help="replay the source this many times (soak runs)")
+    p.add_argument("--watch", action="store_true", help="watch SOURCE for new complete files instead of replaying")
+    p.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
+                   help="with --watch, stop after this long without a new file (default: run until Ctrl-C)")
+    p.add_argument("--jsonl", type=Path, default=None, help="write per-frame telemetry as JSON lines here")
+    p.add_argument("--histogram", type=Path, default=None, help="write the end-to-end latency histogram PNG here")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.add_argument("--quiet", action="store_true", help="no status line")
+    add_engine_options(p, seg_model="lesion_unet_lite")
+    add_pipeline_options(p, policy="latest")
+    p.set_defaults(func=run)

@@ -1,0 +1,198 @@
+"""Bench tools: ORT per-node profile of a shipped model, and the baseline comparison."""
+
+from __future__ import annotations
+
+import copy
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from medrt.bench.compare import (
+    BenchDiff,
+    Regression,
+    compare,
+    diff_bench,
+    direction,
+    format_regressions,
+    load_bench_json,
+)
+from medrt.bench.profile import format_profile, parse_profile, profile_layers
+
+# -- profile ------------------------------------------------------------------
+
+
+def test_profile_layers_on_the_lite_unet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # so we can see the trace is cleaned up
+    rows = profile_layers("lesion_unet_lite", shape=(256, 256), runs=2, top=8, threads=1)
+    assert 0 < len(rows) <= 8
+    assert set(rows[0]) == {"node", "op_type", "total_ms", "mean_ms", "share"}
+    totals = [r["total_ms"] for r in rows]
+    assert totals == sorted(totals, reverse=True)
+    assert all(r["total_ms"] >= r["mean_ms"] >= 0 and 0 <= r["share"] <= 1 for r in rows)
+    assert sum(r["share"] for r in rows) <= 1.0 + 1e-3  # rounding to 4 places
+    assert any("Conv" in r["op_type"] for r in rows), [r["op_type"] for r in rows]
+    assert list(tmp_path.iterdir()) == [], "the ORT trace file was left behind"
+    text = format_profile(rows)
+    assert rows[0]["op_type"] in text and "share" in text
+
+
+def test_profile_layers_checks_its_arguments() -> None:
+    with pytest.raises(ValueError, match="multiple of 16"):
+        profile_layers("lesion_unet_lite", shape=(250, 256), runs=1)
+    with pytest.raises(ValueError, match='"runs"'):
+        profile_layers("lesion_unet_lite", shape=(256, 256), runs=0)
+
+
+def _node(name: str, op: str, ts: float, dur: float) -> dict[str, Any]:
+    return {"cat": "Node", "name": f"{name}_kernel_time", "ts": ts, "dur": dur, "args": {"op_name": op}}
+
+
+def test_parse_profile_skips_the_warmup_run_and_sums_per_node() -> None:
+    events = [
+        {"cat": "Session", "name": "model_run", "ts": 0, "dur": 100},
+        _node("conv1", "Conv", 1, 90),  # warm-up run: left out
+        {"cat": "Session", "name": "model_run", "ts": 200, "dur": 100},
+        _node("conv1", "Conv", 201, 30),
+        _node("relu1", "Relu", 240, 10),
+        {"cat": "Node", "name": "conv1_fence_before", "ts": 241, "dur": 1000},  # not a kernel
+        {"cat": "Session", "name": "model_run", "ts": 400, "dur": 100},
+        _node("conv1", "Conv", 401, 50),
+        _node("relu1", "Relu", 460, 10),
+    ]
+    rows = parse_profile(events)
+    assert rows == [
+        {"node": "conv1", "op_type": "Conv", "total_ms": 0.08, "mean_ms": 0.04, "share": 0.8},
+        {"node": "relu1", "op_type": "Relu", "total_ms": 0.02, "mean_ms": 0.01, "share": 0.2},
+    ]
+
+
+# -- compare --------------------------------------------------------------------
+
+BASELINE: dict[str, Any] = {
+    "decode": {"size": 4096, "repeats": 9, "rows": [
+        {"syntax": "RLE Lossless", "pydicom_ms": 100.0, "medrt_ms": 80.0, "ratio": 0.8},
+        {"syntax": "JPEG 2000 Lossless", "pydicom_ms": 400.0, "medrt_ms": 200.0, "ratio": 0.5},
+    ]},
+    "engines": [
+        {"backend": "onnxruntime", "device": "cpu", "precision": "fp32", "size": 1024, "p50_ms": 100.0,
+         "p99_ms": 120.0, "memory_mb": 40.0},
+        {"backend": "onnxruntime", "device": "cpu", "precision": "int8", "size": 1024, "p50_ms": 60.0,
+         "p99_ms": 70.0, "memory_mb": 30.0},
+    ],
+    "roi_vs_full": {"frames": 4, "size": 4096, "roi_ms_p50": 300.0, "full_ms_p50": 3000.0, "speedup": 10.0,
+                    "sensitivity_roi": 0.9},
+    "int8_vs_fp32": {"fp32_ms_p50": 100.0, "int8_ms_p50": 60.0, "speedup": 1.67, "gate_passed": True},
+    "cold_start": {"load_ms": 500.0, "first_ms": 200.0, "steady_ms_p50": 100.0, "ratio": 2.0},
+    "unet_efficiency": {"unet_ms_p50": 100.0, "achieved_gflops": 50.0, "sgemm_gflops": 200.0, "efficiency": 0.25},
+}
+
+
+def _changed(path: list[Any], value: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(BASELINE)
+    node: Any = doc
+    for step in path[:-1]:
+        node = node[step]
+    node[path[-1]] = value
+    return doc
+
+
+def test_identical_runs_have_no_regressions() -> None:
+    diff = diff_bench(copy.deepcopy(BASELINE), BASELINE)
+    assert diff.ok and diff.regressions == () and diff.notes == ()
+    assert diff.checked >= 15  # the figures were really compared, not skipped
+    assert format_regressions(diff).startswith("no regressions beyond 15%")
+
+
+def test_a_stage_30_percent_slower_is_flagged_and_5_percent_is_not() -> None:
+    slower = _changed(["engines", 0, "p50_ms"], 130.0)
+    found = compare(slower, BASELINE)
+    assert found == [Regression("engines[onnxruntime/cpu/fp32/1024].p50_ms", 100.0, 130.0, pytest.approx(0.3))]
+    assert compare(_changed(["engines", 0, "p50_ms"], 105.0), BASELINE) == []
+    assert compare(_changed(["engines", 0, "p50_ms"], 70.0), BASELINE) == []  # faster is fine
+    assert compare(_changed(["roi_vs_full", "roi_ms_p50"], 400.0), BASELINE)[0].key == "roi_vs_full.roi_ms_p50"
+    assert compare(slower, BASELINE, tolerance=0.35) == []
+
+
+def test_speedup_and_efficiency_drops_are_regressions() -> None:
+    found = compare(_changed(["roi_vs_full", "speedup"], 7.0), BASELINE)
+    assert [(r.key, r.change) for r in found] == [("roi_vs_full.speedup", pytest.approx(-0.3))]
+    assert compare(_changed(["roi_vs_full", "speedup"], 14.0), BASELINE) == []
+    assert [r.key for r in compare(_changed(["unet_efficiency", "efficiency"], 0.2), BASELINE)] == [
+        "unet_efficiency.efficiency"]
+    assert [r.key for r in compare(_changed(["int8_vs_fp32", "gate_passed"], False), BASELINE)] == [
+        "int8_vs_fp32.gate_passed"]
+
+
+def test_ratio_direction_follows_what_each_suite_measures() -> None:
+    # decode ratio is medrt_ms / pydicom_ms, cold_start ratio is first / steady: both lower is better
+    assert direction("decode.rows[].ratio", "ratio") == "lower"
+    assert direction("cold_start.ratio", "ratio") == "lower"
+    assert direction("something.ratio", "ratio") == "unknown"
+    worse = _changed(["decode", "rows", 0, "ratio"], 1.0)
+    assert [r.key for r in compare(worse, BASELINE)] == ["decode.rows[RLE Lossless].ratio"]
+    assert compare(_changed(["decode", "rows", 0, "ratio"], 0.5), BASELINE) == []
+    assert [r.key for r in compare(_changed(["cold_start", "ratio"], 3.0), BASELINE)] == ["cold_start.ratio"]
+    # pydicom is the reference measured beside us: its time is not our regression
+    assert compare(_changed(["decode", "rows", 0, "pydicom_ms"], 200.0), BASELINE) == []
+    unknown = diff_bench({"x": {"ratio": 5.0}}, {"x": {"ratio": 1.0}})
+    assert unknown.ok and any("no known direction" in n for n in unknown.notes)
+
+
+def test_rows_are_matched_by_identity_not_position() -> None:
+    current = copy.deepcopy(BASELINE)
+    current["engines"].reverse()
+    current["decode"]["rows"].reverse()
+    assert compare(current, BASELINE) == []
+    current["engines"][0]["p99_ms"] = 100.0  # now the int8 row (70 ms in the baseline)
+    assert [r.key for r in compare(current, BASELINE)] == ["engines[onnxruntime/cpu/int8/1024].p99_ms"]
+
+
+def test_missing_keys_and_rows_are_notes_not_regressions() -> None:
+    current = copy.deepcopy(BASELINE)
+    del current["cold_start"]
+    del current["roi_vs_full"]["speedup"]
+    current["engines"].append({"backend": "onnxruntime", "device": "cuda", "precision": "fp32",
+                               "error": "no CUDAExecutionProvider"})
+    current["roi_vs_full"]["size"] = 2048  # a changed setting makes the figures incomparable
+    diff = diff_bench(current, BASELINE)
+    assert diff.ok
+    text = "\n".join(diff.notes)
+    assert "cold_start: in the baseline only" in text
+    assert "roi_vs_full.speedup: in the baseline only" in text
+    assert "engines[onnxruntime/cuda/fp32]: new, not in the baseline" in text
+    assert "roi_vs_full.size: 4096 in the baseline, 2048 now" in text
+
+
+def test_format_regressions_lists_each_change() -> None:
+    current = _changed(["engines", 0, "p50_ms"], 130.0)
+    current["roi_vs_full"]["speedup"] = 20.0
+    diff = diff_bench(current, BASELINE)
+    assert isinstance(diff, BenchDiff) and not diff.ok
+    text = format_regressions(diff)
+    assert "1 regression(s) beyond 15%" in text
+    assert "engines[onnxruntime/cpu/fp32/1024].p50_ms: 100 -> 130 (+30.0%)" in text
+    assert "roi_vs_full.speedup: 10 -> 20 (+100.0%)" in text  # listed as an improvement
+    assert format_regressions(list(diff.regressions), tolerance=0.1).startswith("1 regression(s) beyond 10%")
+
+
+def test_compare_reads_a_telemetry_summary() -> None:
+    base = {"pipeline": {"fps": 30.0, "e2e_ms": {"p50": 30.0, "p95": 40.0, "p99": 45.0, "max": 90.0, "n": 100}}}
+    cur = {"pipeline": {"fps": 20.0, "e2e_ms": {"p50": 31.0, "p95": 41.0, "p99": 60.0, "max": 300.0, "n": 100}}}
+    assert sorted(r.key for r in compare(cur, base)) == ["pipeline.e2e_ms.p99", "pipeline.fps"]
+
+
+def test_load_bench_json_says_what_is_wrong(tmp_path: Path) -> None:
+    good = tmp_path / "baseline.json"
+    good.write_text(json.dumps(BASELINE))
+    assert load_bench_json(good) == BASELINE
+    with pytest.raises(ValueError, match="no such baseline file"):
+        load_bench_json(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not a bench JSON file"):
+        load_bench_json(bad)
+    with pytest.raises(ValueError, match='"tolerance"'):
+        compare(BASELINE, BASELINE, tolerance=-0.1)

@@ -1,0 +1,95 @@
+"""The real analysis stages in the pipeline, and ``medrt stream``, on the sample CT stream."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from conftest import SAMPLE_DIR
+from medrt.analyzer import load_analyzer
+from medrt.cli import main
+from medrt.io.sources import FileReplay
+from medrt.pipeline.graph import Pipeline
+from medrt.pipeline.stages import analysis_stages
+
+CT = SAMPLE_DIR / "ct_stream"
+
+
+@pytest.fixture(scope="module")
+def analyzer():
+    return load_analyzer(seg_model="lesion_unet_lite", threads=1)
+
+
+class Collect:
+    def __init__(self):
+        self.results, self.errors = [], []
+
+    def on_result(self, result, env):
+        self.results.append(result)
+
+    def on_error(self, error, env):
+        self.errors.append(error)
+
+
+def test_pipelined_results_equal_the_serial_path_in_order(analyzer):
+    paths = sorted(CT.glob("*.dcm"))[:16]
+    sink = Collect()
+    pipe = Pipeline(FileReplay(paths, fps=0), analysis_stages(analyzer, infer_workers=2), [sink], telemetry=True)
+    assert pipe.run(timeout=300)
+    from medrt.io.dicom import read_frames
+
+    serial = [analyzer.analyze(read_frames(p)[0]) for p in paths]
+    assert [r.frame.source.path for r in sink.results] == paths
+    for got, want in zip(sink.results, serial, strict=True):
+        assert [les.bbox for les in got.lesions] == [les.bbox for les in want.lesions]
+        assert got.crops == want.crops
+    summary = pipe.telemetry.summary()
+    assert summary["frames"] == 16 and summary["errors"]["decode"] == 0
+    assert summary["stages_ms"]["segment"]["n"] == 16 - pipe.telemetry.warmup
+
+
+def test_a_bad_file_is_reported_and_the_stream_goes_on(tmp_path, analyzer):
+    good = sorted(CT.glob("*.dcm"))[:4]
+    for p in good:
+        shutil.copy(p, tmp_path / p.name)
+    (tmp_path / "ct_0002.dcm").write_bytes(good[1].read_bytes()[:3000])  # truncated in its pixel data
+    (tmp_path / "notes.txt").write_text("not an image")
+    sink = Collect()
+    pipe = Pipeline(FileReplay.from_folder(tmp_path, fps=0), analysis_stages(analyzer), [sink])
+    assert pipe.run(timeout=300)
+    assert len(sink.results) == 3
+    bad = [e for e in sink.errors if not e.skippable]
+    assert [e.key for e in bad] == [str(tmp_path / "ct_0002.dcm")] and bad[0].stage == "decode"
+    assert "ct_0002.dcm" in bad[0].reason
+    assert [e.key for e in sink.errors if e.skippable] == [str(tmp_path / "notes.txt")]
+
+
+def test_stream_command_json_summary(capsys):
+    rc = main(["stream", str(CT), "--fps", "0", "--json", "--workers", "2"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert out["findings"]["frames"] == 40 and out["findings"]["skipped_not_dicom"] == 2
+    assert out["findings"]["lesions"] > 0
+    assert out["pipeline"]["policy"] == "block" and out["pipeline"]["workers"] == 2
+    assert out["e2e_ms"]["n"] == 40 - 10 and out["e2e_ms"]["p99"] > 0
+
+
+def test_stream_command_reports_bad_input_with_exit_1(tmp_path, capsys):
+    src = sorted(CT.glob("*.dcm"))[0]
+    shutil.copy(src, tmp_path / "a.dcm")
+    (tmp_path / "b.dcm").write_bytes(src.read_bytes()[:2000])
+    rc = main(["stream", str(tmp_path), "--fps", "0", "--quiet", "--histogram", str(tmp_path / "h.png"),
+               "--jsonl", str(tmp_path / "t.jsonl")])
+    out = capsys.readouterr().out
+    assert rc == 1
+    assert "b.dcm" in out and "1 unreadable input(s)" in out
+    assert (tmp_path / "h.png").stat().st_size > 0
+    lines = (tmp_path / "t.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["summary"]["frames"] == 1
+
+
+def test_stream_command_missing_source(capsys, tmp_path):
+    assert main(["stream", str(tmp_path / "nope")]) == 2
+    assert "nope" in capsys.readouterr().err
