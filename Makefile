@@ -27,7 +27,7 @@ $(STAMP_DEV): pyproject.toml | $(BIN)/python
 	touch $@ $(STAMP_CORE)
 
 demo: $(STAMP_CORE)
-	$(BIN)/medrt info sample_dicom
+	$(BIN)/medrt batch sample_dicom --out demo_out
 
 test: $(STAMP_DEV)
 	$(BIN)/python -m pytest

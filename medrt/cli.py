@@ -28,6 +28,7 @@ COMMANDS = (
     "medrt.commands.models",
     "medrt.commands.eval",
     "medrt.commands.stream",
+    "medrt.commands.batch",
 )
 
 

@@ -258,3 +258,18 @@ def test_queue_source_ends_after_close():
     assert list(src) == ["a", "b"]
     with pytest.raises(RuntimeError):
         src.put("c")
+
+
+# -- sinks ---------------------------------------------------------------------------
+
+
+def test_ring_buffer_keeps_the_newest_and_never_waits():
+    from medrt.pipeline.sinks import CallbackSink, RingBuffer
+
+    ring = RingBuffer(capacity=3)
+    got = []
+    p = Pipeline(range(10), [Stage("id", lambda x: x)], [ring, CallbackSink(got.append)])
+    assert p.run(timeout=30)
+    assert ring.drain() == [7, 8, 9] and ring.received == 10 and ring.overwritten == 7
+    assert got == list(range(10)) and ring.closed and ring.wait(0.01)
+    assert ring.latest() is None

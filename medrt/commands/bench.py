@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 from typing import Any
 
 log = logging.getLogger(__name__)
 
-SUITES = ("decode", "engines", "roi_vs_full", "int8", "cold_start", "efficiency")
+SUITES = ("decode", "engines", "roi_vs_full", "pipelined", "stream", "int8", "cold_start", "efficiency")
 
 
 def _decode(args: argparse.Namespace, _: Any) -> Any:
@@ -49,10 +50,23 @@ def _efficiency(args: argparse.Namespace, analyzer: Any) -> Any:
     return unet_efficiency(analyzer.seg, repeats=args.repeats)
 
 
+def _pipelined(args: argparse.Namespace, _: Any) -> Any:
+    from medrt.bench.pipeline import pipelined_vs_serial
+
+    return pipelined_vs_serial(args.stream_model, loops=args.stream_loops, repeats=max(1, args.repeats // 3))
+
+
+def _stream(args: argparse.Namespace, _: Any) -> Any:
+    from medrt.bench.pipeline import stream_replay
+
+    return stream_replay(args.stream_model, fps=args.fps, frames=args.stream_frames)
+
+
 RUNNERS = {"decode": _decode, "engines": _engines, "roi_vs_full": _roi_vs_full, "int8": _int8,
-           "cold_start": _cold_start, "efficiency": _efficiency}
+           "cold_start": _cold_start, "efficiency": _efficiency, "pipelined": _pipelined, "stream": _stream}
 KEYS = {"roi_vs_full": "roi_vs_full", "int8": "int8_vs_fp32", "cold_start": "cold_start",
-        "efficiency": "unet_efficiency", "engines": "engines", "decode": "decode"}
+        "efficiency": "unet_efficiency", "engines": "engines", "decode": "decode",
+        "pipelined": "pipelined_vs_serial", "stream": "stream_30fps"}
 
 
 def _print(results: dict[str, Any]) -> None:
@@ -84,10 +98,30 @@ def run(args: argparse.Namespace) -> int:
     for suite in suites:
         log.info("bench suite %s", suite)
         results[KEYS[suite]] = RUNNERS[suite](args, analyzer)
+    if args.profile_layers:
+        from medrt.bench.profile import format_profile, profile_layers
+
+        size = args.profile_size
+        results["profile_layers"] = profile_layers(args.model, shape=(size, size), runs=max(3, args.repeats // 2))
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        _print(results)
+        _print({k: v for k, v in results.items() if k != "profile_layers"})
+        if "profile_layers" in results:
+            print(f"\n== slowest nodes of {args.model} at {args.profile_size}² (ORT profiler)")
+            print(format_profile(results["profile_layers"]))
+    if args.compare:
+        from medrt.bench.compare import diff_bench, format_regressions, load_bench_json
+
+        try:
+            baseline = load_bench_json(args.compare)
+        except ValueError as exc:
+            print(f"medrt bench: {exc}", file=sys.stderr)
+            return 2
+        diff = diff_bench(results, baseline, args.tolerance)
+        print(format_regressions(diff), file=sys.stderr if args.json else sys.stdout)
+        if not diff.ok:
+            return 1
     return 0
 
 
@@ -99,7 +133,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "decode (read_frames vs pydicom pixel_array), engines (latency per backend/precision), "
         "roi_vs_full (ROI path vs full-frame sliding window on 4096² phantoms), int8 (INT8 vs FP32 "
         "with the accuracy gate), cold_start (first frame vs steady state), efficiency (UNet GFLOP/s "
-        "vs sgemm).",
+        "vs sgemm), pipelined (pipelined vs serial throughput on the 512² sample stream), stream "
+        "(sustained replay at --fps: achieved fps, drops, p99). Exit code 1 when --compare finds a regression.",
     )
     p.add_argument("--only", default="", help=f"comma-separated suites (default: all of {', '.join(SUITES)})")
     p.add_argument("--model", default="lesion_unet", help="segmentation model for the engine suites")
@@ -107,5 +142,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--frames", type=int, default=4, help="4096² frames for roi_vs_full")
     p.add_argument("--repeats", type=int, default=9, help="repeats per measurement (median is reported)")
     p.add_argument("--no-recheck", action="store_true", help="roi_vs_full without the 2x recheck")
+    p.add_argument("--stream-model", default="lesion_unet_lite", help="segmentation model for the stream suites")
+    p.add_argument("--stream-loops", type=int, default=3, help="passes over the sample stream for 'pipelined'")
+    p.add_argument("--stream-frames", type=int, default=300, help="frames replayed by the 'stream' suite")
+    p.add_argument("--fps", type=float, default=30.0, help="replay rate of the 'stream' suite")
+    p.add_argument("--profile-layers", action="store_true",
+                   help="also print the slowest model nodes (ONNX Runtime profiler) of --model")
+    p.add_argument("--profile-size", type=int, default=1024, help="input size for --profile-layers")
+    p.add_argument("--compare", metavar="BASELINE.json", default=None,
+                   help="compare with an earlier 'medrt bench --json' output; flags what got slower")
+    p.add_argument("--tolerance", type=float, default=0.15,
+                   help="relative change --compare tolerates before calling it a regression (default 0.15)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)

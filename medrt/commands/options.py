@@ -25,12 +25,14 @@ def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_u
                    help="threads per model session (default: 1 per inference worker on CPU)")
 
 
-def add_pipeline_options(p: argparse.ArgumentParser, *, policy: str) -> None:
+def add_pipeline_options(p: argparse.ArgumentParser, *, policy: str | None) -> None:
+    """``policy`` None: the command always blocks (batch never drops), so no --policy."""
     g = p.add_argument_group("pipeline")
-    g.add_argument("--policy", default=policy, choices=("block", "latest", "reject"),
-                   help=f"what the entry queue does when the pipeline falls behind its source: block "
-                        f"(never drop; the source waits), latest (drop the oldest waiting frame), reject "
-                        f"(refuse the new one); inner queues always block. Default {policy}")
+    if policy is not None:
+        g.add_argument("--policy", default=policy, choices=("block", "latest", "reject"),
+                       help=f"what the entry queue does when the pipeline falls behind its source: block "
+                            f"(never drop; the source waits), latest (drop the oldest waiting frame), reject "
+                            f"(refuse the new one); inner queues always block. Default {policy}")
     g.add_argument("--depth", type=int, default=None,
                    help="queue capacity per edge (default: from the measured stage times, seed rule)")
     g.add_argument("--workers", type=int, default=None,

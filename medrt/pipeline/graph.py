@@ -64,12 +64,15 @@ class Envelope:
     ``seq`` numbers the source's items, ``sub`` the items one source item fanned
     out into, ``last`` marks the final one of a ``seq``. ``t_arrival`` is when the
     source produced it (``time.perf_counter``), the start of end-to-end latency.
+    ``origin`` is the key of the source item it came from (the file path), kept
+    when a stage fans out and ``key`` becomes the frame's.
     """
 
     seq: int
     key: str
     payload: Any
     t_arrival: float
+    origin: str = ""
     sub: int = 0
     last: bool = True
     timings: tuple[tuple[str, float], ...] = ()
@@ -270,6 +273,17 @@ class Pipeline:
         self.join(2.0)
         return False
 
+    def abort(self, timeout: float = 10.0) -> None:
+        """Stop now: items in flight are abandoned (the sinks never see them); a sink call
+        already running completes. For Ctrl-C in a batch, whose unfinished work is redone."""
+        close = getattr(self.source, "close", None)
+        if callable(close):
+            close()
+        self._stop.set()
+        for q in self.queues.values():
+            q.close()
+        self.join(timeout)
+
     def run(self, timeout: float | None = None) -> bool:
         """Start, wait for the source to run dry and every item to reach the sinks."""
         self.start()
@@ -308,7 +322,8 @@ class Pipeline:
             for payload in self.source:
                 if self._stop.is_set():
                     break
-                env = Envelope(seq=self._seq, key=_key_of(payload), payload=payload, t_arrival=time.perf_counter())
+                key = _key_of(payload)
+                env = Envelope(seq=self._seq, key=key, payload=payload, t_arrival=time.perf_counter(), origin=key)
                 self._seq += 1
                 self._put(first, env)
         except QueueClosed:
@@ -464,7 +479,8 @@ def run_serial(source: Iterable[Any], stages: Sequence[Stage], sinks: Sequence[S
         telemetry.start()
     seq = 0
     for payload in source:
-        items = [Envelope(seq=seq, key=_key_of(payload), payload=payload, t_arrival=time.perf_counter())]
+        key = _key_of(payload)
+        items = [Envelope(seq=seq, key=key, payload=payload, t_arrival=time.perf_counter(), origin=key)]
         seq += 1
         for stage in stages:
             nxt: list[Envelope] = []

@@ -1,0 +1,206 @@
+"""Per-series outputs of a batch run, each file written atomically; the series'
+``manifest.json`` goes last, so a folder without it is unfinished and redone.
+
+    OUT/series/<SeriesInstanceUID>/
+        seg.dcm            DICOM SEG (absent when no frame holds a lesion; seg_<n>.dcm, one per
+                           image, for a radiograph series of several views)
+        sr.dcm             DICOM SR TID 1500 measurement report
+        sc/<n>.dcm         secondary captures with the overlay burned in (--sc)
+        png/<n>.png        overlay PNGs (fill + outline, sizes labelled)
+        frames.jsonl       this series' lines of results.jsonl
+        masks.npz          label maps of frames with lesions (for medrt eval's Dice)
+        manifest.json      content hash, settings, counts, notes
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import shutil
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from medrt.analysis.lesions import lesion_to_json
+from medrt.batch.plan import MANIFEST, Note, SeriesPlan
+from medrt.export.write import atomic_write, write_dataset
+from medrt.types import FrameResult
+
+__all__ = ["frame_record", "SeriesOutput", "OutputOptions", "strip_pixels"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    png: str = "positive"  # "positive" | "all" | "none"
+    png_max_side: int | None = 2048
+    sc: bool = False
+    seg: bool = True
+    sr: bool = True
+    omit_empty_frames: bool = False
+
+
+def frame_record(result: FrameResult, file: str) -> dict[str, Any]:
+    """One line of results.jsonl (the public schema documented in the README)."""
+    frame = result.frame
+    t = result.timings
+    return {
+        "file": file,
+        "sop_instance_uid": frame.sop_instance_uid,
+        "series_instance_uid": frame.series_instance_uid,
+        "frame_index": frame.frame_index,
+        "rows": frame.rows,
+        "cols": frame.cols,
+        "pixel_spacing_mm": list(frame.spacing_mm) if frame.spacing_mm else None,
+        "pixel_spacing_source": frame.spacing_source.value,
+        "lesions": [lesion_to_json(les) for les in result.lesions],
+        "timings_ms": {k: round(getattr(t, k), 2)
+                       for k in ("decode", "preprocess", "roi", "segment", "recheck", "postprocess", "total")},
+        "mode": result.mode,
+        "backend": result.backend,
+        "precision": result.precision,
+        "models": list(result.models),
+    }
+
+
+def strip_pixels(result: FrameResult) -> FrameResult:
+    """The result without its decoded pixels (a zero-stride view of the same shape), so a
+    long series does not hold every frame's pixels until its SEG is written."""
+    frame = result.frame
+    empty = np.broadcast_to(np.float32(0), frame.pixels.shape)
+    return replace(result, frame=replace(frame, pixels=empty, color=None))
+
+
+@dataclass
+class SeriesOutput:
+    """Collects one series' results as they arrive and writes its outputs when complete."""
+
+    plan: SeriesPlan
+    folder: Path
+    settings_key: str
+    options: OutputOptions
+    root: Path
+    results: list[FrameResult] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[Note] = field(default_factory=list)
+    done_paths: dict[str, int] = field(default_factory=dict)
+
+    def start(self) -> None:
+        """Clear what an interrupted run may have left (no manifest: nothing in it is trusted)."""
+        if self.folder.exists():
+            shutil.rmtree(self.folder)
+        self.folder.mkdir(parents=True)
+
+    def rel(self, path: str) -> str:
+        try:
+            return Path(path).relative_to(self.root).as_posix()
+        except ValueError:
+            return path
+
+    def __post_init__(self) -> None:
+        self._index = {p: i for i, p in enumerate(self.plan.paths)}
+
+    def add(self, result: FrameResult, origin: str) -> None:
+        self.records.append(frame_record(result, self.rel(origin)))
+        if self.options.png == "all" or (self.options.png == "positive" and result.lesions):
+            from medrt.overlay import save_png
+
+            save_png(result, self.folder / "png" / f"{self._frame_name(result)}.png",
+                     max_side=self.options.png_max_side)
+        self.results.append(strip_pixels(result) if not self.options.sc else result)
+        self.done_paths[origin] = self.done_paths.get(origin, 0) + 1
+
+    def fail(self, origin: str, stage: str, reason: str, skippable: bool = False) -> None:
+        self.notes.append(Note(self.rel(origin), "skipped" if skippable else "error", stage, reason))
+        self.done_paths[origin] = self.plan.frames.get(origin, 1)
+
+    @property
+    def complete(self) -> bool:
+        return all(self.done_paths.get(p, 0) >= n for p, n in self.plan.frames.items())
+
+    def _frame_name(self, result: FrameResult) -> str:
+        """``<position in the series>[_f<frame>]``: PHI-free and in slice order."""
+        name = f"{self._index.get(result.frame.source.path, 0) + 1:05d}"
+        return f"{name}_f{result.frame.frame_index + 1:04d}" if result.frame.number_of_frames > 1 else name
+
+    def finish(self) -> dict[str, Any]:
+        """Write SEG, SR, SC, JSON lines, masks and (last) the manifest. Returns the manifest."""
+        written: dict[str, Any] = {}
+        seg = None
+        ok = self.results
+        if ok and self.options.seg:
+            seg = self._export("seg", lambda: self._seg(ok))
+            if seg is not None:
+                written["seg"] = ["seg.dcm"] if len(seg) == 1 else [f"seg_{i + 1}.dcm" for i in range(len(seg))]
+        if ok and self.options.sr:
+            sr = self._export("sr", lambda: self._sr(ok, seg))
+            if sr is not None:
+                written["sr"] = "sr.dcm"
+        if ok and self.options.sc:
+            n_sc = self._export("sc", lambda: self._sc(ok))
+            written["sc"] = n_sc or 0
+        self._write_masks(ok)
+        lines = "".join(json.dumps(rec) + "\n" for rec in self.records)
+        atomic_write(self.folder / "frames.jsonl", lambda fp: fp.write(lines.encode()))
+        manifest = {
+            "series_instance_uid": self.plan.uid,
+            "study_instance_uid": self.plan.series.study_instance_uid,
+            "modality": self.plan.series.modality,
+            "content_sha256": self.plan.content_sha256,
+            "settings_key": self.settings_key,
+            "files": [self.rel(str(p)) for p in self.plan.paths],
+            "frames": len(self.records),
+            "lesions": sum(len(r["lesions"]) for r in self.records),
+            "outputs": written,
+            "notes": [n.as_row() for n in self.notes],
+        }
+        atomic_write(self.folder / MANIFEST, lambda fp: fp.write(json.dumps(manifest, indent=1).encode()))
+        return manifest
+
+    def _export(self, what: str, build: Any) -> Any:
+        try:
+            return build()
+        except Exception as exc:  # an object we cannot build must not lose the rest of the series
+            log.error("series %s: %s export failed: %s: %s", self.plan.uid, what, type(exc).__name__, exc)
+            self.notes.append(Note(self.rel(str(self.plan.paths[0])) if self.plan.paths else self.plan.uid,
+                                   "error", f"export-{what}", f"{type(exc).__name__}: {exc}"))
+            return None
+
+    def _seg(self, results: list[FrameResult]) -> Any:
+        from medrt.export import build_seg, split_for_seg
+
+        # A radiograph series of several views has no shared geometry: one SEG per image.
+        segs = [seg for group in split_for_seg(results)
+                if (seg := build_seg(group, omit_empty_frames=self.options.omit_empty_frames)) is not None]
+        for i, seg in enumerate(segs):
+            write_dataset(seg, self.folder / ("seg.dcm" if len(segs) == 1 else f"seg_{i + 1}.dcm"))
+        return segs or None
+
+    def _sr(self, results: list[FrameResult], seg: Any) -> Any:
+        from medrt.export import build_sr
+
+        sr = build_sr(results, seg=seg)
+        write_dataset(sr, self.folder / "sr.dcm")
+        return sr
+
+    def _sc(self, results: list[FrameResult]) -> int:
+        from medrt.export import build_sc
+
+        n = 0
+        for r in results:
+            if r.lesions:
+                write_dataset(build_sc(r), self.folder / "sc" / f"{self._frame_name(r)}.dcm")
+                n += 1
+        return n
+
+    def _write_masks(self, results: list[FrameResult]) -> None:
+        maps = {r.frame.key: np.asarray(r.labels) for r in results if r.lesions}
+        if not maps:
+            return
+        buf = io.BytesIO()
+        np.savez_compressed(buf, **maps)
+        atomic_write(self.folder / "masks.npz", lambda fp: fp.write(buf.getvalue()))

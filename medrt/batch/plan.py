@@ -1,0 +1,148 @@
+"""What a batch run will do: the input files grouped into series, what is skipped and why,
+and which series an earlier run already finished with the same content and settings."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from medrt.io.scan import iter_files
+from medrt.io.series import Series, group_series
+
+__all__ = ["Note", "SeriesPlan", "Plan", "scan", "file_sha256", "settings_key", "finished", "paths_of", "MANIFEST"]
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"  # written last in a series folder: its presence means "finished"
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """One row of errors.csv: an input that was not analysed (``kind`` "error"), or was
+    passed over on purpose (``kind`` "skipped": not DICOM, not an image, a duplicate)."""
+
+    file: str
+    kind: str
+    stage: str
+    reason: str
+    sop_instance_uid: str = ""
+
+    def as_row(self) -> dict[str, str]:
+        return {"file": self.file, "kind": self.kind, "stage": self.stage, "reason": self.reason,
+                "sop_instance_uid": self.sop_instance_uid}
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesPlan:
+    """One series to analyse: its files in slice order and the hash of their content."""
+
+    series: Series
+    paths: tuple[Path, ...]
+    frames: dict[str, int]  # str(path) -> frames it holds
+    content_sha256: str
+    folder_name: str
+
+    @property
+    def uid(self) -> str:
+        return self.series.series_instance_uid
+
+    @property
+    def n_frames(self) -> int:
+        return sum(self.frames.values())
+
+
+@dataclass
+class Plan:
+    root: Path
+    series: list[SeriesPlan]
+    notes: list[Note] = field(default_factory=list)
+    files_seen: int = 0
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return path.relative_to(root).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def scan(root: Path, *, exclude: Path | None = None, follow_links: bool = False) -> Plan:
+    """Walk ``root`` (recursively; links that leave it are not followed unless
+    ``follow_links``), read headers only, and group the images into series.
+    Files under ``exclude`` (the output folder, when it sits inside the input) are ignored."""
+    root = Path(root)
+    files = [p for p in iter_files([root], follow_outside_links=follow_links)
+             if exclude is None or not _inside(p, exclude)]
+    grouped = group_series(files)
+    base = root if root.is_dir() else root.parent
+    notes: list[Note] = []
+    for bad in grouped.errors:
+        error = bad.error
+        skippable = bool(getattr(error, "skippable", False))
+        notes.append(Note(_rel(Path(bad.source), base), "skipped" if skippable else "error", "scan",
+                          f"{error.kind}: {error.reason}"))
+    for ni in grouped.non_images:
+        notes.append(Note(_rel(Path(ni.source), base), "skipped", "scan", f"not an image ({ni.kind})",
+                          ni.sop_instance_uid))
+    plans: list[SeriesPlan] = []
+    names: set[str] = set()
+    for series in grouped.series:
+        for dup in series.duplicates_dropped:
+            notes.append(Note(_rel(dup.path, base) if dup.path else dup.sop_instance_uid, "skipped", "scan",
+                              "same slice position as another image of the series; kept the higher "
+                              "AcquisitionNumber", dup.sop_instance_uid))
+        paths = tuple(item.path for item in series.items if item.path is not None)
+        frames = {str(item.path): item.frames for item in series.items if item.path is not None}
+        h = hashlib.sha256()
+        for p in sorted(paths):
+            h.update(_rel(p, base).encode() + b"\0" + file_sha256(p).encode() + b"\n")
+        name = series.series_instance_uid
+        if name in names:  # the same series UID in two studies
+            name = f"{name}-{hashlib.sha256(series.study_instance_uid.encode()).hexdigest()[:8]}"
+        names.add(name)
+        plans.append(SeriesPlan(series, paths, frames, h.hexdigest(), name))
+    plans.sort(key=lambda sp: _rel(min(sp.paths), base) if sp.paths else sp.uid)
+    return Plan(base, plans, notes, len(files))
+
+
+def settings_key(settings: Mapping[str, Any]) -> str:
+    """A hash of everything that changes a series' results (models, mode, precision …)."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
+def finished(folder: Path, plan: SeriesPlan, key: str) -> dict[str, Any] | None:
+    """The manifest of ``folder`` when it records this series' content and settings, else None."""
+    path = folder / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if manifest.get("content_sha256") == plan.content_sha256 and manifest.get("settings_key") == key:
+        return manifest
+    return None
+
+
+def paths_of(plans: Iterable[SeriesPlan]) -> list[Path]:
+    return [p for sp in plans for p in sp.paths]

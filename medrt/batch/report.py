@@ -1,0 +1,115 @@
+"""The run report: ``report.json`` for programs, ``report.md`` for people, ``latency.png``."""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+from medrt import __version__
+from medrt.export.write import atomic_write
+
+__all__ = ["write_report", "SIZE_BUCKETS"]
+
+SIZE_BUCKETS = ((0.0, 2.0, "<2 mm"), (2.0, 5.0, "2-5 mm"), (5.0, 10.0, "5-10 mm"), (10.0, 30.0, "10-30 mm"),
+                (30.0, float("inf"), ">=30 mm"))
+STEPS = ("decode", "preprocess", "roi", "segment", "recheck", "postprocess", "total")
+
+
+def _buckets(findings: list[dict[str, Any]]) -> dict[str, int]:
+    counts = {name: 0 for _, _, name in SIZE_BUCKETS}
+    for f in findings:
+        for d in f["diameters_mm"]:
+            for lo, hi, name in SIZE_BUCKETS:
+                if lo <= d < hi:
+                    counts[name] += 1
+                    break
+    return counts
+
+
+def write_report(s: Any, plan: Any, settings: dict[str, Any], analyzer: Any, telemetry: Any,
+                 out: Path) -> dict[str, Any]:
+    timings: dict[str, Any] = {}
+    fps = None
+    if telemetry is not None and telemetry.frames:
+        summary = telemetry.summary()
+        timings = {k: v for k, v in summary["timings_ms"].items() if k in STEPS}
+        timings["end_to_end"] = summary["e2e_ms"]
+        fps = summary["fps"]
+        if telemetry.frames > telemetry.warmup:
+            telemetry.histogram_png(out / "latency.png")
+    report = {
+        "medrt": __version__,
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "elapsed_s": round(s.elapsed_s, 2),
+        "interrupted": s.interrupted,
+        "exit_code": s.exit_code,
+        "input": str(plan.root),
+        "counts": {
+            "files_seen": s.files_seen, "series": s.series, "series_resumed": s.series_resumed,
+            "series_analysed": s.series_analysed, "frames": s.frames,
+            "frames_with_lesions": s.frames_with_lesions, "lesions": s.lesions,
+            "errors": s.errors, "skipped": s.skipped,
+        },
+        "lesions_by_diameter": _buckets(s.findings),
+        "series": s.findings,
+        "timings_ms": timings,
+        "throughput_fps": fps,
+        "engine": {"backend": analyzer.backend_name, "precision": analyzer.precision,
+                   "models": list(analyzer.models), "machine": platform.machine(),
+                   "processor": platform.processor() or None},
+        "settings": settings,
+        "files": {"results": "results.jsonl", "errors": "errors.csv", "masks": "masks.npz",
+                  "histogram": "latency.png" if (out / "latency.png").exists() else None},
+    }
+    atomic_write(out / "report.json", lambda fp: fp.write(json.dumps(report, indent=2, default=str).encode()))
+    atomic_write(out / "report.md", lambda fp: fp.write(_markdown(report).encode()))
+    return report
+
+
+def _ms(v: Any) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def _markdown(r: dict[str, Any]) -> str:
+    c = r["counts"]
+    e = r["engine"]
+    lines = [
+        "# medrt batch report",
+        "",
+        "Research use only; not for clinical use. Models trained on synthetic phantoms.",
+        "",
+        f"- input: `{r['input']}`",
+        f"- finished: {r['finished_at']} in {r['elapsed_s']} s"
+        + (" (**interrupted**: rerun to finish)" if r["interrupted"] else ""),
+        f"- engine: {e['backend']} {e['precision']}; models {', '.join(e['models'])}",
+        f"- series: {c['series']} ({c['series_resumed']} finished by an earlier run, {c['series_analysed']} now)",
+        f"- frames: {c['frames']}, with lesions: {c['frames_with_lesions']}, lesions: {c['lesions']}",
+        f"- errors: {c['errors']}, skipped: {c['skipped']} (see errors.csv)",
+        "",
+        "## Lesions by longest diameter",
+        "",
+        "| " + " | ".join(r["lesions_by_diameter"]) + " |",
+        "|" + "---|" * len(r["lesions_by_diameter"]),
+        "| " + " | ".join(str(v) for v in r["lesions_by_diameter"].values()) + " |",
+        "",
+        "## Series",
+        "",
+        "| series | modality | frames | lesions | largest (mm) |",
+        "|---|---|---|---|---|",
+    ]
+    for f in r["series"]:
+        largest = ", ".join(str(d) for d in f["diameters_mm"][:5]) or "-"
+        lines.append(f"| `{f['series_instance_uid']}` | {f['modality']} | {f['frames']} | {f['lesions']} | {largest} |")
+    if r["timings_ms"]:
+        lines += ["", "## Timings (this run, ms per frame, after warm-up)", "",
+                  "| step | n | p50 | p95 | p99 |", "|---|---|---|---|---|"]
+        for k, v in r["timings_ms"].items():
+            lines.append(f"| {k} | {v['n']} | {_ms(v['p50'])} | {_ms(v['p95'])} | {_ms(v['p99'])} |")
+        if r["throughput_fps"]:
+            lines += ["", f"Throughput: {r['throughput_fps']:.1f} frames/s."]
+        if r["files"]["histogram"]:
+            lines += ["", "![end-to-end latency](latency.png)"]
+    return "\n".join(lines) + "\n"

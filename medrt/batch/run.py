@@ -1,0 +1,260 @@
+"""``run_batch``: a folder in, per-series SEG/SR/PNG, results.jsonl, errors.csv and a run report out.
+
+The batch is the pipeline with the ``block`` policy (nothing is ever dropped),
+fed series by series. A series is the unit of completion: its outputs appear
+together when its last frame is done, and a rerun skips every series whose
+manifest records the same content hash and settings. Top-level files are
+rebuilt from the finished series at the end, atomically, also after Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from medrt import __version__
+from medrt.batch.outputs import OutputOptions, SeriesOutput
+from medrt.batch.plan import Note, Plan, SeriesPlan, finished, scan, settings_key
+from medrt.export.write import atomic_write
+
+__all__ = ["BatchConfig", "BatchSummary", "run_batch", "EXIT_OK", "EXIT_ERRORS", "EXIT_FAILED", "EXIT_INTERRUPTED"]
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0  # every image analysed (files that are not images may have been skipped)
+EXIT_ERRORS = 1  # completed, but some inputs could not be analysed: see errors.csv
+EXIT_FAILED = 2  # nothing analysed: no input, no DICOM image in it, or the models could not load
+EXIT_INTERRUPTED = 130
+
+RESULTS = "results.jsonl"
+ERRORS = "errors.csv"
+MASKS = "masks.npz"
+REPORT_JSON = "report.json"
+REPORT_MD = "report.md"
+HISTOGRAM = "latency.png"
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    input: Path
+    out: Path
+    analyzer: Any = None  # AnalyzerConfig; None: the defaults
+    workers: int = 1
+    decode_workers: int = 1
+    depth: int | None = None  # queue capacity; None: from measured stage times
+    outputs: OutputOptions = field(default_factory=OutputOptions)
+    follow_links: bool = False
+
+
+@dataclass
+class BatchSummary:
+    exit_code: int
+    files_seen: int = 0
+    series: int = 0
+    series_resumed: int = 0
+    series_analysed: int = 0
+    frames: int = 0
+    frames_with_lesions: int = 0
+    lesions: int = 0
+    errors: int = 0
+    skipped: int = 0
+    interrupted: bool = False
+    elapsed_s: float = 0.0
+    out: Path | None = None
+    findings: list[dict[str, Any]] = field(default_factory=list)  # per series, for the CLI table
+    report: dict[str, Any] = field(default_factory=dict)
+
+
+class _Sink:
+    """Routes results to their series (by the file they came from) and finishes a series
+    as soon as its last frame is in. Runs on the pipeline's sink thread."""
+
+    def __init__(self, outputs: dict[str, SeriesOutput], progress: Callable[[int, int], None] | None,
+                 total: int) -> None:
+        self.by_path = outputs
+        self.progress = progress
+        self.total = total
+        self.done = 0
+        self.started: set[int] = set()
+        self.finished: dict[str, dict[str, Any]] = {}
+        self.lock = threading.Lock()
+
+    def _series(self, origin: str) -> SeriesOutput:
+        so = self.by_path[origin]
+        if id(so) not in self.started:
+            so.start()
+            self.started.add(id(so))
+        return so
+
+    def _advance(self, so: SeriesOutput, frames: int) -> None:
+        self.done += frames
+        if self.progress is not None:
+            self.progress(self.done, self.total)
+        if so.complete and so.plan.uid not in self.finished:
+            self.finished[so.plan.uid] = so.finish()
+
+    def on_result(self, result: Any, env: Any) -> None:
+        so = self._series(env.origin)
+        so.add(result, env.origin)
+        self._advance(so, 1)
+
+    def on_error(self, error: Any, env: Any) -> None:
+        so = self._series(env.origin)
+        before = so.done_paths.get(env.origin, 0)
+        so.fail(env.origin, error.stage, error.reason, error.skippable)
+        self._advance(so, max(0, so.plan.frames.get(env.origin, 1) - before))
+
+
+def _settings(analyzer: Any, options: OutputOptions) -> dict[str, Any]:
+    return {
+        "medrt": __version__,
+        "models": [f"{b.spec.ident}:{b.spec.sha256}" for b in (analyzer.roi, analyzer.seg)],
+        "mode": analyzer.config.mode, "recheck": analyzer.config.recheck,
+        "backend": analyzer.backend_name, "precision": analyzer.precision,
+        "threshold": analyzer.threshold, "crop": analyzer.config.crop,
+        "outputs": {"png": options.png, "png_max_side": options.png_max_side, "sc": options.sc,
+                    "seg": options.seg, "sr": options.sr, "omit_empty_frames": options.omit_empty_frames},
+    }
+
+
+def run_batch(config: BatchConfig, *, analyzer: Any = None,
+              progress: Callable[[int, int], None] | None = None,
+              stop: threading.Event | None = None) -> BatchSummary:
+    """Analyse every DICOM image under ``config.input`` into ``config.out``.
+
+    ``analyzer`` may be one already loaded (else it is loaded from ``config.analyzer``);
+    ``progress(done_frames, total_frames)`` is called from the sink thread; setting
+    ``stop`` (or Ctrl-C) ends the run at once, keeping every finished series (the
+    unfinished one is redone by the next run).
+    """
+    from medrt.io.sources import FileReplay
+    from medrt.pipeline.graph import Pipeline
+    from medrt.pipeline.stages import analysis_stages
+
+    t0 = time.perf_counter()
+    root, out = Path(config.input), Path(config.out)
+    if not root.exists():
+        raise FileNotFoundError(f"{root}: no such file or folder")
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(".*.tmp"):  # a temp file of a run that was killed mid-write
+        stale.unlink(missing_ok=True)
+    plan = scan(root, exclude=out, follow_links=config.follow_links)
+    if analyzer is None:
+        from medrt.analyzer import load_analyzer
+
+        analyzer = load_analyzer(config.analyzer)
+    settings = _settings(analyzer, config.outputs)
+    key = settings_key(settings)
+    series_dir = out / "series"
+    pending: list[SeriesPlan] = []
+    resumed = 0
+    for sp in plan.series:
+        if finished(series_dir / sp.folder_name, sp, key) is not None:
+            resumed += 1
+        else:
+            pending.append(sp)
+    log.info("batch: %d series, %d already finished, %d to analyse; %d note(s) from the scan",
+             len(plan.series), resumed, len(pending), len(plan.notes))
+    outputs: dict[str, SeriesOutput] = {}
+    for sp in pending:
+        so = SeriesOutput(sp, series_dir / sp.folder_name, key, config.outputs, plan.root)
+        for p in sp.paths:
+            outputs[str(p)] = so
+    total = sum(sp.n_frames for sp in pending)
+    sink = _Sink(outputs, progress, total)
+    interrupted = False
+    telemetry = None
+    if pending:
+        paths = [p for sp in pending for p in sp.paths]
+        stages = analysis_stages(analyzer, infer_workers=config.workers, decode_workers=config.decode_workers)
+        pipe = Pipeline(FileReplay(paths, fps=0), stages, [sink], policy="block", depth=config.depth,
+                        telemetry=True, name="batch")
+        telemetry = pipe.telemetry
+        pipe.start()
+        try:
+            while not pipe.join(0.2):
+                if stop is not None and stop.is_set():
+                    interrupted = True
+                    pipe.abort()
+                    break
+        except KeyboardInterrupt:
+            interrupted = True
+            log.warning("batch: interrupted; finished series are kept, a rerun does the rest")
+            pipe.abort()
+        if not interrupted:  # a series whose frame count surprised us still gets its outputs
+            for so in {id(s): s for s in outputs.values()}.values():
+                if id(so) in sink.started and so.plan.uid not in sink.finished:
+                    so.notes.append(Note(so.rel(str(so.plan.paths[0])), "error", "batch",
+                                         "fewer frames decoded than the headers announced"))
+                    sink.finished[so.plan.uid] = so.finish()
+    summary = _assemble(plan, out, series_dir, key, interrupted, time.perf_counter() - t0)
+    summary.series_resumed = resumed
+    summary.series_analysed = len(sink.finished)
+    summary.report = _report(summary, plan, settings, analyzer, telemetry, out)
+    return summary
+
+
+def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bool, elapsed: float) -> BatchSummary:
+    """Rebuild results.jsonl, masks.npz and errors.csv from every finished series (in plan order)."""
+    lines: list[str] = []
+    notes: list[Note] = list(plan.notes)
+    masks: dict[str, np.ndarray] = {}
+    s = BatchSummary(exit_code=EXIT_OK, files_seen=plan.files_seen, series=len(plan.series), out=out,
+                     interrupted=interrupted)
+    for sp in plan.series:
+        folder = series_dir / sp.folder_name
+        manifest = finished(folder, sp, key)
+        if manifest is None:
+            continue
+        text = (folder / "frames.jsonl").read_text(encoding="utf-8")
+        lines.append(text)
+        recs = [json.loads(line) for line in text.splitlines() if line.strip()]
+        s.frames += len(recs)
+        s.frames_with_lesions += sum(1 for r in recs if r["lesions"])
+        s.lesions += sum(len(r["lesions"]) for r in recs)
+        notes.extend(Note(**n) for n in manifest.get("notes", []))
+        if (folder / MASKS).is_file():
+            with np.load(folder / MASKS) as npz:
+                masks.update({k: npz[k] for k in npz.files})
+        s.findings.append({"series_instance_uid": sp.uid, "modality": sp.series.modality,
+                           "frames": len(recs), "lesions": sum(len(r["lesions"]) for r in recs),
+                           "diameters_mm": sorted((round(les["diameter_mm"], 1) for r in recs
+                                                   for les in r["lesions"]), reverse=True),
+                           "folder": str(folder.relative_to(out))})
+    atomic_write(out / RESULTS, lambda fp: fp.write("".join(lines).encode()))
+    buf = io.BytesIO()
+    np.savez_compressed(buf, **masks)
+    atomic_write(out / MASKS, lambda fp: fp.write(buf.getvalue()))
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=["file", "kind", "stage", "reason", "sop_instance_uid"])
+    writer.writeheader()
+    for n in notes:
+        writer.writerow(n.as_row())
+    atomic_write(out / ERRORS, lambda fp: fp.write(text.getvalue().encode()))
+    s.errors = sum(1 for n in notes if n.kind == "error")
+    s.skipped = sum(1 for n in notes if n.kind == "skipped")
+    s.elapsed_s = elapsed
+    if interrupted:
+        s.exit_code = EXIT_INTERRUPTED
+    elif not plan.series:
+        s.exit_code = EXIT_FAILED
+    elif s.errors:
+        s.exit_code = EXIT_ERRORS
+    return s
+
+
+def _report(s: BatchSummary, plan: Plan, settings: dict[str, Any], analyzer: Any, telemetry: Any,
+            out: Path) -> dict[str, Any]:
+    from medrt.batch.report import write_report
+
+    return write_report(s, plan, settings, analyzer, telemetry, out)

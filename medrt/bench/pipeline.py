@@ -1,0 +1,169 @@
+"""Pipeline benchmarks: pipelined vs serial throughput on one 512² stream, and a
+sustained replay at the scanner's rate.
+
+Serial runs the same five stage functions one frame at a time on one thread, at
+whichever ORT thread count is faster for it (both are measured and reported),
+so the speed-up is against the best serial layout, not a straw man.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["pipelined_vs_serial", "stream_replay", "TimedBackend", "default_stream"]
+
+
+def default_stream() -> Path:
+    """The sample CT stream shipped in the repository (40 × 512² JPEG-LS)."""
+    return Path(__file__).resolve().parents[2] / "sample_dicom" / "ct_stream"
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+class TimedBackend:
+    """Wraps a backend and adds up the time spent in ``infer`` (model-only time)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.spec = inner.spec
+        self.ms = 0.0
+        self.calls = 0
+
+    def infer(self, x: Any) -> Any:
+        t0 = time.perf_counter()
+        out = self.inner.infer(x)
+        self.ms += (time.perf_counter() - t0) * 1000.0
+        self.calls += 1
+        return out
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _Count:
+    def __init__(self) -> None:
+        self.n = 0
+        self.errors = 0
+
+    def on_result(self, result: Any, env: Any) -> None:
+        self.n += 1
+
+    def on_error(self, error: Any, env: Any) -> None:
+        self.errors += 1
+
+
+def _dicom_paths(folder: Path) -> list[Path]:
+    paths = sorted(p for p in folder.glob("*.dcm"))
+    if not paths:
+        raise FileNotFoundError(f"{folder}: no *.dcm files for the stream benchmark")
+    return paths
+
+
+def pipelined_vs_serial(
+    model: str = "lesion_unet_lite", folder: Path | None = None, loops: int = 3, repeats: int = 3,
+    workers: int | None = None,
+) -> dict[str, Any]:
+    """Throughput of the same stream through the pipeline and through the serial loop,
+    interleaved ``repeats`` times (medians), plus the model-only time per frame."""
+    from medrt.analyzer import load_analyzer
+    from medrt.io.sources import FileReplay
+    from medrt.pipeline.graph import Pipeline, run_serial
+    from medrt.pipeline.stages import analysis_stages
+
+    paths = _dicom_paths(folder or default_stream())
+    cores = _cores()
+    workers = workers or cores
+    one = load_analyzer(seg_model=model, threads=1)
+    multi = load_analyzer(seg_model=model, threads=cores) if cores > 1 else one
+    n = len(paths) * loops
+
+    def serial(analyzer: Any) -> float:
+        sink = _Count()
+        t0 = time.perf_counter()
+        run_serial(FileReplay(paths, fps=0, loop=loops), analysis_stages(analyzer), [sink])
+        return sink.n / (time.perf_counter() - t0)
+
+    def pipelined() -> float:
+        sink = _Count()
+        pipe = Pipeline(FileReplay(paths, fps=0, loop=loops), analysis_stages(one, infer_workers=workers),
+                        [sink], policy="block")
+        t0 = time.perf_counter()
+        pipe.run()
+        return sink.n / (time.perf_counter() - t0)
+
+    fps: dict[str, list[float]] = {"serial_1_thread": [], f"serial_{cores}_threads": [], "pipelined": []}
+    serial(one)  # warm caches and the OS file cache once
+    for _ in range(repeats):
+        fps["serial_1_thread"].append(serial(one))
+        if multi is not one:
+            fps[f"serial_{cores}_threads"].append(serial(multi))
+        fps["pipelined"].append(pipelined())
+    med = {k: statistics.median(v) for k, v in fps.items() if v}
+    best_serial_key = max((k for k in med if k.startswith("serial")), key=lambda k: med[k])
+
+    # model-only: the same frames, one thread, only the time inside the backends
+    roi, seg = TimedBackend(one.roi), TimedBackend(one.seg)
+    real = (one.roi, one.seg)
+    one.roi, one.seg = roi, seg
+    try:
+        sink = _Count()
+        t0 = time.perf_counter()
+        run_serial(FileReplay(paths, fps=0), analysis_stages(one), [sink])
+        serial_ms = (time.perf_counter() - t0) * 1000.0 / max(1, sink.n)
+    finally:
+        one.roi, one.seg = real
+    model_ms = (roi.ms + seg.ms) / max(1, sink.n)
+    pipelined_ms = 1000.0 / med["pipelined"]
+    return {
+        "model": one.seg.spec.ident, "frames": n, "workers": workers, "cores": cores,
+        "fps": {k: round(v, 1) for k, v in med.items()},
+        "serial_baseline": best_serial_key,
+        "speedup": round(med["pipelined"] / med[best_serial_key], 2),
+        "model_only_ms_per_frame": round(model_ms, 2),
+        "serial_ms_per_frame": round(serial_ms, 2),
+        "pipelined_ms_per_frame": round(pipelined_ms, 2),
+        # How much more wall time per frame of throughput than the models alone need:
+        "overhead_pct": round(100.0 * (pipelined_ms - model_ms) / model_ms, 1),
+    }
+
+
+def stream_replay(
+    model: str = "lesion_unet_lite", folder: Path | None = None, fps: float = 30.0, frames: int = 300,
+    policy: str = "latest", workers: int | None = None,
+) -> dict[str, Any]:
+    """Replay the stream at ``fps`` for about ``frames`` frames through the live pipeline
+    (entry policy ``policy``): achieved fps, drops, end-to-end p99 and RSS growth."""
+    from medrt.analyzer import load_analyzer
+    from medrt.io.sources import FileReplay
+    from medrt.pipeline.graph import Pipeline
+    from medrt.pipeline.stages import analysis_stages
+
+    paths = _dicom_paths(folder or default_stream())
+    workers = workers or _cores()
+    analyzer = load_analyzer(seg_model=model, threads=1)
+    source = FileReplay(paths, fps=fps, loop=max(1, math.ceil(frames / len(paths))))
+    stages = analysis_stages(analyzer, infer_workers=workers)
+    sink = _Count()
+    pipe = Pipeline(source, stages, [sink], policy={stages[0].name: policy}, telemetry=True, name="bench-stream")
+    tel = pipe.telemetry
+    pipe.start()
+    while not pipe.join(1.0):
+        tel.sample_memory()
+    tel.sample_memory()
+    e2e = tel.latency("e2e")
+    counters = pipe.counters()
+    drops = sum(c["drops"] + c["rejects"] for c in counters.values())
+    return {
+        "model": analyzer.seg.spec.ident, "target_fps": fps, "frames": len(source), "analysed": sink.n,
+        "fps": round(tel.throughput_fps(), 2), "drops": drops, "late_source_items": source.late,
+        "p50_ms": round(e2e["p50"], 1), "p99_ms": round(e2e["p99"], 1), "max_ms": round(e2e["max"], 1),
+        "rss_growth_pct": round(tel.rss_growth(), 2), "depth": pipe.depth, "workers": workers,
+        "errors": sink.errors,
+    }

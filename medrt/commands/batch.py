@@ -1,0 +1,117 @@
+"""``medrt batch INPUT --out OUT``: every DICOM image under INPUT, analysed, with outputs a PACS
+and scripts can read. Exit codes: 0 all analysed, 1 completed with errors (see errors.csv),
+2 failed (nothing analysed), 130 interrupted (rerun to finish; finished series are kept)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from medrt.commands.options import (
+    add_engine_options,
+    add_pipeline_options,
+    analyzer_config,
+    thread_layout,
+)
+
+
+def _progress(args: argparse.Namespace) -> tuple[Any, Any]:
+    if args.quiet or args.json:
+        return None, None
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    progress = Progress(
+        TextColumn("[bold]medrt batch"), BarColumn(), MofNCompleteColumn(), TextColumn("frames"),
+        TextColumn("{task.fields[rate]}"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+        console=Console(stderr=True), transient=False,
+    )
+    task = progress.add_task("frames", total=None, rate="")
+
+    def update(done: int, total: int) -> None:
+        speed = progress.tasks[0].speed
+        progress.update(task, completed=done, total=total, rate=f"{speed:.1f}/s" if speed else "")
+
+    return progress, update
+
+
+def _table(summary: Any) -> str:
+    lines = [f"{'series':<58} {'mod':<4} {'frames':>6} {'lesions':>7}  largest diameters (mm)"]
+    for f in summary.findings:
+        sizes = ", ".join(f"{d:.1f}" for d in f["diameters_mm"][:6]) + (" …" if len(f["diameters_mm"]) > 6 else "")
+        lines.append(f"{f['series_instance_uid'][:58]:<58} {f['modality']:<4} {f['frames']:>6} {f['lesions']:>7}  "
+                     f"{sizes or '-'}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from medrt.analyzer import load_analyzer
+    from medrt.batch import BatchConfig, OutputOptions, run_batch
+
+    if not Path(args.input).exists():
+        print(f"medrt batch: {args.input}: no such file or folder", file=sys.stderr)
+        return 2
+    threads, workers = thread_layout(args)
+    config = BatchConfig(
+        input=Path(args.input), out=Path(args.out), analyzer=analyzer_config(args), workers=workers,
+        decode_workers=args.decode_workers, depth=args.depth,
+        outputs=OutputOptions(png=args.png, png_max_side=args.png_max_side or None, sc=args.sc,
+                              omit_empty_frames=args.omit_empty_frames),
+        follow_links=args.follow_links,
+    )
+    analyzer = load_analyzer(config.analyzer)
+    progress, update = _progress(args)
+    if progress is not None:
+        progress.start()
+    try:
+        summary = run_batch(config, analyzer=analyzer, progress=update)
+    finally:
+        if progress is not None:
+            progress.stop()
+    out = Path(args.out)
+    if args.json:
+        print(json.dumps(summary.report, indent=2, default=str))
+        return summary.exit_code
+    if not args.quiet:
+        print(_table(summary))
+        print()
+    c = summary.report["counts"]
+    print(f"{c['lesions']} lesion(s) in {c['frames_with_lesions']} of {c['frames']} frame(s), {c['series']} series "
+          f"({c['series_resumed']} already done); {c['errors']} error(s), {c['skipped']} skipped "
+          f"-> {out / 'results.jsonl'}, report {out / 'report.md'}"
+          + (f", see {out / 'errors.csv'}" if c["errors"] or c["skipped"] else ""))
+    if summary.interrupted:
+        print("medrt batch: interrupted; run the same command again to finish", file=sys.stderr)
+    return summary.exit_code
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "batch",
+        help="analyse a folder: SEG/SR/PNG per series, results.jsonl, errors.csv, report",
+        description=__doc__,
+    )
+    p.add_argument("input", help="folder (searched recursively) or file")
+    p.add_argument("--out", required=True, help="output folder (created; a rerun resumes)")
+    p.add_argument("--png", default="positive", choices=("positive", "all", "none"),
+                   help="overlay PNGs for frames with lesions (default), every frame, or none")
+    p.add_argument("--png-max-side", type=int, default=2048, help="downsample PNGs to this longest side (0: full)")
+    p.add_argument("--sc", action="store_true", help="also write secondary captures with the overlay burned in")
+    p.add_argument("--omit-empty-frames", action="store_true",
+                   help="leave frames without lesions out of the SEG (some viewers misplace such SEGs)")
+    p.add_argument("--follow-links", action="store_true", help="follow symbolic links that lead outside INPUT")
+    p.add_argument("--json", action="store_true", help="print the run report as JSON (no progress bar)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar or table")
+    add_engine_options(p)
+    add_pipeline_options(p, policy=None)
+    p.set_defaults(func=run)

@@ -1,0 +1,136 @@
+"""What every medrt DICOM object shares: device identity, algorithm identification, checks.
+
+Every SEG, SR and SC that medrt writes names the same device (Manufacturer and
+ManufacturerModelName "medrt", SoftwareVersions ``medrt.__version__``) and the
+same algorithm: the models of the results (``FrameResult.models``, strings
+``name@version``), family "Artificial Intelligence" (CID 7162).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from pydicom.sr.codedict import codes
+from pydicom.uid import generate_uid
+
+import medrt
+from medrt.errors import MedrtError
+from medrt.types import Frame, FrameResult
+
+__all__ = [
+    "ExportError",
+    "MANUFACTURER",
+    "MODEL_NAME",
+    "DEVICE_SERIAL_NUMBER",
+    "DEVICE_UID",
+    "SEG_SERIES_NUMBER",
+    "SR_SERIES_NUMBER",
+    "SC_SERIES_NUMBER",
+    "AI_FAMILY",
+    "software_versions",
+    "algorithm_parts",
+    "check_results",
+    "single_value",
+    "frame_number",
+]
+
+MANUFACTURER = "medrt"
+MODEL_NAME = "medrt"
+# Software has no hardware serial; a fixed value keeps the objects reproducible and PHI-free.
+DEVICE_SERIAL_NUMBER = "medrt"
+# The observer device of SR documents: the same UID on every install and run.
+DEVICE_UID = generate_uid(entropy_srcs=["medrt", "observer device"])
+# Derived series sort after the acquired ones in most PACS series lists.
+SEG_SERIES_NUMBER = 9001
+SR_SERIES_NUMBER = 9002
+SC_SERIES_NUMBER = 9003
+AI_FAMILY = codes.cid7162.ArtificialIntelligence
+_LO_MAX = 64  # AlgorithmName and AlgorithmVersion are LO
+
+
+class ExportError(MedrtError, ValueError):
+    """The results cannot be expressed as the DICOM object asked for (the message says why)."""
+
+
+def software_versions() -> str:
+    return str(medrt.__version__)
+
+
+def algorithm_parts(models: Sequence[str]) -> tuple[str, str, dict[str, str]]:
+    """``(name, version, {model: version})`` naming the models of a result.
+
+    ``("roi_classifier@1.0.0", "lesion_unet@1.0.0")`` gives name
+    ``roi_classifier+lesion_unet`` and version ``1.0.0+1.0.0``. Without models,
+    or when the joined text would not fit an LO value, the name is "medrt" and
+    the version medrt's own; the models are then only in the parameters.
+    """
+    pairs = [(m.partition("@")[0] or m, m.partition("@")[2] or "unknown") for m in models]
+    params = {n: v for n, v in pairs}
+    name = "+".join(n for n, _ in pairs)
+    version = "+".join(v for _, v in pairs)
+    if not pairs or len(name) > _LO_MAX or len(version) > _LO_MAX:
+        return MANUFACTURER, software_versions(), params
+    return name, version, params
+
+
+def frame_number(frame: Frame) -> int | None:
+    """The 1-based DICOM frame number of ``frame`` in a multi-frame object, else None."""
+    return frame.frame_index + 1 if frame.source.number_of_frames > 1 else None
+
+
+def single_value(results: Sequence[FrameResult], what: str,
+                 get: Callable[[FrameResult], object]) -> str:
+    """The one value ``get(result)`` takes over ``results``; ValueError naming "results" if not."""
+    values = {get(r) for r in results}
+    if len(values) != 1:
+        raise ValueError(
+            f'Argument "results" must hold frames of one {what}, got {len(values)}: '
+            f"{', '.join(sorted(map(str, values)))}."
+        )
+    return str(values.pop())
+
+
+def check_results(results: Sequence[FrameResult]) -> list[FrameResult]:
+    """Check what every builder needs and return the results as a list.
+
+    Raises ValueError naming "results" when it is empty, when a frame has no
+    DICOM header to refer to (its ``source.dataset`` must carry the frame's
+    SOP Class, SOP Instance, Series and Study UIDs), when a label map does not
+    match its frame, when a frame appears twice, or when the frames were
+    analysed by different models or come from more than one study.
+    """
+    if isinstance(results, (str, bytes, FrameResult)) or not isinstance(results, Sequence):
+        raise TypeError(
+            f'Argument "results" must be a sequence of FrameResult, got {type(results).__name__}.'
+        )
+    out = list(results)
+    if not out:
+        raise ValueError('Argument "results" must hold at least one FrameResult, got none.')
+    seen: set[tuple[str, int]] = set()
+    for i, r in enumerate(out):
+        if not isinstance(r, FrameResult):
+            raise TypeError(f'Argument "results": item {i} is a {type(r).__name__}, not a FrameResult.')
+        f, ds = r.frame, r.frame.source.dataset
+        for keyword, value in (
+            ("SOPInstanceUID", f.sop_instance_uid),
+            ("SOPClassUID", f.sop_class_uid),
+            ("SeriesInstanceUID", f.series_instance_uid),
+            ("StudyInstanceUID", f.study_instance_uid),
+        ):
+            if not value or str(ds.get(keyword, "")) != value:
+                raise ValueError(
+                    f'Argument "results": frame {f.key or i} has no DICOM header to refer to '
+                    f"({keyword} of frame.source.dataset is missing or differs from the frame's)."
+                )
+        if r.labels.shape != f.shape or r.labels.dtype.kind not in "ui":
+            raise ValueError(
+                f'Argument "results": frame {f.key} has labels {r.labels.dtype}{r.labels.shape}, '
+                f"needs an integer map of the frame's shape {f.shape}."
+            )
+        key = (f.sop_instance_uid, f.frame_index)
+        if key in seen:
+            raise ValueError(f'Argument "results" holds frame {f.key} more than once.')
+        seen.add(key)
+    single_value(out, "study", lambda r: r.frame.study_instance_uid)
+    single_value(out, "set of models", lambda r: " ".join(r.models))
+    return out

@@ -1,0 +1,252 @@
+"""DICOM Segmentation of one series' lesions, built with highdicom.
+
+Decisions (see REFERENCE.md, "DICOM output conventions"):
+
+- **BINARY, uncompressed (Explicit VR Little Endian).** LABELMAP is the newer
+  Label Map Segmentation Storage SOP class: dciodvfy (dicom3tools 2022) does
+  not know it and many PACS and viewers do not either; BINARY + RLE is
+  rejected. BINARY frames are 1 bit per pixel (32 KiB for 512², 2 MiB for
+  4096²), so no compression is needed.
+- **One segment, "Lesion"** (category Morphologically abnormal structure, type
+  Lesion, AUTOMATIC), holding every lesion of every frame: the analyser numbers
+  lesions per frame, so a label value does not name the same lesion on two
+  slices. The SR tells lesions apart (one group per lesion, each pointing at
+  its SEG frame).
+- **All frames kept by default** (``omit_empty_frames=False``): some viewers
+  misplace SEGs that omit frames.
+- **No lesion anywhere: no SEG** (:func:`build_seg` returns None). An empty SEG
+  series in every negative study is clutter; the SR says "0 lesions" and lists
+  the images that were evaluated.
+- **Source headers without pixel data are enough:** highdicom reads only the
+  header of the source images (UIDs, geometry, spacing), so
+  ``FrameResult.frame.source.dataset`` is passed as it is.
+- **One SEG relates to single-frame images in patient coordinates, or to one
+  object** (a radiograph without patient geometry, a multi-frame image):
+  that is what highdicom can place. :func:`split_for_seg` cuts a series into
+  such groups. A multi-frame source needs every frame's result and a Frame of
+  Reference (an ultrasound cine has none): otherwise :class:`ExportError`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import highdicom as hd
+import numpy as np
+from pydicom.dataset import Dataset
+from pydicom.multival import MultiValue
+from pydicom.sr.codedict import codes
+
+from medrt.export.common import (
+    AI_FAMILY,
+    DEVICE_SERIAL_NUMBER,
+    MANUFACTURER,
+    MODEL_NAME,
+    SEG_SERIES_NUMBER,
+    ExportError,
+    algorithm_parts,
+    check_results,
+    single_value,
+    software_versions,
+)
+from medrt.types import FrameResult
+
+__all__ = ["SEGMENT_NUMBER", "build_seg", "seg_frame_numbers", "segment_description", "split_for_seg"]
+
+log = logging.getLogger(__name__)
+
+SEGMENT_NUMBER = 1
+
+
+def segment_description(models: Sequence[str]) -> hd.seg.SegmentDescription:
+    """The one "Lesion" segment, identified as the output of ``models``."""
+    name, version, params = algorithm_parts(models)
+    algorithm = hd.AlgorithmIdentificationSequence(
+        name=name, family=AI_FAMILY, version=version, source=f"medrt {software_versions()}",
+        parameters=params or None,
+    )
+    return hd.seg.SegmentDescription(
+        segment_number=SEGMENT_NUMBER,
+        segment_label="Lesion",
+        segmented_property_category=codes.SCT.MorphologicallyAbnormalStructure,
+        segmented_property_type=codes.SCT.Lesion,
+        algorithm_type=hd.seg.SegmentAlgorithmTypeValues.AUTOMATIC,
+        algorithm_identification=algorithm,
+    )
+
+
+def _check_planes(results: list[FrameResult]) -> None:
+    """Single-frame sources of one SEG need one size and, with patient geometry, one image per
+    position (duplicate ImagePositionPatient happens in the wild; the series layer picks one)."""
+    shapes = {r.frame.shape for r in results}
+    if len(shapes) > 1:
+        raise ExportError(
+            f'Argument "results" mixes image sizes {sorted(shapes)}: a SEG covers images of one size.'
+        )
+    seen: dict[tuple[float, ...], str] = {}
+    for r in results:
+        g = r.frame.geometry
+        if g is None:
+            continue
+        key = tuple(round(v, 3) for v in (*g.position, *g.orientation))
+        if key in seen:
+            raise ExportError(
+                f'Argument "results": {seen[key]} and {r.frame.key} lie in the same plane '
+                "(same ImagePositionPatient); keep one image per position."
+            )
+        seen[key] = r.frame.key
+
+
+def _layout(results: list[FrameResult]) -> tuple[list[Dataset], np.ndarray]:
+    """The source headers and the (frames, rows, cols) mask stack in highdicom's order.
+
+    Single-frame images: one header per result, masks in the same order. One
+    multi-frame image: its header once, masks in frame order, every frame needed.
+    """
+    objects = {r.frame.sop_instance_uid: r.frame.source for r in results}
+    multi = [uid for uid, src in objects.items() if src.number_of_frames > 1]
+    if not multi:
+        _check_planes(results)
+        return ([r.frame.source.dataset for r in results],
+                np.stack([np.asarray(r.labels) > 0 for r in results]))
+    if len(objects) > 1:
+        raise ExportError(
+            f'Argument "results" spans {len(objects)} objects, {len(multi)} of them multi-frame: '
+            "a SEG derives from single-frame images or from one multi-frame image; "
+            "build one SEG per multi-frame object."
+        )
+    src = objects[multi[0]]
+    if "FrameOfReferenceUID" not in src.dataset:
+        raise ExportError(
+            f'Argument "results": the multi-frame source {multi[0]} has no Frame of Reference '
+            "UID; highdicom places the frames of a multi-frame SEG only in patient coordinates. "
+            "Export SR and SC for it instead."
+        )
+    by_index = {r.frame.frame_index: r for r in results}
+    missing = sorted(set(range(src.number_of_frames)) - set(by_index))
+    if missing:
+        raise ValueError(
+            f'Argument "results" must cover every frame of the multi-frame source {multi[0]}: '
+            f"{len(missing)} of {src.number_of_frames} missing (first: frame index {missing[0]})."
+        )
+    return [src.dataset], np.stack([np.asarray(by_index[i].labels) > 0
+                                    for i in range(src.number_of_frames)])
+
+
+def build_seg(
+    results: Sequence[FrameResult],
+    *,
+    omit_empty_frames: bool = False,
+    series_number: int = SEG_SERIES_NUMBER,
+    series_instance_uid: str | None = None,
+    sop_instance_uid: str | None = None,
+    instance_number: int = 1,
+    series_description: str = "medrt lesions (SEG)",
+) -> hd.seg.Segmentation | None:
+    """A BINARY Segmentation of the lesions in ``results``, the frames of ONE series.
+
+    The SEG sits in the source study in a new series (``series_instance_uid``,
+    default a new UID; ``sop_instance_uid`` too: pass UIDs derived from the
+    input to make a re-sent object replace the first copy in a PACS), with one
+    segment, "Lesion": segment 1's mask on each
+    frame is that result's ``labels > 0``. Returns None when no frame holds a
+    lesion (write no SEG; :func:`medrt.export.build_sr` then reports 0 lesions).
+
+    Raises ValueError naming "results" when they are empty, mix series or
+    studies, repeat a frame, lack their DICOM header, or leave out frames of a
+    multi-frame source; :class:`ExportError` (a ValueError) when the source
+    cannot carry a SEG (several multi-frame objects, or a multi-frame object
+    without a Frame of Reference).
+    """
+    items = check_results(results)
+    series = single_value(items, "series", lambda r: r.frame.series_instance_uid)
+    if not isinstance(series_number, int) or series_number < 1:
+        raise ValueError(f'Argument "series_number" must be a positive integer, got {series_number!r}.')
+    if not any(r.labels.any() for r in items):
+        log.info("no lesion in %d frames of series %s: no SEG", len(items), series)
+        return None
+    sources, masks = _layout(items)
+    try:
+        seg = _segmentation(sources, masks, items[0].models, omit_empty_frames=omit_empty_frames,
+                            series_number=series_number, series_instance_uid=series_instance_uid,
+                            sop_instance_uid=sop_instance_uid, instance_number=instance_number,
+                            series_description=series_description)
+    except ValueError as exc:  # highdicom's checks of the sources (geometry, sizes, classes)
+        raise ExportError(f'Argument "results": highdicom cannot build a SEG of them: {exc}') from exc
+    log.info("SEG %s: %d frames, %d lesions, source series %s", seg.SOPInstanceUID,
+             int(seg.NumberOfFrames), sum(len(r.lesions) for r in items), series)
+    return seg
+
+
+def _segmentation(sources: list[Dataset], masks: np.ndarray, models: Sequence[str], *,
+                  omit_empty_frames: bool, series_number: int, series_instance_uid: str | None,
+                  sop_instance_uid: str | None, instance_number: int,
+                  series_description: str) -> hd.seg.Segmentation:
+    seg = hd.seg.Segmentation(
+        source_images=sources,
+        pixel_array=masks,
+        segmentation_type=hd.seg.SegmentationTypeValues.BINARY,
+        segment_descriptions=[segment_description(models)],
+        series_instance_uid=series_instance_uid or hd.UID(),
+        series_number=series_number,
+        sop_instance_uid=sop_instance_uid or hd.UID(),
+        instance_number=instance_number,
+        manufacturer=MANUFACTURER,
+        manufacturer_model_name=MODEL_NAME,
+        software_versions=software_versions(),
+        device_serial_number=DEVICE_SERIAL_NUMBER,
+        content_label="LESIONS",
+        content_description="Lesions found by medrt",
+        series_description=series_description,
+        omit_empty_frames=omit_empty_frames,
+    )
+    if "FrameOfReferenceUID" not in seg and "PatientOrientation" not in seg:
+        # General Image: Patient Orientation is Type 2C when there is no patient
+        # geometry (projection radiographs); copy the source's, or leave it empty.
+        seg.PatientOrientation = sources[0].get("PatientOrientation", "")
+    return seg
+
+
+def split_for_seg(results: Sequence[FrameResult]) -> list[list[FrameResult]]:
+    """``results`` of one series cut into the groups one SEG each can hold, in first-seen order.
+
+    Single-frame images in patient coordinates share a SEG per (Frame of
+    Reference, image size); every other object (a radiograph without patient
+    geometry, a multi-frame image) gets its own, because highdicom relates SEG
+    frames to such sources only one object at a time. A multi-frame object
+    without a Frame of Reference still cannot have a SEG (:func:`build_seg` says so).
+    """
+    items = check_results(results)
+    single_value(items, "series", lambda r: r.frame.series_instance_uid)
+    groups: dict[tuple[str, ...], list[FrameResult]] = {}
+    for r in items:
+        f = r.frame
+        if f.source.number_of_frames == 1 and "FrameOfReferenceUID" in f.source.dataset:
+            key: tuple[str, ...] = ("plane", str(f.source.dataset.FrameOfReferenceUID), str(f.shape))
+        else:
+            key = ("object", f.sop_instance_uid)
+        groups.setdefault(key, []).append(r)
+    return list(groups.values())
+
+
+def seg_frame_numbers(seg: Dataset) -> dict[tuple[str, int | None], int]:
+    """``{(source SOPInstanceUID, source frame number or None): SEG frame number}`` for the
+    frames of segment :data:`SEGMENT_NUMBER` in ``seg`` (from its Derivation Image Sequence)."""
+    out: dict[tuple[str, int | None], int] = {}
+    shared = seg.get("SharedFunctionalGroupsSequence") or [Dataset()]
+    for n, item in enumerate(seg.PerFrameFunctionalGroupsSequence, start=1):
+        # One segment: highdicom puts its identification in the shared functional groups.
+        ident = item.get("SegmentIdentificationSequence") or shared[0].SegmentIdentificationSequence
+        if int(ident[0].ReferencedSegmentNumber) != SEGMENT_NUMBER:
+            continue
+        for derivation in item.get("DerivationImageSequence", []):
+            for src in derivation.get("SourceImageSequence", []):
+                uid = str(src.ReferencedSOPInstanceUID)
+                frames = src.get("ReferencedFrameNumber")
+                if frames in (None, ""):
+                    out[(uid, None)] = n
+                    continue
+                for frame in frames if isinstance(frames, (list, MultiValue)) else [frames]:
+                    out[(uid, int(frame))] = n
+    return out

@@ -1,0 +1,279 @@
+"""TID 1500 Measurement Report (Comprehensive 3D SR) of the lesions medrt found.
+
+The document holds, under "Imaging Measurements":
+
+- one **Planar ROI group** (TID 1410) per lesion: tracking identifier
+  ``Lesion <label> in <SOPInstanceUID>[#frame]``, finding Lesion, the area
+  (SCT Area, mm², UCUM ``mm2``) and the longest diameter (SCT Long axis, mm),
+  each measured by medrt's :class:`highdicom.sr.AlgorithmIdentification`. The
+  ROI is the lesion's SEG frame ("Referenced Segmentation Frame": the frame of
+  segment 1 derived from the lesion's image) when ``seg`` is given, else its
+  bounding box as a closed polyline on the source image. A SEG frame names its
+  segment, so the reference carries the frame number and no segment number
+  (the Image SOP Instance Reference Macro allows only one of the two; dciodvfy
+  enforces it, highdicom writes both).
+- one **summary group** (TID 1501): "Number of lesions" over every evaluated
+  image, listed as its source images, so frames without a lesion still appear as
+  evaluated, and a negative study gets an SR that says 0 lesions.
+
+The Image Library lists every evaluated image (left out when highdicom cannot
+describe one, e.g. an enhanced multi-frame header). When the pixel spacing of a frame
+is unknown, its lesions are measured in pixels (unit ``{pixels}``: the pixel
+count for the area, pixel widths for the diameter); no mm value is invented.
+Sizes from ImagerPixelSpacing (DX, CR) are at the detector plane, as in the
+Lesion records.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import highdicom as hd
+import numpy as np
+from pydicom.dataset import Dataset
+from pydicom.sr.codedict import codes
+from pydicom.sr.coding import Code
+
+from medrt.export.common import (
+    AI_FAMILY,
+    DEVICE_SERIAL_NUMBER,
+    DEVICE_UID,
+    MANUFACTURER,
+    MODEL_NAME,
+    SR_SERIES_NUMBER,
+    algorithm_parts,
+    check_results,
+    frame_number,
+    software_versions,
+)
+from medrt.export.seg import SEGMENT_NUMBER, seg_frame_numbers
+from medrt.types import Frame, FrameResult, Lesion
+
+__all__ = ["build_sr", "PIXELS", "COUNT"]
+
+log = logging.getLogger(__name__)
+
+PIXELS = Code("{pixels}", "UCUM", "pixels")
+COUNT = Code("1", "UCUM", "no units")
+_PROCEDURES = {
+    "CT": codes.LN.CTUnspecifiedBodyRegion,
+    "MR": codes.LN.MRIUnspecifiedBodyRegion,
+}
+_SEG_CLASSES = ("1.2.840.10008.5.1.4.1.1.66.4", "1.2.840.10008.5.1.4.1.1.66.7")
+
+
+def _algorithm(models: Sequence[str]) -> hd.sr.AlgorithmIdentification:
+    name, version, params = algorithm_parts(models)
+    return hd.sr.AlgorithmIdentification(
+        name=name, version=version, parameters=[f"{k}@{v}" for k, v in params.items()] or None,
+        family=AI_FAMILY, manufacturer=MANUFACTURER,
+    )
+
+
+def _observation_context() -> hd.sr.ObservationContext:
+    device = hd.sr.DeviceObserverIdentifyingAttributes(
+        uid=DEVICE_UID, name=MODEL_NAME, manufacturer_name=MANUFACTURER, model_name=MODEL_NAME,
+        serial_number=DEVICE_SERIAL_NUMBER,
+    )
+    return hd.sr.ObservationContext(
+        observer_device_context=hd.sr.ObserverContext(
+            observer_type=codes.DCM.Device, observer_identifying_attributes=device
+        )
+    )
+
+
+def _frames_of(frame: Frame) -> list[int] | None:
+    n = frame_number(frame)
+    return None if n is None else [n]
+
+
+def _region(frame: Frame, lesion: Lesion) -> hd.sr.ImageRegion:
+    """The lesion's bounding box as a closed polyline, in image coordinates (column, row),
+    where (0, 0) is the top-left corner of the top-left pixel."""
+    r0, c0, r1, c1 = lesion.bbox
+    corners = np.array([[c0, r0], [c1, r0], [c1, r1], [c0, r1], [c0, r0]], dtype=np.float32)
+    return hd.sr.ImageRegion(
+        graphic_type=hd.sr.GraphicTypeValues.POLYLINE,
+        graphic_data=corners,
+        source_image=hd.sr.SourceImageForRegion(
+            referenced_sop_class_uid=frame.sop_class_uid,
+            referenced_sop_instance_uid=frame.sop_instance_uid,
+            referenced_frame_numbers=_frames_of(frame),
+        ),
+    )
+
+
+def _segment_ref(frames: SegFrames, frame: Frame) -> hd.sr.ReferencedSegmentationFrame:
+    """The SEG frame of segment 1 that derives from ``frame``, built directly (highdicom's
+    ``from_segmentation`` fails on 1-frame SEGs)."""
+    key = (frame.sop_instance_uid, frame_number(frame))
+    if key not in frames:
+        raise ValueError(f'Argument "seg" has no frame derived from {frame.key}.')
+    seg, number = frames[key]
+    ref = hd.sr.ReferencedSegmentationFrame(
+        sop_class_uid=seg.SOPClassUID,
+        sop_instance_uid=seg.SOPInstanceUID,
+        frame_number=number,
+        segment_number=SEGMENT_NUMBER,
+        source_image=hd.sr.SourceImageForSegmentation(
+            referenced_sop_class_uid=frame.sop_class_uid,
+            referenced_sop_instance_uid=frame.sop_instance_uid,
+            referenced_frame_numbers=_frames_of(frame),
+        ),
+    )
+    # A SEG frame belongs to exactly one segment, and the Image SOP Instance Reference
+    # Macro allows Referenced Segment Number only without Referenced Frame Number
+    # (dciodvfy: "shall not be present"); highdicom writes both, so the frame stays.
+    del ref[0].ReferencedSOPSequence[0].ReferencedSegmentNumber
+    return ref
+
+
+def _measurements(frame: Frame, lesion: Lesion,
+                  algorithm: hd.sr.AlgorithmIdentification) -> list[hd.sr.Measurement]:
+    mm = frame.spacing_mm is not None
+    return [
+        hd.sr.Measurement(
+            name=codes.SCT.Area, value=float(lesion.area_mm2),
+            unit=codes.UCUM.SquareMillimeter if mm else PIXELS, algorithm_id=algorithm,
+        ),
+        hd.sr.Measurement(
+            name=codes.SCT.LongAxis, value=float(lesion.diameter_mm),
+            unit=codes.UCUM.Millimeter if mm else PIXELS, algorithm_id=algorithm,
+        ),
+    ]
+
+
+def _evaluated(items: list[FrameResult]) -> list[hd.sr.SourceImageForMeasurementGroup]:
+    """One source-image item per evaluated object, naming its evaluated frames if multi-frame."""
+    frames: dict[str, list[FrameResult]] = {}
+    for r in items:
+        frames.setdefault(r.frame.sop_instance_uid, []).append(r)
+    out = []
+    for uid, rs in frames.items():
+        numbers = sorted(n for r in rs if (n := frame_number(r.frame)) is not None)
+        out.append(hd.sr.SourceImageForMeasurementGroup(
+            referenced_sop_class_uid=rs[0].frame.sop_class_uid,
+            referenced_sop_instance_uid=uid,
+            referenced_frame_numbers=numbers or None,
+        ))
+    return out
+
+
+SegFrames = dict[tuple[str, int | None], tuple[Dataset, int]]
+
+
+def _check_segs(seg: Dataset | Sequence[Dataset] | None, study: str) -> tuple[list[Dataset], SegFrames]:
+    """The SEGs given and ``{(source SOPInstanceUID, frame number or None): (SEG, SEG frame)}``."""
+    if seg is None:
+        return [], {}
+    segs = [seg] if isinstance(seg, Dataset) else list(seg)
+    frames: SegFrames = {}
+    for s in segs:
+        if not isinstance(s, Dataset) or str(s.get("SOPClassUID", "")) not in _SEG_CLASSES:
+            raise ValueError(
+                'Argument "seg" must be a Segmentation (e.g. from build_seg), a sequence of them, '
+                "or None."
+            )
+        if str(s.StudyInstanceUID) != study:
+            raise ValueError('Argument "seg" belongs to another study than "results".')
+        frames.update({key: (s, n) for key, n in seg_frame_numbers(s).items()})
+    return segs, frames
+
+
+def _library_ok(headers: list[Dataset]) -> bool:
+    """Whether highdicom can describe every image in the Image Library (TID 1600).
+
+    It reads the classic plane attributes (PixelSpacing, ImagePositionPatient,
+    PatientOrientation, ...), which enhanced multi-frame headers keep in
+    functional groups; the library is optional, so such reports go without it
+    (the summary group still lists every evaluated image).
+    """
+    for ds in headers:
+        try:
+            hd.sr.ImageLibraryEntryDescriptors(ds)
+        except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:
+            log.debug("no Image Library: %s cannot be described (%s)", ds.SOPInstanceUID, exc)
+            return False
+    return True
+
+
+def build_sr(
+    results: Sequence[FrameResult],
+    *,
+    seg: Dataset | Sequence[Dataset] | None = None,
+    series_number: int = SR_SERIES_NUMBER,
+    series_instance_uid: str | None = None,
+    sop_instance_uid: str | None = None,
+    instance_number: int = 1,
+    series_description: str = "medrt lesion measurements (SR)",
+) -> hd.sr.Comprehensive3DSR:
+    """A TID 1500 Measurement Report of every lesion in ``results`` (frames of one study).
+
+    ``seg`` is the Segmentation of these results (:func:`medrt.export.build_seg`),
+    a sequence of them (one per :func:`medrt.export.split_for_seg` group), or
+    None: the ROI of each lesion is then its bounding box on the source image.
+    The SR goes into a new series (``series_instance_uid``, default a new UID)
+    of the source study and lists the SEGs as evidence; ``sop_instance_uid``
+    defaults to a new UID.
+
+    Raises ValueError naming "results" (see :func:`medrt.export.common.check_results`)
+    or "seg" (not a SEG, another study, or missing a frame that holds a lesion).
+    """
+    items = check_results(results)
+    if not isinstance(series_number, int) or series_number < 1:
+        raise ValueError(f'Argument "series_number" must be a positive integer, got {series_number!r}.')
+    study = items[0].frame.study_instance_uid
+    segs, seg_frames = _check_segs(seg, study)
+    algorithm = _algorithm(items[0].models)
+    groups: list[object] = []
+    n_lesions = 0
+    for r in items:
+        for lesion in r.lesions:
+            n_lesions += 1
+            ref = {"referenced_segment": _segment_ref(seg_frames, r.frame)} if segs \
+                else {"referenced_region": _region(r.frame, lesion)}
+            groups.append(hd.sr.PlanarROIMeasurementsAndQualitativeEvaluations(
+                tracking_identifier=hd.sr.TrackingIdentifier(
+                    uid=hd.UID(), identifier=f"Lesion {lesion.label} in {r.frame.key}"
+                ),
+                finding_type=codes.SCT.Lesion,
+                finding_category=codes.SCT.MorphologicallyAbnormalStructure,
+                algorithm_id=algorithm,
+                measurements=_measurements(r.frame, lesion, algorithm),
+                **ref,
+            ))
+    groups.append(hd.sr.MeasurementsAndQualitativeEvaluations(
+        tracking_identifier=hd.sr.TrackingIdentifier(uid=hd.UID(), identifier="Lesion count"),
+        finding_type=codes.SCT.Lesion,
+        algorithm_id=algorithm,
+        measurements=[hd.sr.Measurement(name=codes.SCT.NumberOfLesions, value=float(n_lesions),
+                                        unit=COUNT, algorithm_id=algorithm)],
+        source_images=_evaluated(items),
+    ))
+    headers = list({r.frame.sop_instance_uid: r.frame.source.dataset for r in items}.values())
+    modality = items[0].frame.modality
+    report = hd.sr.MeasurementReport(
+        observation_context=_observation_context(),
+        procedure_reported=_PROCEDURES.get(modality, codes.SCT.ImagingProcedure),
+        imaging_measurements=groups,  # type: ignore[arg-type]
+        title=codes.cid7021.ImagingMeasurementReport,
+        referenced_images=headers if _library_ok(headers) else None,
+    )
+    sr = hd.sr.Comprehensive3DSR(
+        evidence=headers + segs,
+        content=report,
+        series_instance_uid=series_instance_uid or hd.UID(),
+        series_number=series_number,
+        sop_instance_uid=sop_instance_uid or hd.UID(),
+        instance_number=instance_number,
+        manufacturer=MANUFACTURER,
+        manufacturer_model_name=MODEL_NAME,
+        software_versions=software_versions(),
+        device_serial_number=DEVICE_SERIAL_NUMBER,
+        series_description=series_description,
+        is_complete=True,
+    )
+    log.info("SR %s: %d lesions in %d frames of study %s, SEG %s", sr.SOPInstanceUID, n_lesions,
+             len(items), study, ", ".join(s.SOPInstanceUID for s in segs) or "none")
+    return sr

@@ -1,0 +1,207 @@
+"""``medrt batch``: findings scored against ground truth, resumability, bad files, valid
+DICOM output, and the SEG's geometry against results.jsonl and the phantom."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, SAMPLE_DIR, pydicom_test_dir, require_tool
+from medrt.analyzer import load_analyzer
+from medrt.batch import EXIT_ERRORS, EXIT_FAILED, EXIT_OK, BatchConfig, run_batch
+from medrt.cli import main
+
+CT = SAMPLE_DIR / "ct_stream"
+
+
+@pytest.fixture(scope="module")
+def analyzer():
+    return load_analyzer(seg_model="lesion_unet", threads=1)
+
+
+@pytest.fixture(scope="module")
+def sample_run(tmp_path_factory, analyzer):
+    """One batch run over the whole sample folder, shared by the read-only checks."""
+    out = tmp_path_factory.mktemp("batch") / "out"
+    summary = run_batch(BatchConfig(SAMPLE_DIR, out, workers=2), analyzer=analyzer)
+    return summary, out
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _without_timings(records: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if k != "timings_ms"} for r in records]
+
+
+def _small_input(tmp_path: Path, n: int = 6) -> Path:
+    src = tmp_path / "in"
+    (src / "ct").mkdir(parents=True)
+    for p in sorted(CT.glob("*.dcm"))[14:14 + n]:  # slices with lesions in the sample
+        shutil.copy(p, src / "ct" / p.name)
+    return src
+
+
+def test_sample_findings_score_against_ground_truth(sample_run):
+    from medrt.commands.eval import load_truth_tree
+    from medrt.evaluation import evaluate, load_predictions
+
+    summary, out = sample_run
+    assert summary.exit_code == EXIT_OK and summary.frames == 43 and summary.series == 4
+    records = _lines(out / "results.jsonl")
+    assert len(records) == 43
+    rec = records[0]
+    assert set(rec) >= {"file", "sop_instance_uid", "series_instance_uid", "frame_index", "rows", "cols",
+                        "pixel_spacing_mm", "lesions", "timings_ms", "mode", "backend", "precision", "models"}
+    assert set(rec["timings_ms"]) == {"decode", "preprocess", "roi", "segment", "recheck", "postprocess", "total"}
+    report = evaluate(load_predictions(out), load_truth_tree([str(SAMPLE_DIR)]))
+    big = next(b for b in report.buckets if b.name == "10-30")
+    # the CT lesions of 10-30 mm are found (the model card's held-out figure is ~0.64)
+    assert big.sensitivity >= 0.6, report
+    assert report.fp_per_frame <= 0.5
+    assert report.dice_mean is not None and report.dice_mean > 0.5
+    # the main command's table and the report agree with results.jsonl
+    assert summary.lesions == sum(len(r["lesions"]) for r in records) > 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["counts"]["lesions"] == summary.lesions
+    assert {"p50", "p95", "p99"} <= set(rep["timings_ms"]["segment"])
+    assert (out / "report.md").read_text().startswith("# medrt batch report")
+    assert (out / "latency.png").stat().st_size > 0
+    assert rep["engine"]["models"] == ["roi_classifier@1.0.0", "lesion_unet@1.0.0"] or rep["engine"]["models"]
+
+
+def test_every_seg_and_sr_passes_dciodvfy(sample_run):
+    dciodvfy = require_tool("dciodvfy")
+    _, out = sample_run
+    written = sorted(out.glob("series/*/seg.dcm")) + sorted(out.glob("series/*/sr.dcm"))
+    assert any(p.name == "seg.dcm" for p in written) and sum(p.name == "sr.dcm" for p in written) == 4
+    for path in written:
+        proc = subprocess.run([dciodvfy, str(path)], capture_output=True, text=True, timeout=120)
+        errors = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("Error")]
+        assert not errors, f"{path}: {errors}"
+
+
+def test_seg_geometry_matches_results_and_ground_truth(sample_run):
+    import highdicom as hd
+
+    from medrt.phantom import load_ground_truth
+
+    _, out = sample_run
+    seg_path = next(out.glob("series/*/seg.dcm"))
+    seg = hd.seg.segread(seg_path)
+    records = {r["sop_instance_uid"]: r for r in _lines(out / "results.jsonl")}
+    truth = load_ground_truth(CT)
+    checked = inter = total = 0
+    for uid, rec in records.items():
+        if not rec["lesions"] or rec["series_instance_uid"] != seg.ReferencedSeriesSequence[0].SeriesInstanceUID:
+            continue
+        mask = seg.get_pixels_by_source_instance([uid], segment_numbers=[1])[0, :, :, 0] > 0
+        rows, cols = np.nonzero(mask)
+        for les in rec["lesions"]:
+            r0, c0, r1, c1 = les["bbox"]
+            inside = mask[r0:r1, c0:c1]
+            assert inside.any()  # the SEG's pixels sit in the bbox results.jsonl gives
+            cr, cc = les["centroid"]
+            assert r0 <= cr < r1 and c0 <= cc < c1
+        assert rows.min() == min(les["bbox"][0] for les in rec["lesions"])
+        assert cols.max() + 1 == max(les["bbox"][3] for les in rec["lesions"])
+        with np.load(out / "masks.npz") as npz:  # the label map results.jsonl's ids refer to
+            assert np.array_equal(mask, npz[uid] > 0)
+        gt_mask = np.asarray(truth[uid].mask) > 0
+        inter += int((mask & gt_mask).sum())
+        total += int(mask.sum())
+        checked += 1
+    assert checked >= 5
+    # most SEG pixels lie on the phantom's lesions (a shifted or flipped SEG would not)
+    assert inter > 0.6 * total
+
+
+def test_interrupted_run_then_rerun_equals_one_clean_run(tmp_path, analyzer):
+    src = _small_input(tmp_path)
+    dx = sorted((SAMPLE_DIR / "radiographs").glob("*.dcm"))[0]
+    shutil.copy(dx, src / "dx.dcm")
+    clean = run_batch(BatchConfig(src, tmp_path / "clean"), analyzer=analyzer)
+    assert clean.exit_code == EXIT_OK
+
+    stop = threading.Event()
+    seen = []
+
+    def progress(done, total):
+        seen.append(done)
+        if done == 3:
+            stop.set()
+            time.sleep(0.5)  # hold the sink thread so the run is stopped with work in flight
+
+    first = run_batch(BatchConfig(src, tmp_path / "resumed"), analyzer=analyzer, progress=progress, stop=stop)
+    assert first.interrupted and first.series_analysed < 2
+    assert not list((tmp_path / "resumed").rglob("*.tmp"))
+    second = run_batch(BatchConfig(src, tmp_path / "resumed"), analyzer=analyzer)
+    assert second.series_resumed == first.series_analysed and second.exit_code == EXIT_OK
+    assert _without_timings(_lines(tmp_path / "resumed" / "results.jsonl")) == \
+        _without_timings(_lines(tmp_path / "clean" / "results.jsonl"))
+    third = run_batch(BatchConfig(src, tmp_path / "resumed"), analyzer=analyzer)
+    assert third.series_resumed == 2 and third.series_analysed == 0  # nothing left to do
+
+
+def test_killed_process_then_rerun_equals_one_clean_run(tmp_path, analyzer):
+    src = _small_input(tmp_path, n=10)
+    clean = run_batch(BatchConfig(src, tmp_path / "clean"), analyzer=analyzer)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cmd = [sys.executable, "-m", "medrt", "batch", str(src), "--out", str(tmp_path / "killed"), "--quiet",
+           "--model", "lesion_unet", "--workers", "1"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list((tmp_path / "killed").glob("series/*/png/*.png")):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    rerun = run_batch(BatchConfig(src, tmp_path / "killed"), analyzer=analyzer)
+    assert rerun.exit_code == EXIT_OK
+    assert _without_timings(_lines(tmp_path / "killed" / "results.jsonl")) == \
+        _without_timings(_lines(tmp_path / "clean" / "results.jsonl"))
+    assert clean.lesions == rerun.lesions
+
+
+def test_bad_files_are_listed_and_the_run_completes(tmp_path, analyzer, capsys):
+    src = _small_input(tmp_path, n=3)
+    other = sorted(CT.glob("*.dcm"))[0]  # a slice not in the input, so it is not a duplicate
+    (src / "truncated.dcm").write_bytes(other.read_bytes()[:4000])
+    (src / "random.dcm").write_bytes(np.random.default_rng(0).bytes(5000))
+    shutil.copy(pydicom_test_dir() / "test-SR.dcm", src / "report_sr.dcm")
+    (src / "notes.txt").write_text("scanner notes")
+    out = tmp_path / "out"
+    rc = main(["batch", str(src), "--out", str(out), "--quiet", "--workers", "1"])
+    assert rc == EXIT_ERRORS
+    rows = {r["file"]: r for r in csv.DictReader((out / "errors.csv").open())}
+    assert rows["truncated.dcm"]["kind"] == "error" and rows["truncated.dcm"]["stage"] == "decode"
+    assert "truncated" in rows["truncated.dcm"]["reason"] or "pixel" in rows["truncated.dcm"]["reason"].lower()
+    assert rows["random.dcm"]["kind"] == "skipped" and "not a DICOM" in rows["random.dcm"]["reason"]
+    assert rows["report_sr.dcm"]["kind"] == "skipped" and "not an image" in rows["report_sr.dcm"]["reason"]
+    assert rows["notes.txt"]["kind"] == "skipped"
+    assert len(_lines(out / "results.jsonl")) == 3  # the three good slices
+    assert "errors.csv" in capsys.readouterr().out
+
+
+def test_empty_or_missing_input_fails(tmp_path, analyzer):
+    (tmp_path / "empty").mkdir()
+    assert run_batch(BatchConfig(tmp_path / "empty", tmp_path / "out"), analyzer=analyzer).exit_code == EXIT_FAILED
+    assert main(["batch", str(tmp_path / "missing"), "--out", str(tmp_path / "o2")]) == 2
+
+
+def test_output_folder_inside_input_is_not_rescanned(tmp_path, analyzer):
+    src = _small_input(tmp_path, n=2)
+    first = run_batch(BatchConfig(src, src / "results"), analyzer=analyzer)
+    again = run_batch(BatchConfig(src, src / "results"), analyzer=analyzer)
+    assert first.frames == again.frames == 2 and again.skipped == first.skipped == 0

@@ -1,0 +1,474 @@
+"""SEG, SR and SC export on real DICOM: phantom series written to disk and read back,
+a bundled multi-frame ultrasound, a legacy-converted multi-frame CT, and the real
+analyzer on the committed CT sample. Every object written is checked by dciodvfy
+and read back with highdicom."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+from pathlib import Path
+
+import highdicom as hd
+import numpy as np
+import pydicom
+import pytest
+from pydicom.dataset import Dataset
+from pydicom.sr.codedict import codes
+
+import medrt
+from conftest import pydicom_test_dir, require_tool
+from medrt.analysis.lesions import lesions_from_probability
+from medrt.export import (
+    ExportError,
+    build_sc,
+    build_sc_series,
+    build_seg,
+    build_sr,
+    seg_frame_numbers,
+    split_for_seg,
+    write_dataset,
+)
+from medrt.export.common import algorithm_parts
+from medrt.export.sc import patient_orientation
+from medrt.io.dicom import read_frames
+from medrt.overlay import render
+from medrt.phantom import load_ground_truth, write_ct_series, write_radiographs
+from medrt.types import (
+    Frame,
+    FrameResult,
+    Geometry,
+    SourceRef,
+    SpacingSource,
+    StageTimings,
+    Window,
+)
+
+MODELS = ("roi_classifier@1.0.0", "lesion_unet_lite@1.0.0")
+CT_SEED, DX_SEED = 11, 5
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def truth_result(frame: Frame, mask: np.ndarray, models: tuple[str, ...] = MODELS) -> FrameResult:
+    """What a perfect analyzer would return: the ground-truth mask, measured like the analyzer."""
+    labels, lesions = lesions_from_probability((np.asarray(mask) > 0).astype(np.float32),
+                                               frame.spacing_mm, 0.5)
+    labels.flags.writeable = False
+    return FrameResult(frame=frame, lesions=tuple(lesions), labels=labels, presence=1.0,
+                       proposals=(), crops=(), mode="full", timings=StageTimings(),
+                       backend="truth", precision="fp32", models=models)
+
+
+def dciodvfy(ds: Dataset, path: Path) -> Path:
+    """Write ``ds`` with write_dataset and assert dciodvfy reports no error."""
+    tool = require_tool("dciodvfy")
+    write_dataset(ds, path)
+    proc = subprocess.run([tool, str(path)], capture_output=True, text=True, timeout=120)
+    lines = (proc.stdout + proc.stderr).splitlines()
+    errors = [ln for ln in lines if "Error" in ln]
+    for ln in lines:
+        if "Warning" in ln:
+            print(f"dciodvfy {path.name}: {ln}")  # shown with -s: warnings are allowed, but read them
+    assert not errors, f"dciodvfy {path.name}:\n" + "\n".join(errors)
+    return path
+
+
+def seg_mask(seg: hd.seg.Segmentation, frame: Frame) -> np.ndarray:
+    """Segment 1 of ``seg`` on the source frame, read back through highdicom."""
+    if frame.source.number_of_frames > 1:
+        arr = seg.get_pixels_by_source_frame(frame.sop_instance_uid, [frame.frame_index + 1],
+                                             segment_numbers=[1],
+                                             assert_missing_frames_are_empty=True)
+    else:
+        arr = seg.get_pixels_by_source_instance([frame.sop_instance_uid], segment_numbers=[1],
+                                                assert_missing_frames_are_empty=True)
+    return arr[0, :, :, 0] > 0
+
+
+def check_seg_round_trip(path: Path, results: list[FrameResult]) -> hd.seg.Segmentation:
+    back = hd.seg.segread(path)
+    for r in results:
+        got = seg_mask(back, r.frame)
+        assert np.array_equal(got, r.labels > 0), f"SEG mask differs on {r.frame.key}"
+    return back
+
+
+def check_identity(ds: Dataset, results: list[FrameResult]) -> None:
+    assert ds.Manufacturer == "medrt" and ds.ManufacturerModelName == "medrt"
+    assert ds.SoftwareVersions == medrt.__version__
+    assert ds.StudyInstanceUID == results[0].frame.study_instance_uid
+    assert ds.SeriesInstanceUID not in {r.frame.series_instance_uid for r in results}
+
+
+def check_sr(path: Path, results: list[FrameResult], seg: Dataset | list[Dataset] | None) -> None:
+    """One planar group per lesion with its values, referencing its SEG frame (or a box)."""
+    sr = hd.sr.srread(path)
+    groups = sr.content.get_planar_roi_measurement_groups()
+    expected = {f"Lesion {les.label} in {r.frame.key}": (r, les) for r in results for les in r.lesions}
+    assert len(groups) == len(expected)
+    segs = [] if seg is None else [seg] if isinstance(seg, Dataset) else seg
+    frames = {key: (s.SOPInstanceUID, n) for s in segs for key, n in seg_frame_numbers(s).items()}
+    for g in groups:
+        r, les = expected.pop(g.tracking_identifier)
+        mm = r.frame.spacing_mm is not None
+        (area,) = g.get_measurements(name=codes.SCT.Area)
+        (diameter,) = g.get_measurements(name=codes.SCT.LongAxis)
+        assert area.value == pytest.approx(les.area_mm2, rel=1e-6)
+        assert diameter.value == pytest.approx(les.diameter_mm, rel=1e-6)
+        assert area.unit.value == ("mm2" if mm else "{pixels}")
+        assert diameter.unit.value == ("mm" if mm else "{pixels}")
+        number = r.frame.frame_index + 1 if r.frame.source.number_of_frames > 1 else None
+        if segs:
+            ref = g.referenced_segmentation_frame
+            assert ref is not None
+            item = ref[0].ReferencedSOPSequence[0]
+            assert (item.ReferencedSOPInstanceUID, int(item.ReferencedFrameNumber)) == \
+                frames[(r.frame.sop_instance_uid, number)]
+            src = ref[1].ReferencedSOPSequence[0]
+            assert src.ReferencedSOPInstanceUID == r.frame.sop_instance_uid
+        else:
+            roi = g.roi
+            assert roi is not None
+            r0, c0, r1, c1 = les.bbox
+            data = roi.value
+            assert data.min(axis=0).tolist() == [c0, r0] and data.max(axis=0).tolist() == [c1, r1]
+            src = roi.ContentSequence[0].ReferencedSOPSequence[0]
+            assert src.ReferencedSOPInstanceUID == r.frame.sop_instance_uid
+        if number is not None:
+            assert int(src.ReferencedFrameNumber) == number
+    (summary,) = sr.content.get_image_measurement_groups()
+    (count,) = summary.get_measurements(name=codes.SCT.NumberOfLesions)
+    assert count.value == sum(len(r.lesions) for r in results)
+    evaluated = {(s.referenced_sop_instance_uid, f) for s in summary.source_images
+                 for f in (s.referenced_frame_numbers or [None])}
+    assert evaluated == {(r.frame.sop_instance_uid, r.frame.frame_index + 1
+                          if r.frame.source.number_of_frames > 1 else None) for r in results}
+    evidence = {i.ReferencedSOPInstanceUID
+                for s in sr.CurrentRequestedProcedureEvidenceSequence
+                for se in s.ReferencedSeriesSequence for i in se.ReferencedSOPSequence}
+    assert {r.frame.sop_instance_uid for r in results} <= evidence
+    assert {s.SOPInstanceUID for s in segs} <= evidence
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def ct(tmp_path_factory: pytest.TempPathFactory) -> list[FrameResult]:
+    """A 12-slice 256² CT phantom (RLE) read back from disk: slices 8-11 hold lesions."""
+    folder = tmp_path_factory.mktemp("ct")
+    paths = write_ct_series(folder, CT_SEED, n_frames=12, size=256, compress="rle")
+    truth = load_ground_truth(folder)
+    results = [truth_result(f, truth[f.sop_instance_uid].mask) for p in paths for f in read_frames(p)]
+    assert any(r.lesions for r in results) and not all(r.lesions for r in results)
+    return results
+
+
+@pytest.fixture(scope="module")
+def dx(tmp_path_factory: pytest.TempPathFactory) -> list[FrameResult]:
+    """Two 1024² chest radiographs (no patient geometry, ImagerPixelSpacing): the second is
+    stored MONOCHROME1 and has a nodule across the image border."""
+    folder = tmp_path_factory.mktemp("dx")
+    paths = write_radiographs(folder, DX_SEED, count=2, size=1024, compress="none")
+    truth = load_ground_truth(folder)
+    results = [truth_result(f, truth[f.sop_instance_uid].mask) for p in paths for f in read_frames(p)]
+    assert [r.frame.photometric for r in results] == ["MONOCHROME2", "MONOCHROME1"]
+    assert all(r.frame.geometry is None and r.lesions for r in results)
+    assert all(r.frame.spacing_source == SpacingSource.IMAGER_PIXEL_SPACING for r in results)
+    return results
+
+
+# --------------------------------------------------------------------------- CT series
+
+
+@pytest.mark.parametrize("omit", [False, True], ids=["all-frames", "omit-empty"])
+def test_ct_series_seg_and_sr_pass_dciodvfy_and_round_trip(ct, tmp_path, omit) -> None:  # type: ignore[no-untyped-def]
+    before = [copy.deepcopy(r.frame.source.dataset) for r in ct]
+    seg = build_seg(ct, omit_empty_frames=omit)
+    assert seg is not None
+    check_identity(seg, ct)
+    assert seg.SeriesNumber == 9001 and seg.SOPClassUID == pydicom.uid.SegmentationStorage
+    assert seg.SegmentationType == "BINARY"
+    assert int(seg.NumberOfFrames) == (sum(bool(r.lesions) for r in ct) if omit else len(ct))
+    (segment,) = seg.SegmentSequence
+    assert segment.SegmentedPropertyCategoryCodeSequence[0].CodeValue == \
+        codes.SCT.MorphologicallyAbnormalStructure.value
+    assert segment.SegmentedPropertyTypeCodeSequence[0].CodeValue == codes.SCT.Lesion.value
+    assert segment.SegmentAlgorithmType == "AUTOMATIC"
+    algo = segment.SegmentationAlgorithmIdentificationSequence[0]
+    assert algo.AlgorithmName == "roi_classifier+lesion_unet_lite"
+    assert algo.AlgorithmFamilyCodeSequence[0].CodeValue == \
+        codes.cid7162.ArtificialIntelligence.value
+    path = dciodvfy(seg, tmp_path / "seg.dcm")
+    check_seg_round_trip(path, ct)
+
+    sr = build_sr(ct, seg=seg)
+    check_identity(sr, ct)
+    check_sr(dciodvfy(sr, tmp_path / "sr.dcm"), ct, seg)
+    build_sc(ct[-1])
+    # The headers are shared by every frame of an object: the builders must not touch them.
+    assert all(r.frame.source.dataset == b for r, b in zip(ct, before, strict=True))
+
+
+def test_ct_sr_without_seg_references_lesion_boxes(ct, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    sr = build_sr(ct)
+    check_sr(dciodvfy(sr, tmp_path / "sr.dcm"), ct, None)
+
+
+def test_ct_sc_burns_in_the_rendered_overlay(ct, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    lesion_frames = [r for r in ct if r.lesions]
+    scs = build_sc_series(lesion_frames[:2])
+    assert len({sc.SeriesInstanceUID for sc in scs}) == 1
+    assert [sc.InstanceNumber for sc in scs] == [1, 2]
+    for i, (sc, r) in enumerate(zip(scs, lesion_frames, strict=False)):
+        check_identity(sc, ct)
+        back = pydicom.dcmread(dciodvfy(sc, tmp_path / f"sc{i}.dcm"))
+        assert back.BurnedInAnnotation == "YES"
+        assert back.PatientOrientation == ["L", "P"]  # axial, IOP 1\0\0\0\1\0
+        assert [float(v) for v in back.PixelSpacing] == pytest.approx(r.frame.spacing_mm)
+        assert back.SourceImageSequence[0].ReferencedSOPInstanceUID == r.frame.sop_instance_uid
+        assert np.array_equal(back.pixel_array, render(r))
+
+
+# --------------------------------------------------------------------------- radiographs
+
+
+def test_radiographs_seg_sr_sc_without_patient_geometry(dx, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    for i, r in enumerate(dx):
+        seg = build_seg([r])
+        assert seg is not None and "FrameOfReferenceUID" not in seg
+        assert list(seg.PatientOrientation) == list(r.frame.source.dataset.PatientOrientation)
+        check_seg_round_trip(dciodvfy(seg, tmp_path / f"seg{i}.dcm"), [r])
+        check_sr(dciodvfy(build_sr([r], seg=seg), tmp_path / f"sr{i}.dcm"), [r], seg)
+        sc = pydicom.dcmread(dciodvfy(build_sc(r), tmp_path / f"sc{i}.dcm"))
+        assert "PixelSpacing" not in sc  # ImagerPixelSpacing is not patient-plane spacing
+        assert np.array_equal(sc.pixel_array, render(r))
+    # MONOCHROME1: the SC shows display semantics (lungs dark), like the MONOCHROME2 one.
+    mono1 = render(dx[1], labels=False)[..., 0].astype(float)
+    mono2 = render(dx[0], labels=False)[..., 0].astype(float)
+    assert abs(mono1.mean() - mono2.mean()) < 40
+
+
+def _moved(r: FrameResult, study: str, series: str, sop: str | None = None) -> FrameResult:
+    """``r`` with its header (a deep copy) moved into another study and series (and given
+    another SOP Instance UID)."""
+    f = r.frame
+    sop = sop or f.sop_instance_uid
+    ds = copy.deepcopy(f.source.dataset)
+    ds.StudyInstanceUID, ds.SeriesInstanceUID, ds.SOPInstanceUID = study, series, sop
+    frame = Frame(pixels=f.pixels, spacing_mm=f.spacing_mm, spacing_source=f.spacing_source,
+                  window=f.window, photometric=f.photometric, sop_class_uid=f.sop_class_uid,
+                  sop_instance_uid=sop, series_instance_uid=series,
+                  study_instance_uid=study, frame_of_reference_uid=f.frame_of_reference_uid,
+                  modality=f.modality, frame_index=f.frame_index,
+                  source=SourceRef(ds, f.source.path, f.source.transfer_syntax_uid,
+                                   f.source.number_of_frames),
+                  geometry=f.geometry, inverted=f.inverted)
+    return FrameResult(frame=frame, lesions=r.lesions, labels=r.labels, presence=r.presence,
+                       proposals=r.proposals, crops=r.crops, mode=r.mode, timings=r.timings,
+                       backend=r.backend, precision=r.precision, models=r.models)
+
+
+def test_two_view_radiograph_series_gets_one_seg_per_image(dx, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Without patient geometry highdicom relates a SEG to one image only: split_for_seg
+    cuts the series, and the SR references both SEGs."""
+    pa, lateral = dx[0], _moved(dx[1], dx[0].frame.study_instance_uid,
+                                dx[0].frame.series_instance_uid)
+    with pytest.raises(ExportError, match='"results"'):
+        build_seg([pa, lateral])
+    groups = split_for_seg([pa, lateral])
+    assert [[r.frame.key for r in g] for g in groups] == [[pa.frame.key], [lateral.frame.key]]
+    segs = [build_seg(g) for g in groups]
+    for i, (g, seg) in enumerate(zip(groups, segs, strict=True)):
+        check_seg_round_trip(dciodvfy(seg, tmp_path / f"seg{i}.dcm"), g)
+    check_sr(dciodvfy(build_sr([pa, lateral], seg=segs), tmp_path / "sr.dcm"), [pa, lateral], segs)
+    assert split_for_seg(dx[:1]) == [dx[:1]]
+
+
+# --------------------------------------------------------------------------- multi-frame
+
+
+@pytest.fixture(scope="module")
+def enhanced_ct(ct, tmp_path_factory) -> list[FrameResult]:  # type: ignore[no-untyped-def]
+    """The CT phantom as one Legacy Converted Enhanced CT (multi-frame, with geometry)."""
+    folder = tmp_path_factory.mktemp("enhanced")
+    datasets = [pydicom.dcmread(r.frame.source.path) for r in ct]
+    mf = hd.legacy.LegacyConvertedEnhancedCTImage(
+        datasets, series_instance_uid=hd.UID(), series_number=2, sop_instance_uid=hd.UID(),
+        instance_number=1)
+    path = folder / "enhanced.dcm"
+    mf.save_as(path, enforce_file_format=True)
+    by_z = {round(r.frame.geometry.position[2], 3): r.labels for r in ct}
+    frames = read_frames(path)
+    assert len(frames) == len(ct) and frames[0].number_of_frames == len(ct)
+    return [truth_result(f, by_z[round(f.geometry.position[2], 3)]) for f in frames]
+
+
+def test_multi_frame_source_seg_and_sr_reference_frames(enhanced_ct, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    seg = build_seg(enhanced_ct)
+    assert seg is not None
+    check_seg_round_trip(dciodvfy(seg, tmp_path / "seg.dcm"), enhanced_ct)
+    check_sr(dciodvfy(build_sr(enhanced_ct, seg=seg), tmp_path / "sr.dcm"), enhanced_ct, seg)
+    r = next(r for r in enhanced_ct if r.lesions)
+    sc = pydicom.dcmread(dciodvfy(build_sc(r), tmp_path / "sc.dcm"))
+    assert sc.SourceImageSequence[0].ReferencedFrameNumber == r.frame.frame_index + 1
+    with pytest.raises(ValueError, match='"results" must cover every frame'):
+        build_seg(enhanced_ct[:-1])
+
+
+@pytest.mark.filterwarnings("ignore:The string \"PLA\":UserWarning")  # the bundled file's name
+def test_multi_frame_ultrasound_gets_sr_and_sc_but_no_seg(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A bundled 30-frame US cine: no Frame of Reference, no pixel spacing."""
+    frames = read_frames(pydicom_test_dir() / "examples_ybr_color.dcm")
+    assert len(frames) > 1 and frames[0].spacing_mm is None
+    results = []
+    for f in frames:
+        mask = np.zeros(f.shape, np.uint8)
+        if f.frame_index in (3, 7):
+            mask[50:80, 60:100] = 1
+        results.append(truth_result(f, mask))
+    with pytest.raises(ExportError, match="Frame of Reference"):
+        build_seg(results)
+    check_sr(dciodvfy(build_sr(results), tmp_path / "sr.dcm"), results, None)  # sizes in pixels
+    sc = pydicom.dcmread(dciodvfy(build_sc(results[3]), tmp_path / "sc.dcm"))
+    assert sc.SourceImageSequence[0].ReferencedFrameNumber == 4
+    assert np.array_equal(sc.pixel_array, render(results[3]))
+
+
+# --------------------------------------------------------------------------- no lesions
+
+
+def test_no_lesion_gives_no_seg_and_an_sr_that_says_zero(ct, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    empty = [r for r in ct if not r.lesions]
+    assert build_seg(empty) is None
+    path = dciodvfy(build_sr(empty), tmp_path / "sr.dcm")
+    check_sr(path, empty, None)
+    sr = hd.sr.srread(path)
+    assert sr.content.get_planar_roi_measurement_groups() == []
+
+
+# --------------------------------------------------------------------------- real analyzer
+
+
+def test_real_analyzer_on_sample_ct_exports_seg_sr_sc(sample_dir, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from medrt.analyzer import load_analyzer
+
+    truth = load_ground_truth(sample_dir / "ct_stream")
+
+    def clear(t):  # type: ignore[no-untyped-def]
+        return max([les.diameter_mm for les in t.scored_lesions if 40 <= abs(les.contrast) <= 200],
+                   default=0.0)
+
+    picks = sorted(truth.values(), key=lambda t: (-clear(t), t.file.name))[:3]
+    analyzer = load_analyzer(seg_model="lesion_unet_lite", warmup_shapes=((512, 512),))
+    results = [analyzer.analyze(read_frames(t.file)[0]) for t in picks]
+    assert all(r.models == analyzer.models for r in results)
+    seg = build_seg(results)
+    assert seg is not None, "the analyzer found no lesion on the three clearest slices"
+    back = check_seg_round_trip(dciodvfy(seg, tmp_path / "seg.dcm"), results)
+    for t, r in zip(picks, results, strict=True):
+        got = seg_mask(back, r.frame)
+        hit = np.count_nonzero(got & (t.mask > 0))
+        assert hit >= 0.5 * np.count_nonzero(t.mask), f"{t.file.name}: SEG misses the lesion"
+    check_sr(dciodvfy(build_sr(results, seg=seg), tmp_path / "sr.dcm"), results, seg)
+    dciodvfy(build_sc(results[0]), tmp_path / "sc.dcm")
+
+
+# --------------------------------------------------------------------------- bad arguments
+
+
+def _headerless(r: FrameResult) -> FrameResult:
+    f = r.frame
+    frame = Frame(pixels=f.pixels, spacing_mm=f.spacing_mm, spacing_source=f.spacing_source,
+                  window=Window(0, 400), photometric="MONOCHROME2", sop_class_uid="",
+                  sop_instance_uid="x", series_instance_uid="", study_instance_uid="",
+                  frame_of_reference_uid=None, modality="CT", frame_index=0,
+                  source=SourceRef(Dataset()))
+    return FrameResult(frame=frame, lesions=r.lesions, labels=r.labels, presence=1.0, proposals=(),
+                       crops=(), mode="full", timings=StageTimings(), backend="truth",
+                       precision="fp32", models=MODELS)
+
+
+def test_bad_arguments_raise_value_errors_naming_them(ct, dx, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    lesion = next(r for r in ct if r.lesions)
+    for builder in (build_seg, build_sr, build_sc_series):
+        with pytest.raises(ValueError, match='"results".*at least one'):
+            builder([])
+        with pytest.raises(ValueError, match='"results".*more than once'):
+            builder([lesion, lesion])
+        with pytest.raises(ValueError, match='"results".*no DICOM header'):
+            builder([_headerless(lesion)])
+        with pytest.raises(ValueError, match='"results".*one study'):
+            builder([lesion, dx[0]])
+        with pytest.raises(TypeError, match='"results"'):
+            builder(lesion)  # type: ignore[arg-type]
+    assert split_for_seg(ct) == [ct]
+    other_series = _moved(ct[1], ct[1].frame.study_instance_uid, hd.UID())
+    for builder in (build_seg, split_for_seg, build_sc_series):
+        with pytest.raises(ValueError, match='"results".*one series'):
+            builder([ct[0], other_series])
+    with pytest.raises(ExportError, match='"results".*same plane'):
+        build_seg([lesion, _moved(lesion, lesion.frame.study_instance_uid,
+                                  lesion.frame.series_instance_uid, hd.UID())])
+    with pytest.raises(ValueError, match='"results".*one set of models'):
+        build_seg([ct[0], truth_result(ct[1].frame, ct[1].labels, models=("other@2",))])
+    with pytest.raises(ValueError, match='"series_number"'):
+        build_seg(ct, series_number=0)
+    with pytest.raises(ValueError, match='"seg"'):
+        build_sr(ct, seg=Dataset())
+    dx_seg = build_seg([dx[0]])
+    with pytest.raises(ValueError, match='"seg".*another study'):
+        build_sr(ct, seg=dx_seg)
+    seg_one = build_seg([lesion])
+    other = next(r for r in ct if r.lesions and r is not lesion)
+    with pytest.raises(ValueError, match='"seg" has no frame'):
+        build_sr([lesion, other], seg=seg_one)
+    with pytest.raises(ValueError, match='"results".*labels'):
+        bad = FrameResult(frame=lesion.frame, lesions=(), labels=np.zeros((3, 3), np.uint16),
+                          presence=1.0, proposals=(), crops=(), mode="full",
+                          timings=StageTimings(), backend="x", precision="fp32", models=MODELS)
+        build_sr([bad])
+    with pytest.raises(TypeError, match='"ds"'):
+        write_dataset(np.zeros(3), tmp_path / "x.dcm")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match='"ds"'):
+        write_dataset(Dataset(), tmp_path / "x.dcm")
+    assert os.listdir(tmp_path) == []
+
+
+def test_uids_can_be_given_so_a_resent_object_replaces_the_first(ct) -> None:  # type: ignore[no-untyped-def]
+    series, sop = hd.UID(), hd.UID()
+    for build in (build_seg, build_sr):
+        ds = build(ct, series_instance_uid=series, sop_instance_uid=sop, series_number=7)
+        assert (ds.SeriesInstanceUID, ds.SOPInstanceUID, ds.SeriesNumber) == (series, sop, 7)
+        assert ds.file_meta.MediaStorageSOPInstanceUID == sop
+    sc = build_sc(ct[-1], series_instance_uid=series, sop_instance_uid=sop, instance_number=3)
+    assert (sc.SeriesInstanceUID, sc.SOPInstanceUID, sc.InstanceNumber) == (series, sop, 3)
+    with pytest.raises(ValueError, match='"sop_instance_uid"'):
+        build_sc_series(ct[-2:], sop_instance_uid=sop)
+
+
+def test_patient_orientation_from_geometry_or_header(ct, dx) -> None:  # type: ignore[no-untyped-def]
+    assert patient_orientation(ct[0].frame) == ("L", "P")
+    assert patient_orientation(dx[0].frame) == ("L", "F")  # DX header PatientOrientation
+    f = ct[0].frame
+    tilted = Frame(pixels=f.pixels, spacing_mm=f.spacing_mm, spacing_source=f.spacing_source,
+                   window=f.window, photometric=f.photometric, sop_class_uid=f.sop_class_uid,
+                   sop_instance_uid=f.sop_instance_uid, series_instance_uid=f.series_instance_uid,
+                   study_instance_uid=f.study_instance_uid,
+                   frame_of_reference_uid=f.frame_of_reference_uid, modality=f.modality,
+                   frame_index=0, source=f.source,
+                   geometry=Geometry(f.geometry.position, (0.8, -0.6, 0.0, 0.0, 0.0, -1.0)))
+    assert patient_orientation(tilted) == ("LA", "F")
+
+
+def test_algorithm_identification_names_the_models() -> None:
+    assert algorithm_parts(MODELS) == ("roi_classifier+lesion_unet_lite", "1.0.0+1.0.0",
+                                       {"roi_classifier": "1.0.0", "lesion_unet_lite": "1.0.0"})
+    name, version, params = algorithm_parts(())
+    assert (name, version, params) == ("medrt", medrt.__version__, {})
+    long = tuple(f"model_with_a_rather_long_name_{i}@1" for i in range(4))
+    name, _, params = algorithm_parts(long)
+    assert name == "medrt" and len(params) == 4
