@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 import re
 import sys
 import threading
@@ -175,13 +176,16 @@ def test_memory_samples_rss_and_growth_without_importing_torch() -> None:
     s1 = t.sample_memory()  # the baseline after warm-up
     assert s1.rss is not None and s1.rss > 0
     assert math.isnan(t.rss_growth())  # one sample after warm-up: nothing to compare
-    ballast = np.ones(64 * 2**20 // 8)  # 64 MB, touched
+    # 64 MB of fresh anonymous pages, touched (a numpy array could reuse pages the
+    # allocator kept resident from earlier tests, and then RSS would not grow)
+    ballast = mmap.mmap(-1, 64 * 2**20)
+    ballast.write(b"\x01" * (64 * 2**20))
     t.stop()
     m = t.summary()["memory"]
     assert m["rss_first_mb"] > 0 and m["rss_max_mb"] >= m["rss_last_mb"] >= m["rss_after_warmup_mb"] + 50
     assert t.rss_growth() > 0 and m["rss_growth_pct"] == pytest.approx(t.rss_growth(), abs=0.01)
     assert ("torch" in sys.modules) == had_torch, "sample_memory must not import torch"
-    del ballast
+    ballast.close()
 
 
 def test_jsonl_has_one_line_per_frame_then_the_summary(tmp_path: Path) -> None:

@@ -114,9 +114,14 @@ class SeriesOutput:
         self.results.append(strip_pixels(result) if not self.options.sc else result)
         self.done_paths[origin] = self.done_paths.get(origin, 0) + 1
 
-    def fail(self, origin: str, stage: str, reason: str, skippable: bool = False) -> None:
-        self.notes.append(Note(self.rel(origin), "skipped" if skippable else "error", stage, reason))
-        self.done_paths[origin] = self.plan.frames.get(origin, 1)
+    def fail(self, origin: str, stage: str, reason: str, skippable: bool = False, *, whole_file: bool = True,
+             sop_instance_uid: str = "") -> None:
+        """Record a failure: of the whole file (it did not decode) or of one of its frames."""
+        self.notes.append(Note(self.rel(origin), "skipped" if skippable else "error", stage, reason, sop_instance_uid))
+        if whole_file:
+            self.done_paths[origin] = self.plan.frames.get(origin, 1)
+        else:
+            self.done_paths[origin] = self.done_paths.get(origin, 0) + 1
 
     @property
     def complete(self) -> bool:

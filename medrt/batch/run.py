@@ -111,7 +111,9 @@ class _Sink:
     def on_error(self, error: Any, env: Any) -> None:
         so = self._series(env.origin)
         before = so.done_paths.get(env.origin, 0)
-        so.fail(env.origin, error.stage, error.reason, error.skippable)
+        whole = env.key == env.origin  # failed before the file fanned out into frames
+        so.fail(env.origin, error.stage, error.reason, error.skippable, whole_file=whole,
+                sop_instance_uid="" if whole else env.key)
         self._advance(so, max(0, so.plan.frames.get(env.origin, 1) - before))
 
 
