@@ -15,13 +15,13 @@ import json
 import logging
 import math
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from medrt.engine.registry import ModelError, ModelSpec
+from medrt.io.atomic import atomic_write_bytes
 
 __all__ = [
     "EngineKey",
@@ -155,25 +155,11 @@ def describe_stale(mismatch: Mapping[str, tuple[Any, Any]]) -> str:
     return "; ".join(f"{name}: engine {old!r}, now {new!r}" for name, (old, new) in mismatch.items())
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fp:
-            fp.write(data)
-            fp.flush()
-            os.fsync(fp.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_engine(engine: Path, data: bytes, key: EngineKey) -> None:
     """Write the engine, then its sidecar, each atomically (a reader never sees half a file)."""
-    _atomic_write(engine, data)
+    atomic_write_bytes(engine, data)
     doc = {"format": SIDECAR_FORMAT, "key": key.digest, "fields": key.fields(), "bytes": len(data)}
-    _atomic_write(sidecar_for(engine), json.dumps(doc, indent=2, sort_keys=True).encode("utf-8"))
+    atomic_write_bytes(sidecar_for(engine), json.dumps(doc, indent=2, sort_keys=True).encode("utf-8"))
 
 
 def get_or_build(

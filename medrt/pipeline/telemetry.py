@@ -24,7 +24,6 @@ import logging
 import math
 import os
 import sys
-import tempfile
 import threading
 import time
 from collections import deque
@@ -35,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from medrt.io.atomic import atomic_write_bytes
 from medrt.types import StageTimings
 
 __all__ = ["LatencyRecorder", "Telemetry", "MemorySample", "rss_bytes", "gpu_memory_bytes"]
@@ -499,7 +499,7 @@ class Telemetry:
                 rec["dropped"] = True
             buf.write(json.dumps(_json_ready(rec), allow_nan=False) + "\n")
         buf.write(json.dumps({"summary": self.summary()}, allow_nan=False) + "\n")
-        return _atomic_write(Path(path), buf.getvalue().encode("utf-8"))
+        return atomic_write_bytes(Path(path), buf.getvalue().encode("utf-8"))
 
     def histogram_png(self, path: str | Path, stage: str = "e2e", size: tuple[int, int] = (800, 480)) -> Path:
         """A latency histogram of ``stage`` (see :meth:`latency`) with p50/p99 marked; written atomically.
@@ -517,7 +517,7 @@ class Telemetry:
             data = _histogram_pil(values, stage, (w, h))
         else:
             data = _histogram_matplotlib(values, stage, (w, h))
-        return _atomic_write(Path(path), data)
+        return atomic_write_bytes(Path(path), data)
 
 
 # -- helpers ------------------------------------------------------------------
@@ -549,22 +549,6 @@ def _json_ready(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return [_json_ready(v) for v in obj]
     return obj
-
-
-def _atomic_write(path: Path, data: bytes) -> Path:
-    """Write ``data`` to a temp file beside ``path``, fsync, then rename over it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fp:
-            fp.write(data)
-            fp.flush()
-            os.fsync(fp.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def format_summary(summary: Mapping[str, Any]) -> str:
