@@ -93,3 +93,26 @@ def test_stream_command_reports_bad_input_with_exit_1(tmp_path, capsys):
 def test_stream_command_missing_source(capsys, tmp_path):
     assert main(["stream", str(tmp_path / "nope")]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_stream_watch_picks_up_files_as_they_land(tmp_path, capsys):
+    import threading
+    import time
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    srcs = sorted(CT.glob("*.dcm"))[14:17]
+
+    def sender():  # a storescu-like sender: write under a temp name, then rename
+        for p in srcs:
+            part = inbox / (p.name + ".part")
+            part.write_bytes(p.read_bytes())
+            part.rename(inbox / p.name)
+            time.sleep(0.2)
+
+    t = threading.Thread(target=sender)
+    t.start()
+    rc = main(["stream", str(inbox), "--watch", "--idle-exit", "3", "--json", "--workers", "1"])
+    t.join()
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["findings"]["frames"] == 3 and out["findings"]["errors"] == 0

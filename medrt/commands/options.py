@@ -29,7 +29,7 @@ def add_pipeline_options(p: argparse.ArgumentParser, *, policy: str | None) -> N
     """``policy`` None: the command always blocks (batch never drops), so no --policy."""
     g = p.add_argument_group("pipeline")
     if policy is not None:
-        g.add_argument("--policy", default=policy, choices=("block", "latest", "reject"),
+        g.add_argument("--policy", default=None, choices=("block", "latest", "reject"),
                        help=f"what the entry queue does when the pipeline falls behind its source: block "
                             f"(never drop; the source waits), latest (drop the oldest waiting frame), reject "
                             f"(refuse the new one); inner queues always block. Default {policy}")

@@ -71,9 +71,13 @@ def run(args: argparse.Namespace) -> int:
     findings = _Findings()
     stages = analysis_stages(analyzer, infer_workers=workers, decode_workers=args.decode_workers)
     # Drop (or refuse) at the entry only, before any work is spent on a frame; the
-    # inner edges block, so back-pressure reaches the entry. "As fast as it goes"
-    # (--fps 0) is a pull: then the replay simply waits for room.
-    entry = "block" if args.fps == 0 and not args.watch else args.policy
+    # inner edges block, so back-pressure reaches the entry. A live replay keeps up
+    # with its "scanner" (latest); a watched folder or an as-fast-as-it-goes replay
+    # is a pull from files that wait on disk, so by default nothing is dropped.
+    if args.policy is not None:
+        entry = args.policy
+    else:
+        entry = "block" if args.watch or args.fps == 0 else "latest"
     policy: Any = {stages[0].name: entry}
     pipe = Pipeline(source, stages, [findings], policy=policy, depth=args.depth, telemetry=True, name="stream")
     tel = pipe.telemetry
@@ -146,5 +150,5 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--quiet", action="store_true", help="no status line")
     add_engine_options(p, seg_model="lesion_unet_lite")
-    add_pipeline_options(p, policy="latest")
+    add_pipeline_options(p, policy="latest (replay) / block (--watch, --fps 0)")
     p.set_defaults(func=run)
