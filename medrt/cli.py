@@ -29,6 +29,7 @@ COMMANDS = (
     "medrt.commands.eval",
     "medrt.commands.stream",
     "medrt.commands.batch",
+    "medrt.commands.view",
 )
 
 

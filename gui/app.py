@@ -1,0 +1,125 @@
+"""Start the viewer: the QApplication, the main window, what the command line asked for,
+and (``--screenshot``) a picture of the real window once the shown image is analysed."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+
+from medrt_gui.bridge import AnalyzerProvider
+from medrt_gui.window import MainWindow
+from PySide6.QtCore import QTimer
+from PySide6.QtGui import QGuiApplication, QPixmap
+from PySide6.QtWidgets import QApplication
+
+__all__ = ["run_viewer", "build_window", "Screenshot"]
+
+log = logging.getLogger(__name__)
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        w, h = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"medrt view: --size must be WIDTHxHEIGHT, got {text!r}") from None
+    return max(320, w), max(240, h)
+
+
+def build_window(args: argparse.Namespace) -> MainWindow:
+    """The main window set up as ``args`` (``medrt view``'s options) say, shown."""
+    from medrt.commands.options import analyzer_config, thread_layout
+
+    analysis = not args.no_analysis
+    _, workers = thread_layout(args)
+    provider = AnalyzerProvider(analyzer_config(args))
+    window = MainWindow(provider, analysis=analysis, workers=workers)
+    window.resize(*_size(args.size))
+    window.show()
+    if analysis and args.path is not None:
+        provider.preload()
+    if args.path is not None:
+        if args.replay is not None:
+            window.start_replay(args.path, fps=args.replay, loop=args.loop)
+        elif args.watch:
+            window.start_watch(args.path)
+        else:
+            window.open_path(args.path)
+    for seg in args.seg:
+        window.open_seg(seg)
+    if args.image is not None:
+        window.show_image(args.image - 1)
+    if args.preset is not None:
+        window.apply_preset(args.preset)
+    return window
+
+
+class Screenshot:
+    """Waits until the shown image is drawn and analysed (or the stream ended), then saves a PNG
+    of the window and quits. On X11 (``xcb``) the picture is taken from the X server, i.e. the
+    real window on screen; elsewhere it is the widget's own rendering."""
+
+    def __init__(self, window: MainWindow, path: Path, timeout_s: float) -> None:
+        self.window, self.path, self.deadline = window, Path(path), time.monotonic() + timeout_s
+        self.ready_since: float | None = None
+        self.ok = False
+        self.timer = QTimer(window, interval=100)
+        self.timer.timeout.connect(self._poll)
+        self.timer.start()
+
+    def _ready(self) -> bool:
+        w = self.window
+        slot = w.current_slot()
+        if slot is None:
+            return w.session is None  # nothing opened: the empty window is the picture
+        if w.shown_key != slot.key:
+            return False
+        if not w.analysis_enabled or w.session is None:
+            return True
+        return slot.result is not None or w.session.done
+
+    def _poll(self) -> None:
+        now = time.monotonic()
+        if self._ready():
+            self.ready_since = self.ready_since or now
+        if (self.ready_since is not None and now - self.ready_since >= 0.5) or now > self.deadline:
+            self.timer.stop()
+            self.ok = self.ready_since is not None
+            if not self.ok:
+                log.error("screenshot: nothing ready to show after the timeout; saving the window as it is")
+            self.save()
+            QApplication.instance().quit()
+
+    def save(self) -> None:
+        w = self.window
+        w.raise_()
+        QApplication.processEvents()
+        pixmap: QPixmap | None = None
+        if QGuiApplication.platformName() == "xcb":
+            screen = w.screen() or QGuiApplication.primaryScreen()
+            pixmap = screen.grabWindow(w.winId())
+        if pixmap is None or pixmap.isNull():
+            pixmap = w.grab()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not pixmap.save(str(self.path), "PNG"):
+            self.ok = False
+            print(f"medrt view: could not write {self.path}", file=sys.stderr)
+            return
+        print(f"screenshot: {self.path} ({pixmap.width()}x{pixmap.height()}, platform "
+              f"{QGuiApplication.platformName()}, image {w.shown_key or '-'}, "
+              f"{w.results_received} frame(s) analysed)")
+
+
+def run_viewer(args: argparse.Namespace) -> int:
+    """Run the viewer until its window closes; exit code 0 (1: a screenshot that was not ready)."""
+    app = QApplication.instance() or QApplication([sys.argv[0] if sys.argv else "medrt-viewer"])
+    app.setApplicationName("medrt viewer")
+    window = build_window(args)
+    shot = Screenshot(window, args.screenshot, args.timeout) if args.screenshot is not None else None
+    rc = app.exec()
+    window.close()
+    if shot is not None and not shot.ok:
+        return 1
+    return int(rc)

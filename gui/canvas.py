@@ -1,0 +1,363 @@
+"""The image view: the current frame, its overlays, zoom/pan/fit and the mouse tools.
+
+A ``QGraphicsView`` over a scene whose coordinates are source pixels (x =
+column, y = row), so zoom and pan are the view's transform and every layer
+lines up with the image by construction:
+
+- z 0: the windowed grey image (a QImage over a numpy buffer the item keeps);
+- z 1: the DICOM SEG layer; z 2: the AI overlay (RGBA from ``medrt.overlay``);
+- z 3: ROI crop boxes; z 4: lesion numbers (constant size on screen).
+
+Mouse: wheel scrolls images (Ctrl+wheel zooms), left drag is window/level,
+middle drag (or Shift+left) pans, right drag zooms. The value under the cursor
+is reported through ``hovered``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from medrt_gui.imaging import Layer
+from PySide6.QtCore import QPointF, QRectF, Qt, Signal
+from PySide6.QtGui import QBrush, QColor, QFont, QImage, QPainter, QPen, QPixmap
+from PySide6.QtWidgets import (
+    QFrame,
+    QGraphicsItem,
+    QGraphicsPixmapItem,
+    QGraphicsRectItem,
+    QGraphicsScene,
+    QGraphicsSimpleTextItem,
+    QGraphicsView,
+)
+
+from medrt.overlay import lesion_color
+from medrt.types import Lesion
+
+__all__ = ["ImageView", "gray_qimage", "rgba_qimage"]
+
+_MARGIN = 100_000.0  # the scene reaches far past the image, so it can be panned anywhere
+ZOOM_STEP = 1.25
+MIN_SCALE, MAX_SCALE = 0.02, 64.0
+
+
+def gray_qimage(gray: np.ndarray) -> QImage:
+    """A QImage over a C-contiguous uint8 ``(rows, cols)`` array; keep ``gray`` alive with it."""
+    if gray.dtype != np.uint8 or gray.ndim != 2 or not gray.flags.c_contiguous:
+        raise ValueError("gray must be a C-contiguous uint8 (rows, cols) array")
+    return QImage(gray.data, gray.shape[1], gray.shape[0], gray.strides[0], QImage.Format.Format_Grayscale8)
+
+
+def rgba_qimage(rgba: np.ndarray) -> QImage:
+    """A QImage over a C-contiguous uint8 ``(rows, cols, 4)`` RGBA array (not premultiplied)."""
+    if rgba.dtype != np.uint8 or rgba.ndim != 3 or rgba.shape[2] != 4 or not rgba.flags.c_contiguous:
+        raise ValueError("rgba must be a C-contiguous uint8 (rows, cols, 4) array")
+    return QImage(rgba.data, rgba.shape[1], rgba.shape[0], rgba.strides[0], QImage.Format.Format_RGBA8888)
+
+
+class _Layer(QGraphicsPixmapItem):
+    """A pixmap item that remembers the numpy buffer its image was made from."""
+
+    def __init__(self, z: float) -> None:
+        super().__init__()
+        self.setZValue(z)
+        self.setTransformationMode(Qt.TransformationMode.FastTransformation)
+        self.buffer: np.ndarray | None = None
+        self.source: object = None
+
+    def show_array(self, arr: np.ndarray | None, rgba: bool, row: int = 0, col: int = 0) -> None:
+        """Show ``arr`` with its top-left pixel at source pixel ``(row, col)``."""
+        self.buffer = arr
+        self.source = arr
+        self.setPos(col, row)
+        if arr is None:
+            self.setPixmap(QPixmap())
+            return
+        image = rgba_qimage(arr) if rgba else gray_qimage(arr)
+        self.setPixmap(QPixmap.fromImage(image))
+
+    def show_layer(self, layer: Layer | None) -> None:
+        """Show an overlay layer (None: nothing); a no-op when it is already shown."""
+        if layer is not None and layer is getattr(self, "source", None):
+            return
+        if layer is None:
+            self.show_array(None, rgba=True)
+        else:
+            self.show_array(layer.rgba, rgba=True, row=layer.row, col=layer.col)
+        self.source = layer
+
+
+class ImageView(QGraphicsView):
+    """The image and its layers; see the module docstring for the mouse tools."""
+
+    hovered = Signal(object)  # (row, col) inside the image, or None
+    windowDragged = Signal(float, float)  # dx, dy in screen pixels since the last event
+    scrolled = Signal(int)  # +1: next image, -1: previous
+    zoomChanged = Signal(float)
+
+    def __init__(self, parent: object = None) -> None:
+        super().__init__(parent)
+        self.setScene(QGraphicsScene(self))
+        self.setBackgroundBrush(QBrush(QColor(0, 0, 0)))
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setVerticalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setTransformationAnchor(QGraphicsView.ViewportAnchor.AnchorViewCenter)
+        self.setMouseTracking(True)
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        self.image = _Layer(0)
+        self.seg = _Layer(1)
+        self.overlay = _Layer(2)
+        for item in (self.image, self.seg, self.overlay):
+            self.scene().addItem(item)
+        self._crops: list[QGraphicsRectItem] = []
+        self._labels: list[QGraphicsSimpleTextItem] = []
+        self.image_shape: tuple[int, int] | None = None
+        self.fitted = True
+        self.crops_visible = False
+        self.labels_visible = True
+        self._overlays_on = True
+        self._seg_wanted = True
+        self._opacity = 1.0
+        self._wheel = 0
+        self._drag: tuple[Qt.MouseButton, QPointF] | None = None
+
+    # -- content -----------------------------------------------------------------
+
+    def set_image(self, gray: np.ndarray | None) -> None:
+        """Show a windowed uint8 frame (None: nothing). A new size re-fits the view."""
+        self.image.show_array(gray, rgba=False)
+        shape = None if gray is None else (int(gray.shape[0]), int(gray.shape[1]))
+        if shape != self.image_shape:
+            self.image_shape = shape
+            if shape is not None:
+                r = QRectF(0, 0, shape[1], shape[0])
+                self.setSceneRect(r.adjusted(-_MARGIN, -_MARGIN, _MARGIN, _MARGIN))
+                self.fit()
+
+    def blank(self) -> None:
+        """Show nothing (an image still loading, or one that cannot be shown), keeping zoom and pan,
+        so that no image is ever shown under another image's label."""
+        self.image.show_array(None, rgba=False)
+        self.set_overlay(None)
+        self.set_seg(None)
+        self.set_crops(())
+        self.set_lesions(())
+
+    def set_overlay(self, layer: Layer | None) -> None:
+        self.overlay.show_layer(layer)
+
+    def set_seg(self, layer: Layer | None) -> None:
+        self.seg.show_layer(layer)
+
+    def set_overlay_visible(self, visible: bool) -> None:
+        """Show or hide every overlay (the AI layer, its lesion numbers and the SEG layer)."""
+        self._overlays_on = visible
+        for item in (self.overlay, *self._labels):
+            item.setVisible(visible)
+        self.seg.setVisible(visible and self._seg_wanted)
+
+    def set_seg_visible(self, visible: bool) -> None:
+        self._seg_wanted = visible
+        self.seg.setVisible(visible and self._overlays_on)
+
+    def set_opacity(self, opacity: float) -> None:
+        """Scale the overlay layers' alpha (1.0: fill 0.2 and outline 0.7 as drawn) and the lesion numbers'."""
+        self._opacity = max(0.0, min(1.0, opacity))
+        for item in (self.overlay, self.seg, *self._labels):
+            item.setOpacity(self._opacity)
+
+    def set_crops(self, boxes: tuple[tuple[int, int, int, int], ...]) -> None:
+        """The ROI crops the UNet ran on, as dashed boxes (shown when ``crops_visible``)."""
+        for item in self._crops:
+            self.scene().removeItem(item)
+        self._crops = []
+        pen = QPen(QColor(255, 255, 0, 200), 2, Qt.PenStyle.DashLine)
+        pen.setCosmetic(True)
+        for r0, c0, r1, c1 in boxes:
+            # Inset by half a pixel so a crop covering the whole frame stays visible at its border.
+            item = QGraphicsRectItem(c0 + 0.5, r0 + 0.5, c1 - c0 - 1, r1 - r0 - 1)
+            item.setPen(pen)
+            item.setZValue(3)
+            item.setVisible(self.crops_visible)
+            self.scene().addItem(item)
+            self._crops.append(item)
+
+    def set_crops_visible(self, visible: bool) -> None:
+        self.crops_visible = visible
+        for item in self._crops:
+            item.setVisible(visible)
+
+    @property
+    def crop_items(self) -> list[QGraphicsRectItem]:
+        return list(self._crops)
+
+    def set_lesions(self, lesions: tuple[Lesion, ...]) -> None:
+        """Each lesion's number beside it, in its overlay colour, constant size on screen."""
+        for item in self._labels:
+            self.scene().removeItem(item)
+        self._labels = []
+        font = QFont()
+        font.setPointSize(10)
+        font.setBold(True)
+        for i, les in enumerate(lesions, start=1):
+            item = QGraphicsSimpleTextItem(str(i))
+            item.setFont(font)
+            item.setBrush(QBrush(QColor(*lesion_color(max(les.label, 1)))))
+            item.setPen(QPen(QColor(0, 0, 0), 0.5))
+            item.setFlag(QGraphicsItem.GraphicsItemFlag.ItemIgnoresTransformations)
+            item.setPos(les.bbox[3] + 1, les.bbox[0])
+            item.setZValue(4)
+            item.setVisible(self._overlays_on and self.labels_visible)
+            item.setOpacity(self._opacity)
+            self.scene().addItem(item)
+            self._labels.append(item)
+
+    # -- zoom and pan ----------------------------------------------------------------
+
+    @property
+    def zoom(self) -> float:
+        return float(self.transform().m11())
+
+    def image_rect(self) -> QRectF:
+        if self.image_shape is None:
+            return QRectF()
+        return QRectF(0, 0, self.image_shape[1], self.image_shape[0])
+
+    def fit(self) -> None:
+        """The whole image in the window, centred."""
+        if self.image_shape is None:
+            return
+        s = self.fit_zoom()
+        self.resetTransform()
+        self.scale(s, s)
+        self.centerOn(self.image_rect().center())
+        self.fitted = True
+        self.zoomChanged.emit(self.zoom)
+
+    def fit_zoom(self) -> float:
+        """The scale :meth:`fit` would give."""
+        if self.image_shape is None:
+            return 1.0
+        vp = self.viewport().rect()
+        return max(MIN_SCALE, min(vp.width() / self.image_shape[1], vp.height() / self.image_shape[0]))
+
+    def zoom_by(self, factor: float, anchor: QPointF | None = None) -> None:
+        """Zoom by ``factor`` about the view centre (or the scene point ``anchor``, which stays put)."""
+        new = min(MAX_SCALE, max(MIN_SCALE, self.zoom * factor))
+        factor = new / self.zoom if self.zoom else 1.0
+        if anchor is None:
+            self.scale(factor, factor)
+        else:
+            before = self.mapFromScene(anchor)
+            self.scale(factor, factor)
+            after = self.mapFromScene(anchor)
+            self._pan_by(after.x() - before.x(), after.y() - before.y())
+        self.fitted = False
+        self.zoomChanged.emit(self.zoom)
+
+    def center_on_box(self, bbox: tuple[int, int, int, int], fraction: float = 0.3,
+                      center: tuple[float, float] | None = None) -> None:
+        """Centre on a half-open ``(r0, c0, r1, c1)`` box (or on ``center`` (row, col)) and zoom so
+        the box fills about ``fraction`` of the window (never less than the fitted scale)."""
+        r0, c0, r1, c1 = bbox
+        vp = self.viewport().rect()
+        size = max(r1 - r0, c1 - c0, 8)
+        target = fraction * min(vp.width(), vp.height()) / size
+        target = min(MAX_SCALE, max(target, self.fit_zoom() * 2.0))
+        self.resetTransform()
+        self.scale(target, target)
+        row, col = center if center is not None else ((r0 + r1) / 2.0, (c0 + c1) / 2.0)
+        self.centerOn(QPointF(col + 0.5, row + 0.5))
+        self.fitted = False
+        self.zoomChanged.emit(self.zoom)
+
+    def view_center(self) -> tuple[float, float]:
+        """The scene point at the window's centre, as (row, col) in source pixels."""
+        p = self.mapToScene(self.viewport().rect().center())
+        return float(p.y()), float(p.x())
+
+    def _pan_by(self, dx: float, dy: float) -> None:
+        h, v = self.horizontalScrollBar(), self.verticalScrollBar()
+        h.setValue(int(round(h.value() + dx)))
+        v.setValue(int(round(v.value() + dy)))
+
+    def pan(self, dx: float, dy: float) -> None:
+        """Move the image by ``(dx, dy)`` screen pixels."""
+        self._pan_by(-dx, -dy)
+        self.fitted = False
+
+    def resizeEvent(self, event: object) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        if self.fitted:
+            self.fit()
+
+    # -- rendering --------------------------------------------------------------------
+
+    def render_scene(self) -> QImage:
+        """The image and every visible layer at 1:1 in source pixels (what the overlay tests sample)."""
+        if self.image_shape is None:
+            return QImage()
+        rows, cols = self.image_shape
+        out = QImage(cols, rows, QImage.Format.Format_RGB32)
+        out.fill(QColor(0, 0, 0))
+        painter = QPainter(out)
+        self.scene().render(painter, QRectF(0, 0, cols, rows), self.image_rect())
+        painter.end()
+        return out
+
+    # -- mouse ---------------------------------------------------------------------------
+
+    def scene_pixel(self, pos: QPointF) -> tuple[int, int] | None:
+        if self.image_shape is None:
+            return None
+        p = self.mapToScene(pos.toPoint())
+        row, col = int(np.floor(p.y())), int(np.floor(p.x()))
+        if 0 <= row < self.image_shape[0] and 0 <= col < self.image_shape[1]:
+            return row, col
+        return None
+
+    def wheelEvent(self, event: object) -> None:  # noqa: N802
+        delta = event.angleDelta().y()  # type: ignore[attr-defined]
+        if delta == 0:
+            return
+        if event.modifiers() & Qt.KeyboardModifier.ControlModifier:  # type: ignore[attr-defined]
+            anchor = self.mapToScene(event.position().toPoint())  # type: ignore[attr-defined]
+            self.zoom_by(ZOOM_STEP ** (delta / 120.0), anchor)
+        else:
+            # One image per notch (120); touchpads send smaller steps, which add up.
+            self._wheel += delta
+            while abs(self._wheel) >= 120:
+                step = 1 if self._wheel > 0 else -1
+                self._wheel -= 120 * step
+                self.scrolled.emit(-step)
+        event.accept()  # type: ignore[attr-defined]
+
+    def mousePressEvent(self, event: object) -> None:  # noqa: N802
+        button = event.button()  # type: ignore[attr-defined]
+        if button == Qt.MouseButton.LeftButton and event.modifiers() & Qt.KeyboardModifier.ShiftModifier:  # type: ignore[attr-defined]
+            button = Qt.MouseButton.MiddleButton
+        self._drag = (button, event.position())  # type: ignore[attr-defined]
+        event.accept()  # type: ignore[attr-defined]
+
+    def mouseMoveEvent(self, event: object) -> None:  # noqa: N802
+        pos = event.position()  # type: ignore[attr-defined]
+        self.hovered.emit(self.scene_pixel(pos))
+        if self._drag is None:
+            return
+        button, last = self._drag
+        dx, dy = pos.x() - last.x(), pos.y() - last.y()
+        self._drag = (button, pos)
+        if button == Qt.MouseButton.LeftButton:
+            self.windowDragged.emit(dx, dy)
+        elif button == Qt.MouseButton.MiddleButton:
+            self.pan(dx, dy)
+        elif button == Qt.MouseButton.RightButton:
+            self.zoom_by(1.01 ** (-dy))
+        event.accept()  # type: ignore[attr-defined]
+
+    def mouseReleaseEvent(self, event: object) -> None:  # noqa: N802
+        self._drag = None
+        event.accept()  # type: ignore[attr-defined]
+
+    def leaveEvent(self, event: object) -> None:  # noqa: N802
+        self.hovered.emit(None)
+        super().leaveEvent(event)

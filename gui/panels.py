@@ -1,0 +1,160 @@
+"""The side panels: series browser (with the problems met), lesion list, and display controls."""
+
+from __future__ import annotations
+
+from medrt_gui.study import Problem, Study
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QFormLayout,
+    QHeaderView,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QSlider,
+    QSpinBox,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from medrt.overlay import lesion_color
+from medrt.types import Lesion
+
+__all__ = ["SeriesBrowser", "LesionList", "Controls", "LESION_COLUMNS"]
+
+LESION_COLUMNS = ("#", "area mm²", "diam. mm", "score", "recheck")
+
+
+class SeriesBrowser(QWidget):
+    """The series of the open study or stream, and the files that could not be shown."""
+
+    seriesSelected = Signal(int)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.source = QLabel("Nothing open. File ▸ Open, Watch or Replay.")
+        self.source.setWordWrap(True)
+        self.series = QListWidget()
+        self.series.currentRowChanged.connect(self._selected)
+        self.problems = QListWidget()
+        self.problems.setWordWrap(True)
+        self.problems_label = QLabel("Problems")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.addWidget(self.source)
+        layout.addWidget(QLabel("Series"))
+        layout.addWidget(self.series, 3)
+        layout.addWidget(self.problems_label)
+        layout.addWidget(self.problems, 1)
+        self._updating = False
+
+    def _selected(self, row: int) -> None:
+        if not self._updating and row >= 0:
+            self.seriesSelected.emit(row)
+
+    def show_study(self, study: Study, current: int) -> None:
+        """Refresh the lists (cheap: a few rows) without re-emitting a selection."""
+        self._updating = True
+        try:
+            self.source.setText(study.title or "")
+            texts = [f"{e.description}  [{e.analysed}/{len(e.slots)} analysed]" for e in study.series]
+            if [self.series.item(i).text() for i in range(self.series.count())] != texts:
+                self.series.clear()
+                self.series.addItems(texts)
+            if 0 <= current < self.series.count() and self.series.currentRow() != current:
+                self.series.setCurrentRow(current)
+            if self.problems.count() != len(study.problems):
+                self.problems.clear()
+                for p in study.problems:
+                    self._add_problem(p)
+            failed = sum(1 for p in study.problems if not p.skipped)
+            self.problems_label.setText(f"Problems: {failed} unreadable, {len(study.problems) - failed} skipped")
+        finally:
+            self._updating = False
+
+    def _add_problem(self, problem: Problem) -> None:
+        item = QListWidgetItem(("note: " if problem.skipped else "") + str(problem))
+        item.setToolTip(str(problem))
+        if not problem.skipped:
+            item.setForeground(QColor(200, 40, 40))
+        self.problems.addItem(item)
+
+
+class LesionList(QTableWidget):
+    """The lesions of the shown frame; clicking one emits ``lesionActivated``."""
+
+    lesionActivated = Signal(object)  # Lesion
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(0, len(LESION_COLUMNS), parent)
+        self.setHorizontalHeaderLabels(list(LESION_COLUMNS))
+        self.verticalHeader().setVisible(False)
+        self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
+        self.setMinimumWidth(300)
+        self.lesions: tuple[Lesion, ...] = ()
+        self.cellClicked.connect(lambda row, _col: self.activate(row))
+
+    def show_lesions(self, lesions: tuple[Lesion, ...]) -> None:
+        if lesions == self.lesions:
+            return
+        self.lesions = tuple(lesions)
+        self.setRowCount(len(self.lesions))
+        for row, les in enumerate(self.lesions):
+            cells = (str(row + 1), f"{les.area_mm2:.1f}", f"{les.diameter_mm:.1f}", f"{les.score:.2f}",
+                     "yes" if les.rechecked else "no")
+            for col, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                if col == 0:
+                    item.setForeground(QColor(*lesion_color(max(les.label, 1))))
+                self.setItem(row, col, item)
+
+    def activate(self, row: int) -> None:
+        if 0 <= row < len(self.lesions):
+            self.selectRow(row)
+            self.lesionActivated.emit(self.lesions[row])
+
+
+class Controls(QWidget):
+    """Overlay toggles and opacity, crop boxes, SEG layer, cine and replay rates."""
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.overlay = QCheckBox("AI overlay (g)")
+        self.overlay.setChecked(True)
+        self.opacity = QSlider(Qt.Orientation.Horizontal)
+        self.opacity.setRange(0, 100)
+        self.opacity.setValue(100)
+        self.opacity.setToolTip("Overlay opacity: 100 % draws fill at alpha 0.2 and outline at 0.7")
+        self.crops = QCheckBox("ROI crop boxes")
+        self.seg = QCheckBox("DICOM SEG layer")
+        self.seg.setChecked(True)
+        self.follow = QCheckBox("Follow the live stream")
+        self.follow.setChecked(True)
+        self.cine_fps = QSpinBox()
+        self.cine_fps.setRange(1, 60)
+        self.cine_fps.setValue(10)
+        self.cine_fps.setSuffix(" fps")
+        self.replay_fps = QSpinBox()
+        self.replay_fps.setRange(1, 120)
+        self.replay_fps.setValue(30)
+        self.replay_fps.setSuffix(" fps")
+        for w in (self.overlay, self.crops, self.seg, self.follow, self.opacity, self.cine_fps, self.replay_fps):
+            w.setFocusPolicy(Qt.FocusPolicy.ClickFocus)  # keep the hotkeys for the image
+        form = QFormLayout(self)
+        form.setContentsMargins(4, 4, 4, 4)
+        form.addRow(self.overlay)
+        form.addRow("Opacity", self.opacity)
+        form.addRow(self.crops)
+        form.addRow(self.seg)
+        form.addRow(self.follow)
+        form.addRow("Cine", self.cine_fps)
+        form.addRow("Replay", self.replay_fps)

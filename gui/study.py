@@ -1,0 +1,233 @@
+"""What the viewer holds: series of image slots, each with its frame, AI result and SEG mask.
+
+No Qt here. A :class:`Study` comes either from files (grouped by series and
+ordered by slice with :func:`medrt.io.series.group_series`; pixels are decoded
+later, on demand) or from a live stream, where frames are appended in arrival
+order as the pipeline decodes them. Everything is keyed by the frame key
+(``SOPInstanceUID[#frame]``), the name results and SEGs use too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from medrt_gui.imaging import DisplayIndex, Layer
+
+from medrt.errors import InputError
+from medrt.io.scan import iter_files
+from medrt.io.series import group_series
+from medrt.types import Frame, FrameResult
+
+__all__ = ["Slot", "SeriesEntry", "Problem", "Study", "SEG_SOP_CLASSES", "describe_error"]
+
+log = logging.getLogger(__name__)
+
+#: Segmentation Storage and Label Map Segmentation Storage.
+SEG_SOP_CLASSES = ("1.2.840.10008.5.1.4.1.1.66.4", "1.2.840.10008.5.1.4.1.1.66.7")
+
+
+def describe_error(exc: BaseException) -> str:
+    """A reason for people: for medrt's input errors what is wrong (the file is named apart)."""
+    if isinstance(exc, InputError):
+        return f"{exc.kind}: {exc.reason}"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def frame_key(sop_instance_uid: str, frames: int, index: int) -> str:
+    """The key :attr:`medrt.types.Frame.key` gives frame ``index`` of an object of ``frames`` frames."""
+    return f"{sop_instance_uid}#{index}" if frames > 1 else sop_instance_uid
+
+
+@dataclass(eq=False)
+class Slot:
+    """One image position in a series. ``frame``/``index`` arrive when decoded, ``result`` and
+    ``overlay`` (RGBA from :func:`medrt.overlay.overlay_rgba`) when the analysis finishes."""
+
+    key: str
+    path: Path | None = None
+    frame: Frame | None = None
+    index: DisplayIndex | None = None
+    result: FrameResult | None = None
+    overlay: Layer | None = None
+    latency_ms: float | None = None
+    seg_labels: np.ndarray | None = None  # uint16 label map from a DICOM SEG
+    seg_overlay: Layer | None = None
+    error: str | None = None
+    version: int = 0  # bumped whenever something shown changes
+
+    def set_frame(self, frame: Frame, index: DisplayIndex | None) -> None:
+        self.frame, self.index, self.error = frame, index, None
+        self.seg_overlay = None
+        self.version += 1
+
+    def set_result(self, result: FrameResult, overlay: Layer | None, latency_ms: float | None,
+                   index: DisplayIndex | None = None) -> None:
+        """Attach an analysis result. With ``index`` (the result's frame quantised off the GUI
+        thread) the result's own frame replaces a separately decoded copy, so the pixels are
+        held once."""
+        self.result, self.overlay, self.latency_ms = result, overlay, latency_ms
+        if index is not None or self.frame is None:
+            self.frame, self.index, self.error = result.frame, index, None
+        self.version += 1
+
+    def clear_result(self) -> None:
+        self.result = self.overlay = self.latency_ms = None
+        self.version += 1
+
+
+@dataclass(eq=False)
+class SeriesEntry:
+    """A series as the browser lists it."""
+
+    uid: str
+    modality: str
+    slots: list[Slot] = field(default_factory=list)
+    live: bool = False
+    _by_key: dict[str, Slot] = field(default_factory=dict, repr=False)
+
+    def add(self, slot: Slot) -> Slot:
+        self.slots.append(slot)
+        self._by_key[slot.key] = slot
+        return slot
+
+    def get(self, key: str) -> Slot | None:
+        return self._by_key.get(key)
+
+    def trim(self, keep: int) -> int:
+        """Forget all but the newest ``keep`` slots (a long live stream); returns how many went."""
+        extra = len(self.slots) - keep
+        if extra <= 0:
+            return 0
+        for slot in self.slots[:extra]:
+            self._by_key.pop(slot.key, None)
+        del self.slots[:extra]
+        return extra
+
+    @property
+    def description(self) -> str:
+        ds = next((s.frame.source.dataset for s in self.slots if s.frame is not None), None)
+        text = str(ds.get("SeriesDescription", "") or "") if ds is not None else ""
+        n = len(self.slots)
+        head = f"{self.modality or '?'} · {n} image{'s' if n != 1 else ''}"
+        return f"{head} · {text}" if text else f"{head} · …{self.uid[-12:]}"
+
+    @property
+    def analysed(self) -> int:
+        return sum(1 for s in self.slots if s.result is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """An input that could not be shown: the file's name, the reason, and whether it is
+    simply not an image (a note) rather than a failure."""
+
+    name: str
+    reason: str
+    skipped: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.reason}"
+
+
+class Study:
+    """Series of slots, the problems met on the way, and the SEG objects found beside them."""
+
+    def __init__(self, title: str = "", live: bool = False) -> None:
+        self.title = title
+        self.live = live
+        self.series: list[SeriesEntry] = []
+        self.problems: list[Problem] = []
+        self.seg_paths: list[Path] = []
+        self._seen_problems: set[Problem] = set()
+        self.trimmed = 0
+
+    # -- building -------------------------------------------------------------
+
+    @classmethod
+    def from_paths(cls, paths: Iterable[str | os.PathLike[str]], title: str = "") -> Study:
+        """Group the files (folders walked) into series in slice order. Reads headers only."""
+        files = [p for p in iter_files(paths)]
+        study = cls(title=title)
+        grouped = group_series(files)
+        for s in grouped.series:
+            entry = SeriesEntry(s.series_instance_uid, s.modality)
+            for item in s.items:
+                for i in range(item.frames):
+                    entry.add(Slot(frame_key(item.sop_instance_uid, item.frames, i), path=item.path))
+            study.series.append(entry)
+        for bad in grouped.errors:
+            study.problems.append(Problem(_name(bad.source), describe_error(bad.error),
+                                          skipped=bool(getattr(bad.error, "skippable", False))))
+        for other in grouped.non_images:
+            if other.sop_class_uid in SEG_SOP_CLASSES:
+                study.seg_paths.append(Path(other.source))
+            else:
+                study.problems.append(Problem(_name(other.source), f"not an image ({other.kind})", skipped=True))
+        log.info("opened %d series, %d problem(s), %d SEG(s)", len(study.series), len(study.problems),
+                 len(study.seg_paths))
+        return study
+
+    def add_live_frame(self, frame: Frame, index: DisplayIndex | None, path: Path | None = None,
+                       keep: int | None = None) -> tuple[int, int]:
+        """Put a streamed frame in its series (a new one if needed), appended in arrival order;
+        a frame sent again replaces its slot and waits for its new result. Returns
+        ``(series index, slot index)``."""
+        entry = next((e for e in self.series if e.uid == frame.series_instance_uid), None)
+        if entry is None:
+            entry = SeriesEntry(frame.series_instance_uid, frame.modality, live=True)
+            self.series.append(entry)
+        slot = entry.get(frame.key)
+        if slot is None:
+            slot = entry.add(Slot(frame.key, path=path))
+            if keep is not None:
+                self.trimmed += entry.trim(keep)
+        slot.clear_result()
+        slot.set_frame(frame, index)
+        return self.series.index(entry), entry.slots.index(slot)
+
+    # -- lookups ---------------------------------------------------------------
+
+    def find(self, key: str) -> tuple[int, int, Slot] | None:
+        for si, entry in enumerate(self.series):
+            slot = entry.get(key)
+            if slot is not None:
+                return si, entry.slots.index(slot), slot
+        return None
+
+    def slots_of(self, path: Path) -> list[Slot]:
+        """Every slot decoded from ``path`` (a multi-frame object has several)."""
+        return [slot for e in self.series for slot in e.slots if slot.path == path]
+
+    def files(self, first_series: int = 0) -> list[Path]:
+        """The image files in series and slice order, starting with series ``first_series``."""
+        order = self.series[first_series:] + self.series[:first_series]
+        seen: dict[Path, None] = {}
+        for entry in order:
+            for slot in entry.slots:
+                if slot.path is not None:
+                    seen.setdefault(slot.path, None)
+        return list(seen)
+
+    @property
+    def frames(self) -> int:
+        return sum(len(e.slots) for e in self.series)
+
+    def add_problem(self, name: str, reason: str, skipped: bool = False) -> Problem:
+        """Note a problem once (a replay loop meets the same file again and again)."""
+        problem = Problem(_name(name), reason, skipped)
+        if problem not in self._seen_problems:
+            self._seen_problems.add(problem)
+            self.problems.append(problem)
+        return problem
+
+
+def _name(source: object) -> str:
+    """A short, PHI-free name for a file: its name within its folder."""
+    text = str(source)
+    path = Path(text)
+    return f"{path.parent.name}/{path.name}" if path.parent.name else path.name

@@ -1,0 +1,491 @@
+"""The main window: image view with HUD, series browser, lesion list, controls, menus, hotkeys.
+
+Navigation, window/level and drawing live here; opening files, streams and
+SEGs in :mod:`medrt_gui.streams`. Drawing is coalesced: anything that changes
+what is shown asks for a render, and one render runs when the event loop is
+next idle, so a 30 fps stream never queues up paints.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from medrt_gui.bridge import AnalyzerProvider, Bridge, Decoder, Session
+from medrt_gui.canvas import ZOOM_STEP, ImageView
+from medrt_gui.hotkeys import HOTKEYS, help_html
+from medrt_gui.hud import EventLoopMonitor, Hud, format_live
+from medrt_gui.imaging import (
+    PRESETS,
+    DisplayIndex,
+    Layer,
+    apply_lut,
+    drag_window,
+    value_text,
+    window_lut,
+)
+from medrt_gui.panels import Controls, LesionList, SeriesBrowser
+from medrt_gui.seg import seg_overlay
+from medrt_gui.streams import StreamsMixin
+from medrt_gui.study import SeriesEntry, Slot, Study
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox
+
+__all__ = ["MainWindow"]
+
+log = logging.getLogger(__name__)
+
+Q = Qt.ConnectionType.QueuedConnection
+
+
+class MainWindow(QMainWindow, StreamsMixin):
+    """The viewer. ``provider`` loads the models (shared by every session); ``analysis=False``
+    only browses. ``workers`` inference threads per session; a live series keeps the newest
+    ``live_keep`` images."""
+
+    sessionFinished = Signal(int)
+    rendered = Signal(str)  # the key of the frame just drawn
+
+    def __init__(self, provider: AnalyzerProvider | None = None, *, analysis: bool = True, workers: int = 2,
+                 live_keep: int = 500) -> None:
+        super().__init__()
+        self.setWindowTitle("medrt viewer — research use only, not for clinical use")
+        self.resize(1280, 800)
+        self.provider = provider or AnalyzerProvider()
+        self.analysis_enabled = analysis
+        self.workers = workers
+        self.live_keep = live_keep
+        self.bridge = Bridge(self)
+        # Emitted on the pipeline's threads; queued, so each slot runs here, in the event loop.
+        self.bridge.frameArrived.connect(self._on_frame, Q)
+        self.bridge.resultReady.connect(self._on_result, Q)
+        self.bridge.failed.connect(self._on_failure, Q)
+        self.bridge.sessionEnded.connect(self._on_session_ended, Q)
+        self.bridge.sessionStarted.connect(self._on_session_started, Q)
+        self.bridge.decoded.connect(self._on_decoded, Q)
+        self.decoder = Decoder(self.bridge)
+        self.study = Study()
+        self.series_i = self.slot_i = 0
+        self.window_cw: tuple[float, float] | None = None  # (center, width) set by the user
+        self.inverted = False
+        self.session: Session | None = None
+        self._sid = 0
+        self.shown_key: str | None = None
+        self.hover_text = ""
+        self._hover_pixel: tuple[int, int] | None = None
+        self.frames_received = self.results_received = 0
+        self.failures: list[str] = []
+        self._lut_key: tuple[object, ...] | None = None
+        self._lut = None
+        self._image_key: tuple[object, ...] | None = None
+        self._gray_buffers: list[object] = [None, None]
+
+        self.view = ImageView(self)
+        self.setCentralWidget(self.view)
+        self.hud = Hud(self.view.viewport())
+        self.browser = SeriesBrowser()
+        self.lesion_list = LesionList()
+        self.controls = Controls()
+        self._dock("Series", self.browser, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self._dock("Lesions", self.lesion_list, Qt.DockWidgetArea.RightDockWidgetArea)
+        self._dock("Display", self.controls, Qt.DockWidgetArea.RightDockWidgetArea)
+
+        self.view.scrolled.connect(self.step)
+        self.view.windowDragged.connect(self._drag_window)
+        self.view.hovered.connect(self._hover)
+        self.view.zoomChanged.connect(lambda _z: self._update_hud())
+        self.browser.seriesSelected.connect(self.show_series)
+        self.lesion_list.lesionActivated.connect(self.focus_lesion)
+        c = self.controls
+        c.overlay.toggled.connect(self._overlay_toggled)
+        c.opacity.valueChanged.connect(lambda v: self.view.set_opacity(v / 100.0))
+        c.crops.toggled.connect(self.view.set_crops_visible)
+        c.seg.toggled.connect(self.view.set_seg_visible)
+        c.cine_fps.valueChanged.connect(self._cine_rate)
+        c.follow.toggled.connect(lambda on: on and self.last_image())
+
+        self.monitor = EventLoopMonitor(parent=self)
+        self.monitor.start()
+        self._render_timer = QTimer(self, singleShot=True, interval=0)
+        self._render_timer.timeout.connect(self._render)
+        self._hud_timer = QTimer(self, interval=250)
+        self._hud_timer.timeout.connect(self._tick)
+        self._hud_timer.start()
+        self.cine = QTimer(self)
+        self.cine.timeout.connect(lambda: self.step(1, wrap=True))
+        self._cine_rate(c.cine_fps.value())
+        self.actions_by_name: dict[str, QAction] = {}
+        self._build_menus()
+        self.statusBar().showMessage("Open a file or folder, watch a folder, or replay one as a stream.")
+        self.help_box: QMessageBox | None = None
+
+    def _dock(self, title: str, widget: object, area: Qt.DockWidgetArea) -> None:
+        dock = QDockWidget(title, self)
+        dock.setObjectName(title)
+        dock.setWidget(widget)  # type: ignore[arg-type]
+        dock.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable | QDockWidget.DockWidgetFeature.DockWidgetFloatable)
+        self.addDockWidget(area, dock)
+
+    # -- menus and hotkeys ---------------------------------------------------------
+
+    def _action(self, menu: object, text: str, slot: object, keys: tuple[str, ...] = ()) -> QAction:
+        action = QAction(text, self)
+        if keys:
+            action.setShortcuts([QKeySequence(k) for k in keys])
+            action.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+        action.triggered.connect(lambda _checked=False: slot())  # type: ignore[operator]
+        menu.addAction(action)  # type: ignore[attr-defined]
+        self.addAction(action)
+        return action
+
+    def _build_menus(self) -> None:
+        bar = self.menuBar()
+        f = bar.addMenu("&File")
+        self._action(f, "Open File…", self.open_file_dialog, ("Ctrl+O",))
+        self._action(f, "Open Folder…", self.open_folder_dialog, ("Ctrl+Shift+O",))
+        self._action(f, "Watch Folder (live)…", self.watch_dialog, ("Ctrl+W",))
+        self._action(f, "Replay Folder as Stream…", self.replay_dialog, ("Ctrl+R",))
+        self._action(f, "Stop Stream", self.stop_stream, ("Ctrl+.",))
+        f.addSeparator()
+        self._action(f, "Open DICOM SEG…", self.seg_dialog, ("Ctrl+G",))
+        self._action(f, "Export View as PNG…", self.export_dialog, ("Ctrl+E",))
+        f.addSeparator()
+        self._action(f, "Quit", self.close, ("Ctrl+Q",))
+        v = bar.addMenu("&View")
+        for h in HOTKEYS:
+            self.actions_by_name[h.action] = self._action(v, h.text, getattr(self, h.action), h.keys)
+        h = bar.addMenu("&Help")
+        self._action(h, "Hotkeys and Mouse", self.show_help, ("F1",))
+        self._action(h, "About", self.show_about)
+
+    def show_help(self) -> None:
+        self.help_box = QMessageBox(QMessageBox.Icon.NoIcon, "medrt viewer: hotkeys", "", parent=self)
+        self.help_box.setTextFormat(Qt.TextFormat.RichText)
+        self.help_box.setText(help_html())
+        self.help_box.open()
+
+    def show_about(self) -> None:
+        QMessageBox.about(self, "About medrt viewer",
+                          "medrt viewer: live AI overlays on DICOM streams.\n"
+                          "Research and demonstration software. Not for clinical use.")
+
+    # -- dialogs ----------------------------------------------------------------------------
+
+    def open_file_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open DICOM file")
+        if path:
+            self.open_path(path)
+
+    def open_folder_dialog(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Open folder")
+        if path:
+            self.open_path(path)
+
+    def watch_dialog(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Watch folder for new images")
+        if path:
+            self.start_watch(path)
+
+    def replay_dialog(self) -> None:
+        path = QFileDialog.getExistingDirectory(self, "Replay folder as a stream")
+        if path:
+            self.start_replay(path, fps=self.controls.replay_fps.value())
+
+    def seg_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open DICOM SEG", filter="DICOM (*.dcm);;All files (*)")
+        if path:
+            self.open_seg(path)
+
+    def export_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, "Export view as PNG", "view.png", "PNG (*.png)")
+        if path:
+            self.export_png(path)
+
+    def export_png(self, path: str | os.PathLike[str]) -> Path:
+        """Save what the image area shows (image, overlays, HUD) as a PNG."""
+        path = Path(path)
+        if not self.view.viewport().grab().save(str(path), "PNG"):
+            self.status(f"could not write {path}")
+            raise OSError(f"{path}: could not write the PNG")
+        self.status(f"exported the view to {path}")
+        return path
+
+    def status(self, text: str, ms: int = 10_000) -> None:
+        self.statusBar().showMessage(text, ms)
+
+    # -- navigation --------------------------------------------------------------------
+
+    @property
+    def current_series(self) -> SeriesEntry | None:
+        s = self.study.series
+        return s[self.series_i] if 0 <= self.series_i < len(s) else None
+
+    def current_slot(self) -> Slot | None:
+        entry = self.current_series
+        if entry is None or not entry.slots:
+            return None
+        self.slot_i = max(0, min(self.slot_i, len(entry.slots) - 1))
+        return entry.slots[self.slot_i]
+
+    def show_image(self, index: int) -> None:
+        entry = self.current_series
+        if entry is None or not entry.slots:
+            return
+        self.slot_i = max(0, min(index, len(entry.slots) - 1))
+        if self.session is not None and self.session.live and self.slot_i < len(entry.slots) - 1:
+            self.controls.follow.setChecked(False)  # looking back: stop following the stream
+        self.request_render()
+
+    def step(self, delta: int, wrap: bool = False) -> None:
+        entry = self.current_series
+        if entry is None or not entry.slots:
+            return
+        n = len(entry.slots)
+        self.show_image((self.slot_i + delta) % n if wrap else self.slot_i + delta)
+
+    def next_image(self) -> None:
+        self.step(1)
+
+    def previous_image(self) -> None:
+        self.step(-1)
+
+    def first_image(self) -> None:
+        self.show_image(0)
+
+    def last_image(self) -> None:
+        entry = self.current_series
+        if entry is not None:
+            self.show_image(len(entry.slots) - 1)
+            if self.session is not None and self.session.live:
+                self.controls.follow.setChecked(True)
+
+    def show_series(self, index: int) -> None:
+        if not 0 <= index < len(self.study.series) or index == self.series_i and self.shown_key:
+            return
+        self.series_i, self.slot_i = index, 0
+        self.window_cw = None  # each series starts at its header window
+        self.request_render()
+
+    def next_series(self) -> None:
+        self.show_series(min(self.series_i + 1, len(self.study.series) - 1))
+
+    def previous_series(self) -> None:
+        self.show_series(max(self.series_i - 1, 0))
+
+    # -- zoom, window/level, overlays ----------------------------------------------
+
+    def zoom_in(self) -> None:
+        self.view.zoom_by(ZOOM_STEP)
+
+    def zoom_out(self) -> None:
+        self.view.zoom_by(1 / ZOOM_STEP)
+
+    def fit(self) -> None:
+        self.view.fit()
+
+    def invert(self) -> None:
+        self.inverted = not self.inverted
+        self.request_render()
+
+    def reset(self) -> None:
+        self.window_cw = None
+        self.inverted = False
+        self.view.fit()
+        self.request_render()
+
+    def set_window(self, center: float, width: float) -> None:
+        self.window_cw = (float(center), max(1.0, float(width)))
+        self.request_render()
+
+    def apply_preset(self, key: str) -> None:
+        p = next(p for p in PRESETS if p.key == key)
+        self.set_window(p.level, p.width)
+        self.status(f"{p.name} window: W {p.width:g} / L {p.level:g}", 3000)
+
+    def preset_1(self) -> None:
+        self.apply_preset("1")
+
+    def preset_2(self) -> None:
+        self.apply_preset("2")
+
+    def preset_3(self) -> None:
+        self.apply_preset("3")
+
+    def preset_4(self) -> None:
+        self.apply_preset("4")
+
+    def current_window(self) -> tuple[float, float] | None:
+        if self.window_cw is not None:
+            return self.window_cw
+        slot = self.current_slot()
+        if slot is None or slot.frame is None:
+            return None
+        return float(slot.frame.window.center), float(slot.frame.window.width)
+
+    def _drag_window(self, dx: float, dy: float) -> None:
+        cw = self.current_window()
+        if cw is not None:
+            self.set_window(*drag_window(cw[0], cw[1], dx, dy, sensitivity=max(cw[1], 20.0) / 256.0))
+
+    def toggle_segmentation(self) -> None:
+        self.controls.overlay.toggle()
+
+    def _overlay_toggled(self, on: bool) -> None:
+        self.view.set_overlay_visible(on)
+        self._update_hud()
+
+    def toggle_cine(self) -> None:
+        if self.cine.isActive():
+            self.cine.stop()
+        else:
+            self.controls.follow.setChecked(False)
+            self.cine.start()
+        self.status("cine " + ("on" if self.cine.isActive() else "off"), 2000)
+
+    def _cine_rate(self, fps: int) -> None:
+        self.cine.setInterval(max(1, round(1000 / max(1, fps))))
+
+    def focus_lesion(self, lesion: object) -> None:
+        self.view.center_on_box(lesion.bbox, center=lesion.centroid)  # type: ignore[attr-defined]
+
+    def _hover(self, pixel: tuple[int, int] | None) -> None:
+        self._hover_pixel = pixel
+        self._update_hud()
+
+    def _hover_value(self, slot: Slot) -> str:
+        """The value under the cursor in the image shown now (never a previous image's)."""
+        pixel = self._hover_pixel
+        frame = slot.frame
+        if pixel is None or frame is None or self.shown_key != slot.key:
+            return ""
+        row, col = pixel
+        if not (0 <= row < frame.rows and 0 <= col < frame.cols):
+            return ""
+        return f"({col}, {row}) {value_text(float(frame.pixels[row, col]), frame.modality)}"
+
+    # -- drawing ----------------------------------------------------------------------------
+
+    def request_render(self) -> None:
+        if not self._render_timer.isActive():
+            self._render_timer.start()
+
+    @property
+    def render_pending(self) -> bool:
+        """True between a change and the render that shows it (the next idle moment)."""
+        return self._render_timer.isActive()
+
+    def _render(self) -> None:
+        slot = self.current_slot()
+        if slot is None:
+            self.view.blank()
+            self.lesion_list.show_lesions(())
+            self._image_key = None
+            self.shown_key = None
+            self._update_hud()
+            return
+        self._want_decoded(slot)
+        if slot.frame is None:
+            self.view.blank()
+            self.lesion_list.show_lesions(())
+            self._image_key = None
+            self.shown_key = None
+            self._update_hud()
+            return
+        if slot.index is None or slot.index.index.shape != slot.frame.shape:
+            slot.index = DisplayIndex.from_frame(slot.frame)
+        center, width = self.current_window() or (0.0, 1.0)
+        # Keys hold the index object itself (compared by identity), never a reusable id().
+        lut_key = (slot.index, center, width, self.inverted)
+        if lut_key != self._lut_key:
+            self._lut, self._lut_key = window_lut(slot.index, center, width, self.inverted), lut_key
+        image_key = lut_key
+        if image_key != self._image_key:
+            # Two buffers in turn: the one the view shows now is never written while shown.
+            self._gray_buffers.reverse()
+            gray = apply_lut(slot.index, self._lut, out=self._gray_buffers[0])
+            self._gray_buffers[0] = gray
+            self.view.set_image(gray)
+            self._image_key = image_key
+        self.view.set_overlay(slot.overlay)
+        if slot.seg_labels is not None and slot.seg_overlay is None:
+            try:
+                slot.seg_overlay = Layer.from_rgba(seg_overlay(slot.frame, slot.seg_labels))
+            except ValueError as exc:
+                self.status(f"SEG not shown: {exc}")
+        self.view.set_seg(slot.seg_overlay if slot.seg_labels is not None else None)
+        result = slot.result
+        self.view.set_crops(result.crops if result is not None else ())
+        lesions = result.lesions if result is not None else ()
+        self.view.set_lesions(lesions)
+        self.lesion_list.show_lesions(lesions)
+        self.shown_key = slot.key
+        self._update_hud()
+        self.rendered.emit(slot.key)
+
+    def _want_decoded(self, slot: Slot) -> None:
+        """Ask the decoder for this image and its neighbours (files not decoded yet)."""
+        entry = self.current_series
+        if entry is None or self.study.live:
+            return
+        near = entry.slots[max(0, self.slot_i - 1): self.slot_i + 3]
+        self.decoder.want([s.path for s in sorted(near, key=lambda s: s is not slot) if s.frame is None and s.error is None])
+
+    def _update_hud(self) -> None:
+        entry, slot = self.current_series, self.current_slot()
+        if entry is None or slot is None:
+            for corner in self.hud.CORNERS:
+                self.hud.set_text(corner, "")
+            return
+        desc = entry.description
+        desc = desc if len(desc) <= 44 else desc[:43] + "…"
+        top = f"{desc}\nimage {self.slot_i + 1}/{len(entry.slots)}"
+        if slot.error:
+            top += f"\ncannot show: {slot.error}"
+        elif slot.frame is None:
+            top += "\nloading…"
+        self.hud.set_text("top_left", top)
+        cw = self.current_window()
+        wl = f"W {cw[1]:.0f} L {cw[0]:.0f}" if cw else "W – L –"
+        lines = [wl + (" · inverted" if self.inverted else ""), f"zoom {self.view.zoom * 100:.0f}%"]
+        self.hover_text = self._hover_value(slot)
+        if self.hover_text:
+            lines.append(self.hover_text)
+        self.hud.set_text("bottom_left", "\n".join(lines))
+        self.hud.set_text("bottom_right", self._overlay_text(slot))
+
+    def _overlay_text(self, slot: Slot) -> str:
+        parts = []
+        if slot.result is not None:
+            n = len(slot.result.lesions)
+            parts.append(f"{n} lesion{'s' if n != 1 else ''}")
+            if slot.latency_ms is not None:
+                parts.append(f"AI {slot.latency_ms:.0f} ms")
+        elif self.session is not None and not self.session.done:
+            parts.append("analysing…")
+        elif self.analysis_enabled:
+            parts.append("no AI result")
+        if slot.seg_labels is not None:
+            parts.append("SEG")
+        state = "on" if self.controls.overlay.isChecked() else "off (g)"
+        parts.append(f"overlay {state}")
+        return " · ".join(parts)
+
+    def _tick(self) -> None:
+        """4 Hz: the live HUD corner and the browser's counts."""
+        session = self.session
+        if session is not None and session.live:
+            self.hud.set_text("top_right", format_live(session.stats(), self.monitor.lag_ms))
+        elif session is not None:
+            done = "" if session.done else f"/{self.study.frames}"
+            self.hud.set_text("top_right", f"AI {self.results_received}{done} analysed\n"
+                                           f"{session.backend or 'loading models…'}")
+        self.browser.show_study(self.study, self.series_i)
+
+    def closeEvent(self, event: object) -> None:  # noqa: N802 (Qt's name)
+        self.stop_sessions(wait=2.0)
+        self.decoder.shutdown()
+        self.monitor.stop()
+        self.cine.stop()
+        super().closeEvent(event)  # type: ignore[arg-type]

@@ -1,0 +1,491 @@
+"""The desktop viewer (medrt_gui), offscreen with pytest-qt: browsing, window/level presets,
+hotkeys, zoom/pan, the value under the cursor, AI overlays against the phantom's ground
+truth, toggles, the lesion list, SEGs, PNG export, Help, and bad files.
+
+Pixels are checked on what Qt actually draws: ``ImageView.render_scene()`` renders the
+scene (image and visible layers) at 1:1 in source pixels.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import SAMPLE_DIR, require_module
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+pytestmark = pytest.mark.gui
+
+CT = SAMPLE_DIR / "ct_stream"
+
+
+# -- fixtures and helpers ------------------------------------------------------------
+
+
+@pytest.fixture
+def bot(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """pytest-qt's qtbot; skips locally (fails in CI) without PySide6 or pytest-qt."""
+    require_module("PySide6.QtWidgets")
+    require_module("pytestqt")
+    return request.getfixturevalue("qtbot")
+
+
+@pytest.fixture
+def make_window(bot):  # type: ignore[no-untyped-def]
+    from medrt_gui.window import MainWindow
+
+    def make(**kw: object) -> MainWindow:
+        w = MainWindow(**kw)  # type: ignore[arg-type]
+        w.resize(1100, 760)
+        bot.addWidget(w)  # closed (sessions stopped) at teardown
+        w.show()
+        bot.waitExposed(w)
+        return w
+
+    return make
+
+
+def rendered(w) -> np.ndarray:  # type: ignore[no-untyped-def]
+    """What the scene draws at 1:1, once pending changes are drawn: uint8 RGB (rows, cols, 3)."""
+    from PySide6.QtGui import QImage
+    from PySide6.QtWidgets import QApplication
+
+    deadline = time.monotonic() + 10
+    while w.render_pending and time.monotonic() < deadline:
+        QApplication.processEvents()
+
+    img = w.view.render_scene().convertToFormat(QImage.Format.Format_RGB888)
+    arr = np.frombuffer(img.constBits(), dtype=np.uint8).reshape(img.height(), img.bytesPerLine())
+    return arr[:, : img.width() * 3].reshape(img.height(), img.width(), 3).copy()
+
+
+def tinted(rgb: np.ndarray, threshold: int = 8) -> np.ndarray:
+    """Pixels that are not grey: where an overlay was drawn."""
+    r, g, b = (rgb[:, :, i].astype(np.int16) for i in range(3))
+    return (np.abs(r - g) > threshold) | (np.abs(g - b) > threshold) | (np.abs(r - b) > threshold)
+
+
+def expected_gray(pixels: np.ndarray, level: float, width: float) -> np.ndarray:
+    """The linear window: black at level - width/2, white at level + width/2."""
+    return np.rint(np.clip((pixels.astype(np.float64) - (level - width / 2)) / width, 0, 1) * 255)
+
+
+def wait_shown(bot, w, index: int | None = None) -> None:  # type: ignore[no-untyped-def]
+    def ok() -> bool:
+        slot = w.current_slot()
+        return slot is not None and w.shown_key == slot.key and (index is None or w.slot_i == index)
+
+    bot.waitUntil(ok, timeout=20_000)
+
+
+def slot_index_of(w, file_name: str) -> int:  # type: ignore[no-untyped-def]
+    return next(i for i, s in enumerate(w.current_series.slots) if s.path is not None and s.path.name == file_name)
+
+
+def key_click(bot, w, key) -> None:  # type: ignore[no-untyped-def]
+    """A key press on the image, as a user would: window shortcuts need the window active."""
+    if not w.isActiveWindow():
+        w.activateWindow()
+        bot.waitUntil(w.isActiveWindow)
+    bot.keyClick(w.view, key)
+
+
+def wheel(w, steps: int) -> None:  # type: ignore[no-untyped-def]
+    from PySide6.QtCore import QPoint, QPointF, Qt
+    from PySide6.QtGui import QWheelEvent
+    from PySide6.QtWidgets import QApplication
+
+    vp = w.view.viewport()
+    pos = QPointF(vp.width() / 2, vp.height() / 2)
+    event = QWheelEvent(pos, vp.mapToGlobal(pos), QPoint(0, 0), QPoint(0, -120 * steps), Qt.MouseButton.NoButton,
+                        Qt.KeyboardModifier.NoModifier, Qt.ScrollPhase.NoScrollPhase, False)
+    QApplication.sendEvent(vp, event)
+
+
+# -- browsing, window/level, navigation ------------------------------------------------
+
+
+def test_open_folder_scroll_keys_and_wheel(bot, make_window) -> None:  # type: ignore[no-untyped-def]
+    from PySide6.QtCore import Qt
+
+    w = make_window(analysis=False)
+    study = w.open_path(CT)
+    assert len(study.series) == 1 and len(study.series[0].slots) == 40
+    # The sidecars are listed as skipped non-DICOM files, not failures.
+    assert {p.name.split("/")[-1] for p in study.problems} == {"ground_truth.json", "ground_truth_masks.npz"}
+    assert all(p.skipped for p in study.problems) and w.failures == []
+    wait_shown(bot, w, 0)
+    first = rendered(w)
+    key_click(bot, w, Qt.Key.Key_Down)
+    wait_shown(bot, w, 1)
+    assert not np.array_equal(rendered(w), first), "the next slice must look different"
+    key_click(bot, w, Qt.Key.Key_End)
+    wait_shown(bot, w, 39)
+    key_click(bot, w, Qt.Key.Key_Up)
+    wait_shown(bot, w, 38)
+    key_click(bot, w, Qt.Key.Key_Home)
+    wait_shown(bot, w, 0)
+    assert np.array_equal(rendered(w), first)
+    wheel(w, 3)  # three notches down: three images on
+    wait_shown(bot, w, 3)
+    wheel(w, -1)
+    wait_shown(bot, w, 2)
+    assert "image 3/40" in w.hud.text("top_left")
+
+
+def test_presets_render_the_width_and_level_they_name(bot, make_window) -> None:  # type: ignore[no-untyped-def]
+    from medrt_gui.imaging import PRESETS
+    from PySide6.QtCore import Qt
+
+    w = make_window(analysis=False)
+    w.open_path(CT)
+    w.show_image(slot_index_of(w, "ct_0017.dcm"))
+    wait_shown(bot, w)
+    hu = w.current_slot().frame.pixels
+    # The header window (W 400 / L 40) first.
+    win = w.current_slot().frame.window
+    assert np.abs(rendered(w)[:, :, 0] - expected_gray(hu, win.center, win.width)).max() <= 1
+    seen = []
+    for preset in PRESETS:
+        key_click(bot, w, preset.key)
+        bot.waitUntil(lambda p=preset: w.current_window() == (p.level, p.width))
+        got = rendered(w)[:, :, 0].astype(np.int32)
+        want = expected_gray(hu, preset.level, preset.width)
+        assert np.abs(got - want).max() <= 1, f"{preset.name}: rendered pixels do not follow W {preset.width} L {preset.level}"
+        assert f"W {preset.width:.0f} L {preset.level:.0f}" in w.hud.text("bottom_left")
+        seen.append(got)
+    assert all(not np.array_equal(a, b) for i, a in enumerate(seen) for b in seen[i + 1:]), "presets must differ"
+    key_click(bot, w, Qt.Key.Key_I)  # invert
+    bot.waitUntil(lambda: w.inverted)
+    assert np.abs(rendered(w)[:, :, 0].astype(np.int32) - (255 - seen[-1])).max() <= 1
+    key_click(bot, w, Qt.Key.Key_Space)  # reset: header window, not inverted
+    bot.waitUntil(lambda: not w.inverted and w.window_cw is None)
+    assert np.abs(rendered(w)[:, :, 0] - expected_gray(hu, win.center, win.width)).max() <= 1
+
+
+def test_drag_window_level_and_value_under_cursor(bot, make_window) -> None:  # type: ignore[no-untyped-def]
+    from PySide6.QtCore import QPoint, Qt
+    from PySide6.QtTest import QTest
+
+    w = make_window(analysis=False)
+    w.open_path(CT)
+    wait_shown(bot, w)
+    center0, width0 = w.current_window()
+    vp = w.view.viewport()
+    start = vp.rect().center()
+    QTest.mousePress(vp, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, start)
+    QTest.mouseMove(vp, start + QPoint(60, 0))
+    QTest.mouseMove(vp, start + QPoint(60, 30))
+    QTest.mouseRelease(vp, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, start + QPoint(60, 30))
+    center1, width1 = w.current_window()
+    assert width1 > width0 and center1 > center0  # right widens, down raises the level
+    # The HU under the cursor is the frame's own value at that pixel.
+    pos = start + QPoint(-40, 25)
+    QTest.mouseMove(vp, pos)
+    row, col = w.view.scene_pixel(pos.toPointF())
+    value = float(w.current_slot().frame.pixels[row, col])
+    bot.waitUntil(lambda: f"HU {value:.0f}" in w.hud.text("bottom_left"))
+    assert f"({col}, {row})" in w.hover_text
+
+
+def test_zoom_fit_pan_and_series_keys(bot, make_window) -> None:  # type: ignore[no-untyped-def]
+    from PySide6.QtCore import QPoint, Qt
+    from PySide6.QtTest import QTest
+
+    w = make_window(analysis=False)
+    w.open_path(SAMPLE_DIR)  # the CT series and the radiographs
+    assert len(w.study.series) == 4  # one CT series, three radiographs (a series each)
+    wait_shown(bot, w)
+    fit = w.view.zoom
+    assert fit == pytest.approx(w.view.fit_zoom(), rel=1e-3)
+    key_click(bot, w, Qt.Key.Key_Plus)
+    assert w.view.zoom == pytest.approx(fit * 1.25, rel=1e-3)
+    key_click(bot, w, Qt.Key.Key_Minus)
+    key_click(bot, w, Qt.Key.Key_Minus)
+    assert w.view.zoom == pytest.approx(fit / 1.25, rel=1e-3)
+    key_click(bot, w, Qt.Key.Key_Equal)
+    assert w.view.zoom == pytest.approx(fit, rel=1e-3)
+    key_click(bot, w, Qt.Key.Key_Plus)
+    before = w.view.view_center()
+    vp = w.view.viewport()
+    c = vp.rect().center()
+    QTest.mousePress(vp, Qt.MouseButton.MiddleButton, Qt.KeyboardModifier.NoModifier, c)
+    QTest.mouseMove(vp, c + QPoint(50, 40))
+    QTest.mouseRelease(vp, Qt.MouseButton.MiddleButton, Qt.KeyboardModifier.NoModifier, c + QPoint(50, 40))
+    after = w.view.view_center()
+    assert after[1] == pytest.approx(before[1] - 50 / w.view.zoom, abs=1.0)  # the image followed the mouse
+    assert after[0] == pytest.approx(before[0] - 40 / w.view.zoom, abs=1.0)
+    key_click(bot, w, Qt.Key.Key_Space)
+    assert w.view.zoom == pytest.approx(fit, rel=1e-3)
+    first_series = w.current_series.uid
+    key_click(bot, w, Qt.Key.Key_PageDown)
+    wait_shown(bot, w)
+    assert w.current_series.uid != first_series and w.series_i == 1
+    key_click(bot, w, Qt.Key.Key_PageUp)
+    wait_shown(bot, w)
+    assert w.current_series.uid == first_series
+
+
+def test_cine_plays_and_stops(bot, make_window) -> None:  # type: ignore[no-untyped-def]
+    from PySide6.QtCore import Qt
+
+    w = make_window(analysis=False)
+    w.open_path(CT)
+    wait_shown(bot, w, 0)
+    w.controls.cine_fps.setValue(40)
+    assert w.cine.interval() == 25
+    key_click(bot, w, Qt.Key.Key_C)
+    assert w.cine.isActive()
+    bot.waitUntil(lambda: w.slot_i >= 3, timeout=10_000)
+    key_click(bot, w, Qt.Key.Key_C)
+    assert not w.cine.isActive()
+    stopped = w.slot_i
+    bot.wait(150)
+    assert w.slot_i == stopped
+
+
+# -- AI overlays, toggles and the lesion list -------------------------------------
+
+
+@pytest.fixture(scope="module")
+def analysed():  # type: ignore[no-untyped-def]
+    """One window that has run the AI over the CT sample (shared: the analysis takes seconds)."""
+    require_module("PySide6.QtWidgets")
+    require_module("pytestqt")
+    from medrt_gui.window import MainWindow
+    from PySide6.QtWidgets import QApplication
+
+    app = QApplication.instance() or QApplication([])
+    w = MainWindow(workers=2)
+    w.resize(1100, 760)
+    w.show()
+    w.open_path(CT)
+    deadline = time.monotonic() + 180
+    while not (w.session is not None and w.session.done and w.results_received == 40):
+        app.processEvents()
+        time.sleep(0.01)
+        assert time.monotonic() < deadline, f"analysis did not finish: {w.results_received}/40"
+    yield w
+    w.close()
+
+
+def test_overlay_appears_at_the_ground_truth_lesion(bot, analysed) -> None:  # type: ignore[no-untyped-def]
+    from medrt.phantom import load_ground_truth
+
+    w = analysed
+    truth = {t.file.name: t for t in load_ground_truth(CT).values()}["ct_0015.dcm"]
+    w.controls.overlay.setChecked(True)
+    w.controls.opacity.setValue(100)
+    w.show_image(slot_index_of(w, "ct_0015.dcm"))
+    wait_shown(bot, w)
+    slot = w.current_slot()
+    assert slot.result is not None and slot.result.lesions
+    mask = truth.mask > 0
+    drawn = tinted(rendered(w))
+    covered = drawn[mask].mean()
+    assert covered > 0.6, f"only {covered:.0%} of the ground-truth lesion is overlaid"
+    # Elsewhere the image stays grey, apart from what the model found.
+    assert drawn[np.asarray(slot.result.labels) == 0].mean() < 0.001
+    # The lesion numbers are drawn too.
+    assert len(w.view._labels) == len(slot.result.lesions)
+
+
+def test_overlay_toggles_opacity_and_crop_boxes(bot, analysed) -> None:  # type: ignore[no-untyped-def]
+    from PySide6.QtCore import Qt
+
+    w = analysed
+    w.controls.overlay.setChecked(True)
+    w.controls.opacity.setValue(100)
+    w.show_image(slot_index_of(w, "ct_0015.dcm"))
+    wait_shown(bot, w)
+    labels = np.asarray(w.current_slot().result.labels) > 0
+    full = rendered(w)
+    assert tinted(full)[labels].mean() > 0.9
+    key_click(bot, w, Qt.Key.Key_G)  # g hides the overlay
+    assert not w.controls.overlay.isChecked()
+    assert tinted(rendered(w)).sum() == 0
+    assert "overlay off" in w.hud.text("bottom_right")
+    key_click(bot, w, Qt.Key.Key_G)
+    assert tinted(rendered(w))[labels].mean() > 0.9
+    # Opacity: 0 hides, half is fainter than full.
+    w.controls.opacity.setValue(0)
+    assert tinted(rendered(w)).sum() == 0
+    w.controls.opacity.setValue(50)
+    half = rendered(w).astype(np.int16)
+    spread = lambda a: np.abs(a[:, :, 0] - a[:, :, 1])[labels].mean()  # noqa: E731
+    assert 0 < spread(half) < spread(full.astype(np.int16))
+    w.controls.opacity.setValue(100)
+    # Crop boxes: the UNet's crops, drawn only when asked.
+    crops = w.current_slot().result.crops
+    assert crops and len(w.view.crop_items) == len(crops)
+    top = lambda: rendered(w)[:3]  # noqa: E731  (a 512² CT crop is the whole frame: its box runs along the top)
+    yellow = lambda a: ((a[:, :, 0] > 150) & (a[:, :, 1] > 150) & (a[:, :, 2] < 100)).sum()  # noqa: E731
+    assert yellow(top()) == 0
+    w.controls.crops.setChecked(True)
+    assert all(item.isVisible() for item in w.view.crop_items)
+    assert yellow(top()) > 20
+    w.controls.crops.setChecked(False)
+    assert yellow(top()) == 0
+
+
+def test_lesion_list_click_centres_and_zooms(bot, analysed) -> None:  # type: ignore[no-untyped-def]
+    from PySide6.QtCore import Qt
+
+    w = analysed
+    w.show_image(slot_index_of(w, "ct_0017.dcm"))
+    wait_shown(bot, w)
+    w.view.fit()
+    fit = w.view.zoom
+    lesions = w.current_slot().result.lesions
+    table = w.lesion_list
+    assert table.rowCount() == len(lesions) >= 1
+    for row, les in enumerate(lesions):
+        assert table.item(row, 2).text() == f"{les.diameter_mm:.1f}"
+        assert table.item(row, 1).text() == f"{les.area_mm2:.1f}"
+        assert table.item(row, 4).text() in ("yes", "no")
+    row = len(lesions) - 1
+    rect = table.visualItemRect(table.item(row, 0))
+    bot.mouseClick(table.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
+    target = lesions[row].centroid
+    r, c = w.view.view_center()
+    assert abs(r - (target[0] + 0.5)) < 2 and abs(c - (target[1] + 0.5)) < 2, ((r, c), target)
+    assert w.view.zoom > 1.9 * fit
+    key_click(bot, w, Qt.Key.Key_Equal)
+    assert w.view.zoom == pytest.approx(fit, rel=1e-3)
+
+
+# -- SEG, export, help, bad files ---------------------------------------------------------
+
+
+def _seg_from_truth(out: Path, names: list[str]) -> Path:
+    """A DICOM SEG of the ground-truth masks of ``names``, built by medrt's own SEG exporter."""
+    from medrt.export.seg import build_seg
+    from medrt.io.dicom import read_frames
+    from medrt.phantom import load_ground_truth
+    from medrt.types import FrameResult, StageTimings
+
+    truth = {t.file.name: t for t in load_ground_truth(CT).values()}
+    results = [FrameResult(frame=read_frames(CT / n)[0], lesions=(), labels=truth[n].mask.astype(np.uint16),
+                           presence=1.0, proposals=(), crops=(), mode="roi", timings=StageTimings(),
+                           backend="test", precision="fp32", models=("truth@1",)) for n in names]
+    seg = build_seg(results)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    seg.save_as(out)
+    return out
+
+
+def test_seg_opened_beside_its_source(bot, make_window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from medrt.phantom import load_ground_truth
+
+    names = ["ct_0014.dcm", "ct_0015.dcm", "ct_0016.dcm", "ct_0017.dcm"]
+    seg = _seg_from_truth(tmp_path / "out" / "seg.dcm", names)
+    w = make_window(analysis=False)
+    w.open_path(CT)
+    assert w.open_seg(seg) == 4
+    w.show_image(slot_index_of(w, "ct_0017.dcm"))
+    wait_shown(bot, w)
+    truth = {t.file.name: t for t in load_ground_truth(CT).values()}["ct_0017.dcm"]
+    drawn = tinted(rendered(w))
+    assert np.array_equal(drawn, truth.mask > 0), "the SEG layer must cover exactly the segmented pixels"
+    assert "SEG" in w.hud.text("bottom_right")
+    w.controls.seg.setChecked(False)
+    assert tinted(rendered(w)).sum() == 0
+    # A SEG lying in the opened folder is laid over its images by itself.
+    folder = tmp_path / "study"
+    folder.mkdir()
+    for n in names:
+        shutil.copy(CT / n, folder / n)
+    shutil.copy(seg, folder / "seg.dcm")
+    w.controls.seg.setChecked(True)
+    study = w.open_path(folder)
+    assert len(study.seg_paths) == 1
+    assert sum(s.seg_labels is not None for s in study.series[0].slots) == 4
+    # A SEG of images that are not open says so, and nothing breaks.
+    w.open_path(SAMPLE_DIR / "radiographs")
+    assert w.open_seg(seg) == 0
+    assert "none of the open images" in w.statusBar().currentMessage()
+
+
+def test_export_view_as_png(bot, make_window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from PIL import Image
+
+    w = make_window(analysis=False)
+    w.open_path(CT)
+    wait_shown(bot, w)
+    out = w.export_png(tmp_path / "view.png")
+    with Image.open(out) as img:
+        assert img.size == (w.view.viewport().width(), w.view.viewport().height())
+        arr = np.asarray(img.convert("L"))
+    assert arr.std() > 10  # the CT slice, not an empty frame
+
+
+def test_help_lists_every_hotkey(bot, make_window) -> None:  # type: ignore[no-untyped-def]
+    from medrt_gui.hotkeys import HOTKEYS, MOUSE, help_text
+    from PySide6.QtCore import Qt
+
+    required = {"Up", "Down", "Home", "End", "PgUp", "PgDown", "+", "-", "=", "I", "C", "Space",
+                "1", "2", "3", "4", "G"}
+    assert required <= {k for h in HOTKEYS for k in h.keys}
+    w = make_window(analysis=False)
+    key_click(bot, w, Qt.Key.Key_F1)
+    bot.waitUntil(lambda: w.help_box is not None and w.help_box.isVisible())
+    text = w.help_box.text()
+    for h in HOTKEYS:
+        assert f"<b>{h.shown}</b>" in text and h.text in text
+        assert h.text in help_text()
+        assert [s.toString() for s in w.actions_by_name[h.action].shortcuts()], h.action
+    for what, _ in MOUSE:
+        assert what in text
+    w.help_box.close()
+
+
+def _bad_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "mixed"
+    folder.mkdir()
+    for n in ("ct_0014.dcm", "ct_0015.dcm", "ct_0016.dcm", "ct_0017.dcm", "ct_0018.dcm"):
+        shutil.copy(CT / n, folder / n)
+    data = (CT / "ct_0020.dcm").read_bytes()
+    (folder / "cut_header.dcm").write_bytes(data[:300])
+    (folder / "cut_pixels.dcm").write_bytes(data[: int(len(data) * 0.6)])
+    (folder / "garbage.dcm").write_bytes(np.random.default_rng(0).bytes(5000))
+    (folder / "notes.txt").write_text("reading list\n")
+    return folder
+
+
+def test_bad_files_are_named_and_the_rest_still_shows(bot, make_window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from PySide6.QtCore import Qt
+
+    folder = _bad_folder(tmp_path)
+    w = make_window(analysis=True)
+    study = w.open_path(folder)
+    problems = {p.name.split("/")[-1]: p for p in study.problems}
+    assert not problems["cut_header.dcm"].skipped and problems["cut_header.dcm"].reason
+    assert problems["garbage.dcm"].skipped and problems["notes.txt"].skipped
+    assert "cut_header.dcm" in w.statusBar().currentMessage()
+    # cut_pixels.dcm has a whole header: it is listed, and fails when its pixels are decoded.
+    assert len(study.series[0].slots) == 6
+    bot.waitUntil(lambda: w.session.done, timeout=120_000)
+    assert w.results_received == 5
+    bot.waitUntil(lambda: any("cut_pixels.dcm" in f for f in w.failures))
+    bad = slot_index_of(w, "cut_pixels.dcm")
+    w.show_image(bad)
+    bot.waitUntil(lambda: w.current_slot().error is not None, timeout=20_000)
+    bot.waitUntil(lambda: "cannot show" in w.hud.text("top_left"))
+    assert "cut_pixels.dcm" in w.statusBar().currentMessage() or "cut_pixels.dcm" in " ".join(w.failures)
+    # Every other image still shows, and the app goes on.
+    for i in range(6):
+        w.show_image(i)
+        if i != bad:
+            wait_shown(bot, w, i)
+    key_click(bot, w, Qt.Key.Key_End)
+    key_click(bot, w, Qt.Key.Key_Home)
+    bot.waitUntil(lambda: w.slot_i == 0 and not w.render_pending)
+    w.show_image(bad)
+    bot.waitUntil(lambda: w.shown_key is None and not w.render_pending)
+    assert w.view.image.pixmap().isNull(), "no stale image under the unreadable one's label"
+    assert w.isVisible()

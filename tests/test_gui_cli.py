@@ -1,0 +1,141 @@
+"""``medrt view`` and ``medrt-viewer`` from the outside: Qt stays out of the core, a missing
+PySide6 gets an install hint, and the real window opens and is photographed (offscreen, and
+on an X server under Xvfb as CI does)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, SAMPLE_DIR, require_module, require_tool
+
+pytestmark = pytest.mark.gui
+
+CT = SAMPLE_DIR / "ct_stream"
+# ct_0017.dcm (two ground-truth lesions) is image 24 of 40 in slice order.
+LESION_IMAGE = 24
+
+
+def _run(args: list[str], env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_core_and_command_line_load_no_qt() -> None:
+    code = (
+        "import sys, medrt, medrt.pipeline, medrt.pipeline.graph, medrt.pipeline.sinks, medrt.io.sources, "
+        "medrt.overlay, medrt.cli, medrt.commands.view, medrt_gui, medrt_gui.imaging, medrt_gui.study, "
+        "medrt_gui.hotkeys\n"
+        "medrt.cli.build_parser()\n"
+        "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in ('PySide6', 'shiboken6', 'PyQt5', 'PyQt6'))))"
+    )
+    out = _run([sys.executable, "-c", code])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "", f"Qt was imported: {out.stdout}"
+
+
+def test_view_without_pyside6_names_the_extra() -> None:
+    code = (
+        "import sys\n"
+        "sys.modules['PySide6'] = None  # as if PySide6 were not installed\n"
+        "from medrt.cli import main\n"
+        "sys.exit(main(['view', 'sample_dicom/ct_stream']))"
+    )
+    out = _run([sys.executable, "-c", code])
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "pip install 'medrt[gui]'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_view_help_lists_the_modes() -> None:
+    out = _run([sys.executable, "-m", "medrt", "view", "--help"])
+    assert out.returncode == 0, out.stderr
+    for option in ("--replay", "--watch", "--seg", "--screenshot", "--no-analysis", "--backend"):
+        assert option in out.stdout
+    gui_script = Path(sys.executable).parent / "medrt-viewer"
+    if not gui_script.exists():
+        pytest.fail("the medrt-viewer GUI script is not installed (pip install -e '.[gui]')")
+    out = _run([str(gui_script), "--help"])
+    assert out.returncode == 0 and "--replay" in out.stdout, out.stderr
+
+
+def _check_screenshot(path: Path, out: subprocess.CompletedProcess[str]) -> np.ndarray:
+    from PIL import Image
+
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert path.is_file(), out.stdout + out.stderr
+    with Image.open(path) as img:
+        assert img.size[0] >= 800 and img.size[1] >= 500
+        rgb = np.asarray(img.convert("RGB")).astype(np.int16)
+    assert rgb.std() > 20, "the screenshot is blank"
+    return rgb
+
+
+def _overlay_pixels(rgb: np.ndarray) -> int:
+    """Pixels in the lesion palette's first colour (red, 255/64/64) blended at 0.7 over grey."""
+    r, g, b = rgb[:, :, 0], rgb[:, :, 1], rgb[:, :, 2]
+    return int(((r - g > 60) & (np.abs(g - b) < 30)).sum())
+
+
+def test_screenshot_of_the_viewer_offscreen(tmp_path: Path) -> None:
+    require_module("PySide6.QtWidgets")
+    shot = tmp_path / "viewer.png"
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    out = _run([sys.executable, "-m", "medrt", "view", str(CT), "--image", str(LESION_IMAGE),
+                "--screenshot", str(shot), "--timeout", "240"], env=env)
+    rgb = _check_screenshot(shot, out)
+    assert "platform offscreen" in out.stdout
+    assert _overlay_pixels(rgb) > 20, "the lesion overlay is not in the screenshot"
+
+
+def test_real_window_under_xvfb(tmp_path: Path) -> None:
+    """What CI's screenshot step does: an X server, the viewer as an X11 (xcb) window, and a
+    picture of that window taken from the X server."""
+    require_module("PySide6.QtWidgets")
+    xvfb = require_tool("Xvfb")
+    read_fd, write_fd = os.pipe()
+    server = subprocess.Popen([xvfb, "-displayfd", str(write_fd), "-screen", "0", "1280x1024x24", "-nolisten", "tcp"],
+                              pass_fds=(write_fd,), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    os.close(write_fd)
+    try:
+        with os.fdopen(read_fd) as f:
+            display = f.readline().strip()  # Xvfb writes its display number once it accepts clients
+        assert display.isdigit(), f"Xvfb did not start: {server.stderr.read().decode() if server.stderr else ''}"
+        shot = tmp_path / "xvfb.png"
+        env = {**os.environ, "QT_QPA_PLATFORM": "xcb", "DISPLAY": f":{display}"}
+        out = _run([sys.executable, "-m", "medrt", "view", str(CT), "--image", str(LESION_IMAGE), "--preset", "1",
+                    "--screenshot", str(shot), "--timeout", "240"], env=env)
+        rgb = _check_screenshot(shot, out)
+        assert "platform xcb" in out.stdout, out.stdout + out.stderr
+        assert _overlay_pixels(rgb) > 20, "the lesion overlay is not in the screenshot"
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_seg_written_by_medrt_batch_opens_beside_its_source(tmp_path: Path) -> None:
+    """``medrt batch`` writes a SEG; ``medrt view SOURCE --seg SEG`` lays it over the images."""
+    require_module("PySide6.QtWidgets")
+    import shutil
+
+    source = tmp_path / "ct"
+    source.mkdir()
+    for n in ("ct_0014.dcm", "ct_0015.dcm", "ct_0016.dcm", "ct_0017.dcm"):
+        shutil.copy(CT / n, source / n)
+    batch = _run([sys.executable, "-m", "medrt", "batch", str(source), "--out", str(tmp_path / "out"), "--quiet"])
+    assert batch.returncode == 0, batch.stdout + batch.stderr
+    (seg,) = (tmp_path / "out" / "series").glob("*/seg.dcm")
+    shot = tmp_path / "seg.png"
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    # ct_0017 is image 1 of these four in slice order; no AI run, so only the SEG is drawn.
+    out = _run([sys.executable, "-m", "medrt", "view", str(source), "--seg", str(seg), "--no-analysis",
+                "--image", "1", "--screenshot", str(shot)], env=env)
+    rgb = _check_screenshot(shot, out)
+    r, g, b = rgb[:, :, 0], rgb[:, :, 1], rgb[:, :, 2]
+    magenta = int(((r - g > 60) & (b - g > 60)).sum())  # the SEG layer's colour
+    assert magenta > 20, "the SEG layer is not in the screenshot"
+    assert _overlay_pixels(rgb) == 0  # and no AI overlay

@@ -1,0 +1,142 @@
+"""The viewer's live mode, offscreen: a 30 fps replay through the real pipeline (latest-wins
+at the entry, inference on the pipeline's threads, results by queued signals) while the
+event loop is measured, and a watched folder whose new images appear as they land."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import SAMPLE_DIR, require_module
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+pytestmark = pytest.mark.gui
+
+CT = SAMPLE_DIR / "ct_stream"
+#: The event loop must never stall this long during the stream (a generous bound: the
+#: figure is about what the GUI thread does, not how fast this shared machine is).
+MAX_GAP_MS = 250.0
+
+
+@pytest.fixture
+def bot(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    require_module("PySide6.QtWidgets")
+    require_module("pytestqt")
+    return request.getfixturevalue("qtbot")
+
+
+@pytest.fixture
+def window(bot):  # type: ignore[no-untyped-def]
+    from medrt_gui.window import MainWindow
+
+    w = MainWindow(workers=2)
+    w.resize(1100, 760)
+    bot.addWidget(w)
+    w.show()
+    bot.waitExposed(w)
+    return w
+
+
+class GapMeter:
+    """The longest gap between ticks of a 10 ms timer: how long the event loop was busy."""
+
+    def __init__(self) -> None:
+        from PySide6.QtCore import Qt, QTimer
+
+        self.gaps: list[float] = []
+        self._last: float | None = None
+        self.timer = QTimer()
+        self.timer.setTimerType(Qt.TimerType.PreciseTimer)
+        self.timer.setInterval(10)
+        self.timer.timeout.connect(self._tick)
+
+    def _tick(self) -> None:
+        now = time.perf_counter()
+        if self._last is not None:
+            self.gaps.append((now - self._last) * 1000.0)
+        self._last = now
+
+    def start(self) -> None:
+        self.timer.start()
+
+    def stop(self) -> None:
+        self.timer.stop()
+
+
+def test_replay_at_30fps_draws_frames_then_overlays_and_stays_responsive(bot, window, record_property,
+                                                                            capsys) -> None:  # type: ignore[no-untyped-def]
+    w = window
+    w.provider.get()  # load the models first: the figure is about streaming, not start-up
+    draws: list[tuple[str, bool]] = []
+    w.rendered.connect(lambda key: draws.append((key, w.current_slot().result is not None)))
+    meter = GapMeter()
+    meter.start()
+    loops = 2
+    session = w.start_replay(CT, fps=30, loop=loops)
+    assert session is not None and session.policy == "latest"
+    with bot.waitSignal(w.sessionFinished, timeout=180_000):
+        pass
+    meter.stop()
+    images = 40 * loops
+    drops = sum(c["drops"] + c["rejects"] for c in session.pipe.counters().values())
+    # Every image was either dropped at the entry (latest-wins) or decoded, shown and analysed.
+    assert w.frames_received + drops == images, (w.frames_received, drops)
+    assert w.results_received == w.frames_received >= 20
+    assert session.pipe.counters()["decode"]["drops"] == drops  # drops happen at the entry only
+    # The sidecars are noted as skipped, not failures.
+    assert w.failures == [] and sum(p.skipped for p in w.study.problems) == 2  # noted once, not per loop
+    # The stream was followed: the newest image is shown, with its overlay.
+    assert w.shown_key == w.current_series.slots[-1].key
+    assert len(w.current_series.slots) == 40  # a re-sent image replaces its slot
+    # Frames were drawn as soon as they arrived, and drawn again when their overlay was ready.
+    assert any(not analysed for _, analysed in draws) and any(analysed for _, analysed in draws)
+    assert sum(1 for s in w.current_series.slots if s.result is not None and s.result.lesions) >= 5
+    hud = w.hud.text("top_right")
+    for word in ("fps", "latency", "p99", "drops", "onnxruntime"):
+        assert word in hud, hud
+    worst = max(meter.gaps)
+    p99 = float(np.percentile(meter.gaps, 99))
+    record_property("event_loop_max_gap_ms", round(worst, 1))
+    record_property("event_loop_p99_gap_ms", round(p99, 1))
+    with capsys.disabled():
+        print(f"\n[viewer] 30 fps replay of {images} images: {w.frames_received} shown, {drops} dropped at the "
+              f"entry; event loop max gap {worst:.0f} ms, p99 {p99:.0f} ms (10 ms timer, {len(meter.gaps)} ticks); "
+              f"HUD: {hud.splitlines()[1]}")
+    assert worst < MAX_GAP_MS, f"the event loop stalled for {worst:.0f} ms during the stream"
+
+
+def _land(src: Path, folder: Path) -> None:
+    """Write a file the way a sender does: a partial name first, then an atomic rename."""
+    part = folder / (src.name + ".part")
+    shutil.copy(src, part)
+    os.replace(part, folder / src.name)
+
+
+def test_watched_folder_shows_images_as_they_land(bot, window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    w = window
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    session = w.start_watch(spool)
+    assert session is not None and session.kind == "watch"
+    names = ["ct_0015.dcm", "ct_0016.dcm", "ct_0017.dcm"]
+    for i, name in enumerate(names, start=1):
+        _land(CT / name, spool)
+        bot.waitUntil(lambda i=i: w.frames_received == i and w.results_received == i, timeout=60_000)
+        assert w.current_slot().path.name == name  # the newest image is shown
+        assert w.shown_key == w.current_slot().key
+    assert w.current_slot().result.lesions
+    # A damaged file landing in the spool is named in the status bar; the watch goes on.
+    data = (CT / "ct_0020.dcm").read_bytes()
+    (spool / "broken.dcm").write_bytes(data[: len(data) // 2])
+    bot.waitUntil(lambda: any("broken.dcm" in f for f in w.failures), timeout=60_000)
+    assert "broken.dcm" in w.statusBar().currentMessage()
+    _land(CT / "ct_0018.dcm", spool)
+    bot.waitUntil(lambda: w.results_received == 4, timeout=60_000)
+    assert not session.done
+    w.stop_stream()
+    bot.waitUntil(lambda: session.done, timeout=20_000)
