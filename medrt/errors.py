@@ -64,6 +64,19 @@ class InputError(MedrtError):
         self.reason = reason
         super().__init__(f"{self.source}: {self.kind}: {reason}")
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Picklable with its fields, so an error raised in a decode process arrives whole.
+        state = {k: v for k, v in self.__dict__.items() if k not in ("source", "reason")}
+        return (_rebuild_input_error, (type(self), self.source, self.reason, state))
+
+
+def _rebuild_input_error(cls: type[InputError], source: str, reason: str, state: dict[str, object]) -> InputError:
+    err = cls.__new__(cls)
+    MedrtError.__init__(err, f"{source}: {cls.kind}: {reason}")
+    err.source, err.reason = source, reason
+    err.__dict__.update(state)
+    return err
+
 
 class NotDicomError(InputError):
     kind = "not a DICOM file"

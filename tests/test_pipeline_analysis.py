@@ -116,3 +116,47 @@ def test_stream_watch_picks_up_files_as_they_land(tmp_path, capsys):
     t.join()
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["findings"]["frames"] == 3 and out["findings"]["errors"] == 0
+
+
+def test_process_decoder_gives_the_same_frames_and_errors(tmp_path):
+    import numpy as np
+
+    from medrt.errors import CorruptDicomError, InputError, NotDicomError
+    from medrt.io.dicom import read_frames
+    from medrt.pipeline.stages import ProcessDecoder
+
+    dx = sorted((SAMPLE_DIR / "radiographs").glob("*.dcm"))[0]
+    ct = sorted(CT.glob("*.dcm"))[3]
+    (tmp_path / "x.txt").write_text("hello")
+    (tmp_path / "cut.dcm").write_bytes(ct.read_bytes()[:200])
+    dec = ProcessDecoder(1)
+    try:
+        for path in (dx, ct):
+            got = dec(path)
+            want = read_frames(path)
+            assert [d.frame.key for d in got] == [f.key for f in want]
+            assert np.array_equal(got[0].frame.pixels, want[0].pixels)
+            assert got[0].frame.window == want[0].window and not got[0].frame.pixels.flags.writeable
+            assert got[0].frame.source.dataset.SOPInstanceUID == want[0].sop_instance_uid
+        with pytest.raises(NotDicomError) as info:
+            dec(tmp_path / "x.txt")
+        assert info.value.skippable and "x.txt" in str(info.value)
+        with pytest.raises(InputError) as info:
+            dec(tmp_path / "cut.dcm")
+        assert "cut.dcm" in info.value.source
+        assert isinstance(info.value, (CorruptDicomError, InputError))
+    finally:
+        dec.close()
+
+
+def test_pipeline_with_decode_processes_matches_threads(analyzer):
+    paths = sorted(CT.glob("*.dcm"))[14:18]
+    a, b = Collect(), Collect()
+    assert Pipeline(FileReplay(paths, fps=0), analysis_stages(analyzer), [a]).run(timeout=300)
+    stages = analysis_stages(analyzer, decode_processes=2)
+    try:
+        assert Pipeline(FileReplay(paths, fps=0), stages, [b]).run(timeout=300)
+    finally:
+        stages[0].fn.close()
+    assert [r.frame.key for r in a.results] == [r.frame.key for r in b.results]
+    assert [[les.bbox for les in r.lesions] for r in a.results] == [[les.bbox for les in r.lesions] for r in b.results]

@@ -51,6 +51,7 @@ class BatchConfig:
     analyzer: Any = None  # AnalyzerConfig; None: the defaults
     workers: int = 1
     decode_workers: int = 1
+    decode_processes: int = 0  # > 0: decode in worker processes (codecs that hold the GIL)
     depth: int | None = None  # queue capacity; None: from measured stage times
     outputs: OutputOptions = field(default_factory=OutputOptions)
     follow_links: bool = False
@@ -178,7 +179,8 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
     telemetry = None
     if pending:
         paths = [p for sp in pending for p in sp.paths]
-        stages = analysis_stages(analyzer, infer_workers=config.workers, decode_workers=config.decode_workers)
+        stages = analysis_stages(analyzer, infer_workers=config.workers, decode_workers=config.decode_workers,
+                                 decode_processes=config.decode_processes)
         pipe = Pipeline(FileReplay(paths, fps=0), stages, [sink], policy="block", depth=config.depth,
                         telemetry=True, name="batch")
         telemetry = pipe.telemetry
@@ -193,6 +195,9 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
             interrupted = True
             log.warning("batch: interrupted; finished series are kept, a rerun does the rest")
             pipe.abort()
+        close = getattr(stages[0].fn, "close", None)  # a ProcessDecoder's pool
+        if callable(close):
+            close()
         if not interrupted:  # a series whose frame count surprised us still gets its outputs
             for so in {id(s): s for s in outputs.values()}.values():
                 if id(so) in sink.started and so.plan.uid not in sink.finished:

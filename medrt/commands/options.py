@@ -38,6 +38,9 @@ def add_pipeline_options(p: argparse.ArgumentParser, *, policy: str | None) -> N
     g.add_argument("--workers", type=int, default=None,
                    help="inference workers (default: one per core on CPU, one on a GPU)")
     g.add_argument("--decode-workers", type=int, default=1, help="decode/preprocess workers (default 1)")
+    g.add_argument("--decode-processes", type=int, default=0,
+                   help="decode files in N worker processes (some codecs, e.g. JPEG-LS, hold the GIL for a "
+                        "whole 4096² image; default 0: decode on a pipeline thread)")
 
 
 def thread_layout(args: argparse.Namespace) -> tuple[int | None, int]:

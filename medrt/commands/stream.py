@@ -69,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     analyzer = load_analyzer(analyzer_config(args))
     _, workers = thread_layout(args)
     findings = _Findings()
-    stages = analysis_stages(analyzer, infer_workers=workers, decode_workers=args.decode_workers)
+    stages = analysis_stages(analyzer, infer_workers=workers, decode_workers=args.decode_workers,
+                             decode_processes=args.decode_processes)
     # Drop (or refuse) at the entry only, before any work is spent on a frame; the
     # inner edges block, so back-pressure reaches the entry. A live replay keeps up
     # with its "scanner" (latest); a watched folder or an as-fast-as-it-goes replay
@@ -98,6 +99,9 @@ def run(args: argparse.Namespace) -> int:
         interrupted = True
         print("\nmedrt stream: stopping (Ctrl-C again to abort)", file=sys.stderr)
         pipe.stop(timeout=10.0)
+    close = getattr(stages[0].fn, "close", None)  # a ProcessDecoder's pool
+    if callable(close):
+        close()
     if live and tty:
         print(file=sys.stderr)
     tel.stop()

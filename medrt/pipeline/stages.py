@@ -7,19 +7,23 @@ the same code the serial ``Analyzer.analyze`` runs.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from medrt.analyzer import Analyzer
+from medrt.errors import CorruptPixelDataError
 from medrt.io.dicom import read_frames
 from medrt.pipeline.graph import Stage
 from medrt.types import Frame
 
-__all__ = ["Decoded", "STAGE_NAMES", "decode", "analysis_stages"]
+__all__ = ["Decoded", "STAGE_NAMES", "decode", "analysis_stages", "ProcessDecoder"]
 
 STAGE_NAMES = ("decode", "preprocess", "roi", "segment", "postprocess")
 
@@ -47,6 +51,62 @@ def decode(item: Any) -> list[Decoded]:
     return [Decoded(f, ms) for f in frames]
 
 
+def _decode_path(path: str) -> list[Decoded]:
+    """In a decode process: the file's frames, pixels read-only again in the parent."""
+    return decode(Path(path))
+
+
+class ProcessDecoder:
+    """Decode files in worker processes instead of on a pipeline thread.
+
+    Some decoders hold Python's GIL for the whole image (CharLS, pyjpegls's JPEG-LS
+    codec: ~230 ms for a 4096² radiograph here), which stalls every other stage
+    and a viewer's event loop; a process does not. A decoder that crashes its
+    process (a native panic on a damaged file) costs that file only: it is
+    reported as corrupt pixel data and the pool is replaced. Bytes, Datasets and
+    Frames are decoded in the calling thread.
+    """
+
+    def __init__(self, processes: int = 1) -> None:
+        if processes < 1:
+            raise ValueError(f'Argument "processes" must be >= 1, got {processes!r}.')
+        self.processes = processes
+        self._pool: Any = None
+        self._lock = threading.Lock()
+
+    def _executor(self) -> Any:
+        with self._lock:
+            if self._pool is None:
+                # forkserver: never fork a process that already runs ORT threads
+                ctx = multiprocessing.get_context("forkserver")
+                self._pool = ProcessPoolExecutor(self.processes, mp_context=ctx)
+            return self._pool
+
+    def __call__(self, item: Any) -> list[Decoded]:
+        if not isinstance(item, (str, os.PathLike)):
+            return decode(item)
+        from concurrent.futures.process import BrokenProcessPool
+
+        pool = self._executor()
+        try:
+            out: list[Decoded] = pool.submit(_decode_path, os.fspath(item)).result()
+        except BrokenProcessPool:
+            with self._lock:
+                if self._pool is pool:
+                    self._pool = None
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise CorruptPixelDataError(item, "the decoder crashed on this file") from None
+        for d in out:
+            d.frame.pixels.flags.writeable = False
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
 def analysis_stages(
     analyzer: Analyzer,
     *,
@@ -54,11 +114,16 @@ def analysis_stages(
     recheck: bool | None = None,
     decode_workers: int = 1,
     infer_workers: int = 1,
-    decoder: Callable[[Any], list[Decoded]] = decode,
+    decode_processes: int = 0,
+    decoder: Callable[[Any], list[Decoded]] | None = None,
 ) -> list[Stage]:
     """The five stages around one loaded analyzer. ``infer_workers`` > 1 runs several
     frames through the ROI classifier and the UNet at once (useful when each
-    backend session uses fewer threads than there are cores)."""
+    backend session uses fewer threads than there are cores). ``decode_processes``
+    > 0 decodes files in that many worker processes (:class:`ProcessDecoder`)."""
+    if decoder is None:
+        decoder = ProcessDecoder(decode_processes) if decode_processes > 0 else decode
+        decode_workers = max(decode_workers, decode_processes)
 
     def preprocess(d: Decoded) -> Any:
         return analyzer.prepare(d.frame, decode_ms=d.decode_ms, mode=mode, recheck_small=recheck)
