@@ -28,6 +28,7 @@ __all__ = [
     "SC_SERIES_NUMBER",
     "AI_FAMILY",
     "software_versions",
+    "device_identity",
     "algorithm_parts",
     "check_results",
     "single_value",
@@ -54,6 +55,12 @@ class ExportError(MedrtError, ValueError):
 
 def software_versions() -> str:
     return str(medrt.__version__)
+
+
+def device_identity() -> dict[str, str]:
+    """The equipment attributes every object medrt writes carries (highdicom keyword names)."""
+    return {"manufacturer": MANUFACTURER, "manufacturer_model_name": MODEL_NAME,
+            "software_versions": software_versions(), "device_serial_number": DEVICE_SERIAL_NUMBER}
 
 
 def algorithm_parts(models: Sequence[str]) -> tuple[str, str, dict[str, str]]:

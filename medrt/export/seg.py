@@ -40,13 +40,11 @@ from pydicom.sr.codedict import codes
 
 from medrt.export.common import (
     AI_FAMILY,
-    DEVICE_SERIAL_NUMBER,
-    MANUFACTURER,
-    MODEL_NAME,
     SEG_SERIES_NUMBER,
     ExportError,
     algorithm_parts,
     check_results,
+    device_identity,
     single_value,
     software_versions,
 )
@@ -192,10 +190,7 @@ def _segmentation(sources: list[Dataset], masks: np.ndarray, models: Sequence[st
         series_number=series_number,
         sop_instance_uid=sop_instance_uid or hd.UID(),
         instance_number=instance_number,
-        manufacturer=MANUFACTURER,
-        manufacturer_model_name=MODEL_NAME,
-        software_versions=software_versions(),
-        device_serial_number=DEVICE_SERIAL_NUMBER,
+        **device_identity(),
         content_label="LESIONS",
         content_description="Lesions found by medrt",
         series_description=series_description,

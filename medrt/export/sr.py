@@ -44,8 +44,8 @@ from medrt.export.common import (
     SR_SERIES_NUMBER,
     algorithm_parts,
     check_results,
+    device_identity,
     frame_number,
-    software_versions,
 )
 from medrt.export.seg import SEGMENT_NUMBER, seg_frame_numbers
 from medrt.types import Frame, FrameResult, Lesion
@@ -267,10 +267,7 @@ def build_sr(
         series_number=series_number,
         sop_instance_uid=sop_instance_uid or hd.UID(),
         instance_number=instance_number,
-        manufacturer=MANUFACTURER,
-        manufacturer_model_name=MODEL_NAME,
-        software_versions=software_versions(),
-        device_serial_number=DEVICE_SERIAL_NUMBER,
+        **device_identity(),
         series_description=series_description,
         is_complete=True,
     )
