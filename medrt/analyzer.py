@@ -49,7 +49,8 @@ class AnalyzerConfig:
     presence_threshold: float | None = None  # None: the ROI classifier spec's
     heatmap_threshold: float | None = None
     max_crops: int = 8
-    warmup_shapes: tuple[tuple[int, int], ...] = ((1024, 1024), (512, 512))
+    # 1024² crops, 512² CT slices, and 1024² radiograph crops at 1/4 scale (spacing normalisation)
+    warmup_shapes: tuple[tuple[int, int], ...] = ((1024, 1024), (512, 512), (256, 256))
     threads: int | None = None
 
     def __post_init__(self) -> None:
@@ -146,10 +147,12 @@ class Analyzer:
     def segment(self, work: Work) -> Work:
         """Stage 3: the UNet on each crop (or the sliding window in full mode), then the 2× recheck."""
         t0 = time.perf_counter()
+        spacing = work.frame.spacing_mm  # resampled to the model's training spacing where it names one
         if work.mode == "full":
-            prob = sliding_window(self.seg, work.norm, roi=self.config.crop, overlap=self.config.overlap)
+            prob = sliding_window(self.seg, work.norm, roi=self.config.crop, overlap=self.config.overlap,
+                                  spacing_mm=spacing)
         elif work.crops:
-            prob = segment_crops(self.seg, work.norm, work.crops)
+            prob = segment_crops(self.seg, work.norm, work.crops, spacing_mm=spacing)
         else:
             prob = None
         t1 = time.perf_counter()

@@ -5,7 +5,12 @@
 Held-out frames come from seeds the training never saw (``data.HELDOUT_SEED``).
 Radiographs go through the ROI path (classifier -> 1024² crops -> UNet); CT
 slices through the classifier and then the UNet on the whole 512² slice. The
-figures written into each card are the ones measured here, on this machine.
+UNet gets the frame's pixel spacing, so a model whose spec names one runs at it
+(radiographs area-averaged, ``medrt.analysis.resample``). Each UNet is scored
+without and with the multi-scale recheck of small lesions (``+recheck``), and on
+radiographs also over the whole frame (sliding window, ``full``), which
+separates the classifier's misses from the UNet's. The figures written into
+each card are the ones measured here, on this machine.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ from typing import Any
 import numpy as np
 
 from medrt.analysis.lesions import lesions_from_probability
+from medrt.analysis.recheck import RecheckConfig, recheck
 from medrt.analysis.roi import classify
-from medrt.analysis.segment import segment_crops
+from medrt.analysis.segment import segment_crops, sliding_window
 from medrt.bench import interleaved_medians
 from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
 from medrt.engine.registry import load_spec
@@ -57,7 +63,20 @@ def _inside(bbox: tuple[int, int, int, int], crop: tuple[int, int, int, int]) ->
     return bbox[0] >= crop[0] and bbox[1] >= crop[1] and bbox[2] <= crop[2] and bbox[3] <= crop[3]
 
 
-def _frame(col: Collected, key: str, frame: Any, roi_model: Any, unets: dict[str, Any]) -> None:
+def _predict(col: Collected, key: str, name: str, unet: Any, norm: np.ndarray, prob: np.ndarray, frame: Any,
+             with_recheck: bool) -> None:
+    thr = unet.spec.thresholds.get("probability", 0.5)
+    labels, lesions = lesions_from_probability(prob, frame.spacing_mm, thr)
+    col.preds.setdefault(name, []).append(FramePrediction(key=key, lesions=tuple(lesions), labels=labels))
+    if with_recheck:
+        prob2, touched, _ = recheck(unet, norm, prob, labels, lesions, frame.spacing_mm, thr, RecheckConfig())
+        labels2, lesions2 = lesions_from_probability(prob2, frame.spacing_mm, thr, rechecked_mask=touched)
+        col.preds.setdefault(f"{name}+recheck", []).append(
+            FramePrediction(key=key, lesions=tuple(lesions2), labels=labels2))
+
+
+def _frame(col: Collected, key: str, frame: Any, roi_model: Any, unets: dict[str, Any], full: bool = False,
+           with_recheck: bool = True) -> None:
     truth = _truth(key, frame)
     col.truth[key] = truth
     roi = classify(roi_model, frame.pixels, frame.window)
@@ -75,31 +94,39 @@ def _frame(col: Collected, key: str, frame: Any, roi_model: Any, unets: dict[str
     col.crops.append(len(roi.crops))
     norm = normalize(frame.pixels, *frame.window)
     for name, unet in unets.items():
-        prob = segment_crops(unet, norm, roi.crops) if roi.crops else np.zeros((rows, cols), np.float32)
-        labels, lesions = lesions_from_probability(prob, frame.spacing_mm, unet.spec.thresholds.get("probability", 0.5))
-        col.preds.setdefault(name, []).append(FramePrediction(key=key, lesions=tuple(lesions), labels=labels))
+        if roi.crops:
+            prob = segment_crops(unet, norm, roi.crops, spacing_mm=frame.spacing_mm)
+        else:
+            prob = np.zeros((rows, cols), np.float32)
+        _predict(col, key, name, unet, norm, prob, frame, with_recheck)
+        if full:
+            prob = sliding_window(unet, norm, roi=1024, spacing_mm=frame.spacing_mm)
+            _predict(col, key, f"{name}@full", unet, norm, prob, frame, False)
 
 
-def collect(models: Path, n_dx: int, n_ct: int) -> tuple[Collected, Collected, dict[str, Any]]:
-    roi_model = OnnxRuntimeBackend(load_spec(models / "roi_classifier.toml"))
-    unet = OnnxRuntimeBackend(load_spec(models / "lesion_unet.toml"))
-    lite = OnnxRuntimeBackend(load_spec(models / "lesion_unet_lite.toml"))
+def collect(models: Path, n_dx: int, n_ct: int, *, unets: tuple[str, ...] = ("lesion_unet", "lesion_unet_lite"),
+            roi_name: str = "roi_classifier") -> tuple[Collected, Collected, dict[str, Any]]:
+    roi_model = OnnxRuntimeBackend(load_spec(models / f"{roi_name}.toml"))
+    nets = {name: OnnxRuntimeBackend(load_spec(models / f"{name}.toml")) for name in unets}
     dx, ct = Collected(), Collected()
     t0 = time.perf_counter()
     for i in range(n_dx):
         frame = generate_radiograph(phantom_data.HELDOUT_SEED, size=4096, index=i)
-        _frame(dx, f"dx{i}", frame, roi_model, {"lesion_unet": unet})
+        _frame(dx, f"dx{i}", frame, roi_model, nets, full=True)
     for s in range(n_ct):
         for frame in generate_ct_series(phantom_data.HELDOUT_SEED + 100 + s, n_frames=40):
-            _frame(ct, f"ct{s}_{frame.index}", frame, roi_model, {"lesion_unet": unet, "lesion_unet_lite": lite})
+            _frame(ct, f"ct{s}_{frame.index}", frame, roi_model, nets)
     log.info("held-out inference took %.0f s", time.perf_counter() - t0)
-    return dx, ct, {"roi_classifier": roi_model, "lesion_unet": unet, "lesion_unet_lite": lite}
+    return dx, ct, {"roi_classifier": roi_model, **nets}
 
 
 def latency(backends: dict[str, Any], repeats: int = 7) -> dict[str, dict[str, float]]:
+    """Median ORT CPU latency per input size; a 1024² radiograph crop at 0.125 mm is a
+    256² input for a 0.5 mm UNet, a 4096² radiograph a 1024² one."""
     out: dict[str, dict[str, float]] = {}
     for name, b in backends.items():
-        funcs = {f"{s}": (lambda s=s, b=b: b.infer(np.random.rand(1, 1, s, s).astype(np.float32))) for s in (512, 1024)}
+        funcs = {f"{s}": (lambda s=s, b=b: b.infer(np.random.rand(1, 1, s, s).astype(np.float32)))
+                 for s in (256, 512, 1024)}
         out[name] = {k: round(v, 1) for k, v in interleaved_medians(funcs, repeats=repeats).items()}
     return out
 
@@ -108,13 +135,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m medrt.models.evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="models")
-    p.add_argument("--n-dx", type=int, default=24, help="held-out 4096² radiographs")
+    p.add_argument("--n-dx", type=int, default=40, help="held-out 4096² radiographs")
     p.add_argument("--n-ct", type=int, default=3, help="held-out CT series (40 slices each)")
+    p.add_argument("--unets", default="lesion_unet,lesion_unet_lite", help="segmentation models to score")
     p.add_argument("--json", default="", help="also write the raw figures to this file")
+    p.add_argument("--no-cards", action="store_true", help="measure only: leave the cards and metrics.json alone")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     models = Path(args.models)
-    dx, ct, backends = collect(models, args.n_dx, args.n_ct)
+    dx, ct, backends = collect(models, args.n_dx, args.n_ct, unets=tuple(args.unets.split(",")))
     results = {
         "dx": {name: evaluate(preds, dx.truth).to_json() for name, preds in dx.preds.items()},
         "ct": {name: evaluate(preds, ct.truth).to_json() for name, preds in ct.preds.items()},
@@ -134,11 +163,28 @@ def main(argv: list[str] | None = None) -> int:
     }
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
-    from medrt.models.cards import write_cards
+    if not args.no_cards:
+        from medrt.models.cards import write_cards
 
-    write_cards(models, results, args)
-    print(json.dumps({k: results[k] for k in ("roi", "latency_ms")}, indent=2))
+        write_cards(models, results, args)
+    print(json.dumps(summary(results), indent=2))
     return 0
+
+
+def summary(results: dict[str, Any]) -> dict[str, Any]:
+    """Per model and data: sensitivity per bucket, FP/frame, mean Dice; ROI coverage."""
+    out: dict[str, Any] = {}
+    for data in ("dx", "ct"):
+        for name, r in results[data].items():
+            out[f"{data} {name}"] = {
+                "sens": [round(b["sensitivity"], 3) if b["sensitivity"] is not None else None for b in r["buckets"]],
+                "n": [b["gt"] for b in r["buckets"]],
+                "fp/frame": round(r["fp_per_frame"], 3),
+                "dice": None if r["dice"]["mean"] is None else round(r["dice"]["mean"], 3),
+            }
+    out["roi"] = results["roi"]
+    out["latency_ms"] = results["latency_ms"]
+    return out
 
 
 if __name__ == "__main__":

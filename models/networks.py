@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["RoiNet", "build_unet", "UNET_VARIANTS"]
+__all__ = ["RoiNet", "LocalContrast", "LocalContrastUNet", "build_unet", "network_for", "UNET_VARIANTS"]
 
 # MONAI UNet settings per variant: lesion_unet for 1024² crops (≈ 0.8 M parameters),
 # lesion_unet_lite for 512² CT streams at 30 frames/s. Batch norm, not MONAI's default
@@ -19,10 +19,73 @@ UNET_VARIANTS = {
 }
 
 
-def build_unet(variant: str) -> nn.Module:
+LOCAL_WINDOW = 31  # px at 0.5 mm: 15.5 mm, the scale of "local" for the contrast channel
+LOCAL_GAIN = 25.0  # a faint radiograph nodule (25 of 3800 window units) becomes ~0.16
+# The contrast channel's own smoothing per variant (1: none). CT noise (~12 HU, 3 % of a
+# 400 HU window) is amplified by the gain too; a 3x3 mean first takes most of it out.
+CONTRAST_SMOOTH = {"lesion_unet": 1, "lesion_unet_lite": 3}
+
+
+class LocalContrast(nn.Module):
+    """The input and a fixed local-contrast channel: ``[x, tanh(gain · (x - box_mean(x)))]``
+    over a ``window``² box (separable: two 1-D average pools, cheap at 512² and 1024²).
+
+    Radiograph nodules are 0.7-8 % of their window, against CT lesions at 10-50 % of
+    theirs, and ribs and edges are larger still: a plain UNet trained on both learned
+    CT and ignored the radiographs (p ≈ 0 on their nodules after 3500 steps). The
+    compressed local contrast puts faint bumps on the same footing as strong edges.
+    It is part of the graph, so inference still feeds one normalised channel.
+    """
+
+    def __init__(self, window: int = LOCAL_WINDOW, gain: float = LOCAL_GAIN, smooth: int = 1) -> None:
+        super().__init__()
+        self.window, self.gain, self.smooth = window, gain, smooth
+
+    @staticmethod
+    def _box(x: torch.Tensor, k: int) -> torch.Tensor:
+        half = k // 2
+        x = nn.functional.avg_pool2d(x, (1, k), stride=1, padding=(0, half), count_include_pad=False)
+        return nn.functional.avg_pool2d(x, (k, 1), stride=1, padding=(half, 0), count_include_pad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        local = self._box(x, self.smooth) if self.smooth > 1 else x
+        return torch.cat([x, torch.tanh(self.gain * (local - self._box(x, self.window)))], dim=1)
+
+
+class LocalContrastUNet(nn.Module):
+    """A MONAI UNet fed :class:`LocalContrast` (two channels)."""
+
+    def __init__(self, variant: str) -> None:
+        super().__init__()
+        from monai.networks.nets import UNet
+
+        self.contrast = LocalContrast(smooth=CONTRAST_SMOOTH.get(variant, 1))
+        self.unet = UNet(spatial_dims=2, in_channels=2, out_channels=1, **UNET_VARIANTS[variant])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.unet(self.contrast(x))
+
+
+def build_unet(variant: str, local_contrast: bool = True) -> nn.Module:
+    """The UNet of ``variant``; ``local_contrast=False`` is the plain one-channel MONAI
+    UNet of the 1.x models (trained on CT only)."""
+    if local_contrast:
+        return LocalContrastUNet(variant)
     from monai.networks.nets import UNet
 
     return UNet(spatial_dims=2, in_channels=1, out_channels=1, **UNET_VARIANTS[variant])
+
+
+def network_for(name: str, state: dict[str, torch.Tensor]) -> nn.Module:
+    """The network that saved ``state`` (a shipped ``.pt``), with the weights loaded:
+    with or without the local-contrast input, as the weights say."""
+    if name == "roi_classifier":
+        first = next(v for k, v in state.items() if k.endswith(".weight") and v.ndim == 4)
+        net: nn.Module = RoiNet(local_contrast=first.shape[1] == 2)
+    else:
+        net = build_unet(name, local_contrast=any(k.startswith("unet.") for k in state))
+    net.load_state_dict(state)
+    return net.eval()
 
 
 def _conv_bn(cin: int, cout: int, k: int = 3, s: int = 1, groups: int = 1, dilation: int = 1) -> nn.Sequential:
@@ -50,11 +113,13 @@ class RoiNet(nn.Module):
     ``presence`` (one frame-level logit from average- and max-pooled features).
     """
 
-    def __init__(self, width: int = 32) -> None:
+    def __init__(self, width: int = 32, local_contrast: bool = True) -> None:
         super().__init__()
         w = width
+        # Radiograph nodules are faint against ribs: see LocalContrast (the 1.x model has none).
+        front = [LocalContrast(), _conv_bn(2, 16, 3, 2)] if local_contrast else [_conv_bn(1, 16, 3, 2)]
         self.features = nn.Sequential(
-            _conv_bn(1, 16, 3, 2),  # /2
+            *front,  # /2
             _DepthwiseSeparable(16, 24),
             _DepthwiseSeparable(24, w, stride=2),  # /4
             _DepthwiseSeparable(w, w),

@@ -1,11 +1,16 @@
 """Train a shipped model on phantoms, export it to ONNX and write its spec.
 
-    python -m medrt.models.train roi --steps 1500 --out models
-    python -m medrt.models.train lesion_unet --steps 2500 --out models
-    python -m medrt.models.train lesion_unet_lite --steps 2500 --out models
+    python -m medrt.models.train lesion_unet --steps 30000 --minutes 26 --data all \
+        --lesion-start 0.7 --lesion-end 0.35 --out models
+    python -m medrt.models.train lesion_unet_lite --steps 40000 --minutes 20 --data all --out models
+    python -m medrt.models.train roi_classifier --steps 40000 --minutes 18 --data all --out models
 
 Needs the ``train`` extra (torch, MONAI, onnx). Runs on the CPU. The phantom
-data is generated once into ``--cache`` (deterministic, rebuildable).
+data is generated once into ``--cache`` (deterministic, rebuildable;
+``--build-only`` makes it and stops). Segmentation patches are made at the
+UNets' pixel spacing (``data.SEG_SPACING``, written to the spec as
+``spacing_mm``). This CPU is shared, so ``--minutes`` bounds a run by time (the
+schedule follows it) and the spec records the steps it reached.
 """
 
 from __future__ import annotations
@@ -29,52 +34,79 @@ from medrt.models.networks import UNET_VARIANTS, RoiNet, build_unet
 
 log = logging.getLogger("medrt.models.train")
 
-VERSION = "1.0.0"
+VERSION = "2.0.0"
 OPSET = 17
 
 
-def _data(args: argparse.Namespace) -> tuple[phantom_data.RoiData, phantom_data.SegData]:
-    return phantom_data.build(
-        Path(args.cache), base_seed=phantom_data.TRAIN_SEED, n_dx=args.n_dx, n_ct_series=args.n_ct, workers=2
+def _data(args: argparse.Namespace, part: str) -> tuple[phantom_data.RoiData | None, phantom_data.SegData | None]:
+    t0 = time.perf_counter()
+    out = phantom_data.build(
+        Path(args.cache), base_seed=phantom_data.TRAIN_SEED, n_dx=args.n_dx, n_ct_series=args.n_ct, workers=2,
+        parts=(part,),
     )
+    log.info("training data ready in %.0f s", time.perf_counter() - t0)
+    return out
 
 
-def _schedule(opt: torch.optim.Optimizer, steps: int, lr: float) -> torch.optim.lr_scheduler.LambdaLR:
-    warm = max(1, steps // 20)
-
-    def f(step: int) -> float:
-        if step < warm:
-            return (step + 1) / warm
-        return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
-
-    return torch.optim.lr_scheduler.LambdaLR(opt, f)
+def _lr_factor(progress: float) -> float:
+    """Warm-up over the first 5 % of training, then cosine decay to 5 %."""
+    if progress < 0.05:
+        return max(progress, 1e-3) / 0.05
+    return 0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * (progress - 0.05) / 0.95))
 
 
-def _fit(net: nn.Module, args: argparse.Namespace, batch_loss: Callable[[], torch.Tensor]) -> tuple[float, float]:
-    """AdamW with warm-up and cosine decay over ``args.steps`` steps of ``batch_loss()``;
-    returns (mean loss of the last 100 steps, seconds)."""
+def _fit(
+    net: nn.Module, args: argparse.Namespace, batch_loss: Callable[[float], torch.Tensor],
+    monitor: Callable[[], str] | None = None,
+) -> tuple[float, float, int]:
+    """AdamW with warm-up and cosine decay over ``args.steps`` steps of ``batch_loss(progress)``,
+    or over ``args.minutes`` of training when that is set (this CPU is shared, so a step
+    count does not say how long a run takes; progress is then the larger of the step and
+    the time fraction, and training stops at 1). Returns (mean loss of the last 100 steps,
+    seconds, steps). ``monitor()`` (in eval mode, every ``args.monitor_every`` steps)
+    reports on fixed batches; its time is not counted."""
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=1e-4)
-    sched = _schedule(opt, args.steps, args.lr)
+    budget = 60.0 * args.minutes if args.minutes > 0 else float("inf")
     losses: list[float] = []
     t0 = time.perf_counter()
+    paused = 0.0
     net.train()
-    for step in range(args.steps):
-        loss = batch_loss()
+    step = 0
+    while step < args.steps:
+        elapsed = time.perf_counter() - t0 - paused
+        progress = max(step / args.steps, elapsed / budget)
+        if progress >= 1.0:
+            break
+        if monitor is not None and args.monitor_every and step and step % args.monitor_every == 0:
+            tm = time.perf_counter()
+            net.eval()
+            log.info("step %d: %s", step, monitor())
+            net.train()
+            paused += time.perf_counter() - tm
+        for group in opt.param_groups:
+            group["lr"] = args.lr * _lr_factor(progress)
+        loss = batch_loss(progress)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        sched.step()
         losses.append(float(loss.detach()))
-        if step % 100 == 0 or step == args.steps - 1:
-            log.info("step %d/%d loss %.4f (%.0f s)", step, args.steps, np.mean(losses[-100:]), time.perf_counter() - t0)
+        if step % 100 == 0:
+            log.info("step %d/%d loss %.4f (%.0f s, progress %.2f)", step, args.steps, np.mean(losses[-100:]),
+                     elapsed, progress)
+        step += 1
     net.eval()
-    return float(np.mean(losses[-100:])), time.perf_counter() - t0
+    seconds = time.perf_counter() - t0 - paused
+    log.info("stopped after %d steps, %.0f s", step, seconds)
+    if monitor is not None:
+        log.info("final: %s", monitor())
+    return float(np.mean(losses[-100:])), seconds, step
 
 
 def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
     from monai.losses import DiceLoss
 
-    _, seg = _data(args)
+    _, seg = _data(args, "seg")
+    assert seg is not None
     if args.data != "all":  # e.g. the lite model is for 512² CT streams
         keep = seg.is_ct if args.data == "ct" else ~seg.is_ct
         seg = phantom_data.SegData(seg.patches[keep], seg.windows[keep], seg.masks[keep], seg.is_ct[keep])
@@ -88,35 +120,87 @@ def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
     bce = nn.BCEWithLogitsLoss(pos_weight=torch.tensor(10.0))
     rng = np.random.default_rng(args.seed)
 
-    def batch_loss() -> torch.Tensor:
-        x, y = phantom_data.seg_batch(rng, seg, args.batch)
+    def batch_loss(progress: float) -> torch.Tensor:
+        # Lesion-rich batches first (radiograph nodules are learnt at all), then more of
+        # the random patches (ribs, spine, collimator edges) that make false positives.
+        frac = args.lesion_start + (args.lesion_end - args.lesion_start) * progress
+        x, y = phantom_data.seg_batch(rng, seg, args.batch, ct_fraction=args.ct_fraction, lesion_fraction=frac)
         xt, yt = torch.from_numpy(x), torch.from_numpy(y)
         logits = net(xt)
         return dice(logits, yt) + 0.5 * bce(logits, yt)
 
-    final, seconds = _fit(net, args, batch_loss)
-    info = {"steps": args.steps + args.prior_steps, "batch": args.batch, "crop": 256, "data": args.data,
-            "final_loss": final, "patches": int(len(seg.patches)),
+    final, seconds, steps = _fit(net, args, batch_loss, _seg_monitor(net, seg))
+    info = {"steps": steps + args.prior_steps, "batch": args.batch, "crop": 256, "data": args.data,
+            "lesion_fraction": [args.lesion_start, args.lesion_end], "spacing_mm": phantom_data.SEG_SPACING, "final_loss": final, "patches": int(len(seg.patches)),
             "seconds": round(seconds + args.prior_seconds, 1)}
     return net, info
+
+
+def _seg_monitor(net: nn.Module, seg: phantom_data.SegData) -> Callable[[], str]:
+    """Dice at p >= 0.5 on fixed batches of each modality (training patches: a learning
+    signal, not a held-out figure)."""
+    rng = np.random.default_rng(12345)
+    fixed = {}
+    for name, keep in (("dx", ~seg.is_ct), ("ct", seg.is_ct)):
+        if keep.any():
+            sub = phantom_data.SegData(seg.patches[keep], seg.windows[keep], seg.masks[keep], seg.is_ct[keep])
+            fixed[name] = phantom_data.seg_batch(rng, sub, 24)
+
+    def report() -> str:
+        out = []
+        with torch.no_grad():
+            for name, (x, y) in fixed.items():
+                p = torch.sigmoid(net(torch.from_numpy(x))).numpy()
+                hit, truth = p >= 0.5, y >= 0.5
+                dice = 2 * (hit & truth).sum() / max(hit.sum() + truth.sum(), 1)
+                on = float(p[truth].mean()) if truth.any() else float("nan")
+                out.append(f"{name} dice {dice:.3f} p(on) {on:.2f} p(off) {float(p[~truth].mean()):.3f}")
+        return "; ".join(out)
+
+    return report
+
+
+def _roi_monitor(net: nn.Module, roi: phantom_data.RoiData) -> Callable[[], str]:
+    """Heatmap recall (lesion cells >= 0.3) and false cells on fixed windows per modality."""
+    rng = np.random.default_rng(12345)
+    fixed = {}
+    for name, keep in (("dx", ~roi.is_ct), ("ct", roi.is_ct)):
+        if keep.any():
+            fixed[name] = phantom_data.roi_batch(rng, roi.subset(keep), 32)
+
+    def report() -> str:
+        out = []
+        with torch.no_grad():
+            for name, (x, y, _) in fixed.items():
+                _, heat = net(torch.from_numpy(x))
+                h = torch.sigmoid(heat).numpy()[:, 0]
+                target, valid = y[:, 0] > 0, y[:, 1] > 0
+                recall = float((h[target] >= 0.3).mean()) if target.any() else float("nan")
+                false = float((h[valid & ~target] >= 0.3).mean())
+                out.append(f"{name} cell recall {recall:.2f} false cells {false:.4f}")
+        return "; ".join(out)
+
+    return report
 
 
 def train_roi(args: argparse.Namespace) -> tuple[nn.Module, dict]:
     from monai.losses import DiceLoss
 
-    roi, _ = _data(args)
-    if args.data != "all":  # data.build() caches the n_dx radiographs first, then the CT slices
-        sl = slice(args.n_dx, None) if args.data == "ct" else slice(0, args.n_dx)
-        roi = phantom_data.RoiData(roi.thumbs[sl], roi.windows[sl], roi.targets[sl], roi.presence[sl])
+    roi, _ = _data(args, "roi")
+    assert roi is not None
+    if args.data != "all":
+        roi = roi.subset(roi.is_ct if args.data == "ct" else ~roi.is_ct)
     net = RoiNet()
+    if args.resume:
+        net.load_state_dict(torch.load(args.resume, map_location="cpu", weights_only=True))
     rng = np.random.default_rng(args.seed)
     pos_weight = torch.tensor(8.0)
     # Lesion cells are rare (a few in a thousand): batch Dice keeps the heatmap from
     # settling on "nothing anywhere"; weighted BCE keeps it calibrated.
     dice = DiceLoss(sigmoid=True, batch=True)
 
-    def batch_loss() -> torch.Tensor:
-        x, y, p = phantom_data.roi_batch(rng, roi, args.batch)
+    def batch_loss(progress: float) -> torch.Tensor:
+        x, y, p = phantom_data.roi_batch(rng, roi, args.batch, ct_fraction=args.ct_fraction)
         presence, heat = net(torch.from_numpy(x))
         target, valid = torch.from_numpy(y[:, :1]), torch.from_numpy(y[:, 1:])
         per_cell = nn.functional.binary_cross_entropy_with_logits(heat, target, pos_weight=pos_weight, reduction="none")
@@ -126,9 +210,9 @@ def train_roi(args: argparse.Namespace) -> tuple[nn.Module, dict]:
             + nn.functional.binary_cross_entropy_with_logits(presence, torch.from_numpy(p))
         )
 
-    final, seconds = _fit(net, args, batch_loss)
-    info = {"steps": args.steps, "batch": args.batch, "thumbnails": len(roi.thumbs), "data": args.data,
-            "final_loss": final, "seconds": round(seconds, 1)}
+    final, seconds, steps = _fit(net, args, batch_loss, _roi_monitor(net, roi))
+    info = {"steps": steps + args.prior_steps, "batch": args.batch, "thumbnails": len(roi.thumbs),
+            "data": args.data, "final_loss": final, "seconds": round(seconds + args.prior_seconds, 1)}
     return net, info
 
 
@@ -162,7 +246,27 @@ def export(net: nn.Module, name: str, out: Path, roi: bool) -> Path:
 def _resumed(args: argparse.Namespace) -> str:
     if not getattr(args, "resume", ""):
         return ""
+    if args.prior_command:
+        return f"; continuing the weights of a first run of {args.prior_steps} steps ({args.prior_seconds:g} s): {args.prior_command}"
     return f", continuing a first run of {args.prior_steps} steps with the same command"
+
+
+def _minutes(args: argparse.Namespace) -> str:
+    return f" --minutes {args.minutes:g}" if args.minutes > 0 else ""
+
+
+def _seg_args(args: argparse.Namespace) -> str:
+    out = f" --ct-fraction {args.ct_fraction:g}" if args.ct_fraction != 0.5 else ""
+    if args.model == "roi_classifier":
+        return out
+    return out + f" --lesion-start {args.lesion_start} --lesion-end {args.lesion_end}"
+
+
+def _data_note(args: argparse.Namespace) -> str:
+    used = {"all": "both", "ct": "CT only", "dx": "radiographs only"}[args.data]
+    if args.model == "roi_classifier":
+        return f"; thumbnails of {used}, longest side {phantom_data.THUMB}"
+    return f"; patches of {used}, radiographs area-averaged to {phantom_data.SEG_SPACING} mm"
 
 
 def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace) -> Path:
@@ -182,8 +286,10 @@ def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace)
                   'description = "MobileNet-style ROI classifier on the frame thumbnail: frame-level lesion presence and a per-cell lesion heatmap."']
     else:
         cfg = UNET_VARIANTS[name]
-        lines += [f'description = "MONAI UNet channels {list(cfg["channels"])}, strides {list(cfg["strides"])}, '
-                  f'{cfg["num_res_units"]} residual unit(s): lesion probability per pixel."']
+        lines += [f"spacing_mm = {phantom_data.SEG_SPACING}",
+                  f'description = "MONAI UNet channels {list(cfg["channels"])}, strides {list(cfg["strides"])}, '
+                  f'{cfg["num_res_units"]} residual unit(s): lesion probability per pixel at '
+                  f'{phantom_data.SEG_SPACING} mm (finer frames are area-averaged to it)."']
     lines += ["", "[normalization]", 'method = "window"', "", "[[inputs]]", 'name = "image"',
               'shape = [1, 1, "H", "W"]', 'meaning = "frame (or thumbnail) normalised by its VOI window to 0..1"', ""]
     if roi:
@@ -196,8 +302,8 @@ def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace)
         lines += ["[[outputs]]", 'name = "logits"', 'shape = [1, 1, "H", "W"]', 'activation = "sigmoid"',
                   'meaning = "lesion logit per pixel"', "", "[thresholds]", "probability = 0.5", ""]
     lines += ["[training]",
-              f'data = "medrt.phantom: {args.n_dx} DX 4096² radiographs + {args.n_ct} CT series x 40 slices, seeds from {phantom_data.TRAIN_SEED}"',
-              f'command = "python -m medrt.models.train {args.model} --steps {args.steps} --batch {args.batch} --lr {args.lr} --seed {args.seed} --data {args.data}{_resumed(args)}"',
+              f'data = "medrt.phantom: {args.n_dx} DX 4096² radiographs + {args.n_ct} CT series x 40 slices, seeds from {phantom_data.TRAIN_SEED}{_data_note(args)}"',
+              f'command = "python -m medrt.models.train {args.model} --steps {args.steps}{_minutes(args)} --batch {args.batch} --lr {args.lr} --seed {args.seed} --data {args.data} --n-dx {args.n_dx} --n-ct {args.n_ct}{_seg_args(args)}{_resumed(args)}"',
               f"seconds = {info['seconds']}",
               f'machine = "{platform.machine()} {torch.get_num_threads()} threads, torch {torch.__version__}"',
               f"details = {json.dumps(json.dumps(info))}", ""]
@@ -210,16 +316,24 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m medrt.models.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", choices=["roi_classifier", *UNET_VARIANTS])
-    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--steps", type=int, default=2000, help="at most this many steps")
+    p.add_argument("--minutes", type=float, default=0.0,
+                   help="train for this long instead (the schedule follows time; 0: follow --steps)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--n-dx", type=int, default=240, help="radiographs to generate")
+    p.add_argument("--n-dx", type=int, default=320, help="radiographs to generate")
     p.add_argument("--n-ct", type=int, default=24, help="CT series (40 slices each) to generate")
-    p.add_argument("--resume", default="", help="segmentation weights (.pt) to continue from")
+    p.add_argument("--resume", default="", help="weights (.pt) to continue from")
     p.add_argument("--prior-steps", type=int, default=0, help="steps already trained in --resume (for the record)")
     p.add_argument("--prior-seconds", type=float, default=0.0, help="training seconds already spent in --resume")
-    p.add_argument("--data", choices=["all", "ct", "dx"], default="all", help="segmentation patches to train on")
+    p.add_argument("--prior-command", default="", help="the command that made --resume, when it differs")
+    p.add_argument("--data", choices=["all", "ct", "dx"], default="all", help="patches / thumbnails to train on")
+    p.add_argument("--build-only", action="store_true", help="build the phantom cache and stop")
+    p.add_argument("--ct-fraction", type=float, default=0.5, help="share of CT crops when both kinds are there")
+    p.add_argument("--lesion-start", type=float, default=0.6, help="share of crops holding a lesion, first step")
+    p.add_argument("--lesion-end", type=float, default=0.6, help="... and last step (linear in between)")
+    p.add_argument("--monitor-every", type=int, default=500, help="log Dice on fixed batches every N steps (0: never)")
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "medrt" / "train"))
     p.add_argument("--out", default="models")
     args = p.parse_args(argv)
@@ -228,6 +342,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(max(1, torch.get_num_threads()))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.build_only:
+        _data(args, "seg")
+        return 0
     roi = args.model == "roi_classifier"
     net, info = train_roi(args) if roi else train_unet(args)
     # The weights ship too (small), so tests can compare ONNX with torch and users can fine-tune.

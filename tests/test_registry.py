@@ -275,3 +275,35 @@ def test_verify_checks_shapes_and_dtypes(tmp_path: Path, edit, message: str) -> 
     with pytest.raises(ModelError, match=message) as info:
         verify_model(spec_path)
     assert str(spec_path.resolve()) in str(info.value) and "'image'" in str(info.value)
+
+
+def test_segmentation_spacing_is_read_and_checked(tmp_path: Path) -> None:
+    spec_path = write_seg(tmp_path)
+    assert load_spec(spec_path).spacing_mm is None  # optional: absent means native resolution
+    text = spec_path.read_text()
+    spec_path.write_text(text.replace("multiple_of = 16\n", "multiple_of = 16\nspacing_mm = 0.5\n"))
+    assert load_spec(spec_path).spacing_mm == 0.5
+    for bad in ("0", "-0.5", '"0.5"', "true", "inf"):
+        spec_path.write_text(text.replace("multiple_of = 16\n", f"multiple_of = 16\nspacing_mm = {bad}\n"))
+        with pytest.raises(ModelError, match="spacing_mm must be a positive number of mm") as info:
+            load_spec(spec_path)
+        assert str(spec_path) in str(info.value)
+
+
+def test_spacing_is_refused_on_a_roi_classifier(tmp_path: Path) -> None:
+    model = roi_onnx(tmp_path / "roi.onnx")
+    spec_path = tmp_path / "roi.toml"
+    spec_path.write_text(ROI_SPEC.format(sha=sha256_file(model), heatmap=HEATMAP).replace(
+        "stride = 4\n", "stride = 4\nspacing_mm = 0.5\n"))
+    with pytest.raises(ModelError, match="spacing_mm applies to segmentation models only"):
+        load_spec(spec_path)
+
+
+def test_the_shipped_unet_names_its_spacing() -> None:
+    """lesion_unet 2.x works at 0.5 mm; a segmenter without the field runs natively."""
+    from medrt.engine.registry import shipped_specs
+
+    specs = {s.name: s for s in shipped_specs(verify=False)}
+    assert specs["lesion_unet"].spacing_mm == 0.5
+    for spec in specs.values():
+        assert spec.spacing_mm is None or (spec.task == "segmentation" and 0.1 <= spec.spacing_mm <= 2.0)

@@ -4,10 +4,19 @@ A 2 mm nodule on a 0.125 mm radiograph is 16 pixels across, and a 2 mm CT
 lesion 3 pixels: the UNet's first pass sees them at the edge of what it
 resolves. For each small component (longest diameter under ``max_diameter_mm``)
 and each faint candidate (a peak between ``faint_low`` and the detection
-threshold), a window around it is upsampled 2× (nearest, as in training),
-segmented again, brought back to source resolution (2×2 mean) and written over
-the first pass inside that window. Pixels of large components are never
-touched, so the recheck changes only small or faint candidates.
+threshold), a window around it is segmented again at twice the scale of the
+first pass, brought back to source resolution and written over the first pass
+inside that window. Pixels of large components are never touched, so the
+recheck changes only small or faint candidates.
+
+Twice the scale depends on where the first pass ran (:mod:`medrt.analysis.resample`):
+
+- at the frame's own resolution (CT slices, or a model without ``[model]
+  spacing_mm``): the window is upsampled 2× (nearest, as the training's zoom),
+  segmented, and brought back by a 2×2 mean;
+- area-averaged by ``f`` to the model's spacing (radiographs): the window is
+  area-averaged by about ``f/2`` instead (``recheck_factors``; 1 = source
+  resolution), and the logits are interpolated back onto the source grid.
 """
 
 from __future__ import annotations
@@ -17,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import SimpleITK as sitk
 
-from medrt.analysis.segment import _region, _run, _sigmoid
+from medrt.analysis.resample import recheck_factors
+from medrt.analysis.segment import _logits_at, _region, _run, _sigmoid
 from medrt.engine.backends.base import Backend
 from medrt.types import Lesion
 
@@ -34,8 +44,12 @@ class RecheckConfig:
 
 
 def _faint_peaks(prob: np.ndarray, low: float, high: float, labels: np.ndarray) -> list[tuple[float, float, float]]:
-    """(row, col, peak) of connected regions >= ``low`` that never reach ``high``."""
-    band = (prob >= low) & (labels == 0)
+    """(row, col, peak) of connected regions >= ``low`` that never reach ``high``.
+
+    A region that holds a labelled lesion is that lesion with its soft rim, not a
+    faint candidate (masking the lesions out first would split every rim into arcs,
+    each rechecked again)."""
+    band = prob >= low
     if not band.any():
         return []
     comps = sitk.ConnectedComponent(sitk.GetImageFromArray(band.astype(np.uint8)), True)
@@ -45,9 +59,9 @@ def _faint_peaks(prob: np.ndarray, low: float, high: float, labels: np.ndarray) 
     out = []
     for k in stats.GetLabels():
         x0, y0, w, h = stats.GetBoundingBox(k)
-        sub = prob[y0 : y0 + h, x0 : x0 + w][lab[y0 : y0 + h, x0 : x0 + w] == k]
-        peak = float(sub.max())
-        if peak < high:
+        inside = lab[y0 : y0 + h, x0 : x0 + w] == k
+        peak = float(prob[y0 : y0 + h, x0 : x0 + w][inside].max())
+        if peak < high and not labels[y0 : y0 + h, x0 : x0 + w][inside].any():
             cx, cy = stats.GetCentroid(k)
             out.append((cy, cx, peak))
     return out
@@ -75,13 +89,21 @@ def recheck(
     threshold: float,
     cfg: RecheckConfig = RecheckConfig(),
 ) -> tuple[np.ndarray, np.ndarray, int]:
-    """Return ``(new prob, mask of rechecked pixels, number of windows run)``."""
+    """Return ``(new prob, mask of rechecked pixels, number of windows run)``.
+
+    ``spacing_mm`` is the frame's (row, col) pixel spacing: it sizes the windows in
+    mm and, with the model's ``spacing_mm``, sets the scale of the second pass (module
+    docstring). None: 1 mm is assumed and the second pass upsamples 2×."""
     sr, sc = spacing_mm or (1.0, 1.0)
+    factors = recheck_factors(spacing_mm, getattr(model.spec, "spacing_mm", None))
     big = {les.label for les in lesions if les.diameter_mm >= cfg.max_diameter_mm}
     protected = np.isin(labels, list(big)) if big else None
     out = prob.copy()
     touched = np.zeros(prob.shape, dtype=bool)
-    multiple = max(8, model.spec.multiple_of // 2 if model.spec.multiple_of > 1 else 8)
+    if factors is None:  # 2x upsampled: half the model's multiple in source pixels
+        multiple = max(8, model.spec.multiple_of // 2 if model.spec.multiple_of > 1 else 8)
+    else:  # area-averaged by the factors: whole blocks of the model's multiple
+        multiple = max(factors) * max(8, model.spec.multiple_of)
     runs = 0
     for r, c, diameter, _ in candidates(prob, labels, lesions, threshold, cfg):
         side_mm = max(cfg.min_window_mm, cfg.window_factor * diameter)
@@ -89,9 +111,12 @@ def recheck(
         side = max(side, 2 * multiple)
         r0, c0 = int(round(r)) - side // 2, int(round(c)) - side // 2
         region = _region(norm, r0, c0, r0 + side, c0 + side)
-        up = np.kron(region, np.ones((2, 2), np.float32))  # nearest, as the training's 2x zoom
-        p2 = _sigmoid(_run(model, up))
-        back = p2.reshape(side, 2, side, 2).mean(axis=(1, 3))
+        if factors is None:
+            up = np.kron(region, np.ones((2, 2), np.float32))  # nearest, as the training's 2x zoom
+            p2 = _sigmoid(_run(model, up))
+            back = p2.reshape(side, 2, side, 2).mean(axis=(1, 3))
+        else:
+            back = _sigmoid(_logits_at(model, region, factors))
         rows, cols = prob.shape
         rr0, cc0, rr1, cc1 = max(r0, 0), max(c0, 0), min(r0 + side, rows), min(c0 + side, cols)
         if rr1 <= rr0 or cc1 <= cc0:

@@ -72,6 +72,9 @@ class ModelSpec:
     multiple_of: int = 1
     thumbnail: int = 0  # roi_classifier: longest thumbnail side
     stride: int = 1  # roi_classifier: heatmap cell size in thumbnail pixels
+    # segmentation: the pixel spacing (mm) the network was trained at; much finer frames
+    # are area-averaged to it first (medrt.analysis.resample). None: always native.
+    spacing_mm: float | None = None
     thresholds: dict[str, float] = field(default_factory=dict)
     description: str = ""
     card: Path | None = None
@@ -133,6 +136,18 @@ def _tensors(items: Any, where: str) -> tuple[TensorSpec, ...]:
     return tuple(out)
 
 
+def _spacing(model: dict[str, Any], task: str, where: str) -> float | None:
+    """``[model] spacing_mm``: a positive number of mm, for segmentation models only."""
+    if "spacing_mm" not in model:
+        return None
+    value = model["spacing_mm"]
+    if task != "segmentation":
+        raise ModelError(f"{where}: [model] spacing_mm applies to segmentation models only, not {task!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) < float("inf"):
+        raise ModelError(f"{where}: [model] spacing_mm must be a positive number of mm, not {value!r}")
+    return float(value)
+
+
 def load_spec(spec_path: str | Path, *, verify: bool = True) -> ModelSpec:
     """Read a model spec TOML; with ``verify`` (the default) check the model's sha256."""
     spec_path = Path(spec_path)
@@ -169,6 +184,7 @@ def load_spec(spec_path: str | Path, *, verify: bool = True) -> ModelSpec:
         multiple_of=int(model.get("multiple_of", 1)),
         thumbnail=int(model.get("thumbnail", 0)),
         stride=int(model.get("stride", 1)),
+        spacing_mm=_spacing(model, task, where),
         thresholds={k: float(v) for k, v in doc.get("thresholds", {}).items()},
         description=str(model.get("description", "")),
         card=(spec_path.parent / str(card)).resolve() if card else None,

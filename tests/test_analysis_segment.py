@@ -1,0 +1,150 @@
+"""Spacing normalisation in the UNet path: resampling helpers, crops, sliding window, recheck."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from medrt.analysis.lesions import lesions_from_probability
+from medrt.analysis.recheck import recheck
+from medrt.analysis.resample import (
+    area_downsample,
+    recheck_factors,
+    resample_factors,
+    upsample_bilinear,
+)
+from medrt.analysis.segment import segment_crops, sliding_window
+
+
+class Contrast:
+    """A stand-in segmenter: logit = gain · (x - 0.5), so a bright disc comes back as a
+    lesion where it is. Records the input shapes it was given."""
+
+    def __init__(self, spacing_mm: float | None, multiple_of: int = 16) -> None:
+        self.spec = SimpleNamespace(multiple_of=multiple_of, spacing_mm=spacing_mm)
+        self.shapes: list[tuple[int, ...]] = []
+
+    def infer(self, x: np.ndarray) -> list[np.ndarray]:
+        self.shapes.append(x.shape)
+        return [(20.0 * (x - 0.5)).astype(np.float32)]
+
+
+def disc(shape: tuple[int, int], center: tuple[float, float], radius: float) -> np.ndarray:
+    rr, cc = np.ogrid[: shape[0], : shape[1]]
+    return (rr - center[0]) ** 2 + (cc - center[1]) ** 2 <= radius**2
+
+
+def test_factors_follow_the_spacing() -> None:
+    assert resample_factors((0.125, 0.125), 0.5) == (4, 4)  # DX against a 0.5 mm model
+    assert resample_factors((0.147, 0.147), 0.5) == (3, 3)
+    assert resample_factors((0.1, 0.1), 0.5) == (5, 5)
+    assert resample_factors((0.7, 0.7), 0.5) == (1, 1)  # CT: native
+    assert resample_factors((0.4, 0.4), 0.5) == (1, 1)  # not much finer than the target
+    assert resample_factors((0.1, 0.7), 0.5) == (5, 1)  # per axis
+    assert resample_factors(None, 0.5) == (1, 1) and resample_factors((0.125, 0.125), None) == (1, 1)
+    assert recheck_factors((0.125, 0.125), 0.5) == (2, 2)  # twice the first pass's scale
+    assert recheck_factors((0.7, 0.7), 0.5) is None  # native first pass: the recheck upsamples itself
+    with pytest.raises(ValueError, match="spacing_mm"):
+        resample_factors((0.0, 0.1), 0.5)
+
+
+def test_area_downsample_is_a_block_mean_with_partial_edges() -> None:
+    x = np.arange(7 * 5, dtype=np.float32).reshape(7, 5)
+    y = area_downsample(x, (3, 2))
+    assert y.shape == (3, 3) and y.dtype == np.float32
+    assert y[0, 0] == pytest.approx(x[0:3, 0:2].mean())
+    assert y[2, 2] == pytest.approx(x[6:7, 4:5].mean())  # the last blocks hold what they have
+    assert y[1, 2] == pytest.approx(x[3:6, 4:5].mean())
+    z = np.ones((8, 8), np.int16) * 3
+    assert np.array_equal(area_downsample(z, (4, 4)), np.full((2, 2), 3.0, np.float32))
+    assert area_downsample(x, (1, 1)) is not x or area_downsample(x, (1, 1)).dtype == np.float32
+
+
+def test_upsample_aligns_pixel_centres() -> None:
+    # A linear ramp on the coarse grid comes back as the same ramp at source pixel centres.
+    coarse = np.arange(8, dtype=np.float32)[None, :].repeat(4, axis=0)
+    up = upsample_bilinear(coarse, (4, 4), (16, 32))
+    assert up.shape == (16, 32)
+    centre = (np.arange(32) + 0.5) / 4 - 0.5  # coarse coordinate of each source column
+    inside = (centre >= 0) & (centre <= 7)
+    np.testing.assert_allclose(up[5, inside], centre[inside], atol=1e-5)
+    assert up[0, 0] == up[0, 1] == 0.0  # held at the edge
+    # Down then up keeps a smooth map.
+    rr, cc = np.mgrid[:64, :64]
+    smooth = np.sin(rr / 20.0) + np.cos(cc / 16.0)
+    back = upsample_bilinear(area_downsample(smooth, (4, 4)), (4, 4), smooth.shape)
+    assert np.abs(back - smooth)[4:-4, 4:-4].max() < 0.03
+
+
+def test_crops_run_at_the_model_spacing_and_come_back_in_place() -> None:
+    shape = (2048, 2048)
+    truth = disc(shape, (1300.0, 700.0), 40.0)  # a 10 mm nodule at 0.125 mm
+    norm = np.where(truth, 0.9, 0.1).astype(np.float32)
+    model = Contrast(spacing_mm=0.5)
+    crops = [(1000, 300, 2024, 1324)]
+    prob = segment_crops(model, norm, crops, spacing_mm=(0.125, 0.125))
+    assert model.shapes == [(1, 1, 256, 256)], "a 1024² crop at 0.125 mm is a 256² input at 0.5 mm"
+    assert prob.shape == shape and prob.dtype == np.float32
+    _, lesions = lesions_from_probability(prob, (0.125, 0.125), 0.5)
+    assert len(lesions) == 1
+    les = lesions[0]
+    assert les.centroid == pytest.approx((1300.0, 700.0), abs=0.5)
+    got = prob >= 0.5
+    assert (got & truth).sum() / ((got.sum() + truth.sum()) / 2) > 0.97  # Dice
+    assert not prob[:1000].any(), "0 outside every crop"
+
+    # Without the frame's spacing (or without a model spacing) nothing is resampled.
+    native = Contrast(spacing_mm=0.5)
+    segment_crops(native, norm, crops)
+    assert native.shapes == [(1, 1, 1024, 1024)]
+    unset = Contrast(spacing_mm=None)
+    segment_crops(unset, norm, crops, spacing_mm=(0.125, 0.125))
+    assert unset.shapes == [(1, 1, 1024, 1024)]
+    ct = Contrast(spacing_mm=0.5)
+    segment_crops(ct, norm[:512, :512], [(0, 0, 512, 512)], spacing_mm=(0.7, 0.7))
+    assert ct.shapes == [(1, 1, 512, 512)], "CT slices run at native resolution"
+
+
+def test_sliding_window_resamples_the_whole_frame() -> None:
+    shape = (2048, 1536)
+    truth = disc(shape, (400.0, 1000.0), 24.0)
+    norm = np.where(truth, 0.9, 0.1).astype(np.float32)
+    model = Contrast(spacing_mm=0.5)
+    prob = sliding_window(model, norm, roi=256, overlap=0.25, spacing_mm=(0.125, 0.125))
+    assert prob.shape == shape
+    assert {s[2:] for s in model.shapes} == {(256, 256)}  # windows tile the 512x384 resampled frame
+    assert len(model.shapes) == 3 * 2
+    _, lesions = lesions_from_probability(prob, (0.125, 0.125), 0.5)
+    assert len(lesions) == 1 and lesions[0].centroid == pytest.approx((400.0, 1000.0), abs=0.5)
+
+
+def test_recheck_runs_at_half_the_first_pass_factor() -> None:
+    shape = (1024, 1024)
+    truth = disc(shape, (500.0, 300.0), 14.0)  # 3.5 mm at 0.125 mm: a small lesion
+    norm = np.where(truth, 0.9, 0.1).astype(np.float32)
+    model = Contrast(spacing_mm=0.5)
+    spacing = (0.125, 0.125)
+    prob = segment_crops(model, norm, [(0, 0, 1024, 1024)], spacing_mm=spacing)
+    labels, lesions = lesions_from_probability(prob, spacing, 0.5)
+    assert len(lesions) == 1 and lesions[0].diameter_mm < 5.0
+    model.shapes.clear()
+    out, touched, runs = recheck(model, norm, prob, labels, lesions, spacing, 0.5)
+    assert runs == 1 and touched.any() and out.shape == shape
+    side = model.shapes[0][2]
+    # The window (>= 8 mm = 64 px at source) is area-averaged by 2, in whole blocks of 16.
+    assert model.shapes[0][2:] == (side, side) and side % 16 == 0 and 32 <= side <= 64
+    _, again = lesions_from_probability(out, spacing, 0.5, rechecked_mask=touched)
+    assert len(again) == 1 and again[0].rechecked
+    assert again[0].centroid == pytest.approx((500.0, 300.0), abs=0.5)
+
+    # A native first pass (CT) keeps the 2x upsampled recheck.
+    ct = Contrast(spacing_mm=0.5)
+    small = np.where(disc((400, 400), (200.0, 150.0), 2.5), 0.9, 0.1).astype(np.float32)  # 3.5 mm at 0.7 mm
+    p0 = segment_crops(ct, small, [(0, 0, 400, 400)], spacing_mm=(0.7, 0.7))
+    lab0, les0 = lesions_from_probability(p0, (0.7, 0.7), 0.5)
+    ct.shapes.clear()
+    recheck(ct, small, p0, lab0, les0, (0.7, 0.7), 0.5)
+    assert len(les0) == 1 and len(ct.shapes) == 1
+    assert ct.shapes[0][2] % 16 == 0 and ct.shapes[0][2] >= 2 * 8 / 0.7  # 2x the >= 8 mm window
