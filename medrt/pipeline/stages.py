@@ -64,7 +64,10 @@ class ProcessDecoder:
     and a viewer's event loop; a process does not. A decoder that crashes its
     process (a native panic on a damaged file) costs that file only: it is
     reported as corrupt pixel data and the pool is replaced. Bytes, Datasets and
-    Frames are decoded in the calling thread.
+    Frames are decoded in the calling thread. Worth it for large frames; on 512²
+    CT slices the transfer back costs what it saves (75 vs 81 fps measured here).
+    Processes start by forkserver, so a script using it needs the usual
+    ``if __name__ == "__main__":`` guard (the ``medrt`` command has it).
     """
 
     def __init__(self, processes: int = 1) -> None:
