@@ -7,6 +7,7 @@ negative: the UNet is skipped for it (conditional compute).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +17,7 @@ from medrt.engine.backends.base import Backend
 from medrt.preprocess import normalize, pad_to_multiple, thumbnail
 from medrt.types import RoiProposal
 
-__all__ = ["RoiProposal", "RoiResult", "classify", "proposals_from_heatmap", "plan_crops"]
+__all__ = ["RoiProposal", "RoiResult", "classify", "proposals_from_heatmap", "proposals_from_boxes", "plan_crops"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,17 @@ def proposals_from_heatmap(
         out.append(RoiProposal((int(r0), int(c0), int(r1), int(c1)), score))
     out.sort(key=lambda p: -p.score)
     return tuple(out)
+
+
+def proposals_from_boxes(
+    boxes: Sequence[tuple[int, int, int, int]], shape: tuple[int, int], margin: int = 64
+) -> list[RoiProposal]:
+    """Known boxes (e.g. ground-truth lesions) as certain proposals, widened by ``margin``
+    pixels and clipped to the frame: what the calibration and the accuracy gate crop
+    around instead of asking the classifier."""
+    rows, cols = shape
+    return [RoiProposal((max(0, r0 - margin), max(0, c0 - margin), min(rows, r1 + margin), min(cols, c1 + margin)), 1.0)
+            for r0, c0, r1, c1 in boxes]
 
 
 def plan_crops(

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from medrt.analysis.lesions import lesions_from_probability
-from medrt.analysis.roi import classify, plan_crops
+from medrt.analysis.roi import classify, plan_crops, proposals_from_boxes
 from medrt.analysis.segment import segment_crops
 from medrt.engine.backends.base import Backend
 from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
@@ -41,7 +41,6 @@ from medrt.phantom import generate_ct_series, generate_radiograph
 from medrt.phantom.frame import PhantomFrame
 from medrt.phantom.truth import FrameTruth
 from medrt.preprocess import normalize
-from medrt.types import RoiProposal
 
 __all__ = [
     "LIMIT_POINTS",
@@ -128,11 +127,7 @@ def validation_frames(
 def _truth_crops(frame: PhantomFrame) -> tuple[tuple[int, int, int, int], ...]:
     """Without a classifier: 1024² crops around the true lesions (one central crop if none)."""
     rows, cols = frame.shape
-    props = [
-        RoiProposal((max(0, t.bbox[0] - _MARGIN), max(0, t.bbox[1] - _MARGIN),
-                     min(rows, t.bbox[2] + _MARGIN), min(cols, t.bbox[3] + _MARGIN)), 1.0)
-        for t in frame.lesions
-    ]  # fmt: skip
+    props = proposals_from_boxes([t.bbox for t in frame.lesions], frame.shape, _MARGIN)
     if not props:
         r0, c0 = max(0, (rows - CROP) // 2), max(0, (cols - CROP) // 2)
         return ((r0, c0, r0 + CROP, c0 + CROP),)

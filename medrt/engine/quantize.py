@@ -113,9 +113,8 @@ def _empty_box(frame: PhantomFrame) -> tuple[int, int, int, int] | None:
 
 def _segmentation_items(seed: int, n: int) -> Iterator[tuple[str, np.ndarray]]:
     """(category, normalised input): CT slices 512², then 1024² crops of 4096² radiographs."""
-    from medrt.analysis.roi import plan_crops
+    from medrt.analysis.roi import plan_crops, proposals_from_boxes
     from medrt.phantom import generate_ct_series, generate_radiograph
-    from medrt.types import RoiProposal
 
     n_ct = n // 2
     for s in range(math.ceil(n_ct / 12)):
@@ -124,12 +123,7 @@ def _segmentation_items(seed: int, n: int) -> Iterator[tuple[str, np.ndarray]]:
     for i in range(max(1, math.ceil((n - n_ct) / 4))):
         frame = generate_radiograph(seed, size=4096, index=i, n_lesions=3, border_lesion=True, far_apart=i % 2 == 1)
         norm = normalize(frame.pixels, *frame.window)
-        rows, cols = frame.shape
-        props = [
-            RoiProposal((max(0, t.bbox[0] - _MARGIN), max(0, t.bbox[1] - _MARGIN),
-                         min(rows, t.bbox[2] + _MARGIN), min(cols, t.bbox[3] + _MARGIN)), 1.0)
-            for t in frame.lesions
-        ]  # fmt: skip
+        props = proposals_from_boxes([t.bbox for t in frame.lesions], frame.shape, _MARGIN)
         boxes = list(plan_crops(props, frame.shape, CROP)) if props else []
         empty = _empty_box(frame)
         if empty is not None:
