@@ -9,7 +9,6 @@ so the speed-up is against the best serial layout, not a straw man.
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import time
 from pathlib import Path
@@ -24,7 +23,9 @@ def default_stream() -> Path:
 
 
 def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from medrt.engine.backends.onnxrt import default_threads
+
+    return default_threads()
 
 
 class TimedBackend:

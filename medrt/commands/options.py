@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 from typing import Any
 
 __all__ = ["add_engine_options", "add_pipeline_options", "analyzer_config", "thread_layout"]
@@ -51,7 +50,9 @@ def thread_layout(args: argparse.Namespace) -> tuple[int | None, int]:
     512² frame over both cores (the per-op thread hand-off costs more than it
     gains on small frames). On a GPU one worker feeds the device.
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    from medrt.engine.backends.onnxrt import default_threads
+
+    cores = default_threads()  # the cores this process may use (affinity mask)
     workers = getattr(args, "workers", None)
     on_gpu = getattr(args, "device", "auto") == "cuda" or getattr(args, "backend", "auto") in ("tensorrt", "torch")
     if workers is None:
