@@ -378,15 +378,9 @@ class MainWindow(QMainWindow, StreamsMixin):
 
     def _render(self) -> None:
         slot = self.current_slot()
-        if slot is None:
-            self.view.blank()
-            self.lesion_list.show_lesions(())
-            self._image_key = None
-            self.shown_key = None
-            self._update_hud()
-            return
-        self._want_decoded(slot)
-        if slot.frame is None:
+        if slot is not None:
+            self._want_decoded(slot)
+        if slot is None or slot.frame is None:
             self.view.blank()
             self.lesion_list.show_lesions(())
             self._image_key = None

@@ -72,3 +72,11 @@ def sample_dir() -> Path:
     if not SAMPLE_DIR.is_dir() or not any(SAMPLE_DIR.rglob("*.dcm")):
         pytest.fail("sample_dicom/ is missing or empty; regenerate it (see sample_dicom/README.md)")
     return SAMPLE_DIR
+
+
+@pytest.fixture
+def bot(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """pytest-qt's qtbot for the viewer tests; skips locally (fails in CI) without PySide6 or pytest-qt."""
+    require_module("PySide6.QtWidgets")
+    require_module("pytestqt")
+    return request.getfixturevalue("qtbot")

@@ -28,14 +28,6 @@ CT = SAMPLE_DIR / "ct_stream"
 
 
 @pytest.fixture
-def bot(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    """pytest-qt's qtbot; skips locally (fails in CI) without PySide6 or pytest-qt."""
-    require_module("PySide6.QtWidgets")
-    require_module("pytestqt")
-    return request.getfixturevalue("qtbot")
-
-
-@pytest.fixture
 def make_window(bot):  # type: ignore[no-untyped-def]
     from medrt_gui.window import MainWindow
 

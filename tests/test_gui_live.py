@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import SAMPLE_DIR, require_module
+from conftest import SAMPLE_DIR
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 pytestmark = pytest.mark.gui
@@ -21,13 +21,6 @@ CT = SAMPLE_DIR / "ct_stream"
 #: The event loop must never stall this long during the stream (a generous bound: the
 #: figure is about what the GUI thread does, not how fast this shared machine is).
 MAX_GAP_MS = 250.0
-
-
-@pytest.fixture
-def bot(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
-    require_module("PySide6.QtWidgets")
-    require_module("pytestqt")
-    return request.getfixturevalue("qtbot")
 
 
 @pytest.fixture
