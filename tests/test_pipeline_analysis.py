@@ -154,9 +154,7 @@ def test_pipeline_with_decode_processes_matches_threads(analyzer):
     a, b = Collect(), Collect()
     assert Pipeline(FileReplay(paths, fps=0), analysis_stages(analyzer), [a]).run(timeout=300)
     stages = analysis_stages(analyzer, decode_processes=2)
-    try:
-        assert Pipeline(FileReplay(paths, fps=0), stages, [b]).run(timeout=300)
-    finally:
-        stages[0].fn.close()
+    assert Pipeline(FileReplay(paths, fps=0), stages, [b]).run(timeout=300)
+    assert stages[0].fn._pool is None  # the pipeline closed its decode pool when it finished
     assert [r.frame.key for r in a.results] == [r.frame.key for r in b.results]
     assert [[les.bbox for les in r.lesions] for r in a.results] == [[les.bbox for les in r.lesions] for r in b.results]

@@ -195,9 +195,6 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
             interrupted = True
             log.warning("batch: interrupted; finished series are kept, a rerun does the rest")
             pipe.abort()
-        close = getattr(stages[0].fn, "close", None)  # a ProcessDecoder's pool
-        if callable(close):
-            close()
         if not interrupted:  # a series whose frame count surprised us still gets its outputs
             for so in {id(s): s for s in outputs.values()}.values():
                 if id(so) in sink.started and so.plan.uid not in sink.finished:

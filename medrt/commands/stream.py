@@ -99,12 +99,8 @@ def run(args: argparse.Namespace) -> int:
         interrupted = True
         print("\nmedrt stream: stopping (Ctrl-C again to abort)", file=sys.stderr)
         pipe.stop(timeout=10.0)
-    close = getattr(stages[0].fn, "close", None)  # a ProcessDecoder's pool
-    if callable(close):
-        close()
     if live and tty:
         print(file=sys.stderr)
-    tel.stop()
     summary = tel.summary()
     summary["pipeline"] = {"policy": entry, "depth": pipe.depth, "workers": workers,
                            "edges": pipe.counters(), "sink_errors": pipe.sink_errors}

@@ -216,6 +216,7 @@ class Pipeline:
         self.results = 0
         self.errors: list[FrameError] = []
         self._depth_applied = not self.auto_depth
+        self._finished = False  # join has stopped telemetry and closed the stages
         if telemetry is True:
             self.make_telemetry()
 
@@ -247,13 +248,20 @@ class Pipeline:
         t.start()
 
     def join(self, timeout: float | None = None) -> bool:
-        """Wait until every item has reached the sinks; True when it finished."""
+        """Wait until every item has reached the sinks; True when it finished. The first
+        time it finishes it stops the telemetry and closes every stage function that has
+        a ``close()``."""
         finished = self._done.wait(timeout)
-        if finished:
+        if finished and not self._finished:
+            self._finished = True
             for t in self._threads:
                 t.join(1.0)
             if self.telemetry is not None:
                 self.telemetry.stop()
+            for stage in self.stages:  # e.g. a ProcessDecoder's worker pool
+                close = getattr(stage.fn, "close", None)
+                if callable(close):
+                    close()
         return finished
 
     def stop(self, timeout: float = 10.0) -> bool:
