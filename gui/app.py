@@ -78,7 +78,7 @@ class Screenshot:
             return False
         if not w.analysis_enabled or w.session is None:
             return True
-        return slot.result is not None or w.session.done
+        return slot.result is not None or w.session_finished == w.session.sid
 
     def _poll(self) -> None:
         now = time.monotonic()

@@ -199,6 +199,7 @@ class StreamsMixin:
             self.status(f"{self.session.kind} ended: {self.frames_received} image(s) received", 0)
         self._tick()
         self._update_hud()
+        self.session_finished = sid
         self.sessionFinished.emit(sid)
 
     def _on_decoded(self: Any, d: DecodedFile) -> None:

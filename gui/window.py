@@ -71,6 +71,10 @@ class MainWindow(QMainWindow, StreamsMixin):
         self.window_cw: tuple[float, float] | None = None  # (center, width) set by the user
         self.inverted = False
         self.session: Session | None = None
+        # The last session whose end the GUI thread has handled: every result it sent
+        # has been received by then (same sink thread, queued signals in order), while
+        # Session.done turns true on the worker side before those signals are processed.
+        self.session_finished: int | None = None
         self._sid = 0
         self.shown_key: str | None = None
         self.hover_text = ""

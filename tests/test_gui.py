@@ -258,7 +258,7 @@ def analysed():  # type: ignore[no-untyped-def]
     w.show()
     w.open_path(CT)
     deadline = time.monotonic() + 180
-    while not (w.session is not None and w.session.done and w.results_received == 40):
+    while not (w.session is not None and w.session_finished == w.session.sid and w.results_received == 40):
         app.processEvents()
         time.sleep(0.01)
         assert time.monotonic() < deadline, f"analysis did not finish: {w.results_received}/40"
@@ -461,7 +461,7 @@ def test_bad_files_are_named_and_the_rest_still_shows(bot, make_window, tmp_path
     assert "cut_header.dcm" in w.statusBar().currentMessage()
     # cut_pixels.dcm has a whole header: it is listed, and fails when its pixels are decoded.
     assert len(study.series[0].slots) == 6
-    bot.waitUntil(lambda: w.session.done, timeout=120_000)
+    bot.waitUntil(lambda: w.session_finished == w.session.sid, timeout=120_000)
     assert w.results_received == 5
     bot.waitUntil(lambda: any("cut_pixels.dcm" in f for f in w.failures))
     bad = slot_index_of(w, "cut_pixels.dcm")
