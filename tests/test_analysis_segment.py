@@ -1,4 +1,9 @@
-"""Spacing normalisation in the UNet path: resampling helpers, crops, sliding window, recheck."""
+"""Spacing normalisation in the UNet path: resampling helpers, crops, sliding window, recheck.
+
+The sparse resampling and the windowed recheck are checked against whole-frame
+references (the code as it was before) on a real 4096² phantom radiograph with the
+shipped lesion_unet.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +11,30 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import SimpleITK as sitk
 
+from medrt.analysis import recheck as recheck_module
 from medrt.analysis.lesions import lesions_from_probability
-from medrt.analysis.recheck import recheck
+from medrt.analysis.recheck import RecheckConfig, recheck
 from medrt.analysis.resample import (
+    Bilinear,
     area_downsample,
     recheck_factors,
     resample_factors,
     upsample_bilinear,
 )
-from medrt.analysis.segment import segment_crops, sliding_window
+from medrt.analysis.segment import (
+    PROB_FLOOR,
+    _blended_logits,
+    _logits_at,
+    _region,
+    _sigmoid,
+    model_factors,
+    segment_crops,
+    sliding_window,
+)
+from medrt.analyzer import AnalyzerConfig, load_analyzer
+from medrt.bench.engine import phantom_frames
 
 
 class Contrast:
@@ -132,6 +151,7 @@ def test_recheck_runs_at_half_the_first_pass_factor() -> None:
     model.shapes.clear()
     out, touched, runs = recheck(model, norm, prob, labels, lesions, spacing, 0.5)
     assert runs == 1 and touched.any() and out.shape == shape
+    assert out is prob, "the first pass is updated in place"
     side = model.shapes[0][2]
     # The window (>= 8 mm = 64 px at source) is area-averaged by 2, in whole blocks of 16.
     assert model.shapes[0][2:] == (side, side) and side % 16 == 0 and 32 <= side <= 64
@@ -148,3 +168,136 @@ def test_recheck_runs_at_half_the_first_pass_factor() -> None:
     recheck(ct, small, p0, lab0, les0, (0.7, 0.7), 0.5)
     assert len(les0) == 1 and len(ct.shapes) == 1
     assert ct.shapes[0][2] % 16 == 0 and ct.shapes[0][2] >= 2 * 8 / 0.7  # 2x the >= 8 mm window
+
+
+def test_bilinear_blocks_are_the_whole_grid_values() -> None:
+    rng = np.random.default_rng(3)
+    for factors, shape in (((4, 4), (203, 150)), ((3, 3), (100, 98)), ((5, 1), (97, 40))):
+        coarse = rng.standard_normal((-(-shape[0] // factors[0]), -(-shape[1] // factors[1]))).astype(np.float32)
+        whole = upsample_bilinear(coarse, factors, shape)
+        up = Bilinear(coarse, factors, shape)
+        for r0, c0, r1, c1 in ((0, 0, *shape), (0, 0, 1, 1), (7, 13, 61, 29), (shape[0] - 5, shape[1] - 9, *shape)):
+            assert np.array_equal(up.block(r0, c0, r1, c1), whole[r0:r1, c0:c1])
+        assert up.block(4, 4, 4, 9).shape == (0, 5)
+
+
+# -- the whole-frame references ------------------------------------------------------------
+
+
+def faint_peaks_reference(prob: np.ndarray, low: float, high: float, labels: np.ndarray) -> list:
+    """Faint peaks from one labelling of the whole frame."""
+    band = prob >= low
+    if not band.any():
+        return []
+    comps = sitk.ConnectedComponent(sitk.GetImageFromArray(band.astype(np.uint8)), True)
+    stats = sitk.LabelShapeStatisticsImageFilter()
+    stats.Execute(comps)
+    lab = sitk.GetArrayViewFromImage(comps)
+    out = []
+    for k in stats.GetLabels():
+        x0, y0, w, h = stats.GetBoundingBox(k)
+        inside = lab[y0 : y0 + h, x0 : x0 + w] == k
+        peak = float(prob[y0 : y0 + h, x0 : x0 + w][inside].max())
+        if peak < high and not labels[y0 : y0 + h, x0 : x0 + w][inside].any():
+            cx, cy = stats.GetCentroid(k)
+            out.append((cy, cx, peak))
+    return out
+
+
+def recheck_reference(model, norm, prob, labels, lesions, spacing, threshold, monkeypatch):  # type: ignore[no-untyped-def]
+    """The recheck on a copy of the map, large lesions protected by one np.isin over the
+    frame, faint peaks from one labelling of the frame."""
+    cfg = RecheckConfig()
+    factors = recheck_factors(spacing, model.spec.spacing_mm)
+    assert factors is not None
+    multiple = max(factors) * max(8, model.spec.multiple_of)
+    big = [les.label for les in lesions if les.diameter_mm >= cfg.max_diameter_mm]
+    protected = np.isin(labels, big)
+    out, touched = prob.copy(), np.zeros(prob.shape, bool)
+    with monkeypatch.context() as m:
+        m.setattr(recheck_module, "_faint_peaks", faint_peaks_reference)
+        cands = recheck_module.candidates(prob, labels, lesions, threshold, cfg)
+    for r, c, diameter, _ in cands:
+        side = int(np.ceil(max(cfg.min_window_mm, cfg.window_factor * diameter) / min(spacing) / multiple) * multiple)
+        side = max(side, 2 * multiple)
+        r0, c0 = int(round(r)) - side // 2, int(round(c)) - side // 2
+        back = _sigmoid(_logits_at(model, _region(norm, r0, c0, r0 + side, c0 + side), factors))
+        rr0, cc0 = max(r0, 0), max(c0, 0)
+        rr1, cc1 = min(r0 + side, prob.shape[0]), min(c0 + side, prob.shape[1])
+        keep = protected[rr0:rr1, cc0:cc1]
+        view = out[rr0:rr1, cc0:cc1]
+        view[...] = np.where(keep, view, back[rr0 - r0 : rr1 - r0, cc0 - c0 : cc1 - c0])
+        touched[rr0:rr1, cc0:cc1] |= ~keep
+    return out, touched, len(cands)
+
+
+def test_faint_peaks_match_one_labelling_of_the_whole_frame() -> None:
+    shape = (700, 900)
+    prob = np.zeros(shape, np.float32)
+    labels = np.zeros(shape, np.uint16)
+    assert recheck_module._faint_peaks(prob, 0.25, 0.6, labels) == []  # an empty map
+    for (r, c), radius, peak in (
+        ((100, 100), 9, 0.4), ((90, 400), 9, 0.4),  # equal peaks: raster order, not the XY cut's
+        ((300, 120), 5, 0.3),
+        ((650, 880), 30, 0.45),  # cut by the frame's edge
+        ((500, 500), 20, 0.55), ((515, 525), 12, 0.35),  # two that touch: one region
+        ((300, 700), 25, 0.9),  # reaches the threshold: a lesion, not faint
+    ):
+        d = disc(shape, (r, c), radius)
+        prob[d] = np.maximum(prob[d], peak)
+    rim = disc(shape, (150, 700), 30)  # a faint rim around a labelled lesion
+    core = disc(shape, (150, 700), 12)
+    prob[rim] = np.maximum(prob[rim], 0.3)
+    prob[core], labels[core] = 0.55, 1  # labelled, though below this call's threshold
+    got = recheck_module._faint_peaks(prob, 0.25, 0.6, labels)
+    assert got == faint_peaks_reference(prob, 0.25, 0.6, labels)
+    assert [round(p, 2) for _, _, p in got] == [0.4, 0.4, 0.3, 0.55, 0.45]
+
+
+@pytest.fixture(scope="module")
+def radiograph():  # type: ignore[no-untyped-def]
+    """The shipped lesion_unet and one 4096² phantom radiograph with its ROI crops."""
+    analyzer = load_analyzer(AnalyzerConfig(warmup_shapes=((256, 256),)))
+    ((frame, _),) = phantom_frames(1)
+    return analyzer, analyzer.propose(analyzer.prepare(frame))
+
+
+@pytest.mark.parametrize("mode", ["full", "roi"])
+def test_sparse_resampling_and_recheck_match_the_whole_frame(radiograph, mode, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    analyzer, work = radiograph
+    seg, norm, spacing, thr = analyzer.seg, work.norm, work.frame.spacing_mm, analyzer.threshold
+    factors = model_factors(seg, spacing)
+    assert factors != (1, 1) and norm.shape == (4096, 4096)
+    if mode == "full":
+        prob = sliding_window(seg, norm, roi=1024, overlap=0.25, spacing_mm=spacing)
+        small = area_downsample(norm, factors)
+        dense = _sigmoid(upsample_bilinear(_blended_logits(seg, small, 1024, 0.25), factors, norm.shape))
+    else:
+        assert work.crops
+        prob = segment_crops(seg, norm, work.crops, spacing_mm=spacing)
+        dense = np.zeros(norm.shape, np.float32)
+        for r0, c0, r1, c1 in work.crops:
+            p = _sigmoid(_logits_at(seg, _region(norm, r0, c0, r1, c1), factors))
+            rr0, cc0 = max(r0, 0), max(c0, 0)
+            view = dense[rr0:r1, cc0:c1]
+            np.maximum(view, p[rr0 - r0 : rr0 - r0 + view.shape[0], cc0 - c0 : cc0 - c0 + view.shape[1]], out=view)
+    high = (prob >= PROB_FLOOR) | (dense >= PROB_FLOOR)
+    assert (dense >= 0.25).any(), "the model marks something on this frame"
+    assert np.array_equal(prob[high], dense[high]), "exact from the floor up"
+    assert (prob <= dense).all()
+    assert np.count_nonzero(prob) < 0.05 * prob.size, "only blocks near something are resampled"
+
+    labels, lesions = lesions_from_probability(prob, spacing, thr)
+    ref_labels, ref_lesions = lesions_from_probability(dense, spacing, thr)
+    assert np.array_equal(labels, ref_labels) and lesions == ref_lesions
+
+    ref_out, ref_touched, ref_runs = recheck_reference(seg, norm, dense, ref_labels, ref_lesions, spacing, thr,
+                                                       monkeypatch)
+    out, touched, runs = recheck(seg, norm, prob, labels, lesions, spacing, thr)
+    assert runs == ref_runs > 0
+    assert np.array_equal(touched, ref_touched)
+    high = (out >= PROB_FLOOR) | (ref_out >= PROB_FLOOR)
+    assert np.array_equal(out[high], ref_out[high])
+    final = lesions_from_probability(out, spacing, thr, rechecked_mask=touched)
+    ref_final = lesions_from_probability(ref_out, spacing, thr, rechecked_mask=ref_touched)
+    assert np.array_equal(final[0], ref_final[0]) and final[1] == ref_final[1]

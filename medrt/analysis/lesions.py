@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import SimpleITK as sitk
 
+from medrt.analysis import components
+from medrt.analysis.components import Box
 from medrt.phantom.shapes import longest_diameter_mm
 from medrt.types import Lesion
 
@@ -37,13 +39,9 @@ log = logging.getLogger(__name__)
 
 _MAX_LABEL = int(np.iinfo(np.uint16).max)
 MAX_LESIONS = 1000
-# Above this many boxes the XY cut stops splitting: a noisy map is labelled in
-# fewer, larger boxes instead of paying Python overhead per speck.
-_MAX_BOXES = 256
 # Masks with fewer pixels than this go straight to longest_diameter_mm.
 _HULL_MIN_PIXELS = 64
 
-Box = tuple[int, int, int, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,50 +170,12 @@ def lesion_from_json(record: dict[str, Any]) -> Lesion:
     )
 
 
-def _runs(flags: np.ndarray) -> list[tuple[int, int]]:
-    """Half-open ``(start, stop)`` of each run of True in a 1-D bool array."""
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], flags.view(np.int8), [0]))))
-    return [(int(a), int(b)) for a, b in zip(edges[0::2], edges[1::2], strict=True)]
-
-
-def _foreground_boxes(fg: np.ndarray) -> list[Box]:
-    """Disjoint boxes that hold all foreground, each component wholly inside one box.
-
-    Boxes are cut along rows and columns with no foreground (a recursive XY cut),
-    which no 8-connected component can cross.
-    """
-    out: list[Box] = []
-    # (r0, c0, r1, c1, axis to cut next, consecutive cuts that found one run)
-    stack: list[tuple[int, int, int, int, int, int]] = [(0, 0, fg.shape[0], fg.shape[1], 0, 0)]
-    while stack:
-        if len(out) + len(stack) > _MAX_BOXES:
-            out.extend(s[:4] for s in stack)
-            break
-        r0, c0, r1, c1, axis, calm = stack.pop()
-        runs = _runs(fg[r0:r1, c0:c1].any(axis=1 - axis))
-        if axis == 0:
-            boxes = [(r0 + a, c0, r0 + b, c1) for a, b in runs]
-        else:
-            boxes = [(r0, c0 + a, r1, c0 + b) for a, b in runs]
-        if len(boxes) == 1 and calm == 1:
-            out.append(boxes[0])
-            continue
-        nxt = calm + 1 if len(boxes) == 1 else 0
-        stack.extend((*b, 1 - axis, nxt) for b in reversed(boxes))
-    return out
-
-
 def _label_boxes(fg: np.ndarray, min_area_px: int) -> list[tuple[Box, sitk.Image, list[int]]]:
     """Each box's components, relabelled 1..n by size (largest first), with their sizes."""
     out = []
-    relabel = sitk.RelabelComponentImageFilter()
-    relabel.SetMinimumObjectSize(min_area_px)
-    relabel.SetSortByObjectSize(True)
-    for box in _foreground_boxes(fg):
+    for box in components.foreground_boxes(fg):
         r0, c0, r1, c1 = box
-        crop = sitk.GetImageFromArray(np.ascontiguousarray(fg[r0:r1, c0:c1]).view(np.uint8))
-        image = relabel.Execute(sitk.ConnectedComponent(crop, True))  # True: 8-connectivity
-        sizes = [int(n) for n in relabel.GetSizeOfObjectsInPixels()]
+        image, sizes = components.relabel(components.label(fg[r0:r1, c0:c1]), min_area_px)  # 8-connected
         if sizes:
             out.append((box, image, sizes))
     return out
@@ -261,8 +221,7 @@ def _measure(
     rechecked_mask: np.ndarray | None,
 ) -> list[_Component]:
     """Measure labels 1..``keep`` of a labelled box whose top-left is at ``box[:2]``."""
-    stats = sitk.LabelShapeStatisticsImageFilter()
-    stats.Execute(image)
+    stats = components.shape_statistics(image)
     lab = sitk.GetArrayViewFromImage(image)
     out: list[_Component] = []
     for k in range(1, keep + 1):

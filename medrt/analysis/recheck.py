@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import SimpleITK as sitk
 
+from medrt.analysis.components import foreground_boxes, label, shape_statistics
 from medrt.analysis.resample import recheck_factors
 from medrt.analysis.segment import _logits_at, _region, _run, _sigmoid
 from medrt.engine.backends.base import Backend
@@ -48,23 +49,29 @@ def _faint_peaks(prob: np.ndarray, low: float, high: float, labels: np.ndarray) 
 
     A region that holds a labelled lesion is that lesion with its soft rim, not a
     faint candidate (masking the lesions out first would split every rim into arcs,
-    each rechecked again)."""
+    each rechecked again). Regions are labelled only inside boxes around the band
+    (the XY cut of :mod:`medrt.analysis.lesions`, which no region crosses) and come
+    out in raster order of their first pixel, as one labelling of the whole frame
+    would give them."""
     band = prob >= low
-    if not band.any():
-        return []
-    comps = sitk.ConnectedComponent(sitk.GetImageFromArray(band.astype(np.uint8)), True)
-    stats = sitk.LabelShapeStatisticsImageFilter()
-    stats.Execute(comps)
-    lab = sitk.GetArrayViewFromImage(comps)
-    out = []
-    for k in stats.GetLabels():
-        x0, y0, w, h = stats.GetBoundingBox(k)
-        inside = lab[y0 : y0 + h, x0 : x0 + w] == k
-        peak = float(prob[y0 : y0 + h, x0 : x0 + w][inside].max())
-        if peak < high and not labels[y0 : y0 + h, x0 : x0 + w][inside].any():
-            cx, cy = stats.GetCentroid(k)
-            out.append((cy, cx, peak))
-    return out
+    found: list[tuple[int, int, float, float, float]] = []  # first pixel (row, col), row, col, peak
+    for r0, c0, r1, c1 in foreground_boxes(band):
+        comps = label(band[r0:r1, c0:c1])  # 8-connected
+        stats = shape_statistics(comps)
+        lab = sitk.GetArrayViewFromImage(comps)
+        for k in stats.GetLabels():
+            x0, y0, w, h = stats.GetBoundingBox(k)
+            inside = lab[y0 : y0 + h, x0 : x0 + w] == k
+            window = (slice(r0 + y0, r0 + y0 + h), slice(c0 + x0, c0 + x0 + w))
+            peak = float(prob[window][inside].max())
+            if peak < high and not labels[window][inside].any():
+                rows, cols = np.nonzero(inside)
+                n = rows.size  # the centroid as the whole-frame labelling computes it
+                cy = (int(rows.sum()) + n * (r0 + y0)) / n
+                cx = (int(cols.sum()) + n * (c0 + x0)) / n
+                found.append((r0 + y0, c0 + x0 + int(cols[0]), cy, cx, peak))
+    found.sort(key=lambda f: f[:2])
+    return [(cy, cx, peak) for _, _, cy, cx, peak in found]
 
 
 def candidates(
@@ -91,25 +98,29 @@ def recheck(
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Return ``(new prob, mask of rechecked pixels, number of windows run)``.
 
+    ``prob`` is updated in place and returned as the new prob: the first pass is not
+    kept (the analyzer does not read it again); a caller that needs it passes a copy.
     ``spacing_mm`` is the frame's (row, col) pixel spacing: it sizes the windows in
     mm and, with the model's ``spacing_mm``, sets the scale of the second pass (module
     docstring). None: 1 mm is assumed and the second pass upsamples 2×."""
     sr, sc = spacing_mm or (1.0, 1.0)
     factors = recheck_factors(spacing_mm, getattr(model.spec, "spacing_mm", None))
-    big = {les.label for les in lesions if les.diameter_mm >= cfg.max_diameter_mm}
-    protected = np.isin(labels, list(big)) if big else None
-    out = prob.copy()
+    big = [les.label for les in lesions if les.diameter_mm >= cfg.max_diameter_mm]
     touched = np.zeros(prob.shape, dtype=bool)
     if factors is None:  # 2x upsampled: half the model's multiple in source pixels
         multiple = max(8, model.spec.multiple_of // 2 if model.spec.multiple_of > 1 else 8)
     else:  # area-averaged by the factors: whole blocks of the model's multiple
         multiple = max(factors) * max(8, model.spec.multiple_of)
+    rows, cols = prob.shape
     runs = 0
     for r, c, diameter, _ in candidates(prob, labels, lesions, threshold, cfg):
         side_mm = max(cfg.min_window_mm, cfg.window_factor * diameter)
         side = int(np.ceil(side_mm / min(sr, sc) / multiple) * multiple)
         side = max(side, 2 * multiple)
         r0, c0 = int(round(r)) - side // 2, int(round(c)) - side // 2
+        rr0, cc0, rr1, cc1 = max(r0, 0), max(c0, 0), min(r0 + side, rows), min(c0 + side, cols)
+        if rr1 <= rr0 or cc1 <= cc0:
+            continue
         region = _region(norm, r0, c0, r0 + side, c0 + side)
         if factors is None:
             up = np.kron(region, np.ones((2, 2), np.float32))  # nearest, as the training's 2x zoom
@@ -117,17 +128,15 @@ def recheck(
             back = p2.reshape(side, 2, side, 2).mean(axis=(1, 3))
         else:
             back = _sigmoid(_logits_at(model, region, factors))
-        rows, cols = prob.shape
-        rr0, cc0, rr1, cc1 = max(r0, 0), max(c0, 0), min(r0 + side, rows), min(c0 + side, cols)
-        if rr1 <= rr0 or cc1 <= cc0:
-            continue
         new = back[rr0 - r0 : rr1 - r0, cc0 - c0 : cc1 - c0]
-        view = out[rr0:rr1, cc0:cc1]
-        keep = protected[rr0:rr1, cc0:cc1] if protected is not None else None
-        if keep is not None:
-            new = np.where(keep, view, new)
-        view[...] = new
+        view = prob[rr0:rr1, cc0:cc1]
         t = touched[rr0:rr1, cc0:cc1]
-        t |= True if keep is None else ~keep
+        if big:  # pixels of large components are never touched
+            free = ~np.isin(labels[rr0:rr1, cc0:cc1], big)
+            np.copyto(view, new, where=free)
+            t |= free
+        else:
+            view[...] = new
+            t[...] = True
         runs += 1
-    return out, touched, runs
+    return prob, touched, runs

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["RESAMPLE_RATIO", "resample_factors", "recheck_factors", "area_downsample", "upsample_bilinear"]
+__all__ = [
+    "RESAMPLE_RATIO", "resample_factors", "recheck_factors", "area_downsample", "upsample_bilinear", "Bilinear",
+]
 
 # A frame is resampled only when it is clearly finer than the model: spacing <
 # target / RESAMPLE_RATIO. CT slices (0.6-0.8 mm) against a 0.5 mm model stay native.
@@ -119,9 +121,30 @@ def upsample_bilinear(x: np.ndarray, factors: Factors, shape: tuple[int, int]) -
         if x.shape[0] < rows or x.shape[1] < cols:
             raise ValueError(f"cannot bring a {x.shape} map to {shape} with factors (1, 1)")
         return x[:rows, :cols]
-    r0, r1, wr = _axis_weights(rows, x.shape[0], fr)
-    c0, c1, wc = _axis_weights(cols, x.shape[1], fc)
-    top, bottom = x[r0], x[r1]  # (rows, n_cols)
-    tall = top + (bottom - top) * wr[:, None]
-    left, right = tall[:, c0], tall[:, c1]
-    return left + (right - left) * wc[None, :]
+    return Bilinear(x, factors, shape).block(0, 0, rows, cols)
+
+
+class Bilinear:
+    """:func:`upsample_bilinear` of one coarse map, evaluated a block of the source grid
+    at a time: each block holds exactly the values the whole-grid call gives there
+    (the same float32 operations on the same operands, pixel by pixel), so a caller
+    that needs only a few regions of a large frame does not pay for all of it."""
+
+    def __init__(self, x: np.ndarray, factors: Factors, shape: tuple[int, int]) -> None:
+        self.x = np.asarray(x, dtype=np.float32)
+        rows, cols = int(shape[0]), int(shape[1])
+        self.rows = _axis_weights(rows, self.x.shape[0], int(factors[0]))
+        self.cols = _axis_weights(cols, self.x.shape[1], int(factors[1]))
+
+    def block(self, r0: int, c0: int, r1: int, c1: int) -> np.ndarray:
+        """Source rows ``r0:r1`` and columns ``c0:c1`` of the upsampled map, float32."""
+        i0, i1, wr = (a[r0:r1] for a in self.rows)
+        j0, j1, wc = (a[c0:c1] for a in self.cols)
+        if not (i0.size and j0.size):
+            return np.zeros((i0.size, j0.size), np.float32)
+        lo, hi = int(j0[0]), int(j1[-1]) + 1  # the coarse columns this block reads
+        x = self.x[:, lo:hi]
+        top, bottom = x[i0], x[i1]  # (r1 - r0, hi - lo)
+        tall = top + (bottom - top) * wr[:, None]
+        left, right = tall[:, j0 - lo], tall[:, j1 - lo]
+        return left + (right - left) * wc[None, :]

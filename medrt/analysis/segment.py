@@ -12,6 +12,21 @@ input for a 0.5 mm model), and the UNet's logits are interpolated bilinearly
 back onto the source grid before the sigmoid (:mod:`medrt.analysis.resample`).
 Without ``spacing_mm`` (or without the spec field) the UNet runs at the
 frame's own resolution.
+
+Resampled outputs are exact only from :data:`PROB_FLOOR` up. The logits come back
+onto the source grid only in blocks around model pixels whose probability
+reaches the floor (dilated by one model pixel, the reach of the bilinear
+interpolation); elsewhere the probability is left at 0. An interpolated logit is
+a convex combination of its neighbours' logits and the sigmoid is monotonic, so
+a source pixel can reach the floor only next to a model pixel that does: every
+pixel at or above the floor is exactly what the whole-grid interpolation gives,
+and below it a pixel holds that value or less (0 outside every block). A 4096²
+radiograph with a few nodules then costs a few small blocks instead of 16 M
+interpolated pixels. Nothing downstream reads probabilities that low: the
+analyzer, ``models/evaluate.py`` and the quantisation gate use the map only
+through :func:`medrt.analysis.lesions.lesions_from_probability` (the spec's
+threshold, 0.5-0.6; a lesion's score is its mean above it) and the recheck
+(:mod:`medrt.analysis.recheck`, candidates from ``RecheckConfig.faint_low``, 0.25).
 """
 
 from __future__ import annotations
@@ -21,11 +36,25 @@ from functools import lru_cache
 
 import numpy as np
 
-from medrt.analysis.resample import Factors, area_downsample, resample_factors, upsample_bilinear
+from medrt.analysis.components import Box, foreground_boxes
+from medrt.analysis.resample import (
+    Bilinear,
+    Factors,
+    area_downsample,
+    resample_factors,
+    upsample_bilinear,
+)
 from medrt.engine.backends.base import Backend
 from medrt.preprocess import pad_to_multiple
 
-__all__ = ["segment_crops", "sliding_window", "gaussian_importance", "model_factors"]
+__all__ = ["PROB_FLOOR", "segment_crops", "sliding_window", "gaussian_importance", "model_factors"]
+
+# Resampled probabilities are exact from here up and may be 0 below (module docstring).
+# Well under anything read downstream (the recheck's faint_low, 0.25).
+PROB_FLOOR = 0.01
+# The floor as a logit, a hair lower: rounding in the interpolation (an ulp or so)
+# cannot then lift a source pixel across the floor next to no model pixel that reaches it.
+_FLOOR_LOGIT = math.log(PROB_FLOOR / (1.0 - PROB_FLOOR)) - 1e-3
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -55,6 +84,36 @@ def _logits_at(model: Backend, region: np.ndarray, factors: Factors) -> np.ndarr
     return upsample_bilinear(_run(model, area_downsample(region, factors)), factors, region.shape)
 
 
+def _dilate(mask: np.ndarray) -> np.ndarray:
+    """``mask`` grown by one pixel in all eight directions (a 3×3 dilation)."""
+    out = mask.copy()
+    out[1:] |= mask[:-1]
+    out[:-1] |= mask[1:]
+    rows = out.copy()
+    out[:, 1:] |= rows[:, :-1]
+    out[:, :-1] |= rows[:, 1:]
+    return out
+
+
+def _probability_blocks(
+    logits: np.ndarray, factors: Factors, shape: tuple[int, int]
+) -> list[tuple[Box, np.ndarray]]:
+    """``sigmoid(upsample_bilinear(logits, factors, shape))`` on disjoint blocks of the
+    ``shape`` grid that hold every pixel >= :data:`PROB_FLOOR`: ``((r0, c0, r1, c1),
+    values)``, each value exactly the whole-grid one (module docstring)."""
+    hot = logits >= _FLOOR_LOGIT
+    if not hot.any():
+        return []
+    up = Bilinear(logits, factors, shape)
+    fr, fc = factors
+    rows, cols = shape
+    out = []
+    for r0, c0, r1, c1 in foreground_boxes(_dilate(hot)):
+        box = (r0 * fr, c0 * fc, min(r1 * fr, rows), min(c1 * fc, cols))
+        out.append((box, _sigmoid(up.block(*box))))
+    return out
+
+
 def _region(norm: np.ndarray, r0: int, c0: int, r1: int, c1: int) -> np.ndarray:
     rows, cols = norm.shape
     out = np.zeros((r1 - r0, c1 - c0), np.float32)
@@ -74,15 +133,24 @@ def segment_crops(
     """Lesion probability over the frame from the UNet on each crop; 0 outside every
     crop. Where crops overlap, the higher probability wins. ``spacing_mm`` is the
     frame's (row, col) pixel spacing: with it, crops are resampled to the model's
-    spacing (module docstring); None runs the UNet at source resolution."""
+    spacing and their probabilities are exact from :data:`PROB_FLOOR` up (module
+    docstring); None runs the UNet at source resolution."""
     rows, cols = norm.shape
     prob = np.zeros((rows, cols), np.float32)
     factors = model_factors(model, spacing_mm)
     for r0, c0, r1, c1 in crops:
-        p = _sigmoid(_logits_at(model, _region(norm, r0, c0, r1, c1), factors))
-        rr0, cc0, rr1, cc1 = max(r0, 0), max(c0, 0), min(r1, rows), min(c1, cols)
-        view = prob[rr0:rr1, cc0:cc1]
-        np.maximum(view, p[rr0 - r0 : rr1 - r0, cc0 - c0 : cc1 - c0], out=view)
+        region = _region(norm, r0, c0, r1, c1)
+        if factors == (1, 1):
+            blocks = [((0, 0, r1 - r0, c1 - c0), _sigmoid(_run(model, region)))]
+        else:
+            blocks = _probability_blocks(_run(model, area_downsample(region, factors)), factors, region.shape)
+        for (b0, d0, b1, d1), p in blocks:  # region coordinates; frame ones start at (r0, c0)
+            rr0, cc0 = max(r0 + b0, 0), max(c0 + d0, 0)
+            rr1, cc1 = min(r0 + b1, rows), min(c0 + d1, cols)
+            if rr1 > rr0 and cc1 > cc0:
+                view = prob[rr0:rr1, cc0:cc1]
+                top, left = rr0 - r0 - b0, cc0 - c0 - d0
+                np.maximum(view, p[top : top + rr1 - rr0, left : left + cc1 - cc0], out=view)
     return prob
 
 
@@ -122,12 +190,16 @@ def sliding_window(
     With ``spacing_mm`` (the frame's) and a model spacing, the whole frame is first
     area-averaged to the model's spacing and the windows tile that (``roi`` is then in
     the network's pixels, as after MONAI's ``Spacingd``); the blended logits are brought
-    back onto the source grid before the sigmoid."""
+    back onto the source grid before the sigmoid, where the probability can reach
+    :data:`PROB_FLOOR` (module docstring)."""
     factors = model_factors(model, spacing_mm)
     if factors == (1, 1):
         return _sigmoid(_blended_logits(model, norm, roi, overlap))
-    small = area_downsample(norm, factors)
-    return _sigmoid(upsample_bilinear(_blended_logits(model, small, roi, overlap), factors, norm.shape))
+    logits = _blended_logits(model, area_downsample(norm, factors), roi, overlap)
+    prob = np.zeros(norm.shape, np.float32)
+    for (r0, c0, r1, c1), p in _probability_blocks(logits, factors, norm.shape):
+        prob[r0:r1, c0:c1] = p
+    return prob
 
 
 def _blended_logits(model: Backend, norm: np.ndarray, roi: int, overlap: float) -> np.ndarray:
