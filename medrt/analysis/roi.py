@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import SimpleITK as sitk
 
+from medrt.analysis.components import label, shape_statistics
 from medrt.engine.backends.base import Backend
 from medrt.preprocess import normalize, pad_to_multiple, thumbnail
 from medrt.types import RoiProposal
@@ -73,10 +74,9 @@ def proposals_from_heatmap(
     hot = (heat >= threshold).astype(np.uint8)
     if not hot.any():
         return ()
-    comps = sitk.ConnectedComponent(sitk.GetImageFromArray(hot), True)
+    comps = label(hot)
     labels = sitk.GetArrayViewFromImage(comps)
-    stats = sitk.LabelShapeStatisticsImageFilter()
-    stats.Execute(comps)
+    stats = shape_statistics(comps)
     rows, cols = shape
     out = []
     for lab in stats.GetLabels():

@@ -559,8 +559,12 @@ def _first_error(text: str) -> str:
 
 
 def _header_only(ds: Dataset) -> Dataset:
-    """A new Dataset with every element but the pixel data (so frames do not pin the bytes)."""
-    meta = Dataset({tag: ds[tag] for tag in ds.keys() if int(tag) not in _PIXEL_TAGS})
+    """A new Dataset with every element but the pixel data (so frames do not pin the bytes).
+
+    Elements are copied as they are: one not yet read stays a raw element, converted
+    only if something reads it (``ds[tag]`` here converted all of them, 1.7 ms of a
+    512² CT slice's 8 ms decode)."""
+    meta = Dataset({tag: ds.get_item(tag) for tag in ds.keys() if int(tag) not in _PIXEL_TAGS})
     if hasattr(ds, "file_meta"):
         meta.file_meta = ds.file_meta
     meta.preamble = getattr(ds, "preamble", None)
