@@ -13,6 +13,7 @@ import json
 import logging
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +113,34 @@ def test_outputs_are_fresh_unless_reuse_outputs(tiny: ModelSpec) -> None:
     b = reusing.infer(_x((1, 1, 32, 32), 2))
     assert all(np.shares_memory(p, q) for p, q in zip(a, b, strict=True))  # the documented reuse
     np.testing.assert_array_equal(b[1], second[1])
+
+
+def test_threads_share_a_session_without_sharing_bindings(tiny: ModelSpec) -> None:
+    """Pipeline workers call one backend at once: each thread gets its own binding and
+    buffers (no lock to take turns on), and every result equals the serial one."""
+    backend = OnnxRuntimeBackend(tiny, reuse_outputs=True)
+    inputs = [_x((1, 1, 32, 32), i) for i in range(16)]
+    want = [[a.copy() for a in backend.infer(x)] for x in inputs]
+    start = threading.Barrier(4)
+    got: dict[int, list[list[np.ndarray]]] = {}
+    bindings: dict[int, object] = {}
+
+    def work(k: int) -> None:
+        start.wait()
+        got[k] = [[a.copy() for a in backend.infer(x)] for x in inputs]
+        bindings[k] = backend._bound[(1, 1, 32, 32)][0]
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for k in range(4):
+        for g, w in zip(got[k], want, strict=True):
+            for a, b in zip(g, w, strict=True):
+                np.testing.assert_array_equal(a, b)
+    assert len({id(b) for b in bindings.values()}) == 4
+    assert not hasattr(backend, "_lock")
 
 
 def test_plain_run_mode_matches(tiny: ModelSpec) -> None:
