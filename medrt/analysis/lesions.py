@@ -1,7 +1,7 @@
 """Connected components of a lesion probability map, measured as :class:`medrt.types.Lesion`.
 
 The last analysis step: threshold the UNet's probability map, split it into
-8-connected components (SimpleITK) and measure each in mm with the same
+8-connected components (scipy.ndimage) and measure each in mm with the same
 conventions as the phantom ground truth (:mod:`medrt.phantom.shapes`), so that a
 perfect prediction measures exactly like its truth:
 
@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import SimpleITK as sitk
 
 from medrt.analysis import components
 from medrt.analysis.components import Box
@@ -106,8 +105,8 @@ def lesions_from_probability(
 
     fg = prob >= threshold
     found: list[_Component] = []
-    for box, image, keep in _select(_label_boxes(fg, min_area_px), max_lesions, threshold):
-        found.extend(_measure(image, keep, box, prob, spacing, rechecked_mask))
+    for box, comps, keep in _select(_label_boxes(fg, min_area_px), max_lesions, threshold):
+        found.extend(_measure(comps, keep, box, prob, spacing, rechecked_mask))
     found.sort(key=lambda c: c.order)
 
     labels = np.zeros(prob.shape, dtype=np.uint16)
@@ -170,27 +169,27 @@ def lesion_from_json(record: dict[str, Any]) -> Lesion:
     )
 
 
-def _label_boxes(fg: np.ndarray, min_area_px: int) -> list[tuple[Box, sitk.Image, list[int]]]:
-    """Each box's components, relabelled 1..n by size (largest first), with their sizes."""
+def _label_boxes(fg: np.ndarray, min_area_px: int) -> list[tuple[Box, components.Components]]:
+    """Each box's components, renumbered 1..n by size (largest first)."""
     out = []
     for box in components.foreground_boxes(fg):
         r0, c0, r1, c1 = box
-        image, sizes = components.relabel(components.label(fg[r0:r1, c0:c1]), min_area_px)  # 8-connected
-        if sizes:
-            out.append((box, image, sizes))
+        comps = components.by_size(components.label(fg[r0:r1, c0:c1]), min_area_px)
+        if len(comps):
+            out.append((box, comps))
     return out
 
 
 def _select(
-    boxes: list[tuple[Box, sitk.Image, list[int]]], max_lesions: int, threshold: float
-) -> list[tuple[Box, sitk.Image, int]]:
-    """Keep the ``max_lesions`` largest components: ``(box, labelled box, labels 1..k kept)``.
+    boxes: list[tuple[Box, components.Components]], max_lesions: int, threshold: float
+) -> list[tuple[Box, components.Components, int]]:
+    """Keep the ``max_lesions`` largest components: ``(box, its components, labels 1..k kept)``.
 
     Labels in a box are sorted by size, so what a box keeps is always a prefix.
     """
-    total = sum(len(sizes) for _, _, sizes in boxes)
+    total = sum(len(comps) for _, comps in boxes)
     if total <= max_lesions:
-        return [(box, image, len(sizes)) for box, image, sizes in boxes]
+        return [(box, comps, len(comps)) for box, comps in boxes]
     log.warning(
         "%d components above threshold %.3g: keeping the %d largest",
         total,
@@ -198,43 +197,37 @@ def _select(
         max_lesions,
     )
     ranked = sorted(
-        (-n, b, k)
-        for b, (_, _, sizes) in enumerate(boxes)
-        for k, n in enumerate(sizes[:max_lesions], 1)
+        (-int(n), b, k)
+        for b, (_, comps) in enumerate(boxes)
+        for k, n in enumerate(comps.sizes[:max_lesions], 1)
     )
     keep = [0] * len(boxes)
     for _, b, k in ranked[:max_lesions]:
         keep[b] = max(keep[b], k)
-    out = []
-    for (box, image, _), k in zip(boxes, keep, strict=True):
-        if k:
-            out.append((box, sitk.Threshold(image, 0, k, 0), k))
-    return out
+    return [(box, comps, k) for (box, comps), k in zip(boxes, keep, strict=True) if k]
 
 
 def _measure(
-    image: sitk.Image,
+    comps: components.Components,
     keep: int,
     box: Box,
     prob: np.ndarray,
     spacing: tuple[float, float],
     rechecked_mask: np.ndarray | None,
 ) -> list[_Component]:
-    """Measure labels 1..``keep`` of a labelled box whose top-left is at ``box[:2]``."""
-    stats = components.shape_statistics(image)
-    lab = sitk.GetArrayViewFromImage(image)
+    """Measure labels 1..``keep`` of the components of a box whose top-left is at ``box[:2]``."""
     out: list[_Component] = []
     for k in range(1, keep + 1):
-        x, y, w, h = stats.GetBoundingBox(k)  # SimpleITK index order: (col, row)
-        mask = lab[y : y + h, x : x + w] == k
+        y, x, y1, x1 = comps.box(k)
+        mask = comps.mask(k)
         br0, bc0 = box[0] + y, box[1] + x
-        window = (slice(br0, br0 + h), slice(bc0, bc0 + w))
+        window = (slice(br0, br0 + y1 - y), slice(bc0, bc0 + x1 - x))
         rows, cols = np.nonzero(mask)
         p = prob[window][mask]
         out.append(
             _Component(
                 pixels=int(rows.size),
-                bbox=(br0, bc0, br0 + h, bc0 + w),
+                bbox=(br0, bc0, br0 + y1 - y, bc0 + x1 - x),
                 centroid=(br0 + float(rows.mean()), bc0 + float(cols.mean())),
                 mask=mask,
                 diameter_mm=_diameter_mm(mask, spacing),

@@ -24,9 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import SimpleITK as sitk
 
-from medrt.analysis.components import foreground_boxes, label, shape_statistics
+from medrt.analysis.components import foreground_boxes, label
 from medrt.analysis.resample import recheck_factors
 from medrt.analysis.segment import _logits_at, _region, _run, _sigmoid
 from medrt.engine.backends.base import Backend
@@ -56,13 +55,11 @@ def _faint_peaks(prob: np.ndarray, low: float, high: float, labels: np.ndarray) 
     band = prob >= low
     found: list[tuple[int, int, float, float, float]] = []  # first pixel (row, col), row, col, peak
     for r0, c0, r1, c1 in foreground_boxes(band):
-        comps = label(band[r0:r1, c0:c1])  # 8-connected
-        stats = shape_statistics(comps)
-        lab = sitk.GetArrayViewFromImage(comps)
-        for k in stats.GetLabels():
-            x0, y0, w, h = stats.GetBoundingBox(k)
-            inside = lab[y0 : y0 + h, x0 : x0 + w] == k
-            window = (slice(r0 + y0, r0 + y0 + h), slice(c0 + x0, c0 + x0 + w))
+        comps = label(band[r0:r1, c0:c1])
+        for k in range(1, len(comps) + 1):
+            y0, x0, y1, x1 = comps.box(k)
+            inside = comps.mask(k)
+            window = (slice(r0 + y0, r0 + y1), slice(c0 + x0, c0 + x1))
             peak = float(prob[window][inside].max())
             if peak < high and not labels[window][inside].any():
                 rows, cols = np.nonzero(inside)

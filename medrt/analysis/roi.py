@@ -11,9 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import SimpleITK as sitk
 
-from medrt.analysis.components import label, shape_statistics
+from medrt.analysis.components import label
 from medrt.engine.backends.base import Backend
 from medrt.preprocess import normalize, pad_to_multiple, thumbnail
 from medrt.types import RoiProposal
@@ -75,13 +74,12 @@ def proposals_from_heatmap(
     if not hot.any():
         return ()
     comps = label(hot)
-    labels = sitk.GetArrayViewFromImage(comps)
-    stats = shape_statistics(comps)
     rows, cols = shape
     out = []
-    for lab in stats.GetLabels():
-        x0, y0, w, h = stats.GetBoundingBox(lab)
-        score = float(heat[labels == lab].max())
+    for k in range(1, len(comps) + 1):
+        y0, x0, y1, x1 = comps.box(k)
+        h, w = y1 - y0, x1 - x0
+        score = float(heat[comps.slices[k - 1]][comps.mask(k)].max())
         r0 = max(0, y0 * cell - margin)
         c0 = max(0, x0 * cell - margin)
         r1 = min(rows, (y0 + h) * cell + margin)
