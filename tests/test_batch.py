@@ -205,3 +205,20 @@ def test_output_folder_inside_input_is_not_rescanned(tmp_path, analyzer):
     first = run_batch(BatchConfig(src, src / "results"), analyzer=analyzer)
     again = run_batch(BatchConfig(src, src / "results"), analyzer=analyzer)
     assert first.frames == again.frames == 2 and again.skipped == first.skipped == 0
+
+
+def test_batch_in_worker_processes_equals_threads(tmp_path, analyzer):
+    """--processes: the same findings and masks as the threaded run (timings apart)."""
+    src = _small_input(tmp_path, n=4)
+    dx = sorted((SAMPLE_DIR / "radiographs").glob("*.dcm"))[0]
+    shutil.copy(dx, src / "dx.dcm")
+    threads = run_batch(BatchConfig(src, tmp_path / "threads"), analyzer=analyzer)
+    procs = run_batch(BatchConfig(src, tmp_path / "procs", processes=2), analyzer=analyzer)
+    assert threads.exit_code == procs.exit_code == EXIT_OK and procs.frames == threads.frames == 5
+    assert _without_timings(_lines(tmp_path / "procs" / "results.jsonl")) == \
+        _without_timings(_lines(tmp_path / "threads" / "results.jsonl"))
+    for a in sorted((tmp_path / "threads").rglob("masks.npz")):
+        b = tmp_path / "procs" / a.relative_to(tmp_path / "threads")
+        with np.load(a) as x, np.load(b) as y:
+            assert sorted(x.files) == sorted(y.files)
+            assert all(np.array_equal(x[k], y[k]) for k in x.files)

@@ -158,3 +158,37 @@ def test_pipeline_with_decode_processes_matches_threads(analyzer):
     assert stages[0].fn._pool is None  # the pipeline closed its decode pool when it finished
     assert [r.frame.key for r in a.results] == [r.frame.key for r in b.results]
     assert [[les.bbox for les in r.lesions] for r in a.results] == [[les.bbox for les in r.lesions] for r in b.results]
+
+
+def test_process_analysis_matches_threads_and_reports_bad_files(tmp_path, analyzer):
+    """The processes layout: every frame analysed in a worker process gives what the
+    threads give (lesions, label maps, crops, in source order), per-step timings still
+    reach the telemetry, and a bad file is named and skipped past."""
+    import numpy as np
+
+    good = sorted(CT.glob("*.dcm"))[12:18]
+    for p in good:
+        shutil.copy(p, tmp_path / p.name)
+    (tmp_path / good[2].name).write_bytes(good[2].read_bytes()[:3000])  # truncated in its pixel data
+    a, b = Collect(), Collect()
+    assert Pipeline(FileReplay.from_folder(tmp_path, fps=0), analysis_stages(analyzer), [a]).run(timeout=300)
+    stages = analysis_stages(analyzer, processes=2)
+    assert [s.name for s in stages] == ["analyze"]
+    pipe = Pipeline(FileReplay.from_folder(tmp_path, fps=0), stages, [b], telemetry=True)
+    assert pipe.run(timeout=300)
+    assert stages[0].fn._pool is None  # closed with the pipeline
+    assert len(b.results) == 5 and [r.frame.key for r in a.results] == [r.frame.key for r in b.results]
+    for x, y in zip(a.results, b.results, strict=True):
+        assert [les.bbox for les in x.lesions] == [les.bbox for les in y.lesions]
+        assert np.array_equal(x.labels, y.labels) and x.crops == y.crops
+        assert not y.labels.flags.writeable and not y.frame.pixels.flags.writeable
+        assert y.timings.segment > 0 and y.timings.decode > 0
+    assert [e.key for e in b.errors] == [str(tmp_path / good[2].name)]
+    assert good[2].name in b.errors[0].reason and b.errors[0].stage == "analyze"
+    assert pipe.telemetry.summary()["frames"] == 5
+
+
+def test_stream_command_with_processes(capsys):
+    rc = main(["stream", str(CT), "--fps", "0", "--json", "--processes", "2"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out["frames"] == len(list(CT.glob("*.dcm")))

@@ -52,6 +52,7 @@ class BatchConfig:
     workers: int = 1
     decode_workers: int = 1
     decode_processes: int = 0  # > 0: decode in worker processes (codecs that hold the GIL)
+    processes: int = 0  # > 0: decode and analyse in worker processes (medrt.pipeline.stages.ProcessAnalysis)
     depth: int | None = None  # queue capacity; None: from measured stage times
     outputs: OutputOptions = field(default_factory=OutputOptions)
     follow_links: bool = False
@@ -180,7 +181,7 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
     if pending:
         paths = [p for sp in pending for p in sp.paths]
         stages = analysis_stages(analyzer, infer_workers=config.workers, decode_workers=config.decode_workers,
-                                 decode_processes=config.decode_processes)
+                                 decode_processes=config.decode_processes, processes=config.processes)
         pipe = Pipeline(FileReplay(paths, fps=0), stages, [sink], policy="block", depth=config.depth,
                         telemetry=True, name="batch")
         telemetry = pipe.telemetry

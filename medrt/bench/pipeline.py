@@ -69,10 +69,15 @@ def _dicom_paths(folder: Path) -> list[Path]:
 
 def pipelined_vs_serial(
     model: str = "lesion_unet_lite", folder: Path | None = None, loops: int = 3, repeats: int = 3,
-    workers: int | None = None,
+    workers: int | None = None, processes: int | None = None,
 ) -> dict[str, Any]:
     """Throughput of the same stream through the pipeline and through the serial loop,
-    interleaved ``repeats`` times (medians), plus the model-only time per frame."""
+    interleaved ``repeats`` times (medians), plus the model-only time per frame.
+
+    Two pipelined layouts: threads (``workers`` inference workers sharing one
+    analyzer) and processes (``processes`` workers each decoding and analysing whole
+    files, :class:`~medrt.pipeline.stages.ProcessAnalysis`; None: one per core, 0:
+    skip). ``speedup`` and the overhead use the faster one, named in ``pipelined_layout``."""
     from medrt.analyzer import load_analyzer
     from medrt.io.sources import FileReplay
     from medrt.pipeline.graph import Pipeline, run_serial
@@ -81,6 +86,7 @@ def pipelined_vs_serial(
     paths = _dicom_paths(folder or default_stream())
     cores = _cores()
     workers = workers or cores
+    processes = cores if processes is None else processes
     one = load_analyzer(seg_model=model, threads=1)
     multi = load_analyzer(seg_model=model, threads=cores) if cores > 1 else one
     n = len(paths) * loops
@@ -91,23 +97,29 @@ def pipelined_vs_serial(
         run_serial(FileReplay(paths, fps=0, loop=loops), analysis_stages(analyzer), [sink])
         return sink.n / (time.perf_counter() - t0)
 
-    def pipelined() -> float:
+    def pipelined(stages: list[Any]) -> float:
         sink = _Count()
-        pipe = Pipeline(FileReplay(paths, fps=0, loop=loops), analysis_stages(one, infer_workers=workers),
-                        [sink], policy="block")
+        pipe = Pipeline(FileReplay(paths, fps=0, loop=loops), stages, [sink], policy="block")
         t0 = time.perf_counter()
         pipe.run()
         return sink.n / (time.perf_counter() - t0)
 
     fps: dict[str, list[float]] = {"serial_1_thread": [], f"serial_{cores}_threads": [], "pipelined": []}
+    if processes > 0:
+        fps["pipelined_processes"] = []
     serial(one)  # warm caches and the OS file cache once
     for _ in range(repeats):
         fps["serial_1_thread"].append(serial(one))
         if multi is not one:
             fps[f"serial_{cores}_threads"].append(serial(multi))
-        fps["pipelined"].append(pipelined())
+        fps["pipelined"].append(pipelined(analysis_stages(one, infer_workers=workers)))
+        if processes > 0:
+            # The pool starts (models loaded in every process) before the clock does;
+            # the pipeline closes it when it ends.
+            fps["pipelined_processes"].append(pipelined(analysis_stages(one, processes=processes)))
     med = {k: statistics.median(v) for k, v in fps.items() if v}
     best_serial_key = max((k for k in med if k.startswith("serial")), key=lambda k: med[k])
+    best_pipe_key = max((k for k in med if k.startswith("pipelined")), key=lambda k: med[k])
 
     # model-only: the same frames, one thread, only the time inside the backends
     roi, seg = TimedBackend(one.roi), TimedBackend(one.seg)
@@ -121,12 +133,17 @@ def pipelined_vs_serial(
     finally:
         one.roi, one.seg = real
     model_ms = (roi.ms + seg.ms) / max(1, sink.n)
-    pipelined_ms = 1000.0 / med["pipelined"]
+    pipelined_ms = 1000.0 / med[best_pipe_key]
     return {
-        "model": one.seg.spec.ident, "frames": n, "workers": workers, "cores": cores,
+        "model": one.seg.spec.ident, "frames": n, "workers": workers, "cores": cores, "processes": processes,
         "fps": {k: round(v, 1) for k, v in med.items()},
         "serial_baseline": best_serial_key,
-        "speedup": round(med["pipelined"] / med[best_serial_key], 2),
+        "pipelined_layout": best_pipe_key,
+        # the best pipelined layout against the best serial one; per layout as well
+        "speedup": round(med[best_pipe_key] / med[best_serial_key], 2),
+        "speedup_threads": round(med["pipelined"] / med[best_serial_key], 2),
+        **({"speedup_processes": round(med["pipelined_processes"] / med[best_serial_key], 2)}
+           if "pipelined_processes" in med else {}),
         "model_only_ms_per_frame": round(model_ms, 2),
         "serial_ms_per_frame": round(serial_ms, 2),
         "pipelined_ms_per_frame": round(pipelined_ms, 2),

@@ -64,7 +64,8 @@ def run(args: argparse.Namespace) -> int:
     threads, workers = thread_layout(args)
     config = BatchConfig(
         input=Path(args.input), out=Path(args.out), analyzer=analyzer_config(args), workers=workers,
-        decode_workers=args.decode_workers, decode_processes=args.decode_processes, depth=args.depth,
+        decode_workers=args.decode_workers, decode_processes=args.decode_processes,
+        processes=args.processes, depth=args.depth,
         outputs=OutputOptions(png=args.png, png_max_side=args.png_max_side or None, sc=args.sc,
                               omit_empty_frames=args.omit_empty_frames),
         follow_links=args.follow_links,

@@ -40,6 +40,10 @@ def add_pipeline_options(p: argparse.ArgumentParser, *, policy: str | None) -> N
     g.add_argument("--decode-processes", type=int, default=0,
                    help="decode files in N worker processes (some codecs, e.g. JPEG-LS, hold the GIL for a "
                         "whole 4096² image; default 0: decode on a pipeline thread)")
+    g.add_argument("--processes", type=int, default=0,
+                   help="decode and analyse files in N worker processes, each with its own models, instead of "
+                        "pipeline threads: on a CPU backend this sidesteps Python's interpreter lock and scales "
+                        "with cores (see README, Performance); default 0: threads")
 
 
 def thread_layout(args: argparse.Namespace) -> tuple[int | None, int]:
