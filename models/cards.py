@@ -55,13 +55,14 @@ def _training(spec: Any, roi: bool) -> list[str]:
     t = spec.training
     minutes = float(t.get("seconds", 0)) / 60.0
     ct_only = "--data ct" in str(t.get("command", ""))
-    aug = "window shifts (±12 % centre, ×0.78–1.28 width), flips and 90° turns"
+    details = json.loads(str(t.get("details", "{}")) or "{}")
+    aug = f"window shifts ({details.get('window_jitter', '±12 % centre, ×0.78–1.28 width')}), flips and 90° turns"
     if roi:
         aug += ", half the windows centred on a lesion cell" + ("" if ct_only else ", half the batch from radiographs")
     elif ct_only:
         aug += ", extra noise, and a 2× zoom for one patch in five (the recheck's scale)"
     else:
-        lo_hi = json.loads(str(t.get("details", "{}")) or "{}").get("lesion_fraction", [0.6, 0.6])
+        lo_hi = details.get("lesion_fraction", [0.6, 0.6])
         aug += (", extra noise scaled to the modality, a 2× zoom for one patch in five (the recheck's scale), "
                 f"half the batch from each modality, crops that hold a lesion going from {lo_hi[0]:.0%} to "
                 f"{lo_hi[1]:.0%} of them over the run (lesions learnt first, then the hard negatives)")

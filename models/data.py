@@ -224,9 +224,20 @@ def _load(path: Path, parts: tuple[str, ...] = ("roi", "seg")) -> tuple[RoiData 
     return roi, seg
 
 
-def jitter_window(rng: np.random.Generator, window: np.ndarray) -> tuple[float, float]:
-    """Window shifts as a reader or a different scanner preset would give."""
+JITTER_NOTE = "CT ±12 % centre, ×0.78–1.28 width; radiographs ±4 %, ×1.0–1.3"  # for the model cards
+
+
+def jitter_window(rng: np.random.Generator, window: np.ndarray, is_ct: bool = True) -> tuple[float, float]:
+    """Window shifts as a reader or a different scanner preset would give.
+
+    CT: ±12 % of the width on the centre, ×0.78-1.28 on the width. Radiographs:
+    ±4 % and ×1.0-1.3 only. Their window spans the whole exposed field, and nodules
+    sit anywhere in it, down in the dark direct exposure and up by the collimator
+    edge: the CT jitter clipped those to flat black or white, asking the UNet to
+    find a nodule where the pixels hold none (invented lesions, learnt on purpose)."""
     c, w = float(window[0]), float(window[1])
+    if not is_ct:
+        return c + rng.uniform(-0.04, 0.04) * w, w * float(rng.uniform(1.0, 1.3))
     return c + rng.uniform(-0.12, 0.12) * w, w * float(np.exp(rng.uniform(-0.25, 0.25)))
 
 
@@ -292,7 +303,7 @@ def seg_batch(
             img = img[r0 : r0 + crop, c0 : c0 + crop]
             mask = mask[r0 : r0 + crop, c0 : c0 + crop]
         img, mask = augment_pair(rng, img, mask)
-        center, width = jitter_window(rng, data.windows[i])
+        center, width = jitter_window(rng, data.windows[i], bool(data.is_ct[i]))
         x = normalize(img, center, width)
         if rng.random() < 0.3:
             sigma = rng.uniform(0.002, 0.01) if data.is_ct[i] else rng.uniform(0.0002, 0.001)
@@ -329,7 +340,7 @@ def roi_batch(
         r0, c0 = int(np.clip(r, 0, max(tr - cells, 0))), int(np.clip(c, 0, max(tc - cells, 0)))
         sub_t = target[r0 : r0 + cells, c0 : c0 + cells]
         sub_x = thumb[r0 * STRIDE : (r0 + cells) * STRIDE, c0 * STRIDE : (c0 + cells) * STRIDE]
-        center, width = jitter_window(rng, data.windows[i])
+        center, width = jitter_window(rng, data.windows[i], bool(data.is_ct[i]))
         x = normalize(sub_x, center, width)
         xs[b, 0, : x.shape[0], : x.shape[1]] = x
         ys[b, 0, : sub_t.shape[0], : sub_t.shape[1]] = sub_t

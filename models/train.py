@@ -66,6 +66,9 @@ def _fit(
     seconds, steps). ``monitor()`` (in eval mode, every ``args.monitor_every`` steps)
     reports on fixed batches; its time is not counted."""
     opt = torch.optim.AdamW(net.parameters(), lr=args.lr, weight_decay=1e-4)
+    amp = getattr(args, "amp", "none") == "bf16"
+    if amp:  # bf16 autocast (AVX-512 BF16 / AMX CPUs) and NHWC: 1.6x the steps per minute here
+        net.to(memory_format=torch.channels_last)
     budget = 60.0 * args.minutes if args.minutes > 0 else float("inf")
     losses: list[float] = []
     t0 = time.perf_counter()
@@ -85,7 +88,8 @@ def _fit(
             paused += time.perf_counter() - tm
         for group in opt.param_groups:
             group["lr"] = args.lr * _lr_factor(progress)
-        loss = batch_loss(progress)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
+            loss = batch_loss(progress)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -95,6 +99,7 @@ def _fit(
                      elapsed, progress)
         step += 1
     net.eval()
+    net.to(memory_format=torch.contiguous_format)
     seconds = time.perf_counter() - t0 - paused
     log.info("stopped after %d steps, %.0f s", step, seconds)
     if monitor is not None:
@@ -124,13 +129,15 @@ def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
         # Lesion-rich batches first (radiograph nodules are learnt at all), then more of
         # the random patches (ribs, spine, collimator edges) that make false positives.
         frac = args.lesion_start + (args.lesion_end - args.lesion_start) * progress
-        x, y = phantom_data.seg_batch(rng, seg, args.batch, ct_fraction=args.ct_fraction, lesion_fraction=frac)
+        x, y = phantom_data.seg_batch(rng, seg, args.batch, crop=args.crop, ct_fraction=args.ct_fraction,
+                                      lesion_fraction=frac)
         xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-        logits = net(xt)
+        logits = net(xt).float()  # the losses in fp32 under autocast
         return dice(logits, yt) + 0.5 * bce(logits, yt)
 
     final, seconds, steps = _fit(net, args, batch_loss, _seg_monitor(net, seg))
-    info = {"steps": steps + args.prior_steps, "batch": args.batch, "crop": 256, "data": args.data,
+    info = {"steps": steps + args.prior_steps, "batch": args.batch, "crop": args.crop, "amp": args.amp, "data": args.data,
+            "window_jitter": phantom_data.JITTER_NOTE,
             "lesion_fraction": [args.lesion_start, args.lesion_end], "spacing_mm": phantom_data.SEG_SPACING, "final_loss": final, "patches": int(len(seg.patches)),
             "seconds": round(seconds + args.prior_seconds, 1)}
     return net, info
@@ -201,7 +208,7 @@ def train_roi(args: argparse.Namespace) -> tuple[nn.Module, dict]:
 
     def batch_loss(progress: float) -> torch.Tensor:
         x, y, p = phantom_data.roi_batch(rng, roi, args.batch, ct_fraction=args.ct_fraction)
-        presence, heat = net(torch.from_numpy(x))
+        presence, heat = (t.float() for t in net(torch.from_numpy(x)))  # the losses in fp32 under autocast
         target, valid = torch.from_numpy(y[:, :1]), torch.from_numpy(y[:, 1:])
         per_cell = nn.functional.binary_cross_entropy_with_logits(heat, target, pos_weight=pos_weight, reduction="none")
         return (
@@ -212,6 +219,7 @@ def train_roi(args: argparse.Namespace) -> tuple[nn.Module, dict]:
 
     final, seconds, steps = _fit(net, args, batch_loss, _roi_monitor(net, roi))
     info = {"steps": steps + args.prior_steps, "batch": args.batch, "thumbnails": len(roi.thumbs),
+            "amp": args.amp, "window_jitter": phantom_data.JITTER_NOTE,
             "data": args.data, "final_loss": final, "seconds": round(seconds + args.prior_seconds, 1)}
     return net, info
 
@@ -257,6 +265,8 @@ def _minutes(args: argparse.Namespace) -> str:
 
 def _seg_args(args: argparse.Namespace) -> str:
     out = f" --ct-fraction {args.ct_fraction:g}" if args.ct_fraction != 0.5 else ""
+    out += f" --amp {args.amp}" if args.amp != "none" else ""
+    out += f" --crop {args.crop}" if args.crop != 256 and args.model != "roi_classifier" else ""
     if args.model == "roi_classifier":
         return out
     return out + f" --lesion-start {args.lesion_start} --lesion-end {args.lesion_end}"
@@ -330,6 +340,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prior-command", default="", help="the command that made --resume, when it differs")
     p.add_argument("--data", choices=["all", "ct", "dx"], default="all", help="patches / thumbnails to train on")
     p.add_argument("--build-only", action="store_true", help="build the phantom cache and stop")
+    p.add_argument("--crop", type=int, default=256, help="UNet training crop side (pixels at 0.5 mm)")
+    p.add_argument("--amp", choices=["none", "bf16"], default="none",
+                   help="bf16 autocast with channels-last tensors (needs a CPU with BF16 support)")
     p.add_argument("--ct-fraction", type=float, default=0.5, help="share of CT crops when both kinds are there")
     p.add_argument("--lesion-start", type=float, default=0.6, help="share of crops holding a lesion, first step")
     p.add_argument("--lesion-end", type=float, default=0.6, help="... and last step (linear in between)")
