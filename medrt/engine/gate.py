@@ -227,7 +227,7 @@ def compare(
             crops = shared_plan if shared_plan is not None else _plan(frame, rois[name], whole_small)
             seg = segs[name]
             if crops:
-                prob = segment_crops(seg, norm, crops)
+                prob = segment_crops(seg, norm, crops, spacing_mm=frame.spacing_mm)  # the model's spacing, as in use
             else:
                 prob = np.zeros(frame.shape, np.float32)
             labels, lesions = lesions_from_probability(

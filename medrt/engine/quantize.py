@@ -111,8 +111,11 @@ def _empty_box(frame: PhantomFrame) -> tuple[int, int, int, int] | None:
     return None
 
 
-def _segmentation_items(seed: int, n: int) -> Iterator[tuple[str, np.ndarray]]:
-    """(category, normalised input): CT slices 512², then 1024² crops of 4096² radiographs."""
+def _segmentation_items(seed: int, n: int, spacing_mm: float | None) -> Iterator[tuple[str, np.ndarray]]:
+    """(category, normalised input): CT slices 512², then 1024² crops of 4096² radiographs,
+    area-averaged to the model's ``spacing_mm`` as the analysis feeds them (a 0.5 mm
+    model gets a 0.125 mm radiograph's crop as 256²)."""
+    from medrt.analysis.resample import area_downsample, resample_factors
     from medrt.analysis.roi import plan_crops, proposals_from_boxes
     from medrt.phantom import generate_ct_series, generate_radiograph
 
@@ -123,13 +126,14 @@ def _segmentation_items(seed: int, n: int) -> Iterator[tuple[str, np.ndarray]]:
     for i in range(max(1, math.ceil((n - n_ct) / 4))):
         frame = generate_radiograph(seed, size=4096, index=i, n_lesions=3, border_lesion=True, far_apart=i % 2 == 1)
         norm = normalize(frame.pixels, *frame.window)
+        factors = resample_factors(frame.spacing_mm, spacing_mm)
         props = proposals_from_boxes([t.bbox for t in frame.lesions], frame.shape, _MARGIN)
         boxes = list(plan_crops(props, frame.shape, CROP)) if props else []
         empty = _empty_box(frame)
         if empty is not None:
             boxes.append(empty)
         for box in boxes:
-            yield "dx-" + _category(frame, box), _crop(norm, box)
+            yield "dx-" + _category(frame, box), area_downsample(_crop(norm, box), factors)
 
 
 def _roi_items(thumb: int, mult: int, seed: int, n: int) -> Iterator[tuple[str, np.ndarray]]:
@@ -169,11 +173,12 @@ def _balanced(items: Iterable[tuple[str, np.ndarray]], n: int) -> list[np.ndarra
 
 
 @functools.lru_cache(maxsize=4)
-def _cached_inputs(task: str, thumb: int, mult: int, seed: int, n: int) -> tuple[np.ndarray, ...]:
+def _cached_inputs(task: str, thumb: int, mult: int, seed: int, n: int,
+                   spacing_mm: float | None) -> tuple[np.ndarray, ...]:
     if task == "roi_classifier":
         items = _roi_items(thumb, mult, seed, n)
     else:
-        items = _segmentation_items(seed, n)
+        items = _segmentation_items(seed, n, spacing_mm)
     out = []
     for x in _balanced(items, n):
         x = pad_to_multiple(np.ascontiguousarray(x, np.float32), mult)[0][None, None]
@@ -187,7 +192,8 @@ def calibration_inputs(spec: ModelSpec, seed: int = CALIBRATION_SEED, n: int = 2
 
     Segmentation: half CT slices (512², normalised by their window, as the analysis
     does), half 1024² crops of 4096² radiographs around lesions (border-crossing
-    ones at the crop edge, tiny and faint ones) and lesion-free crops; each half
+    ones at the crop edge, tiny and faint ones) and lesion-free crops, resampled to
+    the spec's ``spacing_mm`` when it names one (as the analysis does); each half
     is picked round-robin over border / tiny / faint / bright / empty. An ROI
     classifier gets the thumbnails of CT slices and radiographs instead. The same
     ``(spec kind, seed, n)`` gives the same arrays (cached, read-only).
@@ -195,7 +201,7 @@ def calibration_inputs(spec: ModelSpec, seed: int = CALIBRATION_SEED, n: int = 2
     if n < 1:
         raise ValueError(f'Argument "n" must be >= 1, got {n}')
     mult = max(1, spec.multiple_of, spec.stride if spec.task == "roi_classifier" else 1)
-    return list(_cached_inputs(spec.task, spec.thumbnail, mult, seed, n))
+    return list(_cached_inputs(spec.task, spec.thumbnail, mult, seed, n, getattr(spec, "spacing_mm", None)))
 
 
 def calibration_description(spec: ModelSpec, seed: int = CALIBRATION_SEED, n: int = 24) -> str:
@@ -203,6 +209,7 @@ def calibration_description(spec: ModelSpec, seed: int = CALIBRATION_SEED, n: in
         "thumbnails of CT slices and 4096² radiographs"
         if spec.task == "roi_classifier"
         else "CT slices 512² + 1024² crops of 4096² radiographs"
+        + (f" at {spec.spacing_mm:g} mm" if getattr(spec, "spacing_mm", None) else "")
     )
     return (
         f"medrt.phantom, seeds from {seed}: {n} inputs, {what}, round-robin over "
