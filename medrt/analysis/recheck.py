@@ -49,7 +49,7 @@ def _faint_peaks(prob: np.ndarray, low: float, high: float, labels: np.ndarray) 
     A region that holds a labelled lesion is that lesion with its soft rim, not a
     faint candidate (masking the lesions out first would split every rim into arcs,
     each rechecked again). Regions are labelled only inside boxes around the band
-    (the XY cut of :mod:`medrt.analysis.lesions`, which no region crosses) and come
+    (the XY cut of :mod:`medrt.analysis.components`, which no region crosses) and come
     out in raster order of their first pixel, as one labelling of the whole frame
     would give them."""
     band = prob >= low
