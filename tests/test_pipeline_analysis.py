@@ -192,3 +192,22 @@ def test_stream_command_with_processes(capsys):
     rc = main(["stream", str(CT), "--fps", "0", "--json", "--processes", "2"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["frames"] == len(list(CT.glob("*.dcm")))
+
+
+def test_a_crashed_worker_costs_its_file_and_the_pool_is_replaced():
+    """A worker process that dies mid-file (a native crash in a codec) is reported as
+    corrupt pixel data naming that file; the next file gets a fresh pool."""
+    import os
+
+    from medrt.errors import CorruptPixelDataError
+    from medrt.pipeline.stages import ProcessDecoder
+
+    dec = ProcessDecoder(1)
+    try:
+        with pytest.raises(CorruptPixelDataError) as info:
+            dec._run(os._exit, 3, "crash.dcm")  # the worker exits as a segfaulting codec would
+        assert "crash.dcm" in str(info.value) and "crashed" in str(info.value)
+        ct = sorted(CT.glob("*.dcm"))[0]
+        assert dec(ct)[0].frame.rows == 512  # a fresh pool serves the next file
+    finally:
+        dec.close()

@@ -56,7 +56,55 @@ def _decode_path(path: str) -> list[Decoded]:
     return decode(Path(path))
 
 
-class ProcessDecoder:
+class _WorkerPool:
+    """A forkserver process pool started on first use and replaced when a worker dies.
+
+    forkserver: never fork a process that already runs ORT threads. A task whose
+    worker crashes (a native panic on a damaged file) costs that item only: it is
+    reported as corrupt pixel data naming the item, and the next call gets a fresh pool.
+    """
+
+    crash_reason = "a worker process crashed on this file"
+
+    def __init__(self, processes: int, initializer: Callable[..., None] | None = None,
+                 initargs: tuple[Any, ...] = ()) -> None:
+        if processes < 1:
+            raise ValueError(f'Argument "processes" must be >= 1, got {processes!r}.')
+        self.processes = processes
+        self._init = (initializer, initargs)
+        self._pool: Any = None
+        self._lock = threading.Lock()
+
+    def _executor(self) -> Any:
+        with self._lock:
+            if self._pool is None:
+                initializer, initargs = self._init
+                self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("forkserver"),
+                                                 initializer=initializer, initargs=initargs)
+            return self._pool
+
+    def _run(self, fn: Callable[[Any], Any], arg: Any, item: Any) -> Any:
+        """``fn(arg)`` in a worker; ``item`` names the input in the error if the worker dies."""
+        from concurrent.futures.process import BrokenProcessPool
+
+        pool = self._executor()
+        try:
+            return pool.submit(fn, arg).result()
+        except BrokenProcessPool:
+            with self._lock:
+                if self._pool is pool:
+                    self._pool = None
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise CorruptPixelDataError(item, self.crash_reason) from None
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+class ProcessDecoder(_WorkerPool):
     """Decode files in worker processes instead of on a pipeline thread.
 
     Some decoders hold Python's GIL for the whole image (CharLS, pyjpegls's JPEG-LS
@@ -70,44 +118,18 @@ class ProcessDecoder:
     ``if __name__ == "__main__":`` guard (the ``medrt`` command has it).
     """
 
-    def __init__(self, processes: int = 1) -> None:
-        if processes < 1:
-            raise ValueError(f'Argument "processes" must be >= 1, got {processes!r}.')
-        self.processes = processes
-        self._pool: Any = None
-        self._lock = threading.Lock()
+    crash_reason = "the decoder crashed on this file"
 
-    def _executor(self) -> Any:
-        with self._lock:
-            if self._pool is None:
-                # forkserver: never fork a process that already runs ORT threads
-                ctx = multiprocessing.get_context("forkserver")
-                self._pool = ProcessPoolExecutor(self.processes, mp_context=ctx)
-            return self._pool
+    def __init__(self, processes: int = 1) -> None:
+        super().__init__(processes)
 
     def __call__(self, item: Any) -> list[Decoded]:
         if not isinstance(item, (str, os.PathLike)):
             return decode(item)
-        from concurrent.futures.process import BrokenProcessPool
-
-        pool = self._executor()
-        try:
-            out: list[Decoded] = pool.submit(_decode_path, os.fspath(item)).result()
-        except BrokenProcessPool:
-            with self._lock:
-                if self._pool is pool:
-                    self._pool = None
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise CorruptPixelDataError(item, "the decoder crashed on this file") from None
+        out: list[Decoded] = self._run(_decode_path, os.fspath(item), item)
         for d in out:
             d.frame.pixels.flags.writeable = False
         return out
-
-    def close(self) -> None:
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
 
 
 # In a ProcessAnalysis worker: its analyzer and settings (set once by _start_worker).
@@ -132,7 +154,7 @@ def _ready() -> int:
     return os.getpid()
 
 
-class ProcessAnalysis:
+class ProcessAnalysis(_WorkerPool):
     """Decode and analyse whole files in worker processes, each with its own models.
 
     Python threads share one interpreter lock, and on a CPU backend with small
@@ -153,23 +175,13 @@ class ProcessAnalysis:
     needs the usual ``if __name__ == "__main__":`` guard (the ``medrt`` command has it).
     """
 
+    crash_reason = "the analysis process crashed on this file"
+
     def __init__(self, config: AnalyzerConfig, processes: int, *, mode: str | None = None,
                  recheck: bool | None = None) -> None:
-        if processes < 1:
-            raise ValueError(f'Argument "processes" must be >= 1, got {processes!r}.')
         self.config = replace(config, threads=config.threads or 1)  # one core per process
-        self.processes = processes
         self.mode, self.recheck = mode, recheck
-        self._pool: Any = None
-        self._lock = threading.Lock()
-
-    def _executor(self) -> Any:
-        with self._lock:
-            if self._pool is None:
-                ctx = multiprocessing.get_context("forkserver")  # never fork a process running ORT threads
-                self._pool = ProcessPoolExecutor(self.processes, mp_context=ctx, initializer=_start_worker,
-                                                 initargs=(self.config, self.mode, self.recheck))
-            return self._pool
+        super().__init__(processes, _start_worker, (self.config, mode, recheck))
 
     def start(self) -> None:
         """Start every process and load its models now (a failure to load raises here)."""
@@ -178,28 +190,12 @@ class ProcessAnalysis:
             f.result()
 
     def __call__(self, item: Any) -> list[FrameResult]:
-        from concurrent.futures.process import BrokenProcessPool
-
-        pool = self._executor()
         arg = os.fspath(item) if isinstance(item, os.PathLike) else item
-        try:
-            out: list[FrameResult] = pool.submit(_analyze_item, arg).result()
-        except BrokenProcessPool:
-            with self._lock:
-                if self._pool is pool:
-                    self._pool = None
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise CorruptPixelDataError(item, "the analysis process crashed on this file") from None
+        out: list[FrameResult] = self._run(_analyze_item, arg, item)
         for r in out:
             r.frame.pixels.flags.writeable = False
             r.labels.flags.writeable = False
         return out
-
-    def close(self) -> None:
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
 
 
 def analysis_stages(
