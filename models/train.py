@@ -34,7 +34,9 @@ from medrt.models.networks import UNET_VARIANTS, RoiNet, build_unet
 
 log = logging.getLogger("medrt.models.train")
 
-VERSION = "2.0.0"
+# The version this script writes per model: the minor goes up with the recipe (2.1:
+# bf16 steps, the radiograph window jitter), the major with the network or its inputs.
+VERSIONS = {"lesion_unet": "2.1.0", "lesion_unet_lite": "1.1.0", "roi_classifier": "1.1.0"}
 OPSET = 17
 
 
@@ -90,6 +92,8 @@ def _fit(
             group["lr"] = args.lr * _lr_factor(progress)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=amp):
             loss = batch_loss(progress)
+        if not torch.isfinite(loss):
+            raise RuntimeError(f"training diverged at step {step}: loss {float(loss)} (try a lower --lr, or --amp none)")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -284,7 +288,7 @@ def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace)
     lines = [
         "[model]",
         f'name = "{name}"',
-        f'version = "{VERSION}"',
+        f'version = "{VERSIONS[name]}"',
         f'task = "{"roi_classifier" if roi else "segmentation"}"',
         f'file = "{onnx_path.name}"',
         f'sha256 = "{sha256_file(onnx_path)}"',
