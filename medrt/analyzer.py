@@ -21,6 +21,7 @@ from medrt.analysis.roi import classify
 from medrt.analysis.segment import segment_crops, sliding_window
 from medrt.engine.backends.base import Backend
 from medrt.engine.registry import ModelSpec, find_spec
+from medrt.errors import UnsupportedImageError
 from medrt.preprocess import normalize
 from medrt.types import Frame, FrameResult, RoiProposal, StageTimings
 
@@ -125,11 +126,24 @@ class Analyzer:
         if mode not in MODES:
             raise ValueError(f'Argument "mode" must be one of {MODES}, got {mode!r}.')
         do_recheck = self.config.recheck if recheck_small is None else recheck_small
+        self._check_modality(frame)
         t0 = time.perf_counter()
         norm = normalize(frame.pixels, frame.window.center, frame.window.width)
         ms = (time.perf_counter() - t0) * 1000.0
         return Work(frame=frame, norm=norm, mode=mode, recheck=do_recheck,
                     timings=StageTimings(decode=decode_ms, preprocess=ms))
+
+    def _check_modality(self, frame: Frame) -> None:
+        """Refuse a frame of a modality the segmenter's spec does not list (``[model]
+        modalities``): a CT-only model marks dozens of false lesions on a radiograph."""
+        allowed = self.seg.spec.modalities
+        modality = (frame.modality or "").upper()
+        if allowed and modality not in allowed:
+            raise UnsupportedImageError(
+                frame.source.path or frame.key,
+                f"{modality or 'unknown-modality'} frame, but {self.seg.spec.ident} is for {', '.join(allowed)} only "
+                "(its spec's [model] modalities); analyse it with a model made for it, e.g. --model lesion_unet",
+            )
 
     def propose(self, work: Work) -> Work:
         """Stage 2: the ROI classifier on the thumbnail; a negative frame gets no crops."""

@@ -138,11 +138,15 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
                 rows.append((label, results["ct"][key]))
         lines = _header(spec) + ["## Metrics", "", source, "", TARGETS, ""] + _summary_table(rows)
         lines += ["## Latency", ""] + _latency(results, name) + _training(spec, roi=False)
-        if spec.spacing_mm is None:  # a 1.x model: CT patches at source resolution only
+        if spec.spacing_mm is None or "--data ct" in str(spec.training.get("command", "")):  # a CT-only model
+            dx_full = results["dx"].get(f"{name}@full", {})
             lines += ["## Limitations", "",
-                      "- Trained on CT phantom patches only (`--data ct`), at each frame's own resolution, with "
-                      "no `spacing_mm`: radiograph nodules are not detected (see the radiograph rows). Do not use "
-                      "it on radiographs; `lesion_unet` 2.x is the model for them.",
+                      "- Trained on CT phantom patches only (`--data ct`): radiograph nodules are not learnt "
+                      f"(whole-frame radiograph row: {dx_full.get('fp_per_frame', float('nan')):.1f} false positives "
+                      "per frame). " + (f"Its spec lists `modalities = {list(spec.modalities)}`, so the analyzer "
+                                        "refuses other frames with an error naming the file. "
+                                        if spec.modalities else "Do not use it on radiographs. ")
+                      + "`lesion_unet` 2.x is the model for radiographs.",
                       "- Synthetic anatomy and lesions only; real images differ in texture, noise and artefacts.", ""]
             (models / f"{name}.md").write_text("\n".join(lines), encoding="utf-8")
             continue

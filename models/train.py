@@ -295,6 +295,8 @@ def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace)
         f'card = "{name}.md"',
         f"multiple_of = {16 if not roi else 8}",
     ]
+    if not roi and args.data != "all":  # the analyzer refuses frames of other modalities
+        lines.append('modalities = ["CT"]' if args.data == "ct" else 'modalities = ["DX", "CR"]')
     if roi:
         lines += [f"thumbnail = {phantom_data.THUMB}", f"stride = {phantom_data.STRIDE}",
                   'description = "MobileNet-style ROI classifier on the frame thumbnail: frame-level lesion presence and a per-cell lesion heatmap."']

@@ -55,7 +55,25 @@ def test_negative_frames_skip_the_unet(ct_frames) -> None:  # type: ignore[no-un
     assert res.timings.roi > 0 and res.timings.segment < 1.0
 
 
-def test_roi_path_agrees_with_full_mode(analyzer) -> None:  # type: ignore[no-untyped-def]
+@pytest.fixture(scope="module")
+def radiograph_analyzer():  # type: ignore[no-untyped-def]
+    return load_analyzer(AnalyzerConfig(seg_model="lesion_unet", warmup_shapes=((256, 256),)))
+
+
+def test_a_model_refuses_frames_of_modalities_its_spec_does_not_list(analyzer) -> None:  # type: ignore[no-untyped-def]
+    """lesion_unet_lite is CT-only ([model] modalities = ["CT"]): a radiograph gets an
+    error naming the frame and the way out, not dozens of false lesions."""
+    from medrt.errors import UnsupportedImageError
+
+    (frame, _), = phantom_frames(1, size=512)
+    assert analyzer.seg.spec.modalities == ("CT",) and frame.modality == "DX"
+    with pytest.raises(UnsupportedImageError) as info:
+        analyzer.analyze(frame)
+    assert frame.key in str(info.value) and "CT only" in info.value.reason and "lesion_unet" in info.value.reason
+
+
+def test_roi_path_agrees_with_full_mode(radiograph_analyzer) -> None:  # type: ignore[no-untyped-def]
+    analyzer = radiograph_analyzer
     (frame, truth), = phantom_frames(1, size=2048)
     roi = analyzer.analyze(frame, mode="roi")
     full = analyzer.analyze(frame, mode="full")

@@ -75,6 +75,8 @@ class ModelSpec:
     # segmentation: the pixel spacing (mm) the network was trained at; much finer frames
     # are area-averaged to it first (medrt.analysis.resample). None: always native.
     spacing_mm: float | None = None
+    # the DICOM Modality values the model was trained for (e.g. ("CT",)); () = any.
+    modalities: tuple[str, ...] = ()
     thresholds: dict[str, float] = field(default_factory=dict)
     description: str = ""
     card: Path | None = None
@@ -148,6 +150,14 @@ def _spacing(model: dict[str, Any], task: str, where: str) -> float | None:
     return float(value)
 
 
+def _modalities(model: dict[str, Any], where: str) -> tuple[str, ...]:
+    """``[model] modalities``: DICOM Modality values (``["CT"]``, ``["DX", "CR"]``); absent = any."""
+    value = model.get("modalities", [])
+    if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+        raise ModelError(f"{where}: [model] modalities must be a list of DICOM Modality values, not {value!r}")
+    return tuple(v.strip().upper() for v in value)
+
+
 def load_spec(spec_path: str | Path, *, verify: bool = True) -> ModelSpec:
     """Read a model spec TOML; with ``verify`` (the default) check the model's sha256."""
     spec_path = Path(spec_path)
@@ -185,6 +195,7 @@ def load_spec(spec_path: str | Path, *, verify: bool = True) -> ModelSpec:
         thumbnail=int(model.get("thumbnail", 0)),
         stride=int(model.get("stride", 1)),
         spacing_mm=_spacing(model, task, where),
+        modalities=_modalities(model, where),
         thresholds={k: float(v) for k, v in doc.get("thresholds", {}).items()},
         description=str(model.get("description", "")),
         card=(spec_path.parent / str(card)).resolve() if card else None,
