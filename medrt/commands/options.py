@@ -42,8 +42,8 @@ def add_pipeline_options(p: argparse.ArgumentParser, *, policy: str | None) -> N
                         "whole 4096² image; default 0: decode on a pipeline thread)")
     g.add_argument("--processes", type=int, default=0,
                    help="decode and analyse files in N worker processes, each with its own models, instead of "
-                        "pipeline threads: on a CPU backend this sidesteps Python's interpreter lock and scales "
-                        "with cores (see README, Performance); default 0: threads")
+                        "pipeline threads: on a CPU backend this sidesteps Python's interpreter lock, for machines "
+                        "with many cores (see README, Performance); default 0: threads")
 
 
 def thread_layout(args: argparse.Namespace) -> tuple[int | None, int]:

@@ -165,8 +165,9 @@ class ProcessAnalysis(_WorkerPool):
     two threads per process keeps every process busy while the source, the in-order
     delivery and the sinks stay in the calling process. Meant for CPU backends: a
     GPU backend would load its weights once per process. Measured on the 2-core CI
-    machine, 512² JPEG-LS CT stream: 110 fps against 95 for the threads layout and
-    76 for the serial loop.
+    machine, 512² JPEG-LS CT stream (``medrt bench --only pipelined``): 97.8 fps
+    against 95.5 for the threads layout and 68.0 for the serial loop; sending frames
+    and results between processes costs most of the second core's gain there.
 
     Models load in every process when the pool starts (:meth:`start`, called by
     :func:`analysis_stages`), so the first frames are no cold start. A file that
