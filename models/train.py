@@ -1,9 +1,14 @@
 """Train a shipped model on phantoms, export it to ONNX and write its spec.
 
-    python -m medrt.models.train lesion_unet --steps 30000 --minutes 26 --data all \
-        --lesion-start 0.7 --lesion-end 0.35 --out models
-    python -m medrt.models.train lesion_unet_lite --steps 40000 --minutes 20 --data all --out models
-    python -m medrt.models.train roi_classifier --steps 40000 --minutes 18 --data all --out models
+    python -m medrt.models.train lesion_unet --steps 80000 --minutes 26 --data all \
+        --lesion-start 0.7 --lesion-end 0.35 --amp bf16 --crop 192 --out models
+    python -m medrt.models.train lesion_unet_lite --steps 80000 --minutes 16 --data ct \
+        --lesion-start 0.7 --lesion-end 0.35 --amp bf16 --crop 192 --out models
+    python -m medrt.models.train roi_classifier --steps 2500 --data ct --out models
+
+(the shipped models' exact commands are in their specs, ``[training] command``;
+``--amp bf16`` needs a CPU with BF16 instructions, and the ROI classifier trains
+in fp32: a bf16 run of it diverged).
 
 Needs the ``train`` extra (torch, MONAI, onnx). Runs on the CPU. The phantom
 data is generated once into ``--cache`` (deterministic, rebuildable;
