@@ -51,10 +51,15 @@ def _latency(results: dict[str, Any], name: str) -> list[str]:
     return rows + [""]
 
 
+def _ct_only(spec: Any) -> bool:
+    """Whether the model was trained on CT alone (``--data ct`` in its training command)."""
+    return "--data ct" in str(spec.training.get("command", ""))
+
+
 def _training(spec: Any, roi: bool) -> list[str]:
     t = spec.training
     minutes = float(t.get("seconds", 0)) / 60.0
-    ct_only = "--data ct" in str(t.get("command", ""))
+    ct_only = _ct_only(spec)
     details = json.loads(str(t.get("details", "{}")) or "{}")
     aug = f"window shifts ({details.get('window_jitter', '±12 % centre, ×0.78–1.28 width')}), flips and 90° turns"
     if roi:
@@ -138,7 +143,7 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
                 rows.append((label, results["ct"][key]))
         lines = _header(spec) + ["## Metrics", "", source, "", TARGETS, ""] + _summary_table(rows)
         lines += ["## Latency", ""] + _latency(results, name) + _training(spec, roi=False)
-        if spec.spacing_mm is None or "--data ct" in str(spec.training.get("command", "")):  # a CT-only model
+        if spec.spacing_mm is None or _ct_only(spec):  # a 1.x or CT-only model
             dx_full = results["dx"].get(f"{name}@full", {})
             lines += ["## Limitations", "",
                       "- Trained on CT phantom patches only (`--data ct`): radiograph nodules are not learnt "
@@ -183,7 +188,7 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
         lines.append(f"| {label} | {r['lesions']} | {r['covered']} | **{_fmt(r['coverage'])}** | {r['negative_frames']} | "
                      f"**{_fmt(r['specificity'])}** | {_fmt(r['frame_sensitivity'])} | {r['mean_crops']:.2f} |")
     lines += ["", "## Latency", ""] + _latency(results, "roi_classifier") + _training(spec, roi=True)
-    ct_only = "--data ct" in str(spec.training.get("command", ""))
+    ct_only = _ct_only(spec)
     lines += ["## Limitations", "",
               *(["- Trained on CT thumbnails only (`--data ct`): on radiographs its crops miss most nodules "
                  "(coverage above), so the radiograph ROI path is not usable with it."] if ct_only else []),

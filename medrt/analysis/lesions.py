@@ -218,16 +218,16 @@ def _measure(
     """Measure labels 1..``keep`` of the components of a box whose top-left is at ``box[:2]``."""
     out: list[_Component] = []
     for k in range(1, keep + 1):
-        y, x, y1, x1 = comps.box(k)
+        y0, x0, y1, x1 = comps.box(k)
         mask = comps.mask(k)
-        br0, bc0 = box[0] + y, box[1] + x
-        window = (slice(br0, br0 + y1 - y), slice(bc0, bc0 + x1 - x))
+        br0, bc0, br1, bc1 = box[0] + y0, box[1] + x0, box[0] + y1, box[1] + x1  # in the frame
+        window = (slice(br0, br1), slice(bc0, bc1))
         rows, cols = np.nonzero(mask)
         p = prob[window][mask]
         out.append(
             _Component(
                 pixels=int(rows.size),
-                bbox=(br0, bc0, br0 + y1 - y, bc0 + x1 - x),
+                bbox=(br0, bc0, br1, bc1),
                 centroid=(br0 + float(rows.mean()), bc0 + float(cols.mean())),
                 mask=mask,
                 diameter_mm=_diameter_mm(mask, spacing),

@@ -78,12 +78,11 @@ def proposals_from_heatmap(
     out = []
     for k in range(1, len(comps) + 1):
         y0, x0, y1, x1 = comps.box(k)
-        h, w = y1 - y0, x1 - x0
         score = float(heat[comps.slices[k - 1]][comps.mask(k)].max())
         r0 = max(0, y0 * cell - margin)
         c0 = max(0, x0 * cell - margin)
-        r1 = min(rows, (y0 + h) * cell + margin)
-        c1 = min(cols, (x0 + w) * cell + margin)
+        r1 = min(rows, y1 * cell + margin)
+        c1 = min(cols, x1 * cell + margin)
         out.append(RoiProposal((int(r0), int(c0), int(r1), int(c1)), score))
     out.sort(key=lambda p: -p.score)
     return tuple(out)

@@ -25,7 +25,7 @@ radiograph with a few nodules then costs a few small blocks instead of 16 M
 interpolated pixels. Nothing downstream reads probabilities that low: the
 analyzer, ``models/evaluate.py`` and the quantisation gate use the map only
 through :func:`medrt.analysis.lesions.lesions_from_probability` (the spec's
-threshold, 0.5-0.6; a lesion's score is its mean above it) and the recheck
+threshold, 0.5-0.7; a lesion's score is its mean above it) and the recheck
 (:mod:`medrt.analysis.recheck`, candidates from ``RecheckConfig.faint_low``, 0.25).
 """
 

@@ -146,7 +146,7 @@ def _analyze_item(item: Any) -> list[FrameResult]:
     """In a worker process: decode ``item`` and analyse each of its frames."""
     analyzer: Analyzer = _WORKER["analyzer"]
     return [analyzer.analyze(d.frame, decode_ms=d.decode_ms, mode=_WORKER["mode"], recheck_small=_WORKER["recheck"])
-            for d in decode(Path(item) if isinstance(item, str) else item)]
+            for d in decode(item)]
 
 
 def _ready() -> int:
@@ -181,7 +181,6 @@ class ProcessAnalysis(_WorkerPool):
     def __init__(self, config: AnalyzerConfig, processes: int, *, mode: str | None = None,
                  recheck: bool | None = None) -> None:
         self.config = replace(config, threads=config.threads or 1)  # one core per process
-        self.mode, self.recheck = mode, recheck
         super().__init__(processes, _start_worker, (self.config, mode, recheck))
 
     def start(self) -> None:
