@@ -155,7 +155,7 @@ def test_pipeline_with_decode_processes_matches_threads(analyzer):
     assert Pipeline(FileReplay(paths, fps=0), analysis_stages(analyzer), [a]).run(timeout=300)
     stages = analysis_stages(analyzer, decode_processes=2)
     assert Pipeline(FileReplay(paths, fps=0), stages, [b]).run(timeout=300)
-    assert stages[0].fn._pool is None  # the pipeline closed its decode pool when it finished
+    assert not stages[0].fn.running  # the pipeline closed its decode pool when it finished
     assert [r.frame.key for r in a.results] == [r.frame.key for r in b.results]
     assert [[les.bbox for les in r.lesions] for r in a.results] == [[les.bbox for les in r.lesions] for r in b.results]
 
@@ -176,7 +176,7 @@ def test_process_analysis_matches_threads_and_reports_bad_files(tmp_path, analyz
     assert [s.name for s in stages] == ["analyze"]
     pipe = Pipeline(FileReplay.from_folder(tmp_path, fps=0), stages, [b], telemetry=True)
     assert pipe.run(timeout=300)
-    assert stages[0].fn._pool is None  # closed with the pipeline
+    assert not stages[0].fn.running  # closed with the pipeline
     assert len(b.results) == 5 and [r.frame.key for r in a.results] == [r.frame.key for r in b.results]
     for x, y in zip(a.results, b.results, strict=True):
         assert [les.bbox for les in x.lesions] == [les.bbox for les in y.lesions]
@@ -205,7 +205,7 @@ def test_a_crashed_worker_costs_its_file_and_the_pool_is_replaced():
     dec = ProcessDecoder(1)
     try:
         with pytest.raises(CorruptPixelDataError) as info:
-            dec._run(os._exit, 3, "crash.dcm")  # the worker exits as a segfaulting codec would
+            dec.call(os._exit, 3, "crash.dcm")  # the worker exits as a segfaulting codec would
         assert "crash.dcm" in str(info.value) and "crashed" in str(info.value)
         ct = sorted(CT.glob("*.dcm"))[0]
         assert dec(ct)[0].frame.rows == 512  # a fresh pool serves the next file

@@ -7,20 +7,18 @@ the same code the serial ``Analyzer.analyze`` runs.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from medrt.analyzer import Analyzer, AnalyzerConfig
-from medrt.errors import CorruptPixelDataError
 from medrt.io.dicom import read_frames
 from medrt.pipeline.graph import Stage
+from medrt.pipeline.shm import Packed, ParentSlots, WorkerSlots
+from medrt.pipeline.workers import WorkerPool
 from medrt.types import Frame, FrameResult
 
 __all__ = ["Decoded", "STAGE_NAMES", "decode", "analysis_stages", "ProcessDecoder", "ProcessAnalysis"]
@@ -56,55 +54,7 @@ def _decode_path(path: str) -> list[Decoded]:
     return decode(Path(path))
 
 
-class _WorkerPool:
-    """A forkserver process pool started on first use and replaced when a worker dies.
-
-    forkserver: never fork a process that already runs ORT threads. A task whose
-    worker crashes (a native panic on a damaged file) costs that item only: it is
-    reported as corrupt pixel data naming the item, and the next call gets a fresh pool.
-    """
-
-    crash_reason = "a worker process crashed on this file"
-
-    def __init__(self, processes: int, initializer: Callable[..., None] | None = None,
-                 initargs: tuple[Any, ...] = ()) -> None:
-        if processes < 1:
-            raise ValueError(f'Argument "processes" must be >= 1, got {processes!r}.')
-        self.processes = processes
-        self._init = (initializer, initargs)
-        self._pool: Any = None
-        self._lock = threading.Lock()
-
-    def _executor(self) -> Any:
-        with self._lock:
-            if self._pool is None:
-                initializer, initargs = self._init
-                self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("forkserver"),
-                                                 initializer=initializer, initargs=initargs)
-            return self._pool
-
-    def _run(self, fn: Callable[[Any], Any], arg: Any, item: Any) -> Any:
-        """``fn(arg)`` in a worker; ``item`` names the input in the error if the worker dies."""
-        from concurrent.futures.process import BrokenProcessPool
-
-        pool = self._executor()
-        try:
-            return pool.submit(fn, arg).result()
-        except BrokenProcessPool:
-            with self._lock:
-                if self._pool is pool:
-                    self._pool = None
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise CorruptPixelDataError(item, self.crash_reason) from None
-
-    def close(self) -> None:
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
-
-
-class ProcessDecoder(_WorkerPool):
+class ProcessDecoder(WorkerPool):
     """Decode files in worker processes instead of on a pipeline thread.
 
     Some decoders hold Python's GIL for the whole image (CharLS, pyjpegls's JPEG-LS
@@ -126,7 +76,7 @@ class ProcessDecoder(_WorkerPool):
     def __call__(self, item: Any) -> list[Decoded]:
         if not isinstance(item, (str, os.PathLike)):
             return decode(item)
-        out: list[Decoded] = self._run(_decode_path, os.fspath(item), item)
+        out: list[Decoded] = self.call(_decode_path, os.fspath(item), item)
         for d in out:
             d.frame.pixels.flags.writeable = False
         return out
@@ -139,22 +89,19 @@ _WORKER: dict[str, Any] = {}
 def _start_worker(config: AnalyzerConfig, mode: str | None, recheck: bool | None) -> None:
     from medrt.analyzer import load_analyzer
 
-    _WORKER.update(analyzer=load_analyzer(config), mode=mode, recheck=recheck)
+    _WORKER.update(analyzer=load_analyzer(config), mode=mode, recheck=recheck, slots=WorkerSlots())
 
 
-def _analyze_item(item: Any) -> list[FrameResult]:
-    """In a worker process: decode ``item`` and analyse each of its frames."""
+def _analyze_item(item: Any) -> Packed | list[FrameResult]:
+    """In a worker process: decode ``item`` and analyse each of its frames; the
+    results' arrays travel back in this worker's shared-memory slots when one is free."""
     analyzer: Analyzer = _WORKER["analyzer"]
-    return [analyzer.analyze(d.frame, decode_ms=d.decode_ms, mode=_WORKER["mode"], recheck_small=_WORKER["recheck"])
-            for d in decode(item)]
+    results = [analyzer.analyze(d.frame, decode_ms=d.decode_ms, mode=_WORKER["mode"],
+                                recheck_small=_WORKER["recheck"]) for d in decode(item)]
+    return _WORKER["slots"].pack(results)
 
 
-def _ready() -> int:
-    time.sleep(0.05)  # stay busy a moment, so that the next ping goes to another process
-    return os.getpid()
-
-
-class ProcessAnalysis(_WorkerPool):
+class ProcessAnalysis(WorkerPool):
     """Decode and analyse whole files in worker processes, each with its own models.
 
     Python threads share one interpreter lock, and on a CPU backend with small
@@ -182,16 +129,15 @@ class ProcessAnalysis(_WorkerPool):
                  recheck: bool | None = None) -> None:
         self.config = replace(config, threads=config.threads or 1)  # one core per process
         super().__init__(processes, _start_worker, (self.config, mode, recheck))
+        self._slots = ParentSlots()
 
-    def start(self) -> None:
-        """Start every process and load its models now (a failure to load raises here)."""
-        pool = self._executor()
-        for f in [pool.submit(_ready) for _ in range(self.processes)]:
-            f.result()
+    def close(self) -> None:
+        super().close()
+        self._slots.close()  # the workers have exited: unlink their result slots
 
     def __call__(self, item: Any) -> list[FrameResult]:
         arg = os.fspath(item) if isinstance(item, os.PathLike) else item
-        out: list[FrameResult] = self._run(_analyze_item, arg, item)
+        out = self._slots.unpack(self.call(_analyze_item, arg, item))
         for r in out:
             r.frame.pixels.flags.writeable = False
             r.labels.flags.writeable = False
@@ -220,9 +166,9 @@ def analysis_stages(
     if processes > 0:
         pool = ProcessAnalysis(analyzer.config, processes, mode=mode, recheck=recheck)
         pool.start()
-        # Two callers per process: one file queued while the other is analysed, so a
-        # process never waits on this side to hand it the next one.
-        return [Stage("analyze", pool, workers=2 * processes, fan_out=True)]
+        # One caller per pipe (two per process): one file waits while the other is
+        # analysed, so a process never waits on this side to hand it the next one.
+        return [Stage("analyze", pool, workers=pool.processes * pool.channels, fan_out=True)]
     if decoder is None:
         decoder = ProcessDecoder(decode_processes) if decode_processes > 0 else decode
         decode_workers = max(decode_workers, decode_processes)
