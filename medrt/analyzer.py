@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -40,6 +41,8 @@ class AnalyzerConfig:
     backend: str = "auto"
     device: str = "auto"
     precision: str = "fp32"
+    # ROI classifiers, comma-separated: a frame goes to the first whose spec lists its
+    # modality ([model] modalities), else to the first that lists none.
     roi_model: str = "roi_classifier"
     seg_model: str = "lesion_unet"
     recheck: bool = True
@@ -99,22 +102,51 @@ class Analyzer:
     ``finish`` (lesions in mm). A :class:`Work` item carries a frame between them.
     The backends are safe to call from several threads at once (ONNX Runtime
     sessions are); one stage's state lives only in its Work item.
+
+    With several ROI classifiers, each frame goes to the first whose spec lists
+    its modality, else to the first that lists none (:meth:`roi_for`).
     """
 
-    def __init__(self, config: AnalyzerConfig, roi: Backend, seg: Backend) -> None:
+    def __init__(self, config: AnalyzerConfig, roi: Backend | Sequence[Backend], seg: Backend) -> None:
         self.config = config
-        self.roi = roi
+        self.rois: tuple[Backend, ...] = (roi,) if not isinstance(roi, Sequence) else tuple(roi)
+        if not self.rois:
+            raise ValueError("an Analyzer needs at least one ROI classifier")
         self.seg = seg
         self.threshold = config.threshold if config.threshold is not None else seg.spec.thresholds.get("probability", 0.5)
         info = seg.info()
         self.backend_name, self.precision = info.backend, info.precision
-        self.models = (roi.spec.ident, seg.spec.ident)
+        self.models = (*(r.spec.ident for r in self.rois), seg.spec.ident)
+
+    @property
+    def roi(self) -> Backend:
+        """The first ROI classifier (the only one, usually)."""
+        return self.rois[0]
+
+    def roi_for(self, frame: Frame) -> Backend:
+        """The ROI classifier for this frame's modality; an
+        :class:`~medrt.errors.UnsupportedImageError` naming the file when none is for it."""
+        modality = (frame.modality or "").upper()
+        for r in self.rois:
+            if modality in r.spec.modalities:
+                return r
+        for r in self.rois:
+            if not r.spec.modalities:
+                return r
+        raise UnsupportedImageError(
+            frame.source.path or frame.key,
+            f"{modality or 'unknown-modality'} frame, but the ROI classifier(s) "
+            f"{', '.join(r.spec.ident for r in self.rois)} are for "
+            f"{', '.join(sorted({m for r in self.rois for m in r.spec.modalities}))} only; "
+            "add a general one (e.g. --roi-model roi_classifier,...) or use --mode full",
+        )
 
     def warmup(self) -> None:
         """Run the real shapes once so the first real frame is not a cold start."""
         t0 = time.perf_counter()
         self.seg.warmup(list(self.config.warmup_shapes))
-        self.roi.warmup([(self.roi.spec.thumbnail, self.roi.spec.thumbnail)])
+        for r in self.rois:
+            r.warmup([(r.spec.thumbnail, r.spec.thumbnail)])
         log.info("warm-up took %.0f ms", (time.perf_counter() - t0) * 1000)
 
     # -- stages -------------------------------------------------------------
@@ -127,6 +159,8 @@ class Analyzer:
             raise ValueError(f'Argument "mode" must be one of {MODES}, got {mode!r}.')
         do_recheck = self.config.recheck if recheck_small is None else recheck_small
         self._check_modality(frame)
+        if mode == "roi":
+            self.roi_for(frame)  # refuse it here, before any work, when no classifier is for it
         t0 = time.perf_counter()
         norm = normalize(frame.pixels, frame.window.center, frame.window.width)
         ms = (time.perf_counter() - t0) * 1000.0
@@ -151,7 +185,7 @@ class Analyzer:
             return work
         t0 = time.perf_counter()
         frame = work.frame
-        roi = classify(self.roi, frame.pixels, (frame.window.center, frame.window.width), crop=self.config.crop,
+        roi = classify(self.roi_for(frame), frame.pixels, (frame.window.center, frame.window.width), crop=self.config.crop,
                        max_crops=self.config.max_crops, presence_threshold=self.config.presence_threshold,
                        heatmap_threshold=self.config.heatmap_threshold)
         ms = (time.perf_counter() - t0) * 1000.0
@@ -193,9 +227,10 @@ class Analyzer:
         labels.flags.writeable = False
         t = replace(work.timings, postprocess=(time.perf_counter() - t0) * 1000.0)
         t = replace(t, total=t.decode + t.preprocess + t.roi + t.segment + t.recheck + t.postprocess)
+        models = (self.roi_for(frame).spec.ident, self.seg.spec.ident) if work.mode == "roi" else (self.seg.spec.ident,)
         return FrameResult(frame=frame, lesions=tuple(lesions), labels=labels, presence=work.presence,
                            proposals=tuple(work.proposals), crops=tuple(work.crops), mode=work.mode, timings=t,
-                           backend=self.backend_name, precision=self.precision, models=self.models)
+                           backend=self.backend_name, precision=self.precision, models=models)
 
     def analyze(self, frame: Frame, *, decode_ms: float = 0.0, mode: str | None = None,
                 recheck_small: bool | None = None) -> FrameResult:
@@ -208,12 +243,15 @@ def load_analyzer(config: AnalyzerConfig | None = None, **overrides: object) -> 
     """Load the models of ``config`` (verifying their sha256), create their backends once
     and warm them up. Keyword arguments override fields of ``config``."""
     config = replace(config or AnalyzerConfig(), **overrides)  # type: ignore[arg-type]
-    roi_spec = find_spec(config.roi_model)
+    roi_specs = [find_spec(name.strip()) for name in config.roi_model.split(",") if name.strip()]
     seg_spec = find_spec(config.seg_model)
-    if roi_spec.task != "roi_classifier":
-        raise ValueError(f"{roi_spec.spec_path}: task is {roi_spec.task!r}, not roi_classifier")
+    if not roi_specs:
+        raise ValueError(f'Argument "roi_model" names no model: {config.roi_model!r}')
+    for roi_spec in roi_specs:
+        if roi_spec.task != "roi_classifier":
+            raise ValueError(f"{roi_spec.spec_path}: task is {roi_spec.task!r}, not roi_classifier")
     if seg_spec.task != "segmentation":
         raise ValueError(f"{seg_spec.spec_path}: task is {seg_spec.task!r}, not segmentation")
-    analyzer = Analyzer(config, _create(roi_spec, config), _create(seg_spec, config))
+    analyzer = Analyzer(config, [_create(r, config) for r in roi_specs], _create(seg_spec, config))
     analyzer.warmup()
     return analyzer

@@ -41,7 +41,9 @@ log = logging.getLogger("medrt.models.train")
 
 # The version this script writes per model: the minor goes up with the recipe (2.1:
 # bf16 steps, the radiograph window jitter), the major with the network or its inputs.
-VERSIONS = {"lesion_unet": "2.1.0", "lesion_unet_lite": "1.1.0", "roi_classifier": "1.1.0"}
+VERSIONS = {"lesion_unet": "2.1.0", "lesion_unet_lite": "1.1.0", "roi_classifier": "1.1.0", "roi_classifier_dx": "1.0.0"}
+# ROI classifiers: the general one, and one trained on radiographs only (--data dx).
+ROI_MODELS = ("roi_classifier", "roi_classifier_dx")
 OPSET = 17
 
 
@@ -275,21 +277,21 @@ def _minutes(args: argparse.Namespace) -> str:
 def _seg_args(args: argparse.Namespace) -> str:
     out = f" --ct-fraction {args.ct_fraction:g}" if args.ct_fraction != 0.5 else ""
     out += f" --amp {args.amp}" if args.amp != "none" else ""
-    out += f" --crop {args.crop}" if args.crop != 256 and args.model != "roi_classifier" else ""
-    if args.model == "roi_classifier":
+    out += f" --crop {args.crop}" if args.crop != 256 and args.model not in ROI_MODELS else ""
+    if args.model in ROI_MODELS:
         return out
     return out + f" --lesion-start {args.lesion_start} --lesion-end {args.lesion_end}"
 
 
 def _data_note(args: argparse.Namespace) -> str:
     used = {"all": "both", "ct": "CT only", "dx": "radiographs only"}[args.data]
-    if args.model == "roi_classifier":
+    if args.model in ROI_MODELS:
         return f"; thumbnails of {used}, longest side {phantom_data.THUMB}"
     return f"; patches of {used}, radiographs area-averaged to {phantom_data.SEG_SPACING} mm"
 
 
 def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace) -> Path:
-    roi = name == "roi_classifier"
+    roi = name in ROI_MODELS
     lines = [
         "[model]",
         f'name = "{name}"',
@@ -300,7 +302,7 @@ def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace)
         f'card = "{name}.md"',
         f"multiple_of = {16 if not roi else 8}",
     ]
-    if not roi and args.data != "all":  # the analyzer refuses frames of other modalities
+    if args.data != "all":  # the analyzer refuses (or routes) frames of other modalities
         lines.append('modalities = ["CT"]' if args.data == "ct" else 'modalities = ["DX", "CR"]')
     if roi:
         lines += [f"thumbnail = {phantom_data.THUMB}", f"stride = {phantom_data.STRIDE}",
@@ -336,7 +338,7 @@ def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace)
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m medrt.models.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", choices=["roi_classifier", *UNET_VARIANTS])
+    p.add_argument("model", choices=[*ROI_MODELS, *UNET_VARIANTS])
     p.add_argument("--steps", type=int, default=2000, help="at most this many steps")
     p.add_argument("--minutes", type=float, default=0.0,
                    help="train for this long instead (the schedule follows time; 0: follow --steps)")
@@ -369,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.build_only:
         _data(args, "seg")
         return 0
-    roi = args.model == "roi_classifier"
+    roi = args.model in ROI_MODELS
     net, info = train_roi(args) if roi else train_unet(args)
     # The weights ship too (small), so tests can compare ONNX with torch and users can fine-tune.
     torch.save(net.state_dict(), out / f"{args.model}.pt")

@@ -102,3 +102,35 @@ def test_recheck_changes_only_small_or_faint_candidates(analyzer, ct_frames) -> 
         for les in on.lesions:
             if les.bbox not in big_off:
                 assert les.rechecked or les.diameter_mm < 5.0
+
+
+def test_frames_go_to_the_roi_classifier_for_their_modality(tmp_path, ct_frames) -> None:  # type: ignore[no-untyped-def]
+    """Several ROI classifiers: a frame goes to the first whose spec lists its modality,
+    else to the first that lists none; with none for it, the error names the file."""
+    import shutil
+
+    from medrt.engine.registry import find_spec
+    from medrt.errors import UnsupportedImageError
+    from medrt.phantom import generate_radiograph
+
+    shipped = find_spec("roi_classifier")
+    shutil.copy(shipped.path, tmp_path / shipped.path.name)
+    text = shipped.spec_path.read_text(encoding="utf-8")
+    spec = tmp_path / "roi_for_ct.toml"
+    spec.write_text(text.replace('name = "roi_classifier"', 'name = "roi_for_ct"\nmodalities = ["CT"]', 1),
+                    encoding="utf-8")
+    ct = _frame_from_phantom(ct_frames[5], "ct5")
+    dx = _frame_from_phantom(generate_radiograph(77, size=1024, index=0), "dx0")
+    both = load_analyzer(AnalyzerConfig(seg_model="lesion_unet", roi_model=f"roi_classifier,{spec}",
+                                        warmup_shapes=((256, 256),)))
+    assert [r.spec.name for r in both.rois] == ["roi_classifier", "roi_for_ct"]
+    assert both.roi_for(ct).spec.name == "roi_for_ct" and both.roi_for(dx).spec.name == "roi_classifier"
+    assert both.analyze(ct).models[0].startswith("roi_for_ct@")
+    assert both.analyze(dx).models[0].startswith("roi_classifier@")
+    assert both.analyze(dx, mode="full").models == (both.seg.spec.ident,)  # no classifier ran
+
+    only_ct = load_analyzer(AnalyzerConfig(seg_model="lesion_unet", roi_model=str(spec), warmup_shapes=((256, 256),)))
+    with pytest.raises(UnsupportedImageError) as info:
+        only_ct.analyze(dx)
+    assert "dx0" in str(info.value) and "DX frame" in str(info.value) and "--mode full" in str(info.value)
+    assert only_ct.analyze(dx, mode="full").mode == "full"

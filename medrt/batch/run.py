@@ -122,7 +122,7 @@ class _Sink:
 def _settings(analyzer: Any, options: OutputOptions) -> dict[str, Any]:
     return {
         "medrt": __version__,
-        "models": [f"{b.spec.ident}:{b.spec.sha256}" for b in (analyzer.roi, analyzer.seg)],
+        "models": [f"{b.spec.ident}:{b.spec.sha256}" for b in (*analyzer.rois, analyzer.seg)],
         "mode": analyzer.config.mode, "recheck": analyzer.config.recheck,
         "backend": analyzer.backend_name, "precision": analyzer.precision,
         "threshold": analyzer.threshold, "crop": analyzer.config.crop,

@@ -19,7 +19,9 @@ def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_u
                    help="roi: thumbnail classifier + 1024² crops (default); full: sliding window over the frame")
     g.add_argument("--no-recheck", action="store_true", help="skip the 2x re-check of small lesions")
     g.add_argument("--model", default=seg_model, help=f"segmentation model name or .toml spec (default {seg_model})")
-    g.add_argument("--roi-model", default="roi_classifier", help="ROI classifier name or .toml spec")
+    g.add_argument("--roi-model", default="roi_classifier",
+                   help="ROI classifier name or .toml spec; several, comma-separated, route frames by"
+                        " the modalities their specs list (the first that lists none takes the rest)")
     g.add_argument("--threads", type=int, default=None,
                    help="threads per model session (default: 1 per inference worker on CPU)")
 
