@@ -45,7 +45,7 @@ def _latency(results: dict[str, Any], name: str) -> list[str]:
                 ("1024", "a 1024 thumbnail"))
     what_seg = (("256", "a 1024² radiograph crop at 0.5 mm"), ("512", "a CT slice"),
                 ("1024", "a 1024² crop at native resolution, or a whole 4096² radiograph at 0.5 mm"))
-    for size, what in what_roi if name == "roi_classifier" else what_seg:
+    for size, what in what_roi if name.startswith("roi_classifier") else what_seg:
         if size in lat:
             rows.append(f"| {size}² ({what}) | {lat[size]} ms |")
     return rows + [""]
@@ -63,7 +63,8 @@ def _training(spec: Any, roi: bool) -> list[str]:
     details = json.loads(str(t.get("details", "{}")) or "{}")
     aug = f"window shifts ({details.get('window_jitter', '±12 % centre, ×0.78–1.28 width')}), flips and 90° turns"
     if roi:
-        aug += ", half the windows centred on a lesion cell" + ("" if ct_only else ", half the batch from radiographs")
+        both = "--data all" in str(t.get("command", ""))
+        aug += ", half the windows centred on a lesion cell" + (", half the batch from radiographs" if both else "")
     elif ct_only:
         aug += ", extra noise, and a 2× zoom for one patch in five (the recheck's scale)"
     else:
@@ -121,13 +122,17 @@ def _source(results: dict[str, Any]) -> str:
             f"--n-ct {held['ct_series']}` on {results['machine']}. Lesions are matched by mask overlap "
             "(Dice ≥ 0.1) or, failing that, centroid distance ≤ max(2 mm, half the diameter); see "
             "`medrt/evaluation.py`. Sensitivity per size bucket is given as rate (detected/lesions). "
-            "*ROI path*: the shipped ROI classifier's crops, then this UNet; *+ recheck*: then the multi-scale "
+            f"*ROI path*: the crops of the ROI classifier the analyzer routes the frame to (`{results['roi_routed']['dx']}` "
+            f"for radiographs, `{results['roi_routed']['ct']}` for CT), then this UNet; "
+            "*+ recheck*: then the multi-scale "
             "recheck of components under 5 mm and faint peaks (`medrt.analysis.recheck`, default settings); "
             "*whole frame*: the UNet over the whole frame (sliding window), no classifier.")
 
 
 def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace) -> None:
     source = _source(results)
+    dx_roi = results["roi_routed"]["dx"]
+    dx_cov = results["roi"][dx_roi]["dx"]
     for name in ("lesion_unet", "lesion_unet_lite"):
         if name not in results["ct"]:
             continue
@@ -159,18 +164,25 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
                   "- Radiographs: the figures above include the ROI classifier's misses on the ROI path; the "
                   "whole-frame row shows the UNet alone. Faint (25–50 of 4095 units) 2–5 mm nodules among ribs "
                   "and vessels are the hardest case; see the 2–5 mm column for what is still missed.",
-                  *([f"- The shipped ROI classifier covers {results['roi']['dx']['covered']} of "
-                     f"{results['roi']['dx']['lesions']} radiograph nodules with its crops, so on radiographs the ROI "
-                     "path misses most of what this UNet finds over the whole frame: run radiographs in whole-frame "
-                     "mode (`sliding_window(..., spacing_mm=frame.spacing_mm)`) until a classifier that covers them "
-                     "ships."] if results["roi"]["dx"]["coverage"] < 0.9 else []),
+                  *([f"- The radiograph ROI classifier (`{dx_roi}`) covers {dx_cov['covered']} of "
+                     f"{dx_cov['lesions']} radiograph nodules with its crops, so on radiographs the ROI "
+                     "path misses part of what this UNet finds over the whole frame (compare the rows above); "
+                     "`--mode full` runs the whole frame."] if dx_cov["coverage"] < 0.9 else []),
                   "- Trained within a 30-minute CPU budget; longer training or a larger network would likely "
                   "do better on both modalities.",
                   "- Synthetic anatomy and lesions only; real images differ in texture, noise and artefacts.",
                   "- Sizes are measured in the detector plane for radiographs (ImagerPixelSpacing).", ""]
         (models / f"{name}.md").write_text("\n".join(lines), encoding="utf-8")
-    spec = load_spec(models / "roi_classifier.toml")
-    roi = results["roi"]
+    for name in results["roi"]:
+        _roi_card(models, name, results, source)
+    (models / "metrics.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+
+
+def _roi_card(models: Path, name: str, results: dict[str, Any], source: str) -> None:
+    spec = load_spec(models / f"{name}.toml")
+    roi = results["roi"][name]
+    used_for = [m for m, routed in (("radiographs", results["roi_routed"]["dx"]), ("CT", results["roi_routed"]["ct"]))
+                if routed == name]
     lines = _header(spec) + [
         f"Outputs: `presence` (frame-level logit) and `heatmap` (a logit per {spec.stride}×{spec.stride} "
         "thumbnail cell). Cells over the heatmap threshold become boxes in source pixels, grouped into 1024² "
@@ -179,6 +191,10 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
         f"area-averaged by {max(1, -(-4096 // spec.thumbnail))} (about {0.125 * max(1, -(-4096 // spec.thumbnail)):g} mm "
         f"per thumbnail pixel at 0.125 mm, one heatmap cell {0.125 * spec.stride * max(1, -(-4096 // spec.thumbnail)):g} mm); "
         "a 2 mm nodule spans a few thumbnail pixels. A 512² CT slice is its own thumbnail.", "",
+        "Routing: " + (f"its spec lists `modalities = {json.dumps(list(spec.modalities))}`; " if spec.modalities else
+                       "its spec lists no modalities, so it takes every frame no other classifier lists; ")
+        + "with the default `--roi-model roi_classifier,roi_classifier_dx` the analyzer sends it "
+        + (" and ".join(used_for) if used_for else "no held-out frames") + ". Both modalities are scored below.", "",
         "## Metrics", "", source, "", TARGETS, "",
         "| data | lesions | covered by crops | coverage | lesion-free frames | called negative (specificity) | frame-level sensitivity (frames with lesions called positive) | crops per frame |",
         "|---|---|---|---|---|---|---|---|",
@@ -187,12 +203,13 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
         r = roi[key]
         lines.append(f"| {label} | {r['lesions']} | {r['covered']} | **{_fmt(r['coverage'])}** | {r['negative_frames']} | "
                      f"**{_fmt(r['specificity'])}** | {_fmt(r['frame_sensitivity'])} | {r['mean_crops']:.2f} |")
-    lines += ["", "## Latency", ""] + _latency(results, "roi_classifier") + _training(spec, roi=True)
-    ct_only = _ct_only(spec)
+    lines += ["", "## Latency", ""] + _latency(results, name) + _training(spec, roi=True)
+    trained_on = {"--data ct": "CT thumbnails only (`--data ct`)", "--data dx": "radiograph thumbnails only (`--data dx`)"}
+    only = next((v for k, v in trained_on.items() if k in str(spec.training.get("command", ""))), None)
     lines += ["## Limitations", "",
-              *(["- Trained on CT thumbnails only (`--data ct`): on radiographs its crops miss most nodules "
-                 "(coverage above), so the radiograph ROI path is not usable with it."] if ct_only else []),
+              *([f"- Trained on {only}: on the other modality its figures above are not what it is for."] if only else []),
               "- A lesion counts as covered only when its whole bounding box lies inside one proposed crop.",
+              "- When more groups of hot cells than `max_crops` turn up, the frame is tiled with 1024² crops "
+              "(16 on a 4096² radiograph), which covers everything and saves nothing.",
               "- Synthetic data only; see the intended use above.", ""]
-    (models / "roi_classifier.md").write_text("\n".join(lines), encoding="utf-8")
-    (models / "metrics.json").write_text(json.dumps(results, indent=2), encoding="utf-8")
+    (models / f"{name}.md").write_text("\n".join(lines), encoding="utf-8")

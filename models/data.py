@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 TRAIN_SEED = 1000
 HELDOUT_SEED = 9000
+# The ROI classifiers: the general one, and one trained on radiographs only (--data dx).
+ROI_MODELS = ("roi_classifier", "roi_classifier_dx")
 THUMB = 1024  # longest thumbnail side: 4096² radiographs at ~0.5 mm, 512² CT slices as they are
 STRIDE = 8  # heatmap cell, in thumbnail pixels
 PATCH = 384  # cached patch side (at SEG_SPACING); training crops 256 from it

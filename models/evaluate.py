@@ -30,6 +30,7 @@ from medrt.analysis.lesions import lesions_from_probability
 from medrt.analysis.recheck import RecheckConfig, recheck
 from medrt.analysis.roi import classify
 from medrt.analysis.segment import segment_crops, sliding_window
+from medrt.analyzer import pick_for_modality
 from medrt.bench import interleaved_medians
 from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
 from medrt.engine.registry import load_spec
@@ -43,9 +44,9 @@ log = logging.getLogger("medrt.models.evaluate")
 
 
 @dataclass
-class Collected:
-    preds: dict[str, list[FramePrediction]] = field(default_factory=dict)
-    truth: dict[str, FrameTruth] = field(default_factory=dict)
+class RoiStats:
+    """One ROI classifier's figures on one modality."""
+
     covered: int = 0
     lesions: int = 0
     negatives: int = 0
@@ -53,6 +54,24 @@ class Collected:
     positives: int = 0
     positives_called_positive: int = 0
     crops: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "lesions": self.lesions, "covered": self.covered, "coverage": self.covered / max(self.lesions, 1),
+            "negative_frames": self.negatives,
+            "specificity": self.negatives_called_negative / max(self.negatives, 1),
+            "positive_frames": self.positives,
+            "frame_sensitivity": self.positives_called_positive / max(self.positives, 1),
+            "mean_crops": float(np.mean(self.crops)) if self.crops else 0.0,
+        }
+
+
+@dataclass
+class Collected:
+    preds: dict[str, list[FramePrediction]] = field(default_factory=dict)
+    truth: dict[str, FrameTruth] = field(default_factory=dict)
+    roi: dict[str, RoiStats] = field(default_factory=dict)  # per ROI classifier
+    routed: str = ""  # the classifier the analyzer picks for this modality
 
 
 def _truth(key: str, frame: Any) -> FrameTruth:
@@ -75,27 +94,38 @@ def _predict(col: Collected, key: str, name: str, unet: Any, norm: np.ndarray, p
             FramePrediction(key=key, lesions=tuple(lesions2), labels=labels2))
 
 
-def _frame(col: Collected, key: str, frame: Any, roi_model: Any, unets: dict[str, Any], full: bool = False,
+def _frame(col: Collected, key: str, frame: Any, rois: dict[str, Any], unets: dict[str, Any], full: bool = False,
            with_recheck: bool = True) -> None:
+    """Every ROI classifier scored on the frame; the UNets run on the crops of the one
+    the analyzer routes this modality to (:func:`medrt.analyzer.pick_for_modality`)."""
     truth = _truth(key, frame)
     col.truth[key] = truth
-    roi = classify(roi_model, frame.pixels, frame.window)
+    routed = pick_for_modality(list(rois.values()), frame.modality)
+    assert routed is not None, f"no ROI classifier for {frame.modality}"
+    col.routed = routed.spec.name
     scored = truth.scored_lesions
-    if scored:
-        col.positives += 1
-        col.positives_called_positive += int(not roi.negative)
-    else:
-        col.negatives += 1
-        col.negatives_called_negative += int(roi.negative)
+    used = None
+    for name, model in rois.items():
+        roi = classify(model, frame.pixels, frame.window)
+        st = col.roi.setdefault(name, RoiStats())
+        if scored:
+            st.positives += 1
+            st.positives_called_positive += int(not roi.negative)
+        else:
+            st.negatives += 1
+            st.negatives_called_negative += int(roi.negative)
+        for les in scored:
+            st.lesions += 1
+            st.covered += int(any(_inside(les.bbox, c) for c in roi.crops))
+        st.crops.append(len(roi.crops))
+        if model is routed:
+            used = roi
+    assert used is not None
     rows, cols = frame.shape
-    for les in scored:
-        col.lesions += 1
-        col.covered += int(any(_inside(les.bbox, c) for c in roi.crops))
-    col.crops.append(len(roi.crops))
     norm = normalize(frame.pixels, *frame.window)
     for name, unet in unets.items():
-        if roi.crops:
-            prob = segment_crops(unet, norm, roi.crops, spacing_mm=frame.spacing_mm)
+        if used.crops:
+            prob = segment_crops(unet, norm, used.crops, spacing_mm=frame.spacing_mm)
         else:
             prob = np.zeros((rows, cols), np.float32)
         _predict(col, key, name, unet, norm, prob, frame, with_recheck)
@@ -105,19 +135,19 @@ def _frame(col: Collected, key: str, frame: Any, roi_model: Any, unets: dict[str
 
 
 def collect(models: Path, n_dx: int, n_ct: int, *, unets: tuple[str, ...] = ("lesion_unet", "lesion_unet_lite"),
-            roi_name: str = "roi_classifier") -> tuple[Collected, Collected, dict[str, Any]]:
-    roi_model = OnnxRuntimeBackend(load_spec(models / f"{roi_name}.toml"))
+            rois: tuple[str, ...] = phantom_data.ROI_MODELS) -> tuple[Collected, Collected, dict[str, Any]]:
+    roi_models = {name: OnnxRuntimeBackend(load_spec(models / f"{name}.toml")) for name in rois}
     nets = {name: OnnxRuntimeBackend(load_spec(models / f"{name}.toml")) for name in unets}
     dx, ct = Collected(), Collected()
     t0 = time.perf_counter()
     for i in range(n_dx):
         frame = generate_radiograph(phantom_data.HELDOUT_SEED, size=4096, index=i)
-        _frame(dx, f"dx{i}", frame, roi_model, nets, full=True)
+        _frame(dx, f"dx{i}", frame, roi_models, nets, full=True)
     for s in range(n_ct):
         for frame in generate_ct_series(phantom_data.HELDOUT_SEED + 100 + s, n_frames=40):
-            _frame(ct, f"ct{s}_{frame.index}", frame, roi_model, nets)
+            _frame(ct, f"ct{s}_{frame.index}", frame, roi_models, nets)
     log.info("held-out inference took %.0f s", time.perf_counter() - t0)
-    return dx, ct, {"roi_classifier": roi_model, **nets}
+    return dx, ct, {**roi_models, **nets}
 
 
 def latency(backends: dict[str, Any], repeats: int = 7) -> dict[str, dict[str, float]]:
@@ -147,15 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "dx": {name: evaluate(preds, dx.truth).to_json() for name, preds in dx.preds.items()},
         "ct": {name: evaluate(preds, ct.truth).to_json() for name, preds in ct.preds.items()},
-        "roi": {
-            name: {
-                "lesions": c.lesions, "covered": c.covered, "coverage": c.covered / max(c.lesions, 1),
-                "negative_frames": c.negatives, "specificity": c.negatives_called_negative / max(c.negatives, 1),
-                "positive_frames": c.positives, "frame_sensitivity": c.positives_called_positive / max(c.positives, 1),
-                "mean_crops": float(np.mean(c.crops)) if c.crops else 0.0,
-            }
-            for name, c in (("dx", dx), ("ct", ct))
-        },
+        # per classifier and modality; "routed": which one the analyzer uses for each
+        "roi": {name: {"dx": dx.roi[name].to_json(), "ct": ct.roi[name].to_json()} for name in dx.roi},
+        "roi_routed": {"dx": dx.routed, "ct": ct.routed},
         "latency_ms": latency(backends),
         "held_out": {"dx_frames": args.n_dx, "ct_series": args.n_ct, "seed": phantom_data.HELDOUT_SEED},
         "machine": f"{platform.machine()}, {platform.processor() or 'cpu'}, onnxruntime CPU",
@@ -183,6 +207,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
                 "dice": None if r["dice"]["mean"] is None else round(r["dice"]["mean"], 3),
             }
     out["roi"] = results["roi"]
+    out["roi_routed"] = results["roi_routed"]
     out["latency_ms"] = results["latency_ms"]
     return out
 

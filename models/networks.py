@@ -79,7 +79,7 @@ def build_unet(variant: str, local_contrast: bool = True) -> nn.Module:
 def network_for(name: str, state: dict[str, torch.Tensor]) -> nn.Module:
     """The network that saved ``state`` (a shipped ``.pt``), with the weights loaded:
     with or without the local-contrast input, as the weights say."""
-    if name == "roi_classifier":
+    if name.startswith("roi_classifier"):
         first = next(v for k, v in state.items() if k.endswith(".weight") and v.ndim == 4)
         net: nn.Module = RoiNet(local_contrast=first.shape[1] == 2)
     else:

@@ -14,7 +14,7 @@ from conftest import REPO, require_module
 from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
 from medrt.engine.registry import ModelIntegrityError, load_spec, shipped_specs
 
-SHIPPED = ("roi_classifier", "lesion_unet", "lesion_unet_lite")
+SHIPPED = ("roi_classifier", "roi_classifier_dx", "lesion_unet", "lesion_unet_lite")
 MODELS = REPO / "models"
 
 
@@ -123,6 +123,34 @@ def test_roi_classifier_runs_on_a_radiograph_thumbnail() -> None:
     assert 0.0 <= res.presence <= 1.0
     for r0, c0, r1, c1 in res.crops:
         assert (r1 - r0, c1 - c0) == (1024, 1024) and 0 <= r0 and r1 <= 4096 and 0 <= c0 and c1 <= 4096
+
+
+def test_radiograph_classifier_covers_nodules_the_general_one_misses() -> None:
+    """roi_classifier_dx (radiographs only) on held-out radiographs: its crops cover
+    most nodules without tiling the frame; the CT-trained general classifier's do not.
+    An untrained classifier fails this (no hot cells, or hot cells everywhere)."""
+    from medrt.analysis.roi import classify
+    from medrt.phantom import generate_radiograph
+    from medrt.phantom.truth import FrameTruth
+
+    dx = OnnxRuntimeBackend(load_spec(MODELS / "roi_classifier_dx.toml"))
+    general = OnnxRuntimeBackend(load_spec(MODELS / "roi_classifier.toml"))
+    assert dx.spec.modalities == ("DX", "CR") and not general.spec.modalities
+    covered = {"dx": 0, "general": 0}
+    lesions, crops = 0, []
+    for i in range(4):
+        f = generate_radiograph(9903, size=4096, index=i, n_lesions=3)
+        scored = FrameTruth.from_phantom(f, f"dx{i}").scored_lesions
+        lesions += len(scored)
+        for name, model in (("dx", dx), ("general", general)):
+            res = classify(model, f.pixels, f.window)
+            covered[name] += sum(any(les.bbox[0] >= c[0] and les.bbox[1] >= c[1] and les.bbox[2] <= c[2]
+                                     and les.bbox[3] <= c[3] for c in res.crops) for les in scored)
+            if name == "dx":
+                crops.append(len(res.crops))
+    assert lesions >= 8
+    assert covered["dx"] >= 0.5 * lesions and covered["dx"] > covered["general"], (covered, lesions)
+    assert np.mean(crops) < 12, crops  # it proposes regions, it does not tile the 16-crop frame
 
 
 def test_training_smoke(tmp_path: Path) -> None:

@@ -19,9 +19,10 @@ def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_u
                    help="roi: thumbnail classifier + 1024² crops (default); full: sliding window over the frame")
     g.add_argument("--no-recheck", action="store_true", help="skip the 2x re-check of small lesions")
     g.add_argument("--model", default=seg_model, help=f"segmentation model name or .toml spec (default {seg_model})")
-    g.add_argument("--roi-model", default="roi_classifier",
+    g.add_argument("--roi-model", default=None,
                    help="ROI classifier name or .toml spec; several, comma-separated, route frames by"
-                        " the modalities their specs list (the first that lists none takes the rest)")
+                        " the modalities their specs list, the first that lists none taking the rest"
+                        " (default roi_classifier,roi_classifier_dx)")
     g.add_argument("--threads", type=int, default=None,
                    help="threads per model session (default: 1 per inference worker on CPU)")
 
@@ -75,7 +76,9 @@ def analyzer_config(args: argparse.Namespace, **overrides: Any) -> Any:
     threads, _ = thread_layout(args)
     fields: dict[str, Any] = dict(
         mode=args.mode, backend=args.backend, device=args.device, precision=args.precision,
-        seg_model=args.model, roi_model=args.roi_model, recheck=not args.no_recheck, threads=threads,
+        seg_model=args.model, recheck=not args.no_recheck, threads=threads,
     )
+    if args.roi_model:
+        fields["roi_model"] = args.roi_model
     fields.update(overrides)
     return AnalyzerConfig(**fields)
