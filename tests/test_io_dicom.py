@@ -435,3 +435,28 @@ def test_truncated_file_on_disk_is_reported_not_mapped(tmp_path: Path) -> None:
     whole = tmp_path / "whole.dcm"
     whole.write_bytes(data)
     np.testing.assert_array_equal(read_frames(whole)[0].pixels, read_frames(data)[0].pixels)
+
+
+def test_jpeg_ls_goes_to_imagecodecs_and_matches_pyjpegls() -> None:
+    """JPEG-LS is decoded by imagecodecs (it releases the interpreter lock; pyjpegls
+    does not), bit for bit what pyjpegls gives: bundled 8/16-bit, near-lossless,
+    signed and colour (line and sample interleaved) files and the CT stream."""
+    from pydicom.pixels import pixel_array
+
+    import medrt.io.dicom as dicom_mod
+
+    assert dicom_mod._JLS_PLUGINS[0] == "imagecodecs"  # a dependency: never silently missing
+    jls = {"1.2.840.10008.1.2.4.80", "1.2.840.10008.1.2.4.81"}
+    repo = Path(__file__).resolve().parents[1]
+    files = [pydicom_test_dir() / n for n in ("JPEGLSNearLossless_08.dcm", "JPEGLSNearLossless_16.dcm",
+                                              "MR_small_jpeg_ls_lossless.dcm", "SC_rgb_jls_lossy_line.dcm",
+                                              "SC_rgb_jls_lossy_sample.dcm")]
+    files += sorted((repo / "sample_dicom" / "ct_stream").glob("*.dcm"))[:3]
+    kinds = set()
+    for f in files:
+        ds = pydicom.dcmread(f, stop_before_pixels=True)
+        assert ds.file_meta.TransferSyntaxUID in jls, f.name
+        a, b = pixel_array(f, decoding_plugin="pyjpegls"), pixel_array(f, decoding_plugin="imagecodecs")
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), f.name
+        kinds.add((ds.SamplesPerPixel, ds.PixelRepresentation, ds.BitsAllocated))
+    assert {(3, 0, 8), (1, 1, 16), (1, 0, 8)} <= kinds

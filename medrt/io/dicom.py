@@ -1,7 +1,8 @@
 """Decode DICOM (a path, bytes or a Dataset) into :class:`~medrt.types.Frame` objects.
 
 pydicom parses, and its registered plugins decode (pylibjpeg-libjpeg for JPEG,
-pylibjpeg-openjpeg for JPEG 2000, pyjpegls for JPEG-LS, pylibjpeg-rle or numpy for
+pylibjpeg-openjpeg for JPEG 2000, imagecodecs or pyjpegls for JPEG-LS (see
+medrt.io.codecs), pylibjpeg-rle or numpy for
 RLE). This module adds what analysis needs on top:
 
 * one ``Frame`` per frame, pixels float32 in modality units (rescale or modality
@@ -49,6 +50,7 @@ from medrt.errors import (
     UnsupportedImageError,
     describe_source,
 )
+from medrt.io.codecs import register as register_codecs
 from medrt.io.header import (
     frame_geometries,
     header_window,
@@ -119,9 +121,12 @@ _DECODER_PACKAGES: dict[str, tuple[str, ...]] = {
 
 # Plugins measured faster than pydicom's default choice (4096² 12-bit radiograph on
 # this 2-core machine): JPEG-LS 230 ms with pyjpegls against 740 ms with pylibjpeg.
+# imagecodecs wraps the same CharLS as pyjpegls but lets other threads run meanwhile
+# (medrt.io.codecs); the first of each tuple that is installed is asked first.
+_JLS_PLUGINS = ("imagecodecs", "pyjpegls") if register_codecs() else ("pyjpegls",)
 _PREFERRED_PLUGIN = {
-    "1.2.840.10008.1.2.4.80": "pyjpegls",
-    "1.2.840.10008.1.2.4.81": "pyjpegls",
+    "1.2.840.10008.1.2.4.80": _JLS_PLUGINS,
+    "1.2.840.10008.1.2.4.81": _JLS_PLUGINS,
 }
 
 _DEFER_SIZE = 1 << 16
@@ -435,9 +440,8 @@ def _decode(ds: Dataset, tsyntax: UID, photometric: str, n_frames: int, label: o
         return fast
     from pydicom.pixels import get_decoder, pixel_array
 
-    preferred = _PREFERRED_PLUGIN.get(str(tsyntax), "")
-    if preferred not in get_decoder(tsyntax).available_plugins:
-        preferred = ""
+    available = get_decoder(tsyntax).available_plugins
+    preferred = next((p for p in _PREFERRED_PLUGIN.get(str(tsyntax), ()) if p in available), "")
     try:
         try:
             arr = pixel_array(ds, decoding_plugin=preferred)
