@@ -13,6 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import SimpleITK as sitk
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from medrt.analysis import recheck as recheck_module
 from medrt.analysis.lesions import lesions_from_probability
@@ -80,6 +82,24 @@ def test_area_downsample_is_a_block_mean_with_partial_edges() -> None:
     z = np.ones((8, 8), np.int16) * 3
     assert np.array_equal(area_downsample(z, (4, 4)), np.full((2, 2), 3.0, np.float32))
     assert area_downsample(x, (1, 1)) is not x or area_downsample(x, (1, 1)).dtype == np.float32
+
+
+@given(rows=st.integers(1, 40), cols=st.integers(1, 40), fr=st.integers(1, 9), fc=st.integers(1, 9),
+       dtype=st.sampled_from([np.float32, np.float64, np.int16, np.uint16]), seed=st.integers(0, 2**16))
+@settings(max_examples=150, deadline=None)
+def test_block_mean_matches_a_plain_block_average(rows, cols, fr, fc, dtype, seed) -> None:  # type: ignore[no-untyped-def]
+    """The strided-slice block mean (used for thumbnails and radiograph resampling)
+    against the obvious per-block average, partial edge blocks included."""
+    from medrt.preprocess import block_mean, thumbnail
+
+    x = (np.random.default_rng(seed).random((rows, cols)) * 1000).astype(dtype)
+    got = block_mean(x, fr, fc)
+    want = np.array([[x[i:i + fr, j:j + fc].astype(np.float64).mean() for j in range(0, cols, fc)]
+                     for i in range(0, rows, fr)])
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-3)
+    thumb, f = thumbnail(x, max(1, max(rows, cols) // max(fr, fc)))
+    np.testing.assert_allclose(thumb, block_mean(x, f, f), rtol=0, atol=0)
 
 
 def test_upsample_aligns_pixel_centres() -> None:

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from medrt.preprocess import block_mean
+
 __all__ = [
     "RESAMPLE_RATIO", "resample_factors", "recheck_factors", "area_downsample", "upsample_bilinear", "Bilinear",
 ]
@@ -90,13 +92,7 @@ def area_downsample(x: np.ndarray, factors: Factors) -> np.ndarray:
         raise ValueError(f'Argument "x" must be a 2-D array, got shape {x.shape}')
     if (fr, fc) == (1, 1):
         return np.asarray(x, dtype=np.float32)
-    rows, cols = x.shape
-    if rows % fr == 0 and cols % fc == 0:
-        return x.reshape(rows // fr, fr, cols // fc, fc).mean(axis=(1, 3), dtype=np.float32)
-    r_idx, c_idx = np.arange(0, rows, fr), np.arange(0, cols, fc)
-    sums = np.add.reduceat(np.add.reduceat(x.astype(np.float32, copy=False), r_idx, axis=0), c_idx, axis=1)
-    counts = np.outer(np.diff(np.append(r_idx, rows)), np.diff(np.append(c_idx, cols))).astype(np.float32)
-    return (sums / counts).astype(np.float32, copy=False)
+    return block_mean(x, fr, fc)
 
 
 def _axis_weights(n_out: int, n_in: int, f: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
