@@ -1,11 +1,12 @@
 """Results from worker processes through shared memory instead of the result pipe.
 
-``ProcessPoolExecutor`` returns a :class:`~medrt.types.FrameResult` by pickling it:
-a 512² CT slice's pixels and label map (1.5 MB) are copied by pickle, through the
-pipe into the kernel and out again, and by unpickle, and the parent process does
-half of that while it should be feeding the workers. Measured on the 2-core
-machine (JPEG-LS 512² stream, two workers): ~100 fps as pickled, ~114 fps when
-the arrays were not sent at all, which bounds what this can win.
+A worker process sends its :class:`~medrt.types.FrameResult` back through a pipe
+by pickling it: a 512² CT slice's pixels and label map (1.5 MB) are copied by
+pickle, through the pipe into the kernel and out again, and by unpickle, and the
+parent process does half of that while it should be feeding the workers.
+Measured on the 2-core machine (JPEG-LS 512² stream, two workers): ~100 fps as
+pickled, ~114 fps when the arrays were not sent at all, which bounds what this
+can win (with this module: ~112).
 
 Here each worker keeps a few shared-memory *slots* of its own. It writes a
 result's large arrays into a free slot, marks it busy, and returns only the
@@ -13,7 +14,7 @@ slot's name and the arrays' layout; the parent copies them out and marks the
 slot free. Nothing is ever lost on the way: when every slot is busy, an array is
 larger than the slot cap, or ``/dev/shm`` is full, that result goes back pickled
 as before. The protocol is a one-byte flag per slot; the result's trip through
-the executor's pipe orders the worker's writes before the parent's reads.
+the worker's pipe orders the worker's writes before the parent's reads.
 
 The standard library's ``multiprocessing.shared_memory`` does the mapping; no
 library offers the slot reuse (a ``SharedMemoryManager`` would add a server
