@@ -19,7 +19,7 @@ import numpy as np
 from medrt.analysis.lesions import lesions_from_probability
 from medrt.analysis.recheck import RecheckConfig, recheck
 from medrt.analysis.roi import classify
-from medrt.analysis.segment import CROP_CONTEXT, segment_crops, sliding_window
+from medrt.analysis.segment import segment_crops, sliding_window
 from medrt.engine.backends.base import Backend
 from medrt.engine.registry import ModelSpec, find_spec
 from medrt.errors import UnsupportedImageError
@@ -49,7 +49,6 @@ class AnalyzerConfig:
     recheck: bool = True
     recheck_config: RecheckConfig = field(default_factory=RecheckConfig)
     crop: int = 1024
-    crop_context: float = CROP_CONTEXT  # the UNet also sees this share of the crop's side around it
     overlap: float = 0.25
     threshold: float | None = None  # None: the segmenter spec's probability threshold
     presence_threshold: float | None = None  # None: the ROI classifier spec's
@@ -62,8 +61,6 @@ class AnalyzerConfig:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f'Argument "mode" must be one of {MODES}, got {self.mode!r}.')
-        if not 0.0 <= self.crop_context <= 1.0:
-            raise ValueError(f'Argument "crop_context" must be in [0, 1], got {self.crop_context!r}.')
         if not 0.0 <= self.overlap < 1.0:
             raise ValueError(f'Argument "overlap" must be in [0, 1), got {self.overlap!r}.')
 
@@ -210,8 +207,7 @@ class Analyzer:
             prob = sliding_window(self.seg, work.norm, roi=self.config.crop, overlap=self.config.overlap,
                                   spacing_mm=spacing)
         elif work.crops:
-            prob = segment_crops(self.seg, work.norm, work.crops, spacing_mm=spacing,
-                                 context=self.config.crop_context)
+            prob = segment_crops(self.seg, work.norm, work.crops, spacing_mm=spacing)
         else:
             prob = None
         t1 = time.perf_counter()

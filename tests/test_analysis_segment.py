@@ -124,7 +124,7 @@ def test_crops_run_at_the_model_spacing_and_come_back_in_place() -> None:
     norm = np.where(truth, 0.9, 0.1).astype(np.float32)
     model = Contrast(spacing_mm=0.5)
     crops = [(1000, 300, 2024, 1324)]
-    prob = segment_crops(model, norm, crops, spacing_mm=(0.125, 0.125), context=0.0)
+    prob = segment_crops(model, norm, crops, spacing_mm=(0.125, 0.125))
     assert model.shapes == [(1, 1, 256, 256)], "a 1024² crop at 0.125 mm is a 256² input at 0.5 mm"
     assert prob.shape == shape and prob.dtype == np.float32
     _, lesions = lesions_from_probability(prob, (0.125, 0.125), 0.5)
@@ -137,10 +137,10 @@ def test_crops_run_at_the_model_spacing_and_come_back_in_place() -> None:
 
     # Without the frame's spacing (or without a model spacing) nothing is resampled.
     native = Contrast(spacing_mm=0.5)
-    segment_crops(native, norm, crops, context=0.0)
+    segment_crops(native, norm, crops)
     assert native.shapes == [(1, 1, 1024, 1024)]
     unset = Contrast(spacing_mm=None)
-    segment_crops(unset, norm, crops, spacing_mm=(0.125, 0.125), context=0.0)
+    segment_crops(unset, norm, crops, spacing_mm=(0.125, 0.125))
     assert unset.shapes == [(1, 1, 1024, 1024)]
     ct = Contrast(spacing_mm=0.5)
     segment_crops(ct, norm[:512, :512], [(0, 0, 512, 512)], spacing_mm=(0.7, 0.7))
@@ -302,7 +302,7 @@ def test_sparse_resampling_and_recheck_match_the_whole_frame(radiograph, mode, m
         dense = _sigmoid(upsample_bilinear(_blended_logits(seg, small, 1024, 0.25), factors, norm.shape))
     else:
         assert work.crops
-        prob = segment_crops(seg, norm, work.crops, spacing_mm=spacing, context=0.0)  # dense reference: bare crops
+        prob = segment_crops(seg, norm, work.crops, spacing_mm=spacing)
         dense = np.zeros(norm.shape, np.float32)
         for r0, c0, r1, c1 in work.crops:
             p = _sigmoid(_logits_at(seg, _region(norm, r0, c0, r1, c1), factors))
@@ -329,25 +329,3 @@ def test_sparse_resampling_and_recheck_match_the_whole_frame(radiograph, mode, m
     final = lesions_from_probability(out, spacing, thr, rechecked_mask=touched)
     ref_final = lesions_from_probability(ref_out, spacing, thr, rechecked_mask=ref_touched)
     assert np.array_equal(final[0], ref_final[0]) and final[1] == ref_final[1]
-
-
-def test_crops_are_segmented_with_context_and_only_the_crop_is_kept() -> None:
-    """With context, a crop's probabilities are those of the UNet run on the crop grown
-    by the context (clipped to the frame), kept inside the crop and 0 outside it."""
-    from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
-    from medrt.engine.registry import find_spec
-
-    model = OnnxRuntimeBackend(find_spec("lesion_unet"))
-    (frame, _), = phantom_frames(1, size=2048)
-    norm = np.ascontiguousarray(frame.pixels, dtype=np.float32)
-    norm = (norm - norm.min()) / max(float(np.ptp(norm)), 1.0)
-    sp = frame.spacing_mm
-    inner, edge = (512, 768, 1536, 1792), (1024, 1024, 2048, 2048)  # one crop inside, one in a corner
-    got = segment_crops(model, norm, [inner, edge], spacing_mm=sp, context=0.125)
-    want = np.zeros_like(got)
-    for (r0, c0, r1, c1), grown in ((inner, (384, 640, 1664, 1920)), (edge, (896, 896, 2048, 2048))):
-        alone = segment_crops(model, norm, [grown], spacing_mm=sp, context=0.0)
-        np.maximum(want[r0:r1, c0:c1], alone[r0:r1, c0:c1], out=want[r0:r1, c0:c1])
-    np.testing.assert_array_equal(got, want)
-    bare = segment_crops(model, norm, [inner], spacing_mm=sp, context=0.0)
-    assert not np.array_equal(bare[512:1536, 768:1792], got[512:1536, 768:1792])  # the context changes it

@@ -57,13 +57,6 @@ PROB_FLOOR = 0.01
 _FLOOR_LOGIT = math.log(PROB_FLOOR / (1.0 - PROB_FLOOR)) - 1e-3
 
 
-# How much of the frame around each ROI crop the UNet also sees, as a share of the
-# crop's side (segment_crops): 64 pixels around a 1024² crop. On six 4096²
-# radiographs the ROI path's false positives went 8 -> 3 (the whole frame: 3) at
-# 1/16, and to 1 at 1/8, which made the ROI path slower than the whole frame.
-CROP_CONTEXT = 0.0625
-
-
 def _sigmoid(x: np.ndarray) -> np.ndarray:
     out = np.negative(x, dtype=np.float32)
     np.exp(out, out=out)
@@ -136,34 +129,24 @@ def segment_crops(
     crops: tuple[tuple[int, int, int, int], ...] | list[tuple[int, int, int, int]],
     *,
     spacing_mm: tuple[float, float] | None = None,
-    context: float = CROP_CONTEXT,
 ) -> np.ndarray:
     """Lesion probability over the frame from the UNet on each crop; 0 outside every
     crop. Where crops overlap, the higher probability wins. ``spacing_mm`` is the
     frame's (row, col) pixel spacing: with it, crops are resampled to the model's
     spacing and their probabilities are exact from :data:`PROB_FLOOR` up (module
-    docstring); None runs the UNet at source resolution.
-
-    The UNet sees each crop with ``context`` × its side more of the frame on every
-    side (as far as the frame goes) and only the crop's own pixels are kept: near
-    a crop's edge a UNet without context marks false lesions (on six 4096²
-    radiographs all 8 of the ROI path's false positives lay within 140 pixels of
-    a crop edge; :data:`CROP_CONTEXT`)."""
+    docstring); None runs the UNet at source resolution."""
     rows, cols = norm.shape
     prob = np.zeros((rows, cols), np.float32)
     factors = model_factors(model, spacing_mm)
-    for k0, j0, k1, j1 in crops:
-        halo_r, halo_c = int(round(context * (k1 - k0))), int(round(context * (j1 - j0)))
-        r0, c0 = max(k0 - halo_r, min(k0, 0)), max(j0 - halo_c, min(j0, 0))
-        r1, c1 = min(k1 + halo_r, max(k1, rows)), min(j1 + halo_c, max(j1, cols))
+    for r0, c0, r1, c1 in crops:
         region = _region(norm, r0, c0, r1, c1)
         if factors == (1, 1):
             blocks = [((0, 0, r1 - r0, c1 - c0), _sigmoid(_run(model, region)))]
         else:
             blocks = _probability_blocks(_run(model, area_downsample(region, factors)), factors, region.shape)
         for (b0, d0, b1, d1), p in blocks:  # region coordinates; frame ones start at (r0, c0)
-            rr0, cc0 = max(r0 + b0, k0, 0), max(c0 + d0, j0, 0)  # kept: the crop itself
-            rr1, cc1 = min(r0 + b1, k1, rows), min(c0 + d1, j1, cols)
+            rr0, cc0 = max(r0 + b0, 0), max(c0 + d0, 0)
+            rr1, cc1 = min(r0 + b1, rows), min(c0 + d1, cols)
             if rr1 > rr0 and cc1 > cc0:
                 view = prob[rr0:rr1, cc0:cc1]
                 top, left = rr0 - r0 - b0, cc0 - c0 - d0
