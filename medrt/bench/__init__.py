@@ -15,11 +15,19 @@ from typing import Any
 __all__ = ["interleaved_medians", "interleaved_times", "percentile"]
 
 
-def interleaved_times(funcs: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1) -> dict[str, list[float]]:
-    """Wall times in ms of each function, run in turn within each repeat (after ``warmup`` rounds)."""
+def interleaved_times(funcs: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1,
+                      settle_s: float = 0.0) -> dict[str, list[float]]:
+    """Wall times in ms of each function, run in turn within each repeat (after ``warmup`` rounds).
+
+    ``settle_s``: pause before each call. Give it (0.2 s) when the functions use
+    different thread pools: OpenBLAS's threads spin about 0.1 s after a matrix
+    product and ONNX Runtime's after a run, and a call made meanwhile shares the
+    cores with them (a UNet run measured 106 ms right after an sgemm, 66 ms alone)."""
     times: dict[str, list[float]] = {name: [] for name in funcs}
     for i in range(warmup + repeats):
         for name, func in funcs.items():
+            if settle_s > 0:
+                time.sleep(settle_s)
             t0 = time.perf_counter()
             func()
             dt = (time.perf_counter() - t0) * 1000.0
@@ -28,9 +36,10 @@ def interleaved_times(funcs: dict[str, Callable[[], Any]], repeats: int, warmup:
     return times
 
 
-def interleaved_medians(funcs: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1) -> dict[str, float]:
+def interleaved_medians(funcs: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1,
+                        settle_s: float = 0.0) -> dict[str, float]:
     """Median wall time in ms of each function, run in turn within each repeat."""
-    return {k: statistics.median(v) for k, v in interleaved_times(funcs, repeats, warmup).items()}
+    return {k: statistics.median(v) for k, v in interleaved_times(funcs, repeats, warmup, settle_s).items()}
 
 
 def percentile(values: list[float], q: float) -> float:

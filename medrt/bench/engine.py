@@ -137,12 +137,16 @@ def sgemm_gflops(n: int = 2048, repeats: int = 5) -> float:
     return 2.0 * n**3 / (best / 1000.0) / 1e9
 
 
+SETTLE_S = 0.2  # between runs of different thread pools (interleaved_times)
+
+
 def unet_efficiency(backend: Any, size: int = 1024, repeats: int = 7) -> dict[str, Any]:
     """Achieved GFLOP/s of the UNet on a ``size``² crop against sgemm, measured in turn."""
     flops = _conv_flops(backend.spec.path, size, size)
     x = np.random.default_rng(0).random((1, 1, size, size), dtype=np.float32)
     a = np.random.default_rng(0).random((2048, 2048), dtype=np.float32)
-    times = interleaved_times({"unet": lambda: backend.infer(x), "sgemm": lambda: a @ a}, repeats=repeats)
+    times = interleaved_times({"unet": lambda: backend.infer(x), "sgemm": lambda: a @ a}, repeats=repeats,
+                              settle_s=SETTLE_S)
     unet_ms, mm_ms = percentile(times["unet"], 50), min(times["sgemm"])
     gemm = 2.0 * 2048**3 / (mm_ms / 1000.0) / 1e9
     achieved = flops / (unet_ms / 1000.0) / 1e9

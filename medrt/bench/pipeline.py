@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+SETTLE_S = 0.2  # see medrt.bench.interleaved_times
+
 __all__ = ["pipelined_vs_serial", "stream_replay", "TimedBackend", "default_stream"]
 
 
@@ -112,6 +114,7 @@ def pipelined_vs_serial(
         fps["serial_1_thread"].append(serial(one))
         if multi is not one:
             fps[f"serial_{cores}_threads"].append(serial(multi))
+            time.sleep(SETTLE_S)  # its ORT thread pool spins a moment after its last run
         fps["pipelined"].append(pipelined(analysis_stages(one, infer_workers=workers)))
         if processes > 0:
             # The pool starts (models loaded in every process) before the clock does;

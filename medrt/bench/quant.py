@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from medrt.bench import interleaved_times, percentile
+from medrt.bench.engine import SETTLE_S
 
 __all__ = ["int8_vs_fp32"]
 
@@ -28,7 +29,8 @@ def int8_vs_fp32(model: str = "lesion_unet", size: int = 1024, repeats: int = 9)
         a = OnnxRuntimeBackend(fp32)
         b = OnnxRuntimeBackend(int8, precision="int8")
         x = np.random.default_rng(0).random((1, 1, size, size), dtype=np.float32)
-        t = interleaved_times({"fp32": lambda: a.infer(x), "int8": lambda: b.infer(x)}, repeats=repeats, warmup=2)
+        t = interleaved_times({"fp32": lambda: a.infer(x), "int8": lambda: b.infer(x)}, repeats=repeats, warmup=2,
+                              settle_s=SETTLE_S)
     f, i = percentile(t["fp32"], 50), percentile(t["int8"], 50)
     return {"model": fp32.ident, "size": size, "fp32_ms_p50": round(f, 1), "int8_ms_p50": round(i, 1),
             "speedup": round(f / i, 2), "gate_passed": gate.passed, "gate": gate.message}
