@@ -41,7 +41,7 @@ log = logging.getLogger("medrt.models.train")
 
 # The version this script writes per model: the minor goes up with the recipe (2.1:
 # bf16 steps, the radiograph window jitter), the major with the network or its inputs.
-VERSIONS = {"lesion_unet": "2.1.0", "lesion_unet_lite": "1.1.0", "roi_classifier": "1.1.0", "roi_classifier_dx": "1.0.0"}
+VERSIONS = {"lesion_unet": "2.1.0", "lesion_unet_lite": "1.1.0", "roi_classifier": "1.1.0", "roi_classifier_dx": "1.1.0"}
 ROI_MODELS = phantom_data.ROI_MODELS
 OPSET = 17
 
