@@ -272,13 +272,16 @@ class Decoder:
     Only files still wanted when their turn comes are decoded, so scrolling fast
     through a long series does not queue up work for slices already passed.
 
-    Files of ``process_bytes`` or more are decoded in a worker process
-    (:class:`medrt.pipeline.stages.ProcessDecoder`): some codecs hold Python's
-    interpreter lock for the whole image (CharLS, JPEG-LS: ~300 ms for a 4096²
-    radiograph), which froze the event loop that long; from a process the GUI
-    thread waits at most for the frame's unpickling (30-60 ms measured). Small
-    files (a 512² CT slice decodes in ~5 ms) stay on the thread, where sending the
-    frame back would cost more than it saves. 0 turns processes off.
+    Files of ``process_bytes`` or more whose codec holds Python's interpreter lock
+    for the whole image (:func:`medrt.io.dicom.decode_holds_gil`: pylibjpeg's JPEG
+    and RLE) are decoded in a worker process
+    (:class:`medrt.pipeline.stages.ProcessDecoder`); on the thread they froze the
+    event loop (a 4096² RLE radiograph: 55-120 ms; JPEG-LS and JPEG 2000 did for
+    300-700 ms until they moved to imagecodecs). From a process the GUI thread
+    waits only for the frame's unpickling (22-48 ms measured), which is more than
+    a lock-free decode on the thread costs it (JPEG-LS 13 ms, JPEG 2000 16-24 ms,
+    uncompressed 1 ms), so those and small files stay on the thread. 0 turns
+    processes off.
     """
 
     def __init__(self, bridge: Bridge, process_bytes: int = 4 << 20) -> None:
@@ -292,12 +295,23 @@ class Decoder:
         self.process_bytes = process_bytes
         self._process = ProcessDecoder(1) if process_bytes > 0 else None
 
-    def _read(self, path: Path) -> list[Any]:
+    def in_process(self, path: Path) -> bool:
+        """Whether ``path`` is decoded in the worker process (see the class docstring)."""
+        from pydicom.filereader import read_file_meta_info
+
+        from medrt.io.dicom import decode_holds_gil
+
+        if self._process is None:
+            return False
         try:
-            big = self._process is not None and path.stat().st_size >= self.process_bytes
-        except OSError:
-            big = False  # read_frames names the file and the reason
-        if big:
+            if path.stat().st_size < self.process_bytes:
+                return False
+            return decode_holds_gil(read_file_meta_info(path).TransferSyntaxUID)
+        except Exception:  # noqa: BLE001 - read_frames names the file and the reason
+            return False
+
+    def _read(self, path: Path) -> list[Any]:
+        if self.in_process(path):
             return [d.frame for d in self._process(path)]  # type: ignore[misc]
         from medrt.io.dicom import read_frames
 

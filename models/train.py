@@ -35,7 +35,7 @@ from torch import nn
 
 from medrt.engine.registry import sha256_file
 from medrt.models import data as phantom_data
-from medrt.models.networks import UNET_VARIANTS, RoiNet, build_unet
+from medrt.models.networks import UNET_VARIANTS, RoiNet, build_unet, network_for
 
 log = logging.getLogger("medrt.models.train")
 
@@ -207,9 +207,11 @@ def train_roi(args: argparse.Namespace) -> tuple[nn.Module, dict]:
     assert roi is not None
     if args.data != "all":
         roi = roi.subset(roi.is_ct if args.data == "ct" else ~roi.is_ct)
-    net = RoiNet()
-    if args.resume:
-        net.load_state_dict(torch.load(args.resume, map_location="cpu", weights_only=True))
+    if args.resume:  # the network the weights were saved from (1.0.0 has no local-contrast input)
+        net: nn.Module = network_for(args.model, torch.load(args.resume, map_location="cpu", weights_only=True))
+        net.train()
+    else:
+        net = RoiNet()
     rng = np.random.default_rng(args.seed)
     pos_weight = torch.tensor(8.0)
     # Lesion cells are rare (a few in a thousand): batch Dice keeps the heatmap from
@@ -301,7 +303,9 @@ def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace)
         f'card = "{name}.md"',
         f"multiple_of = {16 if not roi else 8}",
     ]
-    if args.data != "all":  # the analyzer refuses (or routes) frames of other modalities
+    # The analyzer refuses (segmenters) or routes (ROI classifiers) frames of other
+    # modalities; roi_classifier stays the one that takes whatever no other lists.
+    if args.data != "all" and name != "roi_classifier":
         lines.append('modalities = ["CT"]' if args.data == "ct" else 'modalities = ["DX", "CR"]')
     if roi:
         lines += [f"thumbnail = {phantom_data.THUMB}", f"stride = {phantom_data.STRIDE}",

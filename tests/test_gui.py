@@ -484,26 +484,30 @@ def test_bad_files_are_named_and_the_rest_still_shows(bot, make_window, tmp_path
 
 
 def test_large_files_decode_in_a_process_small_ones_on_the_thread(bot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    """Browsing decode: a 4096² JPEG-LS radiograph (CharLS holds the interpreter lock for
-    the whole image) goes to a worker process, a 512² CT slice stays on the thread; both
-    give read_frames' pixels, and a bad large file is still named."""
+    """Browsing decode: a 4096² RLE radiograph (pylibjpeg-rle holds the interpreter
+    lock for the whole image) goes to a worker process; a 4096² JPEG-LS one (imagecodecs
+    lets the event loop run) and a 512² CT slice stay on the thread; all give
+    read_frames' pixels, and a bad large file is still named."""
     from medrt_gui.bridge import Bridge, Decoder
 
+    from medrt.bench.decode import _radiograph_file
     from medrt.io.dicom import read_frames
 
     dx = sorted((SAMPLE_DIR / "radiographs").glob("*.dcm"))[0]
+    rle = _radiograph_file(tmp_path, 4096, "rle")
     ct = sorted(CT.glob("*.dcm"))[0]
     cut = tmp_path / "cut.dcm"
-    cut.write_bytes(dx.read_bytes()[: 5 << 20])  # large, its pixel data cut short
+    cut.write_bytes(rle.read_bytes()[: 5 << 20])  # large, its pixel data cut short
     bridge = Bridge()
     got: dict[str, object] = {}
     bridge.decoded.connect(lambda d: got.__setitem__(d.path.name, d))
     decoder = Decoder(bridge)
     try:
-        decoder.want([dx, ct, cut])
-        bot.waitUntil(lambda: len(got) == 3, timeout=60_000)
-        assert decoder._process.running  # the radiograph went to the process
-        for path in (dx, ct):
+        assert [decoder.in_process(p) for p in (dx, rle, ct, cut)] == [False, True, False, True]
+        decoder.want([dx, rle, ct, cut])
+        bot.waitUntil(lambda: len(got) == 4, timeout=60_000)
+        assert decoder._process.running  # the RLE radiograph went to the process
+        for path in (dx, rle, ct):
             frames = got[path.name].frames  # type: ignore[attr-defined]
             assert np.array_equal(frames[0][0].pixels, read_frames(path)[0].pixels)
         assert got["cut.dcm"].reason and not got["cut.dcm"].frames  # type: ignore[attr-defined]

@@ -391,7 +391,7 @@ def test_missing_decoder_names_the_package_to_install() -> None:
     """Run in a child interpreter where the JPEG 2000 plugin packages cannot be imported."""
     code = f"""
 import sys
-for mod in ("openjpeg", "pylibjpeg", "libjpeg", "rle", "jpeg_ls", "PIL", "gdcm"):
+for mod in ("openjpeg", "pylibjpeg", "libjpeg", "rle", "jpeg_ls", "PIL", "gdcm", "imagecodecs"):
     sys.modules[mod] = None  # makes "import mod" raise ImportError, as when not installed
 from medrt.errors import DecoderMissingError
 from medrt.io.dicom import read_frames
@@ -460,3 +460,27 @@ def test_jpeg_ls_goes_to_imagecodecs_and_matches_pyjpegls() -> None:
         assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), f.name
         kinds.add((ds.SamplesPerPixel, ds.PixelRepresentation, ds.BitsAllocated))
     assert {(3, 0, 8), (1, 1, 16), (1, 0, 8)} <= kinds
+
+
+def test_jpeg_2000_goes_to_imagecodecs_and_matches_pylibjpeg(tmp_path: Path) -> None:
+    """JPEG 2000 is decoded by imagecodecs (it releases the interpreter lock;
+    pylibjpeg-openjpeg does not), exactly as pydicom's pylibjpeg plugin decodes it:
+    signed with a pixel-representation mismatch, 14-bit, YBR_RCT colour, and a
+    phantom radiograph; which syntaxes a viewer may decode on a thread follows."""
+    from pydicom.pixels import pixel_array
+
+    import medrt.io.dicom as dicom_mod
+    from medrt.bench.decode import _radiograph_file
+
+    assert dicom_mod._J2K_PLUGINS == ("imagecodecs",)
+    files = [pydicom_test_dir() / n for n in ("693_J2KI.dcm", "GDCMJ2K_TextGBR.dcm", "J2K_pixelrep_mismatch.dcm",
+                                              "JPEG2000.dcm", "MR_small_jp2klossless.dcm")]
+    files.append(_radiograph_file(tmp_path, 1024, "j2k"))
+    for f in files:
+        a, b = pixel_array(f, decoding_plugin="pylibjpeg"), pixel_array(f, decoding_plugin="imagecodecs")
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), f.name
+    assert np.array_equal(read_frames(files[-1])[0].pixels, pixel_array(files[-1]).astype(np.float32))
+    assert not dicom_mod.decode_holds_gil("1.2.840.10008.1.2.4.90")  # JPEG 2000 lossless
+    assert not dicom_mod.decode_holds_gil("1.2.840.10008.1.2.4.80")  # JPEG-LS lossless
+    assert not dicom_mod.decode_holds_gil(ExplicitVRLittleEndian)
+    assert dicom_mod.decode_holds_gil("1.2.840.10008.1.2.5")  # RLE: pylibjpeg-rle

@@ -1,8 +1,8 @@
 """Decode DICOM (a path, bytes or a Dataset) into :class:`~medrt.types.Frame` objects.
 
 pydicom parses, and its registered plugins decode (pylibjpeg-libjpeg for JPEG,
-pylibjpeg-openjpeg for JPEG 2000, imagecodecs or pyjpegls for JPEG-LS (see
-medrt.io.codecs), pylibjpeg-rle or numpy for
+imagecodecs or pylibjpeg-openjpeg for JPEG 2000, imagecodecs or pyjpegls for
+JPEG-LS (see medrt.io.codecs), pylibjpeg-rle or numpy for
 RLE). This module adds what analysis needs on top:
 
 * one ``Frame`` per frame, pixels float32 in modality units (rescale or modality
@@ -121,12 +121,17 @@ _DECODER_PACKAGES: dict[str, tuple[str, ...]] = {
 
 # Plugins measured faster than pydicom's default choice (4096² 12-bit radiograph on
 # this 2-core machine): JPEG-LS 230 ms with pyjpegls against 740 ms with pylibjpeg.
-# imagecodecs wraps the same CharLS as pyjpegls but lets other threads run meanwhile
-# (medrt.io.codecs); the first of each tuple that is installed is asked first.
-_JLS_PLUGINS = ("imagecodecs", "pyjpegls") if register_codecs() else ("pyjpegls",)
+# imagecodecs wraps the same CharLS as pyjpegls, and the same OpenJPEG as
+# pylibjpeg-openjpeg, but lets other threads run meanwhile (medrt.io.codecs); the
+# first of each tuple that is installed is asked first.
+_HAS_JLS, _HAS_J2K = register_codecs()
+_JLS_PLUGINS = ("imagecodecs", "pyjpegls") if _HAS_JLS else ("pyjpegls",)
+_J2K_PLUGINS = ("imagecodecs",) if _HAS_J2K else ()
 _PREFERRED_PLUGIN = {
     "1.2.840.10008.1.2.4.80": _JLS_PLUGINS,
     "1.2.840.10008.1.2.4.81": _JLS_PLUGINS,
+    **{ts: _J2K_PLUGINS for ts in ("1.2.840.10008.1.2.4.90", "1.2.840.10008.1.2.4.91", "1.2.840.10008.1.2.4.201",
+                                   "1.2.840.10008.1.2.4.202", "1.2.840.10008.1.2.4.203")},
 }
 
 _DEFER_SIZE = 1 << 16
@@ -134,6 +139,19 @@ _DEFER_SIZE = 1 << 16
 _NATIVE_LE = frozenset(
     str(u) for u in (ExplicitVRLittleEndian, ImplicitVRLittleEndian, DeflatedExplicitVRLittleEndian)
 )
+# Transfer syntaxes whose decoding here lets other Python threads run (numpy casts,
+# imagecodecs); pylibjpeg's codecs (JPEG, RLE, and JPEG 2000 without imagecodecs)
+# hold the interpreter lock for the whole image.
+_DECODE_RELEASES_GIL = _NATIVE_LE | {str(ExplicitVRBigEndian)} | {
+    ts for ts, plugins in _PREFERRED_PLUGIN.items() if plugins and plugins[0] == "imagecodecs"}
+
+
+def decode_holds_gil(transfer_syntax_uid: str) -> bool:
+    """Whether decoding pixel data of this transfer syntax keeps Python's interpreter
+    lock for the whole image (other threads, a GUI event loop, stand still meanwhile)."""
+    return str(transfer_syntax_uid) not in _DECODE_RELEASES_GIL
+
+
 # Refuse to allocate more than this for one object's decoded pixels: a damaged
 # Rows/Columns/NumberOfFrames must give an error, not exhaust memory.
 MAX_DECODED_BYTES = 8 << 30
