@@ -12,7 +12,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["interleaved_medians", "interleaved_times", "percentile"]
+__all__ = ["interleaved_medians", "interleaved_times", "percentile", "SETTLE_S"]
+
+SETTLE_S = 0.2  # pause between runs of different thread pools (interleaved_times)
 
 
 def interleaved_times(funcs: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1,

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from medrt.bench import interleaved_times, percentile
+from medrt.bench import SETTLE_S, interleaved_times, percentile
 
 __all__ = ["roi_vs_full", "cold_start", "unet_efficiency", "engine_table", "phantom_frames"]
 
@@ -135,9 +135,6 @@ def sgemm_gflops(n: int = 2048, repeats: int = 5) -> float:
     a @ b
     best = min(interleaved_times({"mm": lambda: a @ b}, repeats=repeats, warmup=0)["mm"])
     return 2.0 * n**3 / (best / 1000.0) / 1e9
-
-
-SETTLE_S = 0.2  # between runs of different thread pools (interleaved_times)
 
 
 def unet_efficiency(backend: Any, size: int = 1024, repeats: int = 7) -> dict[str, Any]:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-SETTLE_S = 0.2  # see medrt.bench.interleaved_times
+from medrt.bench import SETTLE_S
 
 __all__ = ["pipelined_vs_serial", "stream_replay", "TimedBackend", "default_stream"]
 

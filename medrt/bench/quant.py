@@ -8,8 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from medrt.bench import interleaved_times, percentile
-from medrt.bench.engine import SETTLE_S
+from medrt.bench import SETTLE_S, interleaved_times, percentile
 
 __all__ = ["int8_vs_fp32"]
 
