@@ -28,7 +28,7 @@ def _engines(args: argparse.Namespace, _: Any) -> Any:
 def _roi_vs_full(args: argparse.Namespace, analyzer: Any) -> Any:
     from medrt.bench.engine import roi_vs_full
 
-    return roi_vs_full(analyzer, n_frames=args.frames)
+    return roi_vs_full(analyzer, n_frames=args.frames, repeats=args.repeats)
 
 
 def _int8(args: argparse.Namespace, _: Any) -> Any:
