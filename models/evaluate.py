@@ -101,10 +101,11 @@ def _frame(col: Collected, key: str, frame: Any, rois: dict[str, Any], unets: di
     truth = _truth(key, frame)
     col.truth[key] = truth
     routed = pick_for_modality(list(rois.values()), frame.modality)
-    assert routed is not None, f"no ROI classifier for {frame.modality}"
+    if routed is None:
+        raise ValueError(f"{key}: none of the ROI classifiers {list(rois)} is for {frame.modality} frames")
     col.routed = routed.spec.name
     scored = truth.scored_lesions
-    used = None
+    used: Any = None
     for name, model in rois.items():
         roi = classify(model, frame.pixels, frame.window)
         st = col.roi.setdefault(name, RoiStats())
@@ -120,7 +121,6 @@ def _frame(col: Collected, key: str, frame: Any, rois: dict[str, Any], unets: di
         st.crops.append(len(roi.crops))
         if model is routed:
             used = roi
-    assert used is not None
     rows, cols = frame.shape
     norm = normalize(frame.pixels, *frame.window)
     for name, unet in unets.items():
