@@ -96,6 +96,7 @@ class Work:
     mode: str
     recheck: bool
     timings: StageTimings
+    roi: Backend | None = None  # the ROI classifier for this frame's modality (None in full mode)
     presence: float = 1.0
     proposals: tuple[RoiProposal, ...] = ()
     crops: tuple[tuple[int, int, int, int], ...] = ()
@@ -166,12 +167,12 @@ class Analyzer:
             raise ValueError(f'Argument "mode" must be one of {MODES}, got {mode!r}.')
         do_recheck = self.config.recheck if recheck_small is None else recheck_small
         self._check_modality(frame)
-        if mode == "roi":
-            self.roi_for(frame)  # refuse it here, before any work, when no classifier is for it
+        # chosen here, so a frame no classifier is for is refused before any work
+        roi = self.roi_for(frame) if mode == "roi" else None
         t0 = time.perf_counter()
         norm = normalize(frame.pixels, frame.window.center, frame.window.width)
         ms = (time.perf_counter() - t0) * 1000.0
-        return Work(frame=frame, norm=norm, mode=mode, recheck=do_recheck,
+        return Work(frame=frame, norm=norm, mode=mode, recheck=do_recheck, roi=roi,
                     timings=StageTimings(decode=decode_ms, preprocess=ms))
 
     def _check_modality(self, frame: Frame) -> None:
@@ -188,11 +189,11 @@ class Analyzer:
 
     def propose(self, work: Work) -> Work:
         """Stage 2: the ROI classifier on the thumbnail; a negative frame gets no crops."""
-        if work.mode != "roi":
+        if work.roi is None:
             return work
         t0 = time.perf_counter()
         frame = work.frame
-        roi = classify(self.roi_for(frame), frame.pixels, (frame.window.center, frame.window.width), crop=self.config.crop,
+        roi = classify(work.roi, frame.pixels, (frame.window.center, frame.window.width), crop=self.config.crop,
                        max_crops=self.config.max_crops, presence_threshold=self.config.presence_threshold,
                        heatmap_threshold=self.config.heatmap_threshold)
         ms = (time.perf_counter() - t0) * 1000.0
@@ -234,7 +235,7 @@ class Analyzer:
         labels.flags.writeable = False
         t = replace(work.timings, postprocess=(time.perf_counter() - t0) * 1000.0)
         t = replace(t, total=t.decode + t.preprocess + t.roi + t.segment + t.recheck + t.postprocess)
-        models = (self.roi_for(frame).spec.ident, self.seg.spec.ident) if work.mode == "roi" else (self.seg.spec.ident,)
+        models = (self.seg.spec.ident,) if work.roi is None else (work.roi.spec.ident, self.seg.spec.ident)
         return FrameResult(frame=frame, lesions=tuple(lesions), labels=labels, presence=work.presence,
                            proposals=tuple(work.proposals), crops=tuple(work.crops), mode=work.mode, timings=t,
                            backend=self.backend_name, precision=self.precision, models=models)
