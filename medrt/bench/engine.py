@@ -66,15 +66,16 @@ def roi_vs_full(analyzer: Any, n_frames: int = 4, size: int = 4096, repeats: int
     truth = {f.sop_instance_uid: t for f, t in data}
     roi_res, full_res, roi_ms, full_ms = [], [], [], []
     for frame, _ in data:
-        runs: dict[str, list[Any]] = {"roi": [], "full": []}
-        for _ in range(max(1, repeats)):
-            for mode in ("roi", "full"):
+        times: dict[str, list[float]] = {"roi": [], "full": []}
+        for i in range(max(1, repeats)):
+            for mode, res in (("roi", roi_res), ("full", full_res)):
                 t0 = time.perf_counter()
                 result = analyzer.analyze(frame, mode=mode)
-                runs[mode].append(((time.perf_counter() - t0) * 1000.0, result))
-        for mode, res, ms in (("roi", roi_res, roi_ms), ("full", full_res, full_ms)):
-            res.append(runs[mode][0][1])  # every run gives the same result
-            ms.append(statistics.median(t for t, _ in runs[mode]))
+                times[mode].append((time.perf_counter() - t0) * 1000.0)
+                if i == 0:  # every run gives the same result; keep one (a 4096² label map is 32 MB)
+                    res.append(result)
+        roi_ms.append(statistics.median(times["roi"]))
+        full_ms.append(statistics.median(times["full"]))
     rep_roi, rep_full = evaluate(_predictions(roi_res), truth), evaluate(_predictions(full_res), truth)
     return {
         "frames": n_frames, "size": size,
