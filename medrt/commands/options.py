@@ -41,8 +41,8 @@ def add_pipeline_options(p: argparse.ArgumentParser, *, policy: str | None) -> N
                    help="inference workers (default: one per core on CPU, one on a GPU)")
     g.add_argument("--decode-workers", type=int, default=1, help="decode/preprocess workers (default 1)")
     g.add_argument("--decode-processes", type=int, default=0,
-                   help="decode files in N worker processes (some codecs, e.g. JPEG-LS, hold the GIL for a "
-                        "whole 4096² image; default 0: decode on a pipeline thread)")
+                   help="decode files in N worker processes (pylibjpeg's JPEG and RLE codecs hold the GIL for a "
+                        "whole image; default 0: decode on a pipeline thread)")
     g.add_argument("--processes", type=int, default=0,
                    help="decode and analyse files in N worker processes, each with its own models, instead of "
                         "pipeline threads: on a CPU backend this sidesteps Python's interpreter lock, for machines "

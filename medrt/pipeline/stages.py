@@ -57,13 +57,14 @@ def _decode_path(path: str) -> list[Decoded]:
 class ProcessDecoder(WorkerPool):
     """Decode files in worker processes instead of on a pipeline thread.
 
-    Some decoders hold Python's GIL for the whole image (CharLS, pyjpegls's JPEG-LS
-    codec: ~230 ms for a 4096² radiograph here), which stalls every other stage
-    and a viewer's event loop; a process does not. A decoder that crashes its
+    Some decoders hold Python's GIL for the whole image (pylibjpeg's JPEG and RLE
+    codecs, :func:`medrt.io.dicom.decode_holds_gil`), which stalls every other
+    stage and a viewer's event loop; a process does not. A decoder that crashes its
     process (a native panic on a damaged file) costs that file only: it is
     reported as corrupt pixel data and the pool is replaced. Bytes, Datasets and
     Frames are decoded in the calling thread. Worth it for large frames; on 512²
-    CT slices the transfer back costs what it saves (75 vs 81 fps measured here).
+    CT slices the transfer back costs what it saves (75 vs 81 fps, measured on
+    2026-11-29 with pyjpegls and the former process pool).
     Processes start by forkserver, so a script using it needs the usual
     ``if __name__ == "__main__":`` guard (the ``medrt`` command has it).
     """
@@ -105,9 +106,9 @@ class ProcessAnalysis(WorkerPool):
     """Decode and analyse whole files in worker processes, each with its own models.
 
     Python threads share one interpreter lock, and on a CPU backend with small
-    frames the per-frame Python work (decoding headers, codecs that hold the lock,
-    labelling, measuring) keeps a threaded pipeline at about 1.5 busy cores however
-    many there are. Worker processes each run decode → analyse on their own core;
+    frames the per-frame Python work (decoding headers, labelling, measuring) keeps
+    a threaded pipeline below two busy cores however many there are (about 1.7 on
+    the JPEG-LS CT stream here). Worker processes each run decode → analyse on their own core;
     each pipeline thread that calls this waits for its file's results, so a stage of
     two threads per process keeps every process busy while the source, the in-order
     delivery and the sinks stay in the calling process. Meant for CPU backends: a
