@@ -273,7 +273,7 @@ class Decoder:
     through a long series does not queue up work for slices already passed.
 
     Files of ``process_bytes`` or more whose codec holds Python's interpreter lock
-    for the whole image (:func:`medrt.io.dicom.decode_holds_gil`: pylibjpeg's JPEG
+    for the whole image (:func:`medrt.io.codecs.decode_holds_gil`: pylibjpeg's JPEG
     and RLE) are decoded in a worker process
     (:class:`medrt.pipeline.stages.ProcessDecoder`); on the thread they froze the
     event loop (a 4096² RLE radiograph: 55-120 ms; JPEG-LS and JPEG 2000 did for
@@ -299,7 +299,7 @@ class Decoder:
         """Whether ``path`` is decoded in the worker process (see the class docstring)."""
         from pydicom.filereader import read_file_meta_info
 
-        from medrt.io.dicom import decode_holds_gil
+        from medrt.io.codecs import decode_holds_gil
 
         if self._process is None:
             return False

@@ -443,9 +443,9 @@ def test_jpeg_ls_goes_to_imagecodecs_and_matches_pyjpegls() -> None:
     signed and colour (line and sample interleaved) files and the CT stream."""
     from pydicom.pixels import pixel_array
 
-    import medrt.io.dicom as dicom_mod
+    from medrt.io import codecs
 
-    assert dicom_mod._JLS_PLUGINS[0] == "imagecodecs"  # a dependency: never silently missing
+    assert codecs.preferred_plugins("1.2.840.10008.1.2.4.80")[0] == "imagecodecs"  # a dependency: never silently missing
     jls = {"1.2.840.10008.1.2.4.80", "1.2.840.10008.1.2.4.81"}
     repo = Path(__file__).resolve().parents[1]
     files = [pydicom_test_dir() / n for n in ("JPEGLSNearLossless_08.dcm", "JPEGLSNearLossless_16.dcm",
@@ -469,10 +469,10 @@ def test_jpeg_2000_goes_to_imagecodecs_and_matches_pylibjpeg(tmp_path: Path) -> 
     phantom radiograph; which syntaxes a viewer may decode on a thread follows."""
     from pydicom.pixels import pixel_array
 
-    import medrt.io.dicom as dicom_mod
     from medrt.bench.decode import _radiograph_file
+    from medrt.io import codecs
 
-    assert dicom_mod._J2K_PLUGINS == ("imagecodecs",)
+    assert codecs.preferred_plugins("1.2.840.10008.1.2.4.90") == ("imagecodecs",)
     files = [pydicom_test_dir() / n for n in ("693_J2KI.dcm", "GDCMJ2K_TextGBR.dcm", "J2K_pixelrep_mismatch.dcm",
                                               "JPEG2000.dcm", "MR_small_jp2klossless.dcm")]
     files.append(_radiograph_file(tmp_path, 1024, "j2k"))
@@ -480,7 +480,7 @@ def test_jpeg_2000_goes_to_imagecodecs_and_matches_pylibjpeg(tmp_path: Path) -> 
         a, b = pixel_array(f, decoding_plugin="pylibjpeg"), pixel_array(f, decoding_plugin="imagecodecs")
         assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), f.name
     assert np.array_equal(read_frames(files[-1])[0].pixels, pixel_array(files[-1]).astype(np.float32))
-    assert not dicom_mod.decode_holds_gil("1.2.840.10008.1.2.4.90")  # JPEG 2000 lossless
-    assert not dicom_mod.decode_holds_gil("1.2.840.10008.1.2.4.80")  # JPEG-LS lossless
-    assert not dicom_mod.decode_holds_gil(ExplicitVRLittleEndian)
-    assert dicom_mod.decode_holds_gil("1.2.840.10008.1.2.5")  # RLE: pylibjpeg-rle
+    assert not codecs.decode_holds_gil("1.2.840.10008.1.2.4.90")  # JPEG 2000 lossless
+    assert not codecs.decode_holds_gil("1.2.840.10008.1.2.4.80")  # JPEG-LS lossless
+    assert not codecs.decode_holds_gil(ExplicitVRLittleEndian)
+    assert codecs.decode_holds_gil("1.2.840.10008.1.2.5")  # RLE: pylibjpeg-rle

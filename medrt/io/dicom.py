@@ -50,7 +50,7 @@ from medrt.errors import (
     UnsupportedImageError,
     describe_source,
 )
-from medrt.io.codecs import register as register_codecs
+from medrt.io.codecs import UNCOMPRESSED_LE, decoder_packages, preferred_plugins
 from medrt.io.header import (
     frame_geometries,
     header_window,
@@ -101,66 +101,12 @@ _NON_IMAGE_NAME_PARTS = (
     "Segmentation Storage",
 )
 
-# What to ``pip install`` for each family of compressed transfer syntaxes.
-_JPEG = ("pylibjpeg", "pylibjpeg-libjpeg")
-_J2K = ("pylibjpeg", "pylibjpeg-openjpeg")
-_DECODER_PACKAGES: dict[str, tuple[str, ...]] = {
-    "1.2.840.10008.1.2.4.50": _JPEG,
-    "1.2.840.10008.1.2.4.51": _JPEG,
-    "1.2.840.10008.1.2.4.57": _JPEG,
-    "1.2.840.10008.1.2.4.70": _JPEG,
-    "1.2.840.10008.1.2.4.80": ("pyjpegls",),
-    "1.2.840.10008.1.2.4.81": ("pyjpegls",),
-    "1.2.840.10008.1.2.4.90": _J2K,
-    "1.2.840.10008.1.2.4.91": _J2K,
-    "1.2.840.10008.1.2.4.201": _J2K,
-    "1.2.840.10008.1.2.4.202": _J2K,
-    "1.2.840.10008.1.2.4.203": _J2K,
-    "1.2.840.10008.1.2.5": ("pylibjpeg", "pylibjpeg-rle"),
-}
-
-# Plugins measured faster than pydicom's default choice (4096² 12-bit radiograph on
-# this 2-core machine): JPEG-LS 230 ms with pyjpegls against 740 ms with pylibjpeg.
-# imagecodecs wraps the same CharLS as pyjpegls, and the same OpenJPEG as
-# pylibjpeg-openjpeg, but lets other threads run meanwhile (medrt.io.codecs); the
-# first of each tuple that is installed is asked first.
-_HAS_JLS, _HAS_J2K = register_codecs()
-_JLS_PLUGINS = ("imagecodecs", "pyjpegls") if _HAS_JLS else ("pyjpegls",)
-_J2K_PLUGINS = ("imagecodecs",) if _HAS_J2K else ()
-_PREFERRED_PLUGIN = {
-    "1.2.840.10008.1.2.4.80": _JLS_PLUGINS,
-    "1.2.840.10008.1.2.4.81": _JLS_PLUGINS,
-    **{ts: _J2K_PLUGINS for ts in ("1.2.840.10008.1.2.4.90", "1.2.840.10008.1.2.4.91", "1.2.840.10008.1.2.4.201",
-                                   "1.2.840.10008.1.2.4.202", "1.2.840.10008.1.2.4.203")},
-}
-
 _DEFER_SIZE = 1 << 16
-
-_NATIVE_LE = frozenset(
-    str(u) for u in (ExplicitVRLittleEndian, ImplicitVRLittleEndian, DeflatedExplicitVRLittleEndian)
-)
-# Transfer syntaxes whose decoding here lets other Python threads run (numpy casts,
-# imagecodecs); pylibjpeg's codecs (JPEG, RLE, and JPEG 2000 without imagecodecs)
-# hold the interpreter lock for the whole image.
-_DECODE_RELEASES_GIL = _NATIVE_LE | {str(ExplicitVRBigEndian)} | {
-    ts for ts, plugins in _PREFERRED_PLUGIN.items() if plugins and plugins[0] == "imagecodecs"}
-
-
-def decode_holds_gil(transfer_syntax_uid: str) -> bool:
-    """Whether decoding pixel data of this transfer syntax keeps Python's interpreter
-    lock for the whole image (other threads, a GUI event loop, stand still meanwhile)."""
-    return str(transfer_syntax_uid) not in _DECODE_RELEASES_GIL
-
 
 # Refuse to allocate more than this for one object's decoded pixels: a damaged
 # Rows/Columns/NumberOfFrames must give an error, not exhaust memory.
 MAX_DECODED_BYTES = 8 << 30
 _LUMA = np.array([0.299, 0.587, 0.114], dtype=np.float32)  # ITU-R BT.601, as in YBR_FULL
-
-
-def decoder_packages(transfer_syntax_uid: str) -> tuple[str, ...]:
-    """The pip packages that provide a decoder for ``transfer_syntax_uid`` (empty if built in)."""
-    return _DECODER_PACKAGES.get(str(transfer_syntax_uid), ())
 
 
 def is_image_sop_class(sop_class_uid: str) -> bool:
@@ -459,7 +405,7 @@ def _decode(ds: Dataset, tsyntax: UID, photometric: str, n_frames: int, label: o
     from pydicom.pixels import get_decoder, pixel_array
 
     available = get_decoder(tsyntax).available_plugins
-    preferred = next((p for p in _PREFERRED_PLUGIN.get(str(tsyntax), ()) if p in available), "")
+    preferred = next((p for p in preferred_plugins(tsyntax) if p in available), "")
     try:
         try:
             arr = pixel_array(ds, decoding_plugin=preferred)
@@ -517,7 +463,7 @@ def _native_view(
     (bits stored needing a mask or sign extension that the data really uses, odd
     bit depths, colour) the general decoder runs.
     """
-    if str(tsyntax) not in _NATIVE_LE or int(ds.SamplesPerPixel) != 1:
+    if str(tsyntax) not in UNCOMPRESSED_LE or int(ds.SamplesPerPixel) != 1:
         return None
     bits = int(ds.BitsAllocated)
     if bits not in (8, 16, 32):

@@ -58,7 +58,7 @@ class ProcessDecoder(WorkerPool):
     """Decode files in worker processes instead of on a pipeline thread.
 
     Some decoders hold Python's GIL for the whole image (pylibjpeg's JPEG and RLE
-    codecs, :func:`medrt.io.dicom.decode_holds_gil`), which stalls every other
+    codecs, :func:`medrt.io.codecs.decode_holds_gil`), which stalls every other
     stage and a viewer's event loop; a process does not. A decoder that crashes its
     process (a native panic on a damaged file) costs that file only: it is
     reported as corrupt pixel data and the pool is replaced. Bytes, Datasets and
