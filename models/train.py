@@ -5,6 +5,7 @@
     python -m medrt.models.train lesion_unet_lite --steps 80000 --minutes 16 --data ct \
         --lesion-start 0.7 --lesion-end 0.35 --amp bf16 --crop 192 --out models
     python -m medrt.models.train roi_classifier --steps 2500 --data ct --out models
+    python -m medrt.models.train lesion_unet --export-only   # re-export the shipped .pt
 
 (the shipped models' exact commands are in their specs, ``[training] command``;
 ``--amp bf16`` needs a CPU with BF16 instructions, and the ROI classifier trains
@@ -12,7 +13,9 @@ in fp32: a bf16 run of it diverged).
 
 Needs the ``train`` extra (torch, MONAI, onnx). Runs on the CPU. The phantom
 data is generated once into ``--cache`` (deterministic, rebuildable;
-``--build-only`` makes it and stops). Segmentation patches are made at the
+``--build-only`` makes it and stops). The export replaces PRelu and ConvTranspose
+by exact equivalents ONNX Runtime runs faster and in INT8 (``medrt.engine.rewrite``)
+and checks the ONNX output against torch. Segmentation patches are made at the
 UNets' pixel spacing (``data.SEG_SPACING``, written to the spec as
 ``spacing_mm``). This CPU is shared, so ``--minutes`` bounds a run by time (the
 schedule follows it) and the spec records the steps it reached.
@@ -25,6 +28,7 @@ import json
 import logging
 import math
 import platform
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,8 +45,10 @@ log = logging.getLogger("medrt.models.train")
 
 # The version this script writes per model: the minor goes up with the recipe (2.1:
 # bf16 steps, the radiograph window jitter), the major with the network or its inputs.
-VERSIONS = {"lesion_unet": "2.1.0", "lesion_unet_lite": "1.1.0", "roi_classifier": "1.1.0", "roi_classifier_dx": "1.1.0"}
+VERSIONS = {"lesion_unet": "2.1.1", "lesion_unet_lite": "1.1.1", "roi_classifier": "1.1.0", "roi_classifier_dx": "1.1.0"}
 ROI_MODELS = phantom_data.ROI_MODELS
+EXPORT_NOTE = ("torch.onnx (TorchScript exporter), then medrt.engine.rewrite.int8_friendly: PRelu as LeakyRelu, "
+               "ConvTranspose as Conv + pixel shuffle (exact; checked against torch)")
 OPSET = 17
 
 
@@ -249,6 +255,7 @@ def export(net: nn.Module, name: str, out: Path, roi: bool) -> Path:
         names, dyn = ["logits"], {"image": {2: "H", 3: "W"}, "logits": {2: "H", 3: "W"}}
     torch.onnx.export(net, (x,), str(path), opset_version=OPSET, input_names=["image"], output_names=names,
                       dynamic_axes=dyn, dynamo=False)
+    _rewrite(path)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for shape in ((1, 1, size, size), (1, 1, 2 * size, size)):
         xi = torch.rand(*shape)
@@ -261,6 +268,38 @@ def export(net: nn.Module, name: str, out: Path, roi: bool) -> Path:
             if err > 1e-3:
                 raise RuntimeError(f"ONNX output differs from torch by {err} for {shape}")
     return path
+
+
+def _rewrite(path: Path) -> None:
+    """Replace the graph's PRelu and ConvTranspose layers by their exact equivalents that
+    ONNX Runtime's CPU provider runs faster and can run in INT8 (``medrt.engine.rewrite``);
+    :func:`export` then checks the result against torch as before."""
+    import onnx
+
+    from medrt.engine.rewrite import int8_friendly
+
+    model, report = int8_friendly(onnx.load(str(path)))
+    onnx.save(model, str(path))
+    log.info("%s: %s", path.name, report.summary())
+
+
+def export_only(name: str, out: Path) -> Path:
+    """Export ``out/<name>.pt`` again (no training) and update its spec's version and
+    sha256 in place; the spec's tuned thresholds and training record are kept."""
+    spec = out / f"{name}.toml"
+    if not spec.is_file():
+        raise SystemExit(f"{spec}: no spec to update (train the model first)")
+    net = network_for(name, torch.load(out / f"{name}.pt", map_location="cpu", weights_only=True)).eval()
+    onnx_path = export(net, name, out, name in ROI_MODELS)
+    text = spec.read_text(encoding="utf-8")
+    text = re.sub(r'(?m)^version = ".*"$', f'version = "{VERSIONS[name]}"', text, count=1)
+    text = re.sub(r'(?m)^sha256 = ".*"$', f'sha256 = "{sha256_file(onnx_path)}"', text, count=1)
+    if re.search(r"(?m)^export = ", text):
+        text = re.sub(r'(?m)^export = ".*"$', f'export = "{EXPORT_NOTE}"', text, count=1)
+    else:
+        text = re.sub(r'(?m)^(card = ".*")$', rf'\1\nexport = "{EXPORT_NOTE}"', text, count=1)
+    spec.write_text(text, encoding="utf-8")
+    return spec
 
 
 def _resumed(args: argparse.Namespace) -> str:
@@ -301,6 +340,7 @@ def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace)
         f'file = "{onnx_path.name}"',
         f'sha256 = "{sha256_file(onnx_path)}"',
         f'card = "{name}.md"',
+        f'export = "{EXPORT_NOTE}"',
         f"multiple_of = {16 if not roi else 8}",
     ]
     # The analyzer refuses (segmenters) or routes (ROI classifiers) frames of other
@@ -356,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prior-command", default="", help="the command that made --resume, when it differs")
     p.add_argument("--data", choices=["all", "ct", "dx"], default="all", help="patches / thumbnails to train on")
     p.add_argument("--build-only", action="store_true", help="build the phantom cache and stop")
+    p.add_argument("--export-only", action="store_true",
+                   help="export the shipped OUT/MODEL.pt again (no training); update the spec's version and sha256")
     p.add_argument("--crop", type=int, default=256, help="UNet training crop side (pixels at 0.5 mm)")
     p.add_argument("--amp", choices=["none", "bf16"], default="none",
                    help="bf16 autocast with channels-last tensors (needs a CPU with BF16 support)")
@@ -373,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if args.build_only:
         _data(args, "seg")
+        return 0
+    if args.export_only:
+        log.info("wrote %s", export_only(args.model, out))
         return 0
     roi = args.model in ROI_MODELS
     net, info = train_roi(args) if roi else train_unet(args)

@@ -105,9 +105,13 @@ def cold_start(config: Any, n: int = 6) -> dict[str, Any]:
 
 
 def _conv_flops(onnx_path: Path, h: int, w: int) -> float:
-    """Multiply-adds x 2 of every Conv/ConvTranspose for a 1x1xHxW input (shape inference)."""
+    """Useful multiply-adds x 2 of every Conv/ConvTranspose for a 1x1xHxW input (shape
+    inference): each output (Conv) or input (ConvTranspose) pixel times the layer's
+    non-zero weights. Counting non-zeros keeps a ConvTranspose rewritten as Conv +
+    pixel shuffle (``medrt.engine.rewrite``, whose kernels are 9/16 zeros for a 3x3
+    stride-2 layer) at the FLOPs of the original layer."""
     import onnx
-    from onnx import shape_inference
+    from onnx import numpy_helper, shape_inference
 
     model = onnx.load(str(onnx_path))
     inp = model.graph.input[0]
@@ -118,21 +122,19 @@ def _conv_flops(onnx_path: Path, h: int, w: int) -> float:
     model = shape_inference.infer_shapes(model)
     shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim]
               for vi in list(model.graph.value_info) + list(model.graph.output) + list(model.graph.input)}
-    inits = {i.name: list(i.dims) for i in model.graph.initializer}
+    inits = {i.name: i for i in model.graph.initializer}
     flops = 0.0
     for node in model.graph.node:
-        if node.op_type not in ("Conv", "ConvTranspose"):
+        if node.op_type not in ("Conv", "ConvTranspose") or node.input[1] not in inits:
             continue
-        wshape = inits.get(node.input[1])
-        out = shapes.get(node.output[0])
-        inshape = shapes.get(node.input[0])
-        if not wshape or not out or not inshape:
+        weight = numpy_helper.to_array(inits[node.input[1]])
+        out, inshape = shapes.get(node.output[0]), shapes.get(node.input[0])
+        if not out or not inshape:
             continue
-        kernel = int(np.prod(wshape[2:]))
-        if node.op_type == "Conv":  # weight [Cout, Cin/g, k, k]
-            flops += 2.0 * np.prod(out) * wshape[1] * kernel
-        else:  # ConvTranspose weight [Cin, Cout/g, k, k]: each input pixel scatters Cout*k*k
-            flops += 2.0 * np.prod(inshape) * wshape[1] * kernel
+        # Conv weight [Cout, Cin/g, k, k]: per output pixel (over all Cout) every weight once;
+        # ConvTranspose weight [Cin, Cout/g, k, k]: each input pixel scatters every weight once.
+        pixels = np.prod(out[2:] if node.op_type == "Conv" else inshape[2:]) * (out[0] or 1)
+        flops += 2.0 * float(pixels) * np.count_nonzero(weight)
     return float(flops)
 
 

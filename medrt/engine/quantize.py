@@ -4,8 +4,14 @@
 optimisation), calibrates activation ranges on phantom frames that include the
 edge cases a lesion model must keep (tiny, faint and bright lesions, lesions
 across the frame border, empty frames), and writes ``<name>_int8.onnx`` with a
-spec next to it. The first and last convolutions stay FP32 by default: the
-first sees the raw intensities, the last makes the logits that get thresholded.
+spec next to it. The first and last convolutions stay FP32 by default, with
+everything between them and the graph's inputs and outputs: the first sees the raw
+intensities, the last makes the logits that get thresholded.
+
+Before quantizing, :func:`medrt.engine.rewrite.int8_friendly` replaces ``PRelu``
+and ``ConvTranspose`` by exact equivalents that have INT8 kernels in ORT's CPU
+provider (``LeakyRelu``; ``Conv`` + a channels-last pixel shuffle): without it a MONAI UNet's
+activations and up-sampling stayed FP32 and its INT8 model ran 1.05× FP32.
 
 Activations are QUInt8 and weights QInt8 (U8S8), the ORT choice for x86 CPUs;
 with VNNI (AVX512-VNNI / AVX-VNNI) ``reduce_range`` is not needed. A quantized
@@ -32,6 +38,7 @@ import numpy as np
 
 from medrt.bundle import _toml
 from medrt.engine.registry import ModelError, ModelSpec, load_spec, sha256_file
+from medrt.engine.rewrite import int8_friendly
 from medrt.preprocess import normalize, pad_to_multiple, thumbnail
 
 if sys.version_info >= (3, 11):
@@ -48,6 +55,7 @@ __all__ = [
     "CALIBRATION_SEED",
     "COMPUTE_OPS",
     "FLOAT_OPS",
+    "INT8_OPS",
     "calibration_inputs",
     "calibration_description",
     "first_last_compute_nodes",
@@ -67,6 +75,14 @@ COMPUTE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 # them only wraps a float op in Dequantize/Quantize (measured: lesion_unet at 1024² runs
 # faster with its ConvTranspose layers left alone).
 FLOAT_OPS = ("ConvTranspose",)
+# Ops quantized beyond onnxruntime's QDQ registry: ORT's CPU provider fuses them with their
+# Q/DQ pairs into INT8 kernels (QLinearLeakyRelu, QLinearConcat) or runs them on the 8-bit
+# tensor (DepthToSpace, like the registry's Transpose and Reshape of the rewritten
+# up-sampling), so the activations stay 8-bit between convolutions.
+INT8_OPS = ("LeakyRelu", "Concat", "DepthToSpace")
+# Ops that read only a tensor's shape: no data flows through them, so they do not make a
+# layer "first" or "last" (the rewritten up-sampling takes its output shape from its input).
+SHAPE_OPS = ("Shape", "Size")
 CROP = 1024  # the ROI path's crop side
 _MARGIN = 64  # pixels kept around a lesion in a calibration crop
 _TINY_MM = 5.0
@@ -249,12 +265,15 @@ def _reader(name: str, inputs: list[np.ndarray]) -> Any:
 # --------------------------------------------------------------------------- graph
 
 
-def first_last_compute_nodes(graph: onnx.GraphProto, ops: tuple[str, ...] = COMPUTE_OPS) -> list[str]:
+def first_last_compute_nodes(graph: onnx.GraphProto, ops: tuple[str, ...] = COMPUTE_OPS,
+                             with_paths: bool = False) -> list[str]:  # fmt: skip
     """Names of the weight-carrying nodes nearest the graph inputs and outputs.
 
     "First": reached from a graph input through weightless nodes only; "last": a
     graph output is reached from it through weightless nodes only (a UNet's final
-    ConvTranspose, both heads of the ROI classifier).
+    ConvTranspose, both heads of the ROI classifier). ``with_paths`` adds the
+    weightless nodes on those paths (an input's normalisation or contrast channel,
+    an output's activation), in graph order.
     """
     consumers: dict[str, list[Any]] = {}
     producer: dict[str, Any] = {}
@@ -268,12 +287,14 @@ def first_last_compute_nodes(graph: onnx.GraphProto, ops: tuple[str, ...] = COMP
     def walk(starts: list[str], forward: bool) -> set[str]:
         found: set[str] = set()
         seen: set[str] = set()
+        if with_paths:
+            found = seen
         stack = list(starts)
         while stack:
             t = stack.pop()
             nodes = consumers.get(t, []) if forward else ([producer[t]] if t in producer else [])
             for node in nodes:
-                if node.name in seen:
+                if node.name in seen or node.op_type in SHAPE_OPS:
                     continue
                 seen.add(node.name)
                 if node.op_type in ops:
@@ -364,6 +385,26 @@ def _remove_shape_debris(since: float) -> None:
         debris.unlink(missing_ok=True)
 
 
+def _shapes_from_quantized(graph: onnx.GraphProto) -> int:
+    """Let each ``Shape`` read the 8-bit tensor a ``DequantizeLinear`` would have expanded
+    (same shape), and drop dequantizations nothing reads any more; return how many Shapes
+    moved. The quantizer puts a DequantizeLinear in front of every float consumer, and
+    ORT ran a full-size one per up-sampling layer only to take its shape."""
+    producer = {o: n for n in graph.node for o in n.output}
+    moved = 0
+    for node in graph.node:
+        src = producer.get(node.input[0]) if node.op_type == "Shape" else None
+        if src is not None and src.op_type == "DequantizeLinear":
+            node.input[0] = src.input[0]
+            moved += 1
+    if moved:
+        read = {t for n in graph.node for t in n.input} | {o.name for o in graph.output}
+        keep = [n for n in graph.node if n.op_type != "DequantizeLinear" or any(o in read for o in n.output)]
+        del graph.node[:]
+        graph.node.extend(keep)
+    return moved
+
+
 def _pre_process(quant_pre_process: Any, src: Path, dst: Path) -> None:
     """ORT's pre-processing; symbolic shape inference merges dynamic H/W (a UNet's skip
     concatenations need it) and, where it still fails, ONNX's own shape inference is used."""
@@ -416,9 +457,13 @@ def quantize_int8(
         raise ModelError(f"{spec.spec_path}: no calibration inputs to quantize {spec.name} with")
     onnx_path, spec_path = out_dir / f"{spec.name}_int8.onnx", out_dir / f"{spec.name}_int8.toml"
     with tempfile.TemporaryDirectory(prefix="medrt-quant-") as tmp:
-        pre = Path(tmp) / "pre.onnx"
-        _pre_process(quant_pre_process, spec.path, pre)
-        excluded = first_last_compute_nodes(onnx.load(str(pre)).graph) if exclude_first_last else []
+        pre, rewritten = Path(tmp) / "pre.onnx", Path(tmp) / "rewritten.onnx"
+        model, report = int8_friendly(onnx.load(str(spec.path)))
+        onnx.save(model, str(rewritten))
+        if report.changed:
+            log.info("%s: %s", spec.ident, report.summary())
+        _pre_process(quant_pre_process, rewritten, pre)
+        excluded = first_last_compute_nodes(onnx.load(str(pre)).graph, with_paths=True) if exclude_first_last else []
         log.info("quantizing %s: %d calibration inputs, FP32 nodes %s", spec.ident, len(inputs), excluded)
         quantize_static(
             str(pre),
@@ -430,11 +475,14 @@ def quantize_int8(
             activation_type=QuantType.QUInt8,
             weight_type=QuantType.QInt8,
             nodes_to_exclude=excluded,
-            op_types_to_quantize=[op for op in QDQRegistry if op not in FLOAT_OPS],
+            op_types_to_quantize=[op for op in QDQRegistry if op not in FLOAT_OPS] + list(INT8_OPS),
             calibrate_method=CalibrationMethod.MinMax,
             # Not CalibMaxIntermediateOutputs: onnxruntime 1.32 drops, not merges, each full
             # chunk. MinMax collects per-tensor ReduceMin/ReduceMax, so memory stays small.
         )
+        quantized = onnx.load(str(onnx_path))
+        if _shapes_from_quantized(quantized.graph):
+            onnx.save(quantized, str(onnx_path))
     quant = {
         "method": "onnxruntime static quantization, QDQ, activations QUInt8 (asymmetric), weights QInt8, MinMax",
         "per_channel": per_channel,
@@ -443,6 +491,7 @@ def quantize_int8(
         "calibration_inputs": len(inputs),
         "excluded_nodes": excluded,
         "float_ops": list(FLOAT_OPS),
+        "rewritten": report.summary() if report.changed else "nothing to rewrite",
         "source": f"{spec.ident} sha256 {spec.sha256}",
     }
     doc = tomllib.loads(spec.spec_path.read_text(encoding="utf-8"))

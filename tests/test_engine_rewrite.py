@@ -1,0 +1,191 @@
+"""medrt.engine.rewrite: PRelu -> LeakyRelu and ConvTranspose -> Conv + pixel shuffle are exact.
+
+Every case runs the original and the rewritten graph in ONNX Runtime on the same
+random input (odd sizes, so edge handling counts) and compares the outputs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO, require_module
+from medrt.engine.rewrite import conv_transpose_as_conv, int8_friendly
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+MODELS = REPO / "models"
+
+
+def _model(nodes: list, inits: list, cin: int = 3) -> object:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, None, None, None])],
+        inits,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _run(model: object, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 1
+    session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return session.run(None, {"x": x})[0]
+
+
+def _conv_transpose(k: int, s: int, pads: list[int], out_pad: int, *, bias: bool = True, bn: bool = False,
+                    group: int = 1, cin: int = 3, cout: int = 4) -> object:  # fmt: skip
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(k * 100 + s * 10 + sum(pads) + out_pad)
+    w = rng.standard_normal((cin, cout // group, k, k)).astype(np.float32)
+    inits = [numpy_helper.from_array(w, "w")]
+    inputs = ["x", "w"]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(cout).astype(np.float32), "b"))
+        inputs.append("b")
+    out = "t" if bn else "y"
+    nodes = [helper.make_node("ConvTranspose", inputs, [out], name="up", kernel_shape=[k, k], strides=[s, s],
+                              pads=pads, output_padding=[out_pad, out_pad], group=group)]  # fmt: skip
+    if bn:
+        for name, values in (("g", rng.random(cout) + 0.5), ("be", rng.standard_normal(cout)),
+                             ("m", rng.standard_normal(cout)), ("v", rng.random(cout) + 0.1)):  # fmt: skip
+            inits.append(numpy_helper.from_array(values.astype(np.float32), name))
+        nodes.append(helper.make_node("BatchNormalization", ["t", "g", "be", "m", "v"], ["y"], name="bn", epsilon=1e-5))
+    return _model(nodes, inits, cin)
+
+
+@pytest.mark.parametrize(
+    ("k", "s", "pads", "out_pad", "bias", "bn"),
+    [
+        (3, 2, [1, 1, 1, 1], 1, True, False),  # MONAI UNet's up-sampling layer
+        (3, 2, [1, 1, 1, 1], 1, True, True),  # ... followed by its batch norm
+        (2, 2, [0, 0, 0, 0], 0, False, False),  # the classic 2x2 "deconvolution"
+        (4, 2, [1, 1, 1, 1], 0, True, False),
+        (3, 3, [0, 0, 0, 0], 0, True, False),  # stride 3
+        (3, 2, [0, 0, 1, 1], 0, True, True),  # asymmetric pads
+        (5, 2, [2, 2, 2, 2], 1, True, False),
+    ],
+)
+def test_conv_transpose_becomes_conv_and_pixel_shuffle(k: int, s: int, pads: list[int], out_pad: int,
+                                                        bias: bool, bn: bool) -> None:  # fmt: skip
+    require_module("onnx")
+    model = _conv_transpose(k, s, pads, out_pad, bias=bias, bn=bn)
+    rewritten, report = int8_friendly(model)
+    assert report["conv_transpose"] == ["up"] and report["kept"] == {}
+    assert report["batchnorm_folded"] == (["bn"] if bn else [])
+    ops = Counter(n.op_type for n in rewritten.graph.node)
+    assert ops["Conv"] == 1 and ops["DepthToSpace"] == 0 and ops["ConvTranspose"] == 0, ops
+    x = np.random.default_rng(1).standard_normal((1, 3, 7, 10)).astype(np.float32)
+    ref, got = _run(model, x), _run(rewritten, x)
+    assert got.shape == ref.shape == (1, 4, 7 * s, 10 * s)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({"k": 3, "s": 2, "pads": [1, 1, 1, 1], "out_pad": 0}, "not stride"),  # 2n - 1 outputs
+        ({"k": 3, "s": 1, "pads": [1, 1, 1, 1], "out_pad": 0}, "strides"),
+        ({"k": 3, "s": 2, "pads": [1, 1, 1, 1], "out_pad": 1, "group": 2, "cin": 4}, "grouped"),
+    ],
+)
+def test_conv_transpose_it_cannot_express_is_kept_with_the_reason(kwargs: dict, reason: str) -> None:
+    require_module("onnx")
+    model = _conv_transpose(**kwargs)
+    rewritten, report = int8_friendly(model)
+    assert report["conv_transpose"] == [] and reason in report["kept"]["up"]
+    assert [n.op_type for n in rewritten.graph.node] == ["ConvTranspose"]
+    assert not report.changed
+
+
+def test_single_slope_prelu_becomes_leaky_relu_and_per_channel_stays() -> None:
+    require_module("onnx")
+    from onnx import helper, numpy_helper
+
+    inits = [numpy_helper.from_array(np.array([[[0.2]]], np.float32), "a1"),
+             numpy_helper.from_array(np.array([[[0.1]], [[0.3]], [[-0.5]]], np.float32), "a3")]  # fmt: skip
+    nodes = [helper.make_node("PRelu", ["x", "a1"], ["p"], name="scalar"),
+             helper.make_node("PRelu", ["p", "a3"], ["y"], name="per_channel")]  # fmt: skip
+    model = _model(nodes, inits)
+    rewritten, report = int8_friendly(model)
+    assert report["prelu"] == ["scalar"] and "single constant" in report["kept"]["per_channel"]
+    assert [n.op_type for n in rewritten.graph.node] == ["LeakyRelu", "PRelu"]
+    x = np.random.default_rng(2).standard_normal((1, 3, 5, 6)).astype(np.float32)
+    np.testing.assert_allclose(_run(rewritten, x), _run(model, x), rtol=1e-6)
+
+
+def test_phase_weights_of_the_unet_layer_hold_nine_of_sixteen_taps() -> None:
+    """A 3x3 stride-2 layer: the four output phases read 1, 2, 2 and 4 taps; the rest are zero."""
+    w = np.arange(1, 1 + 2 * 1 * 9, dtype=np.float32).reshape(2, 1, 3, 3)
+    conv, bias, pads = conv_transpose_as_conv(w, np.array([5.0], np.float32), 2, (1, 1, 1, 1))
+    assert conv.shape == (4, 2, 2, 2) and pads == [0, 0, 1, 1]
+    assert [int(np.count_nonzero(conv[p])) // 2 for p in range(4)] == [1, 2, 2, 4]
+    assert np.count_nonzero(conv) == w.size and bias.tolist() == [5.0] * 4
+    assert conv[0, :, 0, 0].tolist() == w[:, 0, 1, 1].tolist()  # even/even: the centre tap
+
+
+@pytest.mark.parametrize("name", ["lesion_unet", "lesion_unet_lite"])
+def test_shipped_unets_are_exported_rewritten(name: str) -> None:
+    """The shipped graphs have nothing left to rewrite: train.export applies it."""
+    onnx = require_module("onnx")
+    model = onnx.load(str(MODELS / f"{name}.onnx"))
+    ops = Counter(n.op_type for n in model.graph.node)
+    assert ops["ConvTranspose"] == 0 and ops["PRelu"] == 0 and ops["Conv"] == 9, ops
+    assert not int8_friendly(model)[1].changed
+
+
+def test_benchmark_counts_the_flops_of_the_original_layer(tmp_path: Path) -> None:
+    """UNet efficiency divides the model's FLOPs by its time: the rewritten layer's zero
+    taps must not count as work."""
+    onnx = require_module("onnx")
+    from medrt.bench.engine import _conv_flops
+
+    model = _conv_transpose(3, 2, [1, 1, 1, 1], 1, cin=8, cout=16)
+    onnx.save(model, str(tmp_path / "a.onnx"))
+    onnx.save(int8_friendly(model)[0], str(tmp_path / "b.onnx"))
+    expected = 2.0 * 32 * 32 * 8 * 16 * 9  # each input pixel scatters Cin x Cout x 3 x 3
+    assert _conv_flops(tmp_path / "a.onnx", 32, 32) == _conv_flops(tmp_path / "b.onnx", 32, 32) == expected
+
+
+def test_quantized_unet_keeps_activations_int8_between_convolutions(tmp_path: Path) -> None:
+    """lesion_unet_lite in INT8: every convolution but the first and last has INT8 weights,
+    the activations and up-sampling take Q/DQ pairs ORT fuses, and the contrast channel
+    in front of the first convolution stays float."""
+    onnx = require_module("onnx")
+    from medrt.engine.quantize import quantize_int8
+    from medrt.engine.registry import load_spec
+
+    rng = np.random.default_rng(3)
+    calib = [rng.random((128, 128), dtype=np.float32) for _ in range(3)]
+    q = quantize_int8(load_spec(MODELS / "lesion_unet_lite.toml"), tmp_path, calibration=calib)
+    graph = onnx.load(str(q.path)).graph
+    produced_by = {o: n for n in graph.node for o in n.output}
+    convs = [n for n in graph.node if n.op_type == "Conv"]
+    quantized = [n for n in convs if produced_by.get(n.input[1]) is not None
+                 and produced_by[n.input[1]].op_type == "DequantizeLinear"]  # fmt: skip
+    assert len(convs) == 9 and len(quantized) == 7, [n.name for n in convs if n not in quantized]
+    excluded = set(tomllib.loads(q.spec_path.read_text())["quantization"]["excluded_nodes"])
+    assert "/contrast/Concat" in excluded and "/contrast/Tanh" in excluded
+    for op in ("LeakyRelu", "Reshape", "Concat"):
+        nodes = [n for n in graph.node if n.op_type == op and n.name not in excluded
+                 and not n.name.endswith("/out_shape")]  # not the int64 shape arithmetic  # fmt: skip
+        assert len(nodes) >= 3 and all(produced_by[n.input[0]].op_type == "DequantizeLinear" for n in nodes), op
+    shapes = [n for n in graph.node if n.op_type == "Shape"]
+    assert shapes and not any(produced_by[n.input[0]].op_type == "DequantizeLinear" for n in shapes if n.input[0] in produced_by)
+    for node in graph.node:  # the float ends: the contrast channel, and the output's up-sampling
+        if node.name in excluded and node.op_type != "Conv":
+            assert all(produced_by.get(t) is None or produced_by[t].op_type != "DequantizeLinear"
+                       for t in node.input), node.name  # fmt: skip
