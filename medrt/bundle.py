@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from medrt.engine.registry import ModelError, ModelSpec, load_spec, sha256_file
-from medrt.engine.rewrite import int8_friendly
+from medrt.engine.rewrite import cpu_friendly
 
 if TYPE_CHECKING:
     import torch
@@ -338,7 +338,7 @@ def _export(head: torch.nn.Module, path: Path, multiple: int, meta: dict[str, st
     model = onnx.load(str(path))
     # Exact equivalents of PRelu / ConvTranspose that ONNX Runtime's CPU provider runs
     # faster and in INT8 (MONAI's UNets use both); the check below covers the result.
-    model, report = int8_friendly(model)
+    model, report = cpu_friendly(model)
     if report.changed:
         log.info("%s: %s", path.name, report.summary())
     onnx.helper.set_model_props(model, meta)

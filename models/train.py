@@ -47,7 +47,7 @@ log = logging.getLogger("medrt.models.train")
 # bf16 steps, the radiograph window jitter), the major with the network or its inputs.
 VERSIONS = {"lesion_unet": "2.1.1", "lesion_unet_lite": "1.1.1", "roi_classifier": "1.1.0", "roi_classifier_dx": "1.1.0"}
 ROI_MODELS = phantom_data.ROI_MODELS
-EXPORT_NOTE = ("torch.onnx (TorchScript exporter), then medrt.engine.rewrite.int8_friendly: PRelu as LeakyRelu, "
+EXPORT_NOTE = ("torch.onnx (TorchScript exporter), then medrt.engine.rewrite.cpu_friendly: PRelu as LeakyRelu, "
                "ConvTranspose as Conv + pixel shuffle (exact; checked against torch)")
 OPSET = 17
 
@@ -276,9 +276,9 @@ def _rewrite(path: Path) -> None:
     :func:`export` then checks the result against torch as before."""
     import onnx
 
-    from medrt.engine.rewrite import int8_friendly
+    from medrt.engine.rewrite import cpu_friendly
 
-    model, report = int8_friendly(onnx.load(str(path)))
+    model, report = cpu_friendly(onnx.load(str(path)))
     onnx.save(model, str(path))
     log.info("%s: %s", path.name, report.summary())
 

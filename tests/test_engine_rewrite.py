@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import REPO, require_module
-from medrt.engine.rewrite import conv_transpose_as_conv, int8_friendly
+from medrt.engine.rewrite import conv_transpose_as_conv, cpu_friendly
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -29,8 +29,8 @@ def _model(nodes: list, inits: list, cin: int = 3) -> object:
 
     graph = helper.make_graph(
         nodes, "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, "H", "W"])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, None, None, None])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", cin, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", None, None, None])],
         inits,
     )  # fmt: skip
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -83,7 +83,7 @@ def test_conv_transpose_becomes_conv_and_pixel_shuffle(k: int, s: int, pads: lis
                                                         bias: bool, bn: bool) -> None:  # fmt: skip
     require_module("onnx")
     model = _conv_transpose(k, s, pads, out_pad, bias=bias, bn=bn)
-    rewritten, report = int8_friendly(model)
+    rewritten, report = cpu_friendly(model)
     assert report["conv_transpose"] == ["up"] and report["kept"] == {}
     assert report["batchnorm_folded"] == (["bn"] if bn else [])
     ops = Counter(n.op_type for n in rewritten.graph.node)
@@ -105,7 +105,7 @@ def test_conv_transpose_becomes_conv_and_pixel_shuffle(k: int, s: int, pads: lis
 def test_conv_transpose_it_cannot_express_is_kept_with_the_reason(kwargs: dict, reason: str) -> None:
     require_module("onnx")
     model = _conv_transpose(**kwargs)
-    rewritten, report = int8_friendly(model)
+    rewritten, report = cpu_friendly(model)
     assert report["conv_transpose"] == [] and reason in report["kept"]["up"]
     assert [n.op_type for n in rewritten.graph.node] == ["ConvTranspose"]
     assert not report.changed
@@ -120,11 +120,54 @@ def test_single_slope_prelu_becomes_leaky_relu_and_per_channel_stays() -> None:
     nodes = [helper.make_node("PRelu", ["x", "a1"], ["p"], name="scalar"),
              helper.make_node("PRelu", ["p", "a3"], ["y"], name="per_channel")]  # fmt: skip
     model = _model(nodes, inits)
-    rewritten, report = int8_friendly(model)
+    rewritten, report = cpu_friendly(model)
     assert report["prelu"] == ["scalar"] and "single constant" in report["kept"]["per_channel"]
     assert [n.op_type for n in rewritten.graph.node] == ["LeakyRelu", "PRelu"]
     x = np.random.default_rng(2).standard_normal((1, 3, 5, 6)).astype(np.float32)
     np.testing.assert_allclose(_run(rewritten, x), _run(model, x), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("op", "kernel", "pads", "count_pad"),
+    [
+        ("AveragePool", [1, 31], [0, 15, 0, 15], 0),  # the contrast channel's box mean, along rows
+        ("AveragePool", [31, 1], [15, 0, 15, 0], 0),  # ... and down columns
+        ("AveragePool", [3, 1], [1, 0, 1, 0], 1),
+        ("AveragePool", [1, 4], [0, 0, 0, 3], 0),  # even, one-sided
+        ("MaxPool", [5, 1], [2, 0, 2, 0], None),
+    ],
+)
+def test_one_channel_pooling_runs_rows_as_channels(op: str, kernel: list[int], pads: list[int],
+                                                   count_pad: int | None) -> None:  # fmt: skip
+    require_module("onnx")
+    from onnx import helper
+
+    attrs = {"kernel_shape": kernel, "pads": pads}
+    if count_pad is not None:
+        attrs["count_include_pad"] = count_pad
+    model = _model([helper.make_node(op, ["x"], ["y"], name="pool", **attrs)], [], cin=1)
+    rewritten, report = cpu_friendly(model)
+    assert report["pool"] == ["pool"] and report.changed
+    x = np.random.default_rng(3).standard_normal((2, 1, 9, 40)).astype(np.float32)  # batch 2: rows of both
+    np.testing.assert_array_equal(_run(rewritten, x), _run(model, x))
+
+
+@pytest.mark.parametrize(
+    ("cin", "attrs", "reason"),
+    [
+        (3, {"kernel_shape": [1, 5], "pads": [0, 2, 0, 2]}, "one channel"),  # ORT spreads channels itself
+        (1, {"kernel_shape": [1, 5], "strides": [1, 2]}, "strided"),
+        (1, {"kernel_shape": [1, 5], "pads": [1, 2, 1, 2]}, "padded across"),
+    ],
+)
+def test_pooling_it_does_not_rewrite_is_kept_with_the_reason(cin: int, attrs: dict, reason: str) -> None:
+    require_module("onnx")
+    from onnx import helper
+
+    model = _model([helper.make_node("AveragePool", ["x"], ["y"], name="pool", **attrs)], [], cin=cin)
+    rewritten, report = cpu_friendly(model)
+    assert report["pool"] == [] and reason in report["kept"]["pool"]
+    assert [n.op_type for n in rewritten.graph.node] == ["AveragePool"]
 
 
 def test_phase_weights_of_the_unet_layer_hold_nine_of_sixteen_taps() -> None:
@@ -144,7 +187,9 @@ def test_shipped_unets_are_exported_rewritten(name: str) -> None:
     model = onnx.load(str(MODELS / f"{name}.onnx"))
     ops = Counter(n.op_type for n in model.graph.node)
     assert ops["ConvTranspose"] == 0 and ops["PRelu"] == 0 and ops["Conv"] == 9, ops
-    assert not int8_friendly(model)[1].changed
+    pools = [n for n in model.graph.node if n.op_type == "AveragePool"]
+    assert pools and all(n.name.endswith("/rows/pool") for n in pools)
+    assert not cpu_friendly(model)[1].changed
 
 
 def test_benchmark_counts_the_flops_of_the_original_layer(tmp_path: Path) -> None:
@@ -155,7 +200,7 @@ def test_benchmark_counts_the_flops_of_the_original_layer(tmp_path: Path) -> Non
 
     model = _conv_transpose(3, 2, [1, 1, 1, 1], 1, cin=8, cout=16)
     onnx.save(model, str(tmp_path / "a.onnx"))
-    onnx.save(int8_friendly(model)[0], str(tmp_path / "b.onnx"))
+    onnx.save(cpu_friendly(model)[0], str(tmp_path / "b.onnx"))
     expected = 2.0 * 32 * 32 * 8 * 16 * 9  # each input pixel scatters Cin x Cout x 3 x 3
     assert _conv_flops(tmp_path / "a.onnx", 32, 32) == _conv_flops(tmp_path / "b.onnx", 32, 32) == expected
 

@@ -8,7 +8,7 @@ spec next to it. The first and last convolutions stay FP32 by default, with
 everything between them and the graph's inputs and outputs: the first sees the raw
 intensities, the last makes the logits that get thresholded.
 
-Before quantizing, :func:`medrt.engine.rewrite.int8_friendly` replaces ``PRelu``
+Before quantizing, :func:`medrt.engine.rewrite.cpu_friendly` replaces ``PRelu``
 and ``ConvTranspose`` by exact equivalents that have INT8 kernels in ORT's CPU
 provider (``LeakyRelu``; ``Conv`` + a channels-last pixel shuffle): without it a MONAI UNet's
 activations and up-sampling stayed FP32 and its INT8 model ran 1.05× FP32.
@@ -38,7 +38,7 @@ import numpy as np
 
 from medrt.bundle import _toml
 from medrt.engine.registry import ModelError, ModelSpec, load_spec, sha256_file
-from medrt.engine.rewrite import int8_friendly
+from medrt.engine.rewrite import cpu_friendly
 from medrt.preprocess import normalize, pad_to_multiple, thumbnail
 
 if sys.version_info >= (3, 11):
@@ -458,7 +458,7 @@ def quantize_int8(
     onnx_path, spec_path = out_dir / f"{spec.name}_int8.onnx", out_dir / f"{spec.name}_int8.toml"
     with tempfile.TemporaryDirectory(prefix="medrt-quant-") as tmp:
         pre, rewritten = Path(tmp) / "pre.onnx", Path(tmp) / "rewritten.onnx"
-        model, report = int8_friendly(onnx.load(str(spec.path)))
+        model, report = cpu_friendly(onnx.load(str(spec.path)))
         onnx.save(model, str(rewritten))
         if report.changed:
             log.info("%s: %s", spec.ident, report.summary())
