@@ -75,12 +75,25 @@ def pick_for_modality(backends: Sequence[Backend], modality: str) -> Backend | N
 
 
 def _create(spec: ModelSpec, config: AnalyzerConfig) -> Backend:
+    """The backend for ``spec``. With ``precision="int8"``, a model whose INT8 twin fails
+    the accuracy gate runs in FP32 instead (one WARNING with the figures): the other
+    models keep their INT8 speed, and no model runs less accurately than the gate allows."""
+    from medrt.engine.gate import AccuracyGateError
+
+    try:
+        return _create_as(spec, config, config.precision)
+    except AccuracyGateError as exc:
+        log.warning("%s; running %s in fp32", exc, spec.ident)
+        return _create_as(spec, config, "fp32")
+
+
+def _create_as(spec: ModelSpec, config: AnalyzerConfig, precision: str) -> Backend:
     try:
         from medrt.engine.select import create_backend
     except ImportError:  # pragma: no cover - select is part of the package
         create_backend = None
     if create_backend is not None:
-        return create_backend(spec, backend=config.backend, device=config.device, precision=config.precision,
+        return create_backend(spec, backend=config.backend, device=config.device, precision=precision,
                               threads=config.threads)
     from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
 

@@ -19,6 +19,23 @@ REPO = Path(__file__).resolve().parent.parent
 SAMPLE_DIR = REPO / "sample_dicom"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests (and the medrt commands they start) cache TensorRT engines and INT8 models
+    in a throw-away folder, never in the user's ~/.cache/medrt."""
+    import tempfile
+
+    if "MEDRT_CACHE" not in os.environ:
+        config._medrt_cache = tempfile.mkdtemp(prefix="medrt-test-cache-")  # type: ignore[attr-defined]
+        os.environ["MEDRT_CACHE"] = config._medrt_cache  # type: ignore[attr-defined]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = getattr(config, "_medrt_cache", None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.environ.pop("MEDRT_CACHE", None)
+
+
 def missing(reason: str) -> None:
     """Skip locally, fail in CI: for a tool or package the test environment should have."""
     if IN_CI:

@@ -152,9 +152,10 @@ def test_plain_run_mode_matches(tiny: ModelSpec) -> None:
 
 
 def test_threads_and_precision_are_reported(tiny: ModelSpec) -> None:
-    backend = OnnxRuntimeBackend(tiny, precision="int8")
+    # (precision="int8" swaps in the gated INT8 twin: test_engine_quantize covers it)
+    backend = OnnxRuntimeBackend(tiny)
     info = backend.info()
-    assert (info.backend, info.device, info.precision, info.threads) == ("onnxruntime", "cpu", "int8", default_threads())
+    assert (info.backend, info.device, info.precision, info.threads) == ("onnxruntime", "cpu", "fp32", default_threads())
     opts = backend.session.get_session_options()
     assert (opts.intra_op_num_threads, opts.inter_op_num_threads) == (default_threads(), 1)
 

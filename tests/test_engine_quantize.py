@@ -205,3 +205,68 @@ def test_cli_quantize_is_a_medrt_command() -> None:
     run = subprocess.run([sys.executable, "-m", "medrt", "models", "quantize", "--help"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
     assert run.returncode == 0 and "--keep-first-last" in run.stdout and "--quantize-all" in run.stdout
+
+
+# --------------------------------------------------------------------------- INT8 on demand
+
+
+def test_int8_precision_runs_the_gated_twin_made_once(lite: ModelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """--precision int8 on the CPU with an FP32 spec: the backend quantizes and gates it on
+    first use, keeps the result in the cache, and loads it from there afterwards."""
+    import json
+    import logging
+
+    from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
+
+    monkeypatch.setenv("MEDRT_CACHE", str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="medrt.engine.quantize"):
+        first = OnnxRuntimeBackend(lite, precision="int8", threads=1)
+    assert "quantizing and gating" in caplog.text
+    assert first.spec.quantization and first.spec.version == f"{lite.version}+int8" and first.info().precision == "int8"
+    (folder,) = (tmp_path / "int8").iterdir()
+    assert lite.sha256[:16] in folder.name and first.spec.path.parent == folder
+    verdict = json.loads((folder / "verdict.json").read_text())
+    assert verdict["passed"] and verdict["sha256"] == lite.sha256 and "accepted" in verdict["message"]
+    assert not [p for p in tmp_path.joinpath("int8").iterdir() if p.name.startswith(".")], "staging folder left behind"
+    assert first.spec.card == lite.card  # the relative card path survived the move into place
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="medrt.engine.quantize"):
+        again = OnnxRuntimeBackend(lite, precision="int8", threads=1)
+    assert "quantizing" not in caplog.text and "INT8 from" in caplog.text
+    assert again.spec.sha256 == first.spec.sha256
+    x = calibration_inputs(lite, n=2)[0]
+    ref, got = OnnxRuntimeBackend(lite, threads=1).infer(x)[0], again.infer(x)[0]
+    p_ref, p_got = 1 / (1 + np.exp(-ref)), 1 / (1 + np.exp(-got))
+    assert float(np.abs(p_ref - p_got).max()) < 0.25 and float(np.abs(p_ref - p_got).mean()) < 0.01
+
+
+def test_a_refused_int8_twin_is_remembered_and_the_analyzer_runs_that_model_in_fp32(
+    lite: ModelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import json
+    import logging
+
+    from medrt.analyzer import AnalyzerConfig, load_analyzer
+    from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
+    from medrt.engine.quantize import _int8_folder
+    from medrt.engine.registry import find_spec
+
+    monkeypatch.setenv("MEDRT_CACHE", str(tmp_path))
+    specs = [lite, find_spec("roi_classifier")]
+    for spec in specs:  # the verdicts a failed gate leaves (the gate itself is tested above)
+        folder = _int8_folder(spec, tmp_path / "int8")
+        folder.mkdir(parents=True)
+        message = f"{spec.name} int8 refused: Dice 0.800 -> 0.700 (-10.0 points); the limit is 1 point"
+        (folder / "verdict.json").write_text(json.dumps({"passed": False, "message": message}))
+    with pytest.raises(AccuracyGateError, match=r"lesion_unet_lite int8 refused: Dice 0\.800 .*delete it"):
+        OnnxRuntimeBackend(lite, precision="int8")
+    for backend in ("auto", "onnxruntime"):  # auto: the selector's next choice; named: the analyzer's fallback
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            analyzer = load_analyzer(AnalyzerConfig(seg_model=str(LITE), roi_model="roi_classifier",
+                                                    precision="int8", backend=backend))  # fmt: skip
+        assert analyzer.seg.info().precision == "fp32" and analyzer.rois[0].info().precision == "fp32", backend
+        assert "lesion_unet_lite int8 refused: Dice 0.800" in caplog.text and "fp32" in caplog.text, backend
+        assert "roi_classifier int8 refused" in caplog.text, backend

@@ -14,7 +14,8 @@ def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_u
                    help="runtime (default: the best one this machine allows; a fallback is logged)")
     g.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     g.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8"),
-                   help="int8 is refused when its Dice drops more than the gate allows")
+                   help="int8 on the CPU: each model is quantized and gated on first use (cached); one that loses more"
+                        " than 1 point of Dice or sensitivity runs in fp32, with a warning")
     g.add_argument("--mode", default="roi", choices=("roi", "full"),
                    help="roi: thumbnail classifier + 1024² crops (default); full: sliding window over the frame")
     g.add_argument("--no-recheck", action="store_true", help="skip the 2x re-check of small lesions")

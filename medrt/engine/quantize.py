@@ -27,6 +27,7 @@ import functools
 import logging
 import math
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -59,6 +60,7 @@ __all__ = [
     "calibration_inputs",
     "calibration_description",
     "first_last_compute_nodes",
+    "gated_int8",
     "move_quantized",
     "quantize_int8",
 ]
@@ -501,3 +503,66 @@ def quantize_int8(
     _write_spec(doc, spec.card, spec_path)
     log.info("wrote %s and %s", onnx_path, spec_path)
     return load_spec(spec_path)
+
+
+# --------------------------------------------------------------------------- on demand
+
+INT8_CACHE_FORMAT = 1
+
+
+def _int8_folder(spec: ModelSpec, root: Path) -> Path:
+    import onnxruntime as ort
+
+    # What the INT8 model and its verdict depend on: the FP32 file, the quantizer (ORT's
+    # version) and this module's recipe (calibration, rewrites, excluded layers).
+    return root / f"{spec.name}-{spec.sha256[:16]}-ort{ort.__version__}-v{INT8_CACHE_FORMAT}"
+
+
+def gated_int8(spec: ModelSpec, cache: str | Path | None = None) -> ModelSpec:
+    """The INT8 twin of ``spec`` that passed the accuracy gate, made on first use.
+
+    A spec that already is a quantized model is returned as it is. Otherwise the model
+    is quantized (:func:`quantize_int8`, default calibration) and gated
+    (:func:`medrt.engine.gate.compare`) once, and the result is kept in ``cache``
+    (default ``medrt.engine.cache.cache_dir("int8")``), keyed by the FP32 file's
+    sha256 and the ORT version: later runs load it in milliseconds. A refusal is kept
+    too, and raises :class:`medrt.engine.gate.AccuracyGateError` with the figures
+    every time; delete the folder named in the message to measure again.
+    """
+    import json
+
+    from medrt.engine.cache import cache_dir
+    from medrt.engine.gate import AccuracyGateError, compare
+
+    if spec.quantization:
+        return spec
+    folder = _int8_folder(spec, Path(cache) if cache is not None else cache_dir("int8"))
+    verdict_path = folder / "verdict.json"
+    if not verdict_path.is_file():
+        log.info("%s: no INT8 model in %s yet; quantizing and gating it (once, about a minute)", spec.ident, folder)
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        # Staged beside the final folder (same depth: the spec's relative card path holds)
+        # and renamed into place, so another process sees all of it or nothing.
+        staged = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+        try:
+            reduced = quantize_int8(spec, staged)
+            report = compare(spec, reduced)
+            record = {"format": INT8_CACHE_FORMAT, "source": spec.ident, "sha256": spec.sha256, **report.to_json()}
+            (staged / "verdict.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
+            if not report.passed:  # keep the verdict, not the model
+                for f in staged.glob(f"{spec.name}_int8.*"):
+                    f.unlink()
+            try:
+                os.replace(staged, folder)
+            except OSError:  # another process got there first; its result is as good
+                if not verdict_path.is_file():
+                    raise
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+    verdict = json.loads(verdict_path.read_text(encoding="utf-8"))
+    if not verdict.get("passed"):
+        raise AccuracyGateError(f"{verdict.get('message', spec.ident + ' int8 refused')} "
+                                f"[verdict kept in {folder}; delete it to measure again]")  # fmt: skip
+    reduced = load_spec(folder / f"{spec.name}_int8.toml")
+    log.info("%s: INT8 from %s (%s)", spec.ident, folder, verdict.get("message", "gate passed"))
+    return reduced

@@ -81,6 +81,8 @@ class ModelSpec:
     description: str = ""
     card: Path | None = None
     training: dict[str, Any] = field(default_factory=dict)
+    # [quantization]: how an INT8 model was made from its FP32 original (medrt.engine.quantize)
+    quantization: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ident(self) -> str:
@@ -200,6 +202,7 @@ def load_spec(spec_path: str | Path, *, verify: bool = True) -> ModelSpec:
         description=str(model.get("description", "")),
         card=(spec_path.parent / str(card)).resolve() if card else None,
         training=dict(doc.get("training", {})),
+        quantization=dict(doc.get("quantization", {})),
     )
     if task == "roi_classifier" and spec.thumbnail <= 0:
         raise ModelError(f"{where}: a roi_classifier needs [model] thumbnail (longest side, pixels)")

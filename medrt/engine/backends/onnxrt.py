@@ -50,7 +50,8 @@ def default_threads() -> int:
 def providers_for(device: str, precision: str) -> list[ProviderArg]:
     """The provider list for a device and precision.
 
-    ``cpu`` runs fp32, or int8 for a QDQ-quantized model. ``cuda`` runs fp32 on
+    ``cpu`` runs fp32, or int8 for a QDQ-quantized model (the backend swaps an FP32
+    spec for its gated INT8 twin, :func:`medrt.engine.quantize.gated_int8`). ``cuda`` runs fp32 on
     the CUDA provider; fp16 and int8 on CUDA go through the TensorRT provider
     (its engines cached under :func:`medrt.engine.cache.cache_dir` ``("ort-trt")``),
     with CUDA then CPU behind it for the nodes TensorRT does not take.
@@ -114,9 +115,15 @@ class OnnxRuntimeBackend(Backend):
 
         if precision not in PRECISIONS:
             raise ModelError(f"Argument \"precision\" must be one of {PRECISIONS}, not {precision!r}")
+        chosen = list(providers) if providers else providers_for(device, precision)
+        if precision == "int8" and _name(chosen[0]) == CPU and not spec.quantization:
+            # INT8 on the CPU runs a QDQ model: an FP32 spec gets its gated twin, made on
+            # first use and cached (refused with the figures if it loses accuracy).
+            from medrt.engine.quantize import gated_int8
+
+            spec = gated_int8(spec)
         super().__init__(spec)
         self.precision = precision
-        chosen = list(providers) if providers else providers_for(device, precision)
         available = ort.get_available_providers()
         missing = [_name(p) for p in chosen if _name(p) not in available]
         if missing:
