@@ -270,3 +270,17 @@ def test_a_refused_int8_twin_is_remembered_and_the_analyzer_runs_that_model_in_f
         assert analyzer.seg.info().precision == "fp32" and analyzer.rois[0].info().precision == "fp32", backend
         assert "lesion_unet_lite int8 refused: Dice 0.800" in caplog.text and "fp32" in caplog.text, backend
         assert "roi_classifier int8 refused" in caplog.text, backend
+
+
+def test_gate_plans_radiograph_crops_with_the_classifier_the_analyzer_would_use(frames: list) -> None:
+    """Radiographs go to roi_classifier_dx (its spec lists DX), CT slices to roi_classifier,
+    as the analyzer routes them; the gate's crops are the ones a user's run would get."""
+    from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
+    from medrt.engine.gate import ROI_CLASSIFIERS, _Router
+    from medrt.engine.registry import find_spec
+
+    general, dx = (OnnxRuntimeBackend(find_spec(name), threads=1) for name in ROI_CLASSIFIERS)
+    router = _Router([general, dx])
+    kinds = {f.modality: f for f in frames}
+    assert set(kinds) == {"CT", "DX"}
+    assert router.pick(kinds["DX"]) is dx and router.pick(kinds["CT"]) is general

@@ -12,9 +12,11 @@ The validation frames come from the held-out seeds (9000 up, as
 up) ranges:
 
 - CT slices (512²) go through the segmentation model on the whole slice;
-- 4096² radiographs go through the ROI path: the shipped ``roi_classifier`` plans
-  the 1024² crops (computed once, so both models see identical crops), or, where
-  there is no classifier, 1024² crops around the true lesions;
+- 4096² radiographs go through the ROI path: the ROI classifiers the analyzer would
+  use plan the 1024² crops (``roi_classifier`` and ``roi_classifier_dx``, each frame
+  to the one whose spec lists its modality; computed once, so both models see
+  identical crops), or, where there is no classifier, 1024² crops around the true
+  lesions;
 - an ROI classifier under test is scored end to end instead: each variant plans
   its own crops and one shared segmentation model segments them.
 """
@@ -58,6 +60,9 @@ LIMIT_POINTS = 1.0  # largest allowed drop, in points (0.01)
 VALIDATION_SEED = 9000  # medrt.models.data.HELDOUT_SEED: frames no model was trained or calibrated on
 CROP = 1024
 _MARGIN = 64
+# The classifiers a segmentation model's radiograph crops are planned with (the
+# analyzer's default --roi-model), routed per frame by their specs' modalities.
+ROI_CLASSIFIERS = ("roi_classifier", "roi_classifier_dx")
 
 
 class AccuracyGateError(ModelError):
@@ -134,11 +139,26 @@ def _truth_crops(frame: PhantomFrame) -> tuple[tuple[int, int, int, int], ...]:
     return plan_crops(props, frame.shape, CROP)
 
 
-def _plan(frame: PhantomFrame, roi: Backend | None, whole_small: bool) -> tuple[tuple[int, int, int, int], ...]:
+class _Router:
+    """ROI classifiers routed by modality, as the analyzer routes them
+    (:func:`medrt.analyzer.pick_for_modality`)."""
+
+    def __init__(self, backends: Sequence[Backend]) -> None:
+        self.backends = tuple(backends)
+
+    def pick(self, frame: PhantomFrame) -> Backend | None:
+        from medrt.analyzer import pick_for_modality
+
+        return pick_for_modality(self.backends, frame.modality)
+
+
+def _plan(frame: PhantomFrame, roi: Backend | _Router | None, whole_small: bool) -> tuple[tuple[int, int, int, int], ...]:
     rows, cols = frame.shape
     small = rows <= CROP and cols <= CROP
     if small and (roi is None or whole_small):
         return ((0, 0, rows, cols),)
+    if isinstance(roi, _Router):
+        roi = roi.pick(frame)
     if roi is None:
         return _truth_crops(frame)
     result = classify(roi, frame.pixels, frame.window)
@@ -182,7 +202,7 @@ def compare(
     reduced_spec: ModelSpec,
     *,
     frames: Sequence[PhantomFrame] | None = None,
-    roi_spec: ModelSpec | None = None,
+    roi_spec: ModelSpec | Sequence[ModelSpec] | None = None,
     segmenter_spec: ModelSpec | None = None,
     limit_points: float = LIMIT_POINTS,
     threads: int | None = None,
@@ -190,8 +210,9 @@ def compare(
     """Score ``fp32_spec`` and ``reduced_spec`` on the same validation frames; see the module doc.
 
     ``frames`` defaults to :func:`validation_frames`. For a segmentation model,
-    ``roi_spec`` plans the radiograph crops (default: a ``roi_classifier`` next to
-    the FP32 spec, else the shipped one, else crops around the true lesions). For an
+    ``roi_spec`` plans the radiograph crops (one spec, or several routed by modality as
+    the analyzer routes them; default: ``roi_classifier`` and ``roi_classifier_dx``
+    next to the FP32 spec, else the shipped ones, else crops around the true lesions). For an
     ROI classifier, ``segmenter_spec`` segments the crops (default: ``lesion_unet_lite``
     or ``lesion_unet``, found the same way).
     """
@@ -206,14 +227,18 @@ def compare(
         if seg_spec is None:
             raise ModelError("the gate of an ROI classifier needs a segmentation model (lesion_unet[_lite])")
         shared = OnnxRuntimeBackend(seg_spec, threads=threads)
-        rois: dict[str, Backend | None] = dict(variants)
+        rois: dict[str, Backend | _Router | None] = dict(variants)
         segs: dict[str, Backend] = {k: shared for k in variants}
     else:
-        roi = roi_spec or _sibling_or_shipped(fp32_spec, ("roi_classifier",))
-        if roi is None:
+        if roi_spec is None:
+            found = [_sibling_or_shipped(fp32_spec, (name,)) for name in ROI_CLASSIFIERS]
+            roi_specs = [r for r in found if r is not None]
+        else:
+            roi_specs = [roi_spec] if isinstance(roi_spec, ModelSpec) else list(roi_spec)
+        if not roi_specs:
             log.info("gate: no roi_classifier; radiograph crops are planned around the true lesions")
-        shared_roi = OnnxRuntimeBackend(roi, threads=threads) if roi is not None else None
-        rois = {k: shared_roi for k in variants}
+        router = _Router([OnnxRuntimeBackend(r, threads=threads) for r in roi_specs])
+        rois = {k: router if roi_specs else None for k in variants}
         segs = dict(variants)
     whole_small = fp32_spec.task != "roi_classifier"
     preds: dict[str, list[FramePrediction]] = {k: [] for k in variants}

@@ -507,7 +507,7 @@ def quantize_int8(
 
 # --------------------------------------------------------------------------- on demand
 
-INT8_CACHE_FORMAT = 1
+INT8_CACHE_FORMAT = 2  # 2: the gate plans radiograph crops with the routed classifiers
 
 
 def _int8_folder(spec: ModelSpec, root: Path) -> Path:
