@@ -214,16 +214,28 @@ def compare(
     the analyzer routes them; default: ``roi_classifier`` and ``roi_classifier_dx``
     next to the FP32 spec, else the shipped ones, else crops around the true lesions). For an
     ROI classifier, ``segmenter_spec`` segments the crops (default: ``lesion_unet_lite``
-    or ``lesion_unet``, found the same way).
+    or ``lesion_unet``, found the same way, the first made for every modality scored).
+
+    Only frames of the modalities the model's spec lists are scored (all when it
+    lists none): the analyzer never runs a CT-only model on a radiograph. A model
+    made for radiographs only is scored on 10 radiographs (21 lesions) instead of 3.
     """
     if fp32_spec.task != reduced_spec.task:
         raise ModelError(f"cannot compare a {fp32_spec.task} with a {reduced_spec.task}")
     t0 = time.perf_counter()
-    frames = validation_frames() if frames is None else list(frames)
+    made_for = set(fp32_spec.modalities)
+    if frames is None:
+        frames = validation_frames(n_ct_series=0, n_dx=10) if made_for and "CT" not in made_for else validation_frames()
+    frames = [f for f in frames if not made_for or f.modality in made_for]
+    if not frames:
+        raise ModelError(f"no validation frame of {sorted(made_for)} for {fp32_spec.ident}: nothing to compare on")
     variants = {"fp32": OnnxRuntimeBackend(fp32_spec, threads=threads),
                 "reduced": OnnxRuntimeBackend(reduced_spec, threads=threads)}  # fmt: skip
     if fp32_spec.task == "roi_classifier":
-        seg_spec = segmenter_spec or _sibling_or_shipped(fp32_spec, ("lesion_unet_lite", "lesion_unet"))
+        seen = {f.modality for f in frames}
+        seg_spec = segmenter_spec or next(
+            (c for c in (_sibling_or_shipped(fp32_spec, (n,)) for n in ("lesion_unet_lite", "lesion_unet"))
+             if c is not None and (not c.modalities or seen <= set(c.modalities))), None)  # fmt: skip
         if seg_spec is None:
             raise ModelError("the gate of an ROI classifier needs a segmentation model (lesion_unet[_lite])")
         shared = OnnxRuntimeBackend(seg_spec, threads=threads)

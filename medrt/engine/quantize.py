@@ -507,7 +507,7 @@ def quantize_int8(
 
 # --------------------------------------------------------------------------- on demand
 
-INT8_CACHE_FORMAT = 2  # 2: the gate plans radiograph crops with the routed classifiers
+INT8_CACHE_FORMAT = 3  # 2: the gate routes radiograph crops; 3: it scores only the model's modalities
 
 
 def _int8_folder(spec: ModelSpec, root: Path) -> Path:
