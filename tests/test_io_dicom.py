@@ -475,12 +475,16 @@ def test_jpeg_2000_goes_to_imagecodecs_and_matches_pylibjpeg(tmp_path: Path) -> 
     assert codecs.preferred_plugins("1.2.840.10008.1.2.4.90") == ("imagecodecs",)
     files = [pydicom_test_dir() / n for n in ("693_J2KI.dcm", "GDCMJ2K_TextGBR.dcm", "J2K_pixelrep_mismatch.dcm",
                                               "JPEG2000.dcm", "MR_small_jp2klossless.dcm")]
+    files.append(_radiograph_file(tmp_path / "htj2k", 1024, "htj2k"))  # HTJ2K Lossless (OpenJPH)
     files.append(_radiograph_file(tmp_path, 1024, "j2k"))
+    assert str(pydicom.dcmread(files[-2]).file_meta.TransferSyntaxUID) == "1.2.840.10008.1.2.4.201"
     for f in files:
         a, b = pixel_array(f, decoding_plugin="pylibjpeg"), pixel_array(f, decoding_plugin="imagecodecs")
         assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b), f.name
     assert np.array_equal(read_frames(files[-1])[0].pixels, pixel_array(files[-1]).astype(np.float32))
+    assert np.array_equal(read_frames(files[-2])[0].pixels, read_frames(files[-1])[0].pixels)  # same phantom
     assert not codecs.decode_holds_gil("1.2.840.10008.1.2.4.90")  # JPEG 2000 lossless
+    assert not codecs.decode_holds_gil("1.2.840.10008.1.2.4.201")  # HTJ2K lossless
     assert not codecs.decode_holds_gil("1.2.840.10008.1.2.4.80")  # JPEG-LS lossless
     assert not codecs.decode_holds_gil(ExplicitVRLittleEndian)
     assert codecs.decode_holds_gil("1.2.840.10008.1.2.5")  # RLE: pylibjpeg-rle

@@ -11,7 +11,7 @@ __all__ = ["register", "CODECS"]
 
 # The names of medrt.phantom.COMPRESSIONS, spelled out so that building the
 # parser does not import numpy, SimpleITK and pydicom (a test keeps them equal).
-CODECS = ("j2k", "jpegls", "none", "rle")
+CODECS = ("htj2k", "j2k", "jpegls", "none", "rle")
 
 
 def _summary(out: Path, paths: list[Path], seconds: float, what: str = "lesions") -> str:

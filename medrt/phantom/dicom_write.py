@@ -18,6 +18,7 @@ from pydicom.uid import (
     CTImageStorage,
     DigitalXRayImageStorageForPresentation,
     ExplicitVRLittleEndian,
+    HTJ2KLossless,
     JPEG2000Lossless,
     JPEGLSLossless,
     RLELossless,
@@ -36,6 +37,7 @@ COMPRESSIONS: dict[str, str] = {
     "rle": RLELossless,
     "jpegls": JPEGLSLossless,
     "j2k": JPEG2000Lossless,
+    "htj2k": HTJ2KLossless,
 }
 # A fixed encoder per syntax, so the same install writes the same bytes.
 _PLUGINS = {"rle": ("pylibjpeg", "pydicom"), "jpegls": ("pyjpegls",), "j2k": ("pylibjpeg",)}
@@ -205,6 +207,8 @@ def write_dataset(ds: Dataset, stored: np.ndarray, path: Path, compress: str = "
     stored = np.ascontiguousarray(stored, dtype=np.uint16)
     if compress == "none":
         ds.PixelData = stored.tobytes()
+    elif compress == "htj2k":
+        _encapsulate_htj2k(ds, stored)
     else:
         ds.compress(
             COMPRESSIONS[compress],
@@ -217,6 +221,22 @@ def write_dataset(ds: Dataset, stored: np.ndarray, path: Path, compress: str = "
     ds.save_as(path, enforce_file_format=True)
     log.debug("wrote %s (%s)", path, compress)
     return path
+
+
+def _encapsulate_htj2k(ds: Dataset, stored: np.ndarray) -> None:
+    """HTJ2K Lossless through imagecodecs (OpenJPH; pydicom 3.0 has no HTJ2K encoder).
+
+    OpenJPH takes no sample precision, so the codestream says 16 bits where Bits Stored
+    says 12 (or 14): the files are still lossless and decoders use the codestream's
+    precision (pydicom recommends, not requires, that they agree). Bits Stored keeps
+    the phantom's real depth, which MONOCHROME1 inversion and the windows depend on."""
+    import imagecodecs
+    from pydicom.encaps import encapsulate
+
+    ds.PixelData = encapsulate([imagecodecs.htj2k_encode(stored, reversible=True)])
+    ds["PixelData"].VR = "OB"
+    ds["PixelData"].is_undefined_length = True
+    ds.file_meta.TransferSyntaxUID = HTJ2KLossless
 
 
 def _plugin(compress: str) -> str:
