@@ -242,3 +242,21 @@ def test_lesion_unet_finds_radiograph_nodules_at_its_spacing() -> None:
     assert found["resampled"] >= 0.5 * total, (found, total)
     assert false["resampled"] <= 10 * frames, false
     assert false["native"] >= 10 * max(false["resampled"], frames), false
+
+
+def test_small_lesions_weigh_like_large_ones_in_the_unet_loss() -> None:
+    """--small-weight: each lesion's pixels get area_ref / area (1..16), so a small lesion
+    adds about as much BCE as a large one; background and large lesions stay at 1."""
+    require_module("torch")
+    require_module("monai")
+    from medrt.models.train import small_lesion_weights
+
+    y = np.zeros((2, 1, 64, 64), np.float32)
+    y[0, 0, 5:10, 5:10] = 1.0  # 25 pixels
+    y[0, 0, 20:50, 20:50] = 1.0  # 900 pixels
+    y[1, 0, 40:42, 40:42] = 0.4  # partial-volume edge only: not a lesion pixel
+    w = small_lesion_weights(y, area=300.0)
+    assert w[0, 0, 7, 7] == pytest.approx(12.0) and w[0, 0, 30, 30] == 1.0 and w[0, 0, 0, 0] == 1.0
+    assert w[0, 0, 5:10, 5:10].sum() == pytest.approx(300.0)  # the small one now counts as 300 pixels
+    assert np.all(w[1] == 1.0)
+    assert small_lesion_weights(y, area=1e6).max() == 16.0  # capped
