@@ -286,3 +286,20 @@ def test_gate_plans_radiograph_crops_with_the_classifier_the_analyzer_would_use(
     kinds = {f.modality: f for f in frames}
     assert set(kinds) == {"CT", "DX"}
     assert router.pick(kinds["DX"]) is dx and router.pick(kinds["CT"]) is general
+
+
+def test_int8_runs_without_a_writable_cache(lite: ModelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """A cache that cannot be written (here a file where the folder should be; a
+    read-only home on a locked-down workstation) costs the cache, not the run."""
+    import logging
+
+    from medrt.engine.quantize import gated_int8
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    monkeypatch.setenv("MEDRT_CACHE", str(blocker))
+    with caplog.at_level(logging.WARNING, logger="medrt.engine.quantize"):
+        reduced = gated_int8(lite)
+    assert reduced.quantization and reduced.path.is_file() and "cannot write the INT8 cache" in caplog.text
+    assert blocker.is_file() and not reduced.path.is_relative_to(tmp_path)

@@ -23,7 +23,9 @@ Needs ``onnx`` and ``onnxruntime.quantization`` (imported when called).
 
 from __future__ import annotations
 
+import atexit
 import functools
+import json
 import logging
 import math
 import os
@@ -518,6 +520,20 @@ def _int8_folder(spec: ModelSpec, root: Path) -> Path:
     return root / f"{spec.name}-{spec.sha256[:16]}-ort{ort.__version__}-v{INT8_CACHE_FORMAT}"
 
 
+def _make_int8(spec: ModelSpec, folder: Path) -> None:
+    """Quantize and gate ``spec`` into ``folder``: the model (only if it passed) and
+    ``verdict.json``."""
+    from medrt.engine.gate import compare
+
+    reduced = quantize_int8(spec, folder)
+    report = compare(spec, reduced)
+    record = {"format": INT8_CACHE_FORMAT, "source": spec.ident, "sha256": spec.sha256, **report.to_json()}
+    (folder / "verdict.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
+    if not report.passed:  # keep the verdict, not the model
+        for f in folder.glob(f"{spec.name}_int8.*"):
+            f.unlink()
+
+
 def gated_int8(spec: ModelSpec, cache: str | Path | None = None) -> ModelSpec:
     """The INT8 twin of ``spec`` that passed the accuracy gate, made on first use.
 
@@ -529,40 +545,42 @@ def gated_int8(spec: ModelSpec, cache: str | Path | None = None) -> ModelSpec:
     too, and raises :class:`medrt.engine.gate.AccuracyGateError` with the figures
     every time; delete the folder named in the message to measure again.
     """
-    import json
-
     from medrt.engine.cache import cache_dir
-    from medrt.engine.gate import AccuracyGateError, compare
+    from medrt.engine.gate import AccuracyGateError
 
     if spec.quantization:
         return spec
     folder = _int8_folder(spec, Path(cache) if cache is not None else cache_dir("int8"))
     verdict_path = folder / "verdict.json"
+    kept = True
     if not verdict_path.is_file():
         log.info("%s: no INT8 model in %s yet; quantizing and gating it (once, about a minute)", spec.ident, folder)
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        # Staged beside the final folder (same depth: the spec's relative card path holds)
-        # and renamed into place, so another process sees all of it or nothing.
-        staged = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
         try:
-            reduced = quantize_int8(spec, staged)
-            report = compare(spec, reduced)
-            record = {"format": INT8_CACHE_FORMAT, "source": spec.ident, "sha256": spec.sha256, **report.to_json()}
-            (staged / "verdict.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
-            if not report.passed:  # keep the verdict, not the model
-                for f in staged.glob(f"{spec.name}_int8.*"):
-                    f.unlink()
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            # Staged beside the final folder (same depth: the spec's relative card path
+            # holds) and renamed into place, so another process sees all of it or nothing.
+            staged = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+        except OSError as exc:  # a read-only home, a full disk: still run, without the cache
+            folder = Path(tempfile.mkdtemp(prefix=f"medrt-{folder.name}-"))
+            atexit.register(shutil.rmtree, folder, ignore_errors=True)
+            log.warning("%s: cannot write the INT8 cache (%s); making the INT8 model in %s for this process"
+                        " only (set MEDRT_CACHE to a writable folder to keep it)", spec.ident, exc, folder)
+            verdict_path, kept = folder / "verdict.json", False
+            _make_int8(spec, folder)
+        else:
             try:
-                os.replace(staged, folder)
-            except OSError:  # another process got there first; its result is as good
-                if not verdict_path.is_file():
-                    raise
-        finally:
-            shutil.rmtree(staged, ignore_errors=True)
+                _make_int8(spec, staged)
+                try:
+                    os.replace(staged, folder)
+                except OSError:  # another process got there first; its result is as good
+                    if not verdict_path.is_file():
+                        raise
+            finally:
+                shutil.rmtree(staged, ignore_errors=True)
     verdict = json.loads(verdict_path.read_text(encoding="utf-8"))
     if not verdict.get("passed"):
-        raise AccuracyGateError(f"{verdict.get('message', spec.ident + ' int8 refused')} "
-                                f"[verdict kept in {folder}; delete it to measure again]")  # fmt: skip
+        where = f"verdict kept in {folder}; delete it to measure again" if kept else "not cached"
+        raise AccuracyGateError(f"{verdict.get('message', spec.ident + ' int8 refused')} [{where}]")
     reduced = load_spec(folder / f"{spec.name}_int8.toml")
     log.info("%s: INT8 from %s (%s)", spec.ident, folder, verdict.get("message", "gate passed"))
     return reduced
