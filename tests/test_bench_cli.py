@@ -38,3 +38,16 @@ def test_profile_layers_prints_the_slowest_nodes(capsys):
                  "--profile-size", "256", "--model", "lesion_unet_lite"]) == 0
     out = capsys.readouterr().out
     assert "slowest nodes of lesion_unet_lite" in out and "Conv" in out
+
+
+def test_precision_int8_runs_the_gated_twins_and_the_engine_table_lists_int8(capsys):
+    rc = main(["bench", "--only", "engines,stream", "--model", "lesion_unet_lite", "--precision", "int8",
+               "--stream-frames", "40", "--fps", "60", "--repeats", "3", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {(r["backend"], r["device"], r["precision"]): r for r in out["engines"]}
+    fp32, int8 = rows[("onnxruntime", "cpu", "fp32")], rows[("onnxruntime", "cpu", "int8")]
+    assert fp32["model"] == "lesion_unet_lite@1.1.1" and int8["model"] == "lesion_unet_lite@1.1.1+int8", int8
+    assert int8["p50_ms"] > 0 and "error" not in int8
+    s = out["stream_30fps"]
+    assert s["model"].endswith("+int8") and s["analysed"] + s["drops"] == 40 and s["errors"] == 0

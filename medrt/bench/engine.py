@@ -171,7 +171,9 @@ def _rss_mb() -> float:
 
 
 def engine_table(spec_name: str = "lesion_unet", size: int = 1024, repeats: int = 15) -> list[dict[str, Any]]:
-    """p50/p99 latency at ``size``² for each backend/precision available here."""
+    """p50/p99 latency at ``size``² for each backend/precision available here. INT8 on
+    the CPU is the gated twin (:func:`medrt.engine.quantize.gated_int8`); a refused one
+    is a row with the gate's figures as its error."""
     from medrt.engine.registry import find_spec
     from medrt.engine.select import ALLOW_LIST, create_backend, probe
 
@@ -181,10 +183,14 @@ def engine_table(spec_name: str = "lesion_unet", size: int = 1024, repeats: int 
     x = np.random.default_rng(0).random((1, 1, size, size), dtype=np.float32)
     for entry in ALLOW_LIST:
         backend, device, precision = entry.backend, entry.device, entry.precision
-        if not found.supports(backend, device) or precision == "int8":
-            continue  # int8 has its own row (quantized model + gate)
-        before = _rss_mb()
+        if not found.supports(backend, device):
+            continue
         try:
+            if (backend, device, precision) == ("onnxruntime", "cpu", "int8"):
+                from medrt.engine.quantize import gated_int8
+
+                gated_int8(spec)  # made (or found in the cache) before the memory is counted
+            before = _rss_mb()
             b = create_backend(spec, backend=backend, device=device, precision=precision)
         except Exception as exc:  # a runtime that is present but unusable: report, go on
             rows.append({"backend": backend, "device": device, "precision": precision, "error": str(exc)})
@@ -192,7 +198,7 @@ def engine_table(spec_name: str = "lesion_unet", size: int = 1024, repeats: int 
         times = interleaved_times({"x": lambda b=b: b.infer(x)}, repeats=repeats, warmup=2)["x"]
         info = b.info()
         rows.append({"backend": info.backend, "device": info.device, "precision": info.precision,
-                     "model": spec.ident, "size": size, "p50_ms": round(percentile(times, 50), 1),
+                     "model": b.spec.ident, "size": size, "p50_ms": round(percentile(times, 50), 1),
                      "p99_ms": round(percentile(times, 99), 1), "memory_mb": round(_rss_mb() - before, 1),
                      "hardware": platform.processor() or platform.machine()})
     return rows

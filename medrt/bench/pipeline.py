@@ -71,7 +71,7 @@ def _dicom_paths(folder: Path) -> list[Path]:
 
 def pipelined_vs_serial(
     model: str = "lesion_unet_lite", folder: Path | None = None, loops: int = 3, repeats: int = 3,
-    workers: int | None = None, processes: int | None = None,
+    workers: int | None = None, processes: int | None = None, precision: str = "fp32",
 ) -> dict[str, Any]:
     """Throughput of the same stream through the pipeline and through the serial loop,
     interleaved ``repeats`` times (medians), plus the model-only time per frame.
@@ -89,8 +89,8 @@ def pipelined_vs_serial(
     cores = _cores()
     workers = workers or cores
     processes = cores if processes is None else processes
-    one = load_analyzer(seg_model=model, threads=1)
-    multi = load_analyzer(seg_model=model, threads=cores) if cores > 1 else one
+    one = load_analyzer(seg_model=model, threads=1, precision=precision)
+    multi = load_analyzer(seg_model=model, threads=cores, precision=precision) if cores > 1 else one
     n = len(paths) * loops
 
     def serial(analyzer: Any) -> float:
@@ -157,7 +157,7 @@ def pipelined_vs_serial(
 
 def stream_replay(
     model: str = "lesion_unet_lite", folder: Path | None = None, fps: float = 30.0, frames: int = 300,
-    policy: str = "latest", workers: int | None = None,
+    policy: str = "latest", workers: int | None = None, precision: str = "fp32",
 ) -> dict[str, Any]:
     """Replay the stream at ``fps`` for about ``frames`` frames through the live pipeline
     (entry policy ``policy``): achieved fps, drops, end-to-end p99 and RSS growth."""
@@ -168,7 +168,7 @@ def stream_replay(
 
     paths = _dicom_paths(folder or default_stream())
     workers = workers or _cores()
-    analyzer = load_analyzer(seg_model=model, threads=1)
+    analyzer = load_analyzer(seg_model=model, threads=1, precision=precision)
     source = FileReplay(paths, fps=fps, loop=max(1, math.ceil(frames / len(paths))))
     stages = analysis_stages(analyzer, infer_workers=workers)
     sink = _Count()

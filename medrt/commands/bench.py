@@ -41,25 +41,32 @@ def _cold_start(args: argparse.Namespace, _: Any) -> Any:
     from medrt.analyzer import AnalyzerConfig
     from medrt.bench.engine import cold_start
 
-    return cold_start(AnalyzerConfig(seg_model=args.model))
+    return cold_start(AnalyzerConfig(seg_model=args.model, precision=args.precision))
 
 
 def _efficiency(args: argparse.Namespace, analyzer: Any) -> Any:
     from medrt.bench.engine import unet_efficiency
 
-    return unet_efficiency(analyzer.seg, repeats=args.repeats)
+    seg = analyzer.seg
+    if analyzer.precision != "fp32":  # GFLOP/s against sgemm is an FP32 figure
+        from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
+        from medrt.engine.registry import find_spec
+
+        seg = OnnxRuntimeBackend(find_spec(args.model))
+    return unet_efficiency(seg, repeats=args.repeats)
 
 
 def _pipelined(args: argparse.Namespace, _: Any) -> Any:
     from medrt.bench.pipeline import pipelined_vs_serial
 
-    return pipelined_vs_serial(args.stream_model, loops=args.stream_loops, repeats=max(1, args.repeats // 3))
+    return pipelined_vs_serial(args.stream_model, loops=args.stream_loops, repeats=max(1, args.repeats // 3),
+                               precision=args.precision)
 
 
 def _stream(args: argparse.Namespace, _: Any) -> Any:
     from medrt.bench.pipeline import stream_replay
 
-    return stream_replay(args.stream_model, fps=args.fps, frames=args.stream_frames)
+    return stream_replay(args.stream_model, fps=args.fps, frames=args.stream_frames, precision=args.precision)
 
 
 RUNNERS = {"decode": _decode, "engines": _engines, "roi_vs_full": _roi_vs_full, "int8": _int8,
@@ -93,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     if any(s in ("roi_vs_full", "efficiency") for s in suites):
         from medrt.analyzer import load_analyzer
 
-        analyzer = load_analyzer(seg_model=args.model, recheck=not args.no_recheck)
+        analyzer = load_analyzer(seg_model=args.model, recheck=not args.no_recheck, precision=args.precision)
     results: dict[str, Any] = {}
     for suite in suites:
         log.info("bench suite %s", suite)
@@ -142,6 +149,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--frames", type=int, default=4, help="4096² frames for roi_vs_full")
     p.add_argument("--repeats", type=int, default=9, help="repeats per measurement (median is reported)")
     p.add_argument("--no-recheck", action="store_true", help="roi_vs_full without the 2x recheck")
+    p.add_argument("--precision", default="fp32", choices=("fp32", "int8"),
+                   help="models of the roi_vs_full, cold_start, pipelined and stream suites (int8: the gated"
+                        " INT8 twins, made on first use; 'engines' and 'int8' measure both anyway)")
     p.add_argument("--stream-model", default="lesion_unet_lite", help="segmentation model for the stream suites")
     p.add_argument("--stream-loops", type=int, default=3, help="passes over the sample stream for 'pipelined'")
     p.add_argument("--stream-frames", type=int, default=300, help="frames replayed by the 'stream' suite")
