@@ -170,6 +170,21 @@ def _rss_mb() -> float:
         return float("nan")
 
 
+def _settled_rss_mb() -> float:
+    """RSS after Python's and glibc's free memory went back to the system, so that a
+    later difference is what was allocated since (quantizing and gating a model just
+    before freed ~100 MB that glibc returned only during the next measurement)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+    return _rss_mb()
+
+
 def engine_table(spec_name: str = "lesion_unet", size: int = 1024, repeats: int = 15) -> list[dict[str, Any]]:
     """p50/p99 latency at ``size``² for each backend/precision available here. INT8 on
     the CPU is the gated twin (:func:`medrt.engine.quantize.gated_int8`); a refused one
@@ -190,7 +205,7 @@ def engine_table(spec_name: str = "lesion_unet", size: int = 1024, repeats: int 
                 from medrt.engine.quantize import gated_int8
 
                 gated_int8(spec)  # made (or found in the cache) before the memory is counted
-            before = _rss_mb()
+            before = _settled_rss_mb()
             b = create_backend(spec, backend=backend, device=device, precision=precision)
         except Exception as exc:  # a runtime that is present but unusable: report, go on
             rows.append({"backend": backend, "device": device, "precision": precision, "error": str(exc)})
@@ -201,4 +216,5 @@ def engine_table(spec_name: str = "lesion_unet", size: int = 1024, repeats: int 
                      "model": b.spec.ident, "size": size, "p50_ms": round(percentile(times, 50), 1),
                      "p99_ms": round(percentile(times, 99), 1), "memory_mb": round(_rss_mb() - before, 1),
                      "hardware": platform.processor() or platform.machine()})
+        del b  # freed before the next row's memory is counted, not during it
     return rows
