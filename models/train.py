@@ -13,9 +13,9 @@ in fp32: a bf16 run of it diverged).
 
 Needs the ``train`` extra (torch, MONAI, onnx). Runs on the CPU. The phantom
 data is generated once into ``--cache`` (deterministic, rebuildable;
-``--build-only`` makes it and stops). The export replaces PRelu and ConvTranspose
-by exact equivalents ONNX Runtime runs faster and in INT8 (``medrt.engine.rewrite``)
-and checks the ONNX output against torch. Segmentation patches are made at the
+``--build-only`` makes it and stops). The export replaces PRelu, ConvTranspose
+and one-channel pooling by exact equivalents ONNX Runtime runs faster and in INT8
+(``medrt.engine.rewrite``) and checks the ONNX output against torch. Segmentation patches are made at the
 UNets' pixel spacing (``data.SEG_SPACING``, written to the spec as
 ``spacing_mm``). This CPU is shared, so ``--minutes`` bounds a run by time (the
 schedule follows it) and the spec records the steps it reached.
@@ -48,7 +48,8 @@ log = logging.getLogger("medrt.models.train")
 VERSIONS = {"lesion_unet": "2.1.1", "lesion_unet_lite": "1.1.1", "roi_classifier": "1.1.0", "roi_classifier_dx": "1.1.0"}
 ROI_MODELS = phantom_data.ROI_MODELS
 EXPORT_NOTE = ("torch.onnx (TorchScript exporter), then medrt.engine.rewrite.cpu_friendly: PRelu as LeakyRelu, "
-               "ConvTranspose as Conv + pixel shuffle (exact; checked against torch)")
+               "ConvTranspose as Conv + pixel shuffle, one-channel box pooling with rows as channels "
+               "(exact; checked against torch)")
 OPSET = 17
 
 
@@ -291,9 +292,9 @@ def export(net: nn.Module, name: str, out: Path, roi: bool) -> Path:
 
 
 def _rewrite(path: Path) -> None:
-    """Replace the graph's PRelu and ConvTranspose layers by their exact equivalents that
-    ONNX Runtime's CPU provider runs faster and can run in INT8 (``medrt.engine.rewrite``);
-    :func:`export` then checks the result against torch as before."""
+    """Replace the graph's PRelu, ConvTranspose and one-channel pooling layers by exact
+    equivalents that ONNX Runtime's CPU provider runs faster and can run in INT8
+    (``medrt.engine.rewrite``); :func:`export` then checks the result against torch."""
     import onnx
 
     from medrt.engine.rewrite import cpu_friendly
