@@ -303,3 +303,22 @@ def test_int8_runs_without_a_writable_cache(lite: ModelSpec, tmp_path: Path, mon
         reduced = gated_int8(lite)
     assert reduced.quantization and reduced.path.is_file() and "cannot write the INT8 cache" in caplog.text
     assert blocker.is_file() and not reduced.path.is_relative_to(tmp_path)
+
+
+def test_cli_models_int8_makes_lists_and_clears_the_cache(lite: ModelSpec, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # fmt: skip
+    """IT can make the INT8 twins at install time, see the verdicts and clear them."""
+    import json
+
+    monkeypatch.setenv("MEDRT_CACHE", str(tmp_path))
+    assert main(["models", "int8"]) == 0
+    assert "no INT8 models" in capsys.readouterr().out
+    assert main(["models", "int8", str(LITE), "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    (entry,) = listed["models"]
+    assert entry["source"] == lite.ident and entry["passed"] and "accepted" in entry["message"]
+    assert main(["models", "int8"]) == 0
+    assert f"ok       {lite.ident}" in capsys.readouterr().out
+    assert main(["models", "int8", "--clear", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["removed"] == [entry["folder"]]
+    assert not any((tmp_path / "int8").iterdir())

@@ -1,4 +1,4 @@
-"""``medrt models list|verify|import-bundle|quantize``: the shipped models, your own, MONAI bundles, INT8.
+"""``medrt models list|verify|import-bundle|quantize|int8``: the shipped models, your own, MONAI bundles, INT8.
 
 The spec format is documented in ``models/README.md``. Nothing heavy is imported
 at start-up: onnxruntime loads in ``verify`` and ``quantize``, torch and monai in ``import-bundle``.
@@ -240,10 +240,66 @@ def run_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _int8_entries(root: Path) -> list[dict[str, Any]]:
+    out = []
+    for folder in sorted(p for p in root.glob("*") if p.is_dir() and not p.name.startswith(".")):
+        verdict_path = folder / "verdict.json"
+        try:
+            verdict = json.loads(verdict_path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            out.append({"folder": str(folder), "error": f"no readable verdict.json ({exc})"})
+            continue
+        out.append({"folder": str(folder), "source": verdict.get("source", "?"), "passed": bool(verdict.get("passed")),
+                    "message": verdict.get("message", "")})
+    return out
+
+
+def run_int8(args: argparse.Namespace) -> int:
+    """List, make or clear the gated INT8 twins ``--precision int8`` uses (medrt.engine.quantize.gated_int8)."""
+    import shutil
+
+    from medrt.engine.cache import cache_dir
+    from medrt.engine.gate import AccuracyGateError
+    from medrt.engine.quantize import _int8_folder, gated_int8
+
+    root = cache_dir("int8")
+    specs = [find_spec(name) for name in args.models]
+    if args.clear:
+        folders = [_int8_folder(s, root) for s in specs] if specs else [p for p in root.glob("*") if p.is_dir()]
+        removed = [str(f) for f in folders if f.exists()]
+        for f in folders:
+            shutil.rmtree(f, ignore_errors=True)
+        print(json.dumps({"removed": removed}, indent=2) if args.json else
+              "\n".join([f"removed {f}" for f in removed] or [f"nothing to remove in {root}"]))
+        return 0
+    failed = 0
+    for spec in specs:  # made now, so the first clinical run does not wait for it
+        try:
+            gated_int8(spec)
+        except AccuracyGateError as exc:  # kept in the cache; the analyzer runs this one in fp32
+            if not args.json:
+                print(f"refused  {spec.ident}: {exc}")
+        except ModelError as exc:
+            failed += 1
+            print(f"ERROR    {spec.ident}: {exc}", file=sys.stderr)
+    entries = _int8_entries(root)
+    if args.json:
+        print(json.dumps({"cache": str(root), "models": entries}, indent=2))
+    elif not entries:
+        print(f"no INT8 models in {root} yet; 'medrt models int8 NAME...' makes them "
+              "(or the first --precision int8 run does)")
+    else:
+        print(f"INT8 models in {root}:")
+        for e in entries:
+            state = "ERROR" if "error" in e else "ok" if e["passed"] else "refused"
+            print(f"  {state:<8} {e.get('source', Path(e['folder']).name):<32} {e.get('message') or e.get('error')}")
+    return 1 if failed else 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "models",
-        help="list the shipped models, verify model specs, import a MONAI bundle, quantize to INT8",
+        help="list the shipped models, verify model specs, import a MONAI bundle, quantize to INT8, the INT8 cache",
         description="Models are ONNX files described by a TOML spec (models/README.md). "
         "Shipped models are trained on synthetic phantoms: research/demo use only, not for clinical use.",
     )
@@ -323,3 +379,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     qua.add_argument("--json", action="store_true", help="print one JSON object for programs")
     qua.set_defaults(func=run_quantize)
+
+    i8 = msub.add_parser(
+        "int8",
+        help="list, make or clear the gated INT8 models that --precision int8 runs",
+        description="--precision int8 on the CPU runs each model's INT8 twin, quantized and checked by the "
+        "accuracy gate on first use and kept in the cache ($MEDRT_CACHE/int8 or ~/.cache/medrt/int8), "
+        "refusals included (those models run in fp32). Without MODEL: list the cache. With MODELs: make "
+        "their twins now (e.g. at install, so the first clinical run does not wait ~10 s per model). "
+        "--clear removes the cache (or the MODELs' entries) so the next run measures again.",
+    )
+    i8.add_argument("models", nargs="*", metavar="MODEL", help="shipped model names or .toml specs")
+    i8.add_argument("--clear", action="store_true", help="remove the cached INT8 models and verdicts")
+    i8.add_argument("--json", action="store_true", help="print one JSON object for programs")
+    i8.set_defaults(func=run_int8)
