@@ -234,3 +234,30 @@ def test_quantized_unet_keeps_activations_int8_between_convolutions(tmp_path: Pa
         if node.name in excluded and node.op_type != "Conv":
             assert all(produced_by.get(t) is None or produced_by[t].op_type != "DequantizeLinear"
                        for t in node.input), node.name  # fmt: skip
+
+
+def test_unnamed_nodes_get_unique_replacements() -> None:
+    """ONNX allows unnamed nodes; two unnamed up-sampling layers and two unnamed pools must
+    not produce the same tensor names (a graph with two producers of one tensor is invalid)."""
+    onnx = require_module("onnx")
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    inits = [numpy_helper.from_array(rng.standard_normal((1, 1, 3, 3)).astype(np.float32), f"w{i}") for i in (1, 2)]
+    nodes = [
+        helper.make_node("AveragePool", ["x"], ["p1"], kernel_shape=[1, 5], pads=[0, 2, 0, 2]),
+        helper.make_node("AveragePool", ["p1"], ["p2"], kernel_shape=[5, 1], pads=[2, 0, 2, 0]),
+        helper.make_node("ConvTranspose", ["p2", "w1"], ["u1"], kernel_shape=[3, 3], strides=[2, 2],
+                         pads=[1, 1, 1, 1], output_padding=[1, 1]),
+        helper.make_node("ConvTranspose", ["u1", "w2"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                         pads=[1, 1, 1, 1], output_padding=[1, 1]),
+    ]  # fmt: skip
+    model = _model(nodes, inits, cin=1)
+    rewritten, report = cpu_friendly(model)
+    assert len(report["conv_transpose"]) == 2 and len(report["pool"]) == 2
+    outputs = [o for n in rewritten.graph.node for o in n.output]
+    assert len(outputs) == len(set(outputs))
+    onnx.checker.check_model(rewritten, full_check=True)
+    x = rng.standard_normal((1, 1, 6, 7)).astype(np.float32)
+    ref = _run(model, x)
+    np.testing.assert_allclose(_run(rewritten, x), ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))

@@ -62,6 +62,12 @@ class RewriteReport(dict):
                 f"{len(self['pool'])} one-channel 1-D pooling -> rows as channels; kept: {kept}")
 
 
+def _prefix(node: Any) -> str:
+    """A unique stem for the tensors and nodes that replace ``node``: its name, or, for an
+    unnamed node (allowed in ONNX), its first output's name (tensor names are unique)."""
+    return node.name or f"{node.output[0]}/rewritten"
+
+
 def _attrs(node: Any) -> dict[str, Any]:
     import onnx
 
@@ -178,7 +184,7 @@ def _rows_as_channels(node: Any, attrs: dict[str, Any]) -> tuple[list[Any], list
     k = list(attrs["kernel_shape"])
     pads = list(attrs.get("pads", [0, 0, 0, 0]))
     along_h = k[1] == 1
-    t = f"{node.name}/rows/"
+    t = f"{_prefix(node)}/rows/"
     src, out = node.input[0], node.output[0]
     consts = [numpy_helper.from_array(np.array([1, -1, 1, 0], np.int64), t + "as_rows")]
     pool_attrs = {a: v for a, v in attrs.items() if a not in ("kernel_shape", "pads", "strides")}
@@ -294,11 +300,12 @@ def cpu_friendly(model: onnx.ModelProto) -> tuple[onnx.ModelProto, RewriteReport
             out = bn.output[0]
             folded.add(bn.output[0])
             report["batchnorm_folded"].append(bn.name)
-        w_name, b_name, mid = f"{node.name}/as_conv/W", f"{node.name}/as_conv/B", f"{node.name}/as_conv/out"
+        base = _prefix(node)
+        w_name, b_name, mid = f"{base}/as_conv/W", f"{base}/as_conv/B", f"{base}/as_conv/out"
         new_inits += [numpy_helper.from_array(w, w_name), numpy_helper.from_array(b, b_name)]
-        new_nodes.append(helper.make_node("Conv", [node.input[0], w_name, b_name], [mid], name=f"{node.name}/as_conv",
+        new_nodes.append(helper.make_node("Conv", [node.input[0], w_name, b_name], [mid], name=f"{base}/as_conv",
                                           kernel_shape=list(w.shape[2:]), pads=conv_pads, strides=[1, 1]))  # fmt: skip
-        shuffle, consts = _pixel_shuffle(f"{node.name}/pixel_shuffle", node.input[0], mid, out, strides[0])
+        shuffle, consts = _pixel_shuffle(f"{base}/pixel_shuffle", node.input[0], mid, out, strides[0])
         new_nodes += shuffle
         new_inits += consts
         report["conv_transpose"].append(node.name)
