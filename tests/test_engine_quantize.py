@@ -322,3 +322,21 @@ def test_cli_models_int8_makes_lists_and_clears_the_cache(lite: ModelSpec, tmp_p
     assert main(["models", "int8", "--clear", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["removed"] == [entry["folder"]]
     assert not any((tmp_path / "int8").iterdir())
+
+
+def test_a_model_with_unnamed_nodes_quantizes_with_its_ends_in_fp32(tmp_path: Path) -> None:
+    """Other exporters leave nodes unnamed; the first/last layers are excluded by name,
+    so the rewrite names them first (before: 'the graph has unnamed nodes')."""
+    onnx = require_module("onnx")
+    spec = _tiny_model(tmp_path / "fp32")
+    model = onnx.load(str(spec.path))
+    for node in model.graph.node:
+        node.name = ""
+    onnx.save(model, str(spec.path))
+    text = spec.spec_path.read_text().replace(spec.sha256, sha256_file(spec.path))
+    spec.spec_path.write_text(text)
+    spec = load_spec(spec.spec_path)
+    rng = np.random.default_rng(1)
+    q = quantize_int8(spec, tmp_path / "out", calibration=[rng.random((64, 64), dtype=np.float32) for _ in range(4)])
+    excluded = q.quantization["excluded_nodes"]
+    assert excluded == ["Conv:c0", "Conv:logits"], excluded

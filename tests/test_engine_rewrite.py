@@ -256,7 +256,8 @@ def test_unnamed_nodes_get_unique_replacements() -> None:
     rewritten, report = cpu_friendly(model)
     assert len(report["conv_transpose"]) == 2 and len(report["pool"]) == 2
     outputs = [o for n in rewritten.graph.node for o in n.output]
-    assert len(outputs) == len(set(outputs))
+    names = [n.name for n in rewritten.graph.node]
+    assert len(outputs) == len(set(outputs)) and all(names) and len(names) == len(set(names))
     onnx.checker.check_model(rewritten, full_check=True)
     x = rng.standard_normal((1, 1, 6, 7)).astype(np.float32)
     ref = _run(model, x)

@@ -209,12 +209,19 @@ def cpu_friendly(model: onnx.ModelProto) -> tuple[onnx.ModelProto, RewriteReport
     """A copy of ``model`` with single-slope ``PRelu`` as ``LeakyRelu``, eligible 2-D
     ``ConvTranspose`` layers as ``Conv`` + pixel shuffle and one-channel 1-D pooling
     windows with rows as channels (see the module docstring), and a report of what
-    changed and what was kept and why."""
+    changed and what was kept and why. Unnamed nodes are named ``OpType:output``
+    (quantization keeps layers FP32 by name)."""
     import onnx
     from onnx import helper, numpy_helper
 
     model = onnx.ModelProto.FromString(model.SerializeToString())
     graph = model.graph
+    taken = {n.name for n in graph.node}
+    for node in graph.node:  # quantization excludes layers by name: every node gets one
+        if not node.name:
+            node.name = name = next(c for c in (f"{node.op_type}:{node.output[0]}", *(
+                f"{node.op_type}:{node.output[0]}:{i}" for i in range(1, len(taken) + 2))) if c not in taken)
+            taken.add(name)
     inits = {i.name: i for i in graph.initializer}
     consumers: dict[str, list[Any]] = {}
     for node in graph.node:
