@@ -53,6 +53,11 @@ def _setup_logging(verbosity: int) -> None:
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    if verbosity < 2:
+        # pydicom logs every decoder plugin's traceback at ERROR before it gives up on a
+        # frame; medrt then reports the file and the reason in one line (and goes on), so
+        # those tracebacks only look like a crash to whoever reads the console. -vv shows them.
+        logging.getLogger("pydicom.pixels.decoders.base").setLevel(logging.CRITICAL)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

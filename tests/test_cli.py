@@ -75,3 +75,22 @@ def test_info_on_the_samples_succeeds(sample_dir: Path) -> None:
 def test_usage_error_exit_code() -> None:
     out = medrt("no-such-command")
     assert out.returncode == 2
+
+
+def test_a_corrupt_compressed_frame_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    """pydicom logs each decoder plugin's traceback before giving up; medrt reports the
+    file and the reason once, so a console user does not read a crash (-vv shows them)."""
+    import pydicom
+    from pydicom.encaps import encapsulate, generate_frames
+
+    ds = pydicom.dcmread(pydicom_test_dir() / "JPEG2000.dcm")
+    frame = next(generate_frames(ds.PixelData, number_of_frames=1))
+    ds.PixelData = encapsulate([frame[: len(frame) // 3] + b"\0" * 64])
+    bad = tmp_path / "cut_j2k.dcm"
+    ds.save_as(bad)
+
+    out = medrt("info", str(bad))
+    assert out.returncode == 1 and "cut_j2k.dcm" in out.stdout and "CorruptPixelDataError" in out.stdout
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    loud = medrt("-vv", "info", str(bad))
+    assert "Traceback" in loud.stderr  # still there for whoever debugs a codec
