@@ -222,7 +222,7 @@ def test_int8_precision_runs_the_gated_twin_made_once(lite: ModelSpec, tmp_path:
     from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
 
     monkeypatch.setenv("MEDRT_CACHE", str(tmp_path))
-    with caplog.at_level(logging.INFO, logger="medrt.engine.quantize"):
+    with caplog.at_level(logging.INFO, logger="medrt.engine.int8cache"):
         first = OnnxRuntimeBackend(lite, precision="int8", threads=1)
     assert "quantizing and gating" in caplog.text
     assert first.spec.quantization and first.spec.version == f"{lite.version}+int8" and first.info().precision == "int8"
@@ -234,7 +234,7 @@ def test_int8_precision_runs_the_gated_twin_made_once(lite: ModelSpec, tmp_path:
     assert first.spec.card == lite.card  # the relative card path survived the move into place
 
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="medrt.engine.quantize"):
+    with caplog.at_level(logging.INFO, logger="medrt.engine.int8cache"):
         again = OnnxRuntimeBackend(lite, precision="int8", threads=1)
     assert "quantizing" not in caplog.text and "INT8 from" in caplog.text
     assert again.spec.sha256 == first.spec.sha256
@@ -252,13 +252,13 @@ def test_a_refused_int8_twin_is_remembered_and_the_analyzer_runs_that_model_in_f
 
     from medrt.analyzer import AnalyzerConfig, load_analyzer
     from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
-    from medrt.engine.quantize import _int8_folder
+    from medrt.engine.int8cache import cache_folder
     from medrt.engine.registry import find_spec
 
     monkeypatch.setenv("MEDRT_CACHE", str(tmp_path))
     specs = [lite, find_spec("roi_classifier")]
     for spec in specs:  # the verdicts a failed gate leaves (the gate itself is tested above)
-        folder = _int8_folder(spec, tmp_path / "int8")
+        folder = cache_folder(spec, tmp_path / "int8")
         folder.mkdir(parents=True)
         message = f"{spec.name} int8 refused: Dice 0.800 -> 0.700 (-10.0 points); the limit is 1 point"
         (folder / "verdict.json").write_text(json.dumps({"passed": False, "message": message}))
@@ -294,12 +294,12 @@ def test_int8_runs_without_a_writable_cache(lite: ModelSpec, tmp_path: Path, mon
     read-only home on a locked-down workstation) costs the cache, not the run."""
     import logging
 
-    from medrt.engine.quantize import gated_int8
+    from medrt.engine.int8cache import gated_int8
 
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("")
     monkeypatch.setenv("MEDRT_CACHE", str(blocker))
-    with caplog.at_level(logging.WARNING, logger="medrt.engine.quantize"):
+    with caplog.at_level(logging.WARNING, logger="medrt.engine.int8cache"):
         reduced = gated_int8(lite)
     assert reduced.quantization and reduced.path.is_file() and "cannot write the INT8 cache" in caplog.text
     assert blocker.is_file() and not reduced.path.is_relative_to(tmp_path)

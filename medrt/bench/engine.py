@@ -187,7 +187,7 @@ def _settled_rss_mb() -> float:
 
 def engine_table(spec_name: str = "lesion_unet", size: int = 1024, repeats: int = 15) -> list[dict[str, Any]]:
     """p50/p99 latency at ``size``² for each backend/precision available here. INT8 on
-    the CPU is the gated twin (:func:`medrt.engine.quantize.gated_int8`); a refused one
+    the CPU is the gated twin (:func:`medrt.engine.int8cache.gated_int8`); a refused one
     is a row with the gate's figures as its error."""
     from medrt.engine.registry import find_spec
     from medrt.engine.select import ALLOW_LIST, create_backend, probe
@@ -202,7 +202,7 @@ def engine_table(spec_name: str = "lesion_unet", size: int = 1024, repeats: int 
             continue
         try:
             if (backend, device, precision) == ("onnxruntime", "cpu", "int8"):
-                from medrt.engine.quantize import gated_int8
+                from medrt.engine.int8cache import gated_int8
 
                 gated_int8(spec)  # made (or found in the cache) before the memory is counted
             before = _settled_rss_mb()

@@ -240,49 +240,29 @@ def run_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _int8_entries(root: Path) -> list[dict[str, Any]]:
-    out = []
-    for folder in sorted(p for p in root.glob("*") if p.is_dir() and not p.name.startswith(".")):
-        verdict_path = folder / "verdict.json"
-        try:
-            verdict = json.loads(verdict_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            out.append({"folder": str(folder), "error": f"no readable verdict.json ({exc})"})
-            continue
-        out.append({"folder": str(folder), "source": verdict.get("source", "?"), "passed": bool(verdict.get("passed")),
-                    "message": verdict.get("message", "")})
-    return out
-
-
 def run_int8(args: argparse.Namespace) -> int:
-    """List, make or clear the gated INT8 twins ``--precision int8`` uses (medrt.engine.quantize.gated_int8)."""
-    import shutil
-
-    from medrt.engine.cache import cache_dir
+    """List, make or clear the gated INT8 twins ``--precision int8`` uses (medrt.engine.int8cache)."""
+    from medrt.engine import int8cache
     from medrt.engine.gate import AccuracyGateError
-    from medrt.engine.quantize import _int8_folder, gated_int8
 
-    root = cache_dir("int8")
+    root = int8cache.cache_root()
     specs = [find_spec(name) for name in args.models]
     if args.clear:
-        folders = [_int8_folder(s, root) for s in specs] if specs else [p for p in root.glob("*") if p.is_dir()]
-        removed = [str(f) for f in folders if f.exists()]
-        for f in folders:
-            shutil.rmtree(f, ignore_errors=True)
+        removed = int8cache.clear(specs)
         print(json.dumps({"removed": removed}, indent=2) if args.json else
               "\n".join([f"removed {f}" for f in removed] or [f"nothing to remove in {root}"]))
         return 0
     failed = 0
     for spec in specs:  # made now, so the first clinical run does not wait for it
         try:
-            gated_int8(spec)
+            int8cache.gated_int8(spec)
         except AccuracyGateError as exc:  # kept in the cache; the analyzer runs this one in fp32
             if not args.json:
                 print(f"refused  {spec.ident}: {exc}")
         except ModelError as exc:
             failed += 1
             print(f"ERROR    {spec.ident}: {exc}", file=sys.stderr)
-    entries = _int8_entries(root)
+    entries = int8cache.entries()
     if args.json:
         print(json.dumps({"cache": str(root), "models": entries}, indent=2))
     elif not entries:

@@ -23,13 +23,10 @@ Needs ``onnx`` and ``onnxruntime.quantization`` (imported when called).
 
 from __future__ import annotations
 
-import atexit
 import functools
-import json
 import logging
 import math
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -62,7 +59,6 @@ __all__ = [
     "calibration_inputs",
     "calibration_description",
     "first_last_compute_nodes",
-    "gated_int8",
     "move_quantized",
     "quantize_int8",
 ]
@@ -506,81 +502,3 @@ def quantize_int8(
     log.info("wrote %s and %s", onnx_path, spec_path)
     return load_spec(spec_path)
 
-
-# --------------------------------------------------------------------------- on demand
-
-INT8_CACHE_FORMAT = 3  # 2: the gate routes radiograph crops; 3: it scores only the model's modalities
-
-
-def _int8_folder(spec: ModelSpec, root: Path) -> Path:
-    import onnxruntime as ort
-
-    # What the INT8 model and its verdict depend on: the FP32 file, the quantizer (ORT's
-    # version) and this module's recipe (calibration, rewrites, excluded layers).
-    return root / f"{spec.name}-{spec.sha256[:16]}-ort{ort.__version__}-v{INT8_CACHE_FORMAT}"
-
-
-def _make_int8(spec: ModelSpec, folder: Path) -> None:
-    """Quantize and gate ``spec`` into ``folder``: the model (only if it passed) and
-    ``verdict.json``."""
-    from medrt.engine.gate import compare
-
-    reduced = quantize_int8(spec, folder)
-    report = compare(spec, reduced)
-    record = {"format": INT8_CACHE_FORMAT, "source": spec.ident, "sha256": spec.sha256, **report.to_json()}
-    (folder / "verdict.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
-    if not report.passed:  # keep the verdict, not the model
-        for f in folder.glob(f"{spec.name}_int8.*"):
-            f.unlink()
-
-
-def gated_int8(spec: ModelSpec, cache: str | Path | None = None) -> ModelSpec:
-    """The INT8 twin of ``spec`` that passed the accuracy gate, made on first use.
-
-    A spec that already is a quantized model is returned as it is. Otherwise the model
-    is quantized (:func:`quantize_int8`, default calibration) and gated
-    (:func:`medrt.engine.gate.compare`) once, and the result is kept in ``cache``
-    (default ``medrt.engine.cache.cache_dir("int8")``), keyed by the FP32 file's
-    sha256 and the ORT version: later runs load it in milliseconds. A refusal is kept
-    too, and raises :class:`medrt.engine.gate.AccuracyGateError` with the figures
-    every time; delete the folder named in the message to measure again.
-    """
-    from medrt.engine.cache import cache_dir
-    from medrt.engine.gate import AccuracyGateError
-
-    if spec.quantization:
-        return spec
-    folder = _int8_folder(spec, Path(cache) if cache is not None else cache_dir("int8"))
-    verdict_path = folder / "verdict.json"
-    kept = True
-    if not verdict_path.is_file():
-        log.info("%s: no INT8 model in %s yet; quantizing and gating it (once, about a minute)", spec.ident, folder)
-        try:
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            # Staged beside the final folder (same depth: the spec's relative card path
-            # holds) and renamed into place, so another process sees all of it or nothing.
-            staged = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
-        except OSError as exc:  # a read-only home, a full disk: still run, without the cache
-            folder = Path(tempfile.mkdtemp(prefix=f"medrt-{folder.name}-"))
-            atexit.register(shutil.rmtree, folder, ignore_errors=True)
-            log.warning("%s: cannot write the INT8 cache (%s); making the INT8 model in %s for this process"
-                        " only (set MEDRT_CACHE to a writable folder to keep it)", spec.ident, exc, folder)
-            verdict_path, kept = folder / "verdict.json", False
-            _make_int8(spec, folder)
-        else:
-            try:
-                _make_int8(spec, staged)
-                try:
-                    os.replace(staged, folder)
-                except OSError:  # another process got there first; its result is as good
-                    if not verdict_path.is_file():
-                        raise
-            finally:
-                shutil.rmtree(staged, ignore_errors=True)
-    verdict = json.loads(verdict_path.read_text(encoding="utf-8"))
-    if not verdict.get("passed"):
-        where = f"verdict kept in {folder}; delete it to measure again" if kept else "not cached"
-        raise AccuracyGateError(f"{verdict.get('message', spec.ident + ' int8 refused')} [{where}]")
-    reduced = load_spec(folder / f"{spec.name}_int8.toml")
-    log.info("%s: INT8 from %s (%s)", spec.ident, folder, verdict.get("message", "gate passed"))
-    return reduced

@@ -51,7 +51,7 @@ def providers_for(device: str, precision: str) -> list[ProviderArg]:
     """The provider list for a device and precision.
 
     ``cpu`` runs fp32, or int8 for a QDQ-quantized model (the backend swaps an FP32
-    spec for its gated INT8 twin, :func:`medrt.engine.quantize.gated_int8`). ``cuda`` runs fp32 on
+    spec for its gated INT8 twin, :func:`medrt.engine.int8cache.gated_int8`). ``cuda`` runs fp32 on
     the CUDA provider; fp16 and int8 on CUDA go through the TensorRT provider
     (its engines cached under :func:`medrt.engine.cache.cache_dir` ``("ort-trt")``),
     with CUDA then CPU behind it for the nodes TensorRT does not take.
@@ -119,7 +119,7 @@ class OnnxRuntimeBackend(Backend):
         if precision == "int8" and _name(chosen[0]) == CPU and not spec.quantization:
             # INT8 on the CPU runs a QDQ model: an FP32 spec gets its gated twin, made on
             # first use and cached (refused with the figures if it loses accuracy).
-            from medrt.engine.quantize import gated_int8
+            from medrt.engine.int8cache import gated_int8
 
             spec = gated_int8(spec)
         super().__init__(spec)
