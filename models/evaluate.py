@@ -187,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         "dx": {name: evaluate(preds, dx.truth).to_json() for name, preds in dx.preds.items()},
         "ct": {name: evaluate(preds, ct.truth).to_json() for name, preds in ct.preds.items()},
         # per classifier and modality; "routed": which one the analyzer uses for each
-        "roi": {name: {"dx": dx.roi[name].to_json(), "ct": ct.roi[name].to_json()} for name in dx.roi},
+        "roi": {name: {"dx": dx.roi.get(name, RoiStats()).to_json(), "ct": ct.roi.get(name, RoiStats()).to_json()}
+                for name in {**dx.roi, **ct.roi}},  # either modality may have no frames (--n-dx 0)
         "roi_routed": {"dx": dx.routed, "ct": ct.routed},
         "latency_ms": latency(backends),
         "held_out": {"dx_frames": args.n_dx, "ct_series": args.n_ct, "seed": args.seed},
