@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["RoiNet", "LocalContrast", "LocalContrastUNet", "build_unet", "network_for", "UNET_VARIANTS"]
+__all__ = ["RoiNet", "LocalContrast", "LocalContrastUNet", "build_unet", "network_for", "UNET_VARIANTS",
+           "EDGE_CHANNEL", "EDGE_GAIN"]
 
 # MONAI UNet settings per variant: lesion_unet for 1024² crops (≈ 0.8 M parameters),
 # lesion_unet_lite for 512² CT streams at 30 frames/s. Batch norm, not MONAI's default
@@ -24,6 +25,16 @@ LOCAL_GAIN = 25.0  # a faint radiograph nodule (25 of 3800 window units) becomes
 # The contrast channel's own smoothing per variant (1: none). CT noise (~12 HU, 3 % of a
 # 400 HU window) is amplified by the gain too; a 3x3 mean first takes most of it out.
 CONTRAST_SMOOTH = {"lesion_unet": 1, "lesion_unet_lite": 3}
+# The edge channel: tanh(gain · (3×3 box mean − 9×9 box mean)), a band-pass that keeps a
+# nodule's sharp rim and drops the smooth lung texture of the same amplitude (25 units over
+# ~8 mm): faint radiograph nodules in the lungs were missed even on training frames without
+# it (an 8-minute radiograph-only run found 14 of 32 validation nodules with it, 7 without).
+# The gain puts a faint rim (25 of 3800 units) near 0.4; CT noise saturates it, and the
+# network learns CT from the other two channels.
+EDGE_INNER, EDGE_OUTER = 3, 9
+EDGE_GAIN = 200.0
+# Which networks get it (2.2 / roi_classifier_dx 1.2 on); older weights load without it.
+EDGE_CHANNEL = {"lesion_unet": True, "roi_classifier_dx": True}
 
 
 class LocalContrast(nn.Module):
@@ -37,9 +48,10 @@ class LocalContrast(nn.Module):
     It is part of the graph, so inference still feeds one normalised channel.
     """
 
-    def __init__(self, window: int = LOCAL_WINDOW, gain: float = LOCAL_GAIN, smooth: int = 1) -> None:
+    def __init__(self, window: int = LOCAL_WINDOW, gain: float = LOCAL_GAIN, smooth: int = 1,
+                 edge_gain: float = 0.0) -> None:
         super().__init__()
-        self.window, self.gain, self.smooth = window, gain, smooth
+        self.window, self.gain, self.smooth, self.edge_gain = window, gain, smooth, edge_gain
 
     @staticmethod
     def _box(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -49,41 +61,49 @@ class LocalContrast(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         local = self._box(x, self.smooth) if self.smooth > 1 else x
-        return torch.cat([x, torch.tanh(self.gain * (local - self._box(x, self.window)))], dim=1)
+        out = [x, torch.tanh(self.gain * (local - self._box(x, self.window)))]
+        if self.edge_gain > 0:
+            out.append(torch.tanh(self.edge_gain * (self._box(x, EDGE_INNER) - self._box(x, EDGE_OUTER))))
+        return torch.cat(out, dim=1)
 
 
 class LocalContrastUNet(nn.Module):
-    """A MONAI UNet fed :class:`LocalContrast` (two channels)."""
+    """A MONAI UNet fed :class:`LocalContrast` (two channels, three with the edge channel)."""
 
-    def __init__(self, variant: str) -> None:
+    def __init__(self, variant: str, edge: bool = False) -> None:
         super().__init__()
+        edge_gain = EDGE_GAIN if edge else 0.0
         from monai.networks.nets import UNet
 
-        self.contrast = LocalContrast(smooth=CONTRAST_SMOOTH.get(variant, 1))
-        self.unet = UNet(spatial_dims=2, in_channels=2, out_channels=1, **UNET_VARIANTS[variant])
+        self.contrast = LocalContrast(smooth=CONTRAST_SMOOTH.get(variant, 1), edge_gain=edge_gain)
+        self.unet = UNet(spatial_dims=2, in_channels=3 if edge_gain > 0 else 2, out_channels=1, **UNET_VARIANTS[variant])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.unet(self.contrast(x))
 
 
-def build_unet(variant: str, local_contrast: bool = True) -> nn.Module:
+def build_unet(variant: str, local_contrast: bool = True, edge: bool | None = None) -> nn.Module:
     """The UNet of ``variant``; ``local_contrast=False`` is the plain one-channel MONAI
-    UNet of the 1.x models (trained on CT only)."""
+    UNet of the 1.x models (trained on CT only); ``edge`` adds the edge channel (default:
+    :data:`EDGE_CHANNEL`)."""
     if local_contrast:
-        return LocalContrastUNet(variant)
+        return LocalContrastUNet(variant, EDGE_CHANNEL.get(variant, False) if edge is None else edge)
     from monai.networks.nets import UNet
 
     return UNet(spatial_dims=2, in_channels=1, out_channels=1, **UNET_VARIANTS[variant])
 
 
-def network_for(name: str, state: dict[str, torch.Tensor]) -> nn.Module:
+def network_for(name: str, state: dict[str, torch.Tensor], roi: bool | None = None) -> nn.Module:
     """The network that saved ``state`` (a shipped ``.pt``), with the weights loaded:
-    with or without the local-contrast input, as the weights say."""
-    if name.startswith("roi_classifier"):
-        first = next(v for k, v in state.items() if k.endswith(".weight") and v.ndim == 4)
-        net: nn.Module = RoiNet(local_contrast=first.shape[1] == 2)
+    with or without the local-contrast and edge inputs, as the weights say. ``roi``: a
+    RoiNet (default: when ``name`` starts with ``roi_classifier``)."""
+    first = next(v for k, v in state.items() if k.endswith(".weight") and v.ndim == 4)
+    channels = first.shape[1]  # 1: the frame; 2: + local contrast; 3: + edge
+    if name.startswith("roi_classifier") if roi is None else roi:
+        both = state["presence.weight"].shape[1] == 2 * state["heatmap.weight"].shape[1]
+        net: nn.Module = RoiNet(local_contrast=channels >= 2, edge=channels == 3, pool="mean+max" if both else "max")
     else:
-        net = build_unet(name, local_contrast=any(k.startswith("unet.") for k in state))
+        net = build_unet(name, local_contrast=any(k.startswith("unet.") for k in state), edge=channels == 3)
     net.load_state_dict(state)
     return net.eval()
 
@@ -110,14 +130,26 @@ class RoiNet(nn.Module):
     Depthwise-separable blocks with channel counts in multiples of 8 bring the
     thumbnail to 1/8 resolution; dilated blocks then widen the context. Two heads:
     ``heatmap`` (a lesion logit per 8×8-pixel cell of the thumbnail) and
-    ``presence`` (one frame-level logit from average- and max-pooled features).
+    ``presence`` (one frame-level logit from max-pooled features; the 1.x models and
+    roi_classifier_dx 1.1 also pool the mean, ``pool="mean+max"``).
+
+    Max pooling keeps presence the same on a 256² training window and a whole 512² or
+    1024² thumbnail; the mean of a frame with one small lesion falls as the frame grows,
+    and the shipped CT classifier (mean + max, trained on 256² windows) never called a
+    whole 512² slice present at 0.5 (its heatmap did the work).
     """
 
-    def __init__(self, width: int = 32, local_contrast: bool = True) -> None:
+    def __init__(self, width: int = 32, local_contrast: bool = True, edge: bool = False,
+                 pool: str = "max") -> None:
         super().__init__()
-        w = width
+        if pool not in ("max", "mean+max"):
+            raise ValueError(f'pool must be "max" or "mean+max", got {pool!r}')
+        w, self.pool = width, pool
         # Radiograph nodules are faint against ribs: see LocalContrast (the 1.x model has none).
-        front = [LocalContrast(), _conv_bn(2, 16, 3, 2)] if local_contrast else [_conv_bn(1, 16, 3, 2)]
+        if local_contrast:
+            front = [LocalContrast(edge_gain=EDGE_GAIN if edge else 0.0), _conv_bn(3 if edge else 2, 16, 3, 2)]
+        else:
+            front = [_conv_bn(1, 16, 3, 2)]
         self.features = nn.Sequential(
             *front,  # /2
             _DepthwiseSeparable(16, 24),
@@ -129,10 +161,12 @@ class RoiNet(nn.Module):
             _DepthwiseSeparable(2 * w, 2 * w, dilation=4),
         )
         self.heatmap = nn.Conv2d(2 * w, 1, 1)
-        self.presence = nn.Linear(4 * w, 1)
+        self.presence = nn.Linear((4 if pool == "mean+max" else 2) * w, 1)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         f = self.features(x)
         heat = self.heatmap(f)
-        pooled = torch.cat([f.mean(dim=(2, 3)), f.amax(dim=(2, 3))], dim=1)
+        pooled = f.amax(dim=(2, 3))
+        if self.pool == "mean+max":
+            pooled = torch.cat([f.mean(dim=(2, 3)), pooled], dim=1)
         return self.presence(pooled), heat

@@ -5,7 +5,9 @@ from __future__ import annotations
 import copy
 import json
 
+from conftest import REPO
 from medrt.cli import main
+from medrt.engine.registry import load_spec
 
 
 def test_pipeline_suites_json_keys_and_compare(tmp_path, capsys):
@@ -47,7 +49,8 @@ def test_precision_int8_runs_the_gated_twins_and_the_engine_table_lists_int8(cap
     out = json.loads(capsys.readouterr().out)
     rows = {(r["backend"], r["device"], r["precision"]): r for r in out["engines"]}
     fp32, int8 = rows[("onnxruntime", "cpu", "fp32")], rows[("onnxruntime", "cpu", "int8")]
-    assert fp32["model"] == "lesion_unet_lite@1.1.1" and int8["model"] == "lesion_unet_lite@1.1.1+int8", int8
+    lite = load_spec(REPO / "models" / "lesion_unet_lite.toml").ident
+    assert fp32["model"] == lite and int8["model"] == f"{lite}+int8", int8
     assert int8["p50_ms"] > 0 and "error" not in int8
     s = out["stream_30fps"]
     assert s["model"].endswith("+int8") and s["analysed"] + s["drops"] == 40 and s["errors"] == 0

@@ -78,18 +78,23 @@ def weights_path(spec: ModelSpec, weights: str | Path | None = None) -> Path:
     )
 
 
-def build_network(spec: ModelSpec) -> Any:
-    """The torch module for a spec: RoiNet for a roi_classifier, the MONAI UNet variant by name."""
-    from medrt.models.networks import UNET_VARIANTS, RoiNet, build_unet
+def build_network(spec: ModelSpec, path: Path) -> Any:
+    """The torch module for a spec with the weights at ``path`` loaded: RoiNet for a
+    roi_classifier, the MONAI UNet variant by name; its inputs (local contrast, edge
+    channel) and presence pooling as the saved weights say, so every shipped version loads."""
+    from medrt.models.networks import UNET_VARIANTS, network_for
 
-    if spec.task == "roi_classifier":
-        return RoiNet()
-    if spec.name in UNET_VARIANTS:
-        return build_unet(spec.name)
-    raise ModelError(
-        f"{spec.ident}: no torch network definition for this model (known: roi_classifier, "
-        f"{', '.join(UNET_VARIANTS)}); run it with onnxruntime or tensorrt"
-    )
+    if spec.task != "roi_classifier" and spec.name not in UNET_VARIANTS:
+        raise ModelError(
+            f"{spec.ident}: no torch network definition for this model (known: roi_classifier, "
+            f"{', '.join(UNET_VARIANTS)}); run it with onnxruntime or tensorrt"
+        )
+    torch = import_torch()
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        return network_for(spec.name, state, roi=spec.task == "roi_classifier")
+    except Exception as exc:  # torch raises RuntimeError/UnpicklingError/KeyError here
+        raise ModelError(f"{path}: cannot load these weights into {spec.ident}'s network ({exc})") from exc
 
 
 @dataclass(slots=True)
@@ -156,12 +161,7 @@ class TorchCudaBackend(Backend):
             raise ModelError("CUDA graphs need a CUDA device; cuda_graph=True with device='cpu'")
         self.device = torch.device("cpu") if on_cpu else require_cuda(torch, device)
         path = weights_path(spec, weights)
-        net = build_network(spec)
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-            net.load_state_dict(state)
-        except Exception as exc:  # torch raises RuntimeError/UnpicklingError/KeyError here
-            raise ModelError(f"{path}: cannot load these weights into {spec.ident}'s network ({exc})") from exc
+        net = build_network(spec, path)
         self.precision = precision
         self.dtype = torch.float16 if precision == "fp16" else torch.float32
         self.memory_format = torch.channels_last if channels_last else torch.contiguous_format
