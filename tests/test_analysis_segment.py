@@ -27,9 +27,11 @@ from medrt.analysis.resample import (
     upsample_bilinear,
 )
 from medrt.analysis.segment import (
+    CROP_CONTEXT,
     PROB_FLOOR,
     _blended_logits,
     _logits_at,
+    _margin,
     _region,
     _sigmoid,
     model_factors,
@@ -124,8 +126,14 @@ def test_crops_run_at_the_model_spacing_and_come_back_in_place() -> None:
     norm = np.where(truth, 0.9, 0.1).astype(np.float32)
     model = Contrast(spacing_mm=0.5)
     crops = [(1000, 300, 2024, 1324)]
-    prob = segment_crops(model, norm, crops, spacing_mm=(0.125, 0.125))
+    prob = segment_crops(model, norm, crops, spacing_mm=(0.125, 0.125), context=0)
     assert model.shapes == [(1, 1, 256, 256)], "a 1024² crop at 0.125 mm is a 256² input at 0.5 mm"
+    # With context: 32 model pixels above and on both sides, 6 below (the frame ends 24 px
+    # under the crop), padded to the model's multiple of 16.
+    with_context = Contrast(spacing_mm=0.5)
+    np.testing.assert_array_equal(
+        segment_crops(with_context, norm, crops, spacing_mm=(0.125, 0.125)), prob)
+    assert with_context.shapes == [(1, 1, 304, 320)]
     assert prob.shape == shape and prob.dtype == np.float32
     _, lesions = lesions_from_probability(prob, (0.125, 0.125), 0.5)
     assert len(lesions) == 1
@@ -137,14 +145,51 @@ def test_crops_run_at_the_model_spacing_and_come_back_in_place() -> None:
 
     # Without the frame's spacing (or without a model spacing) nothing is resampled.
     native = Contrast(spacing_mm=0.5)
-    segment_crops(native, norm, crops)
+    segment_crops(native, norm, crops, context=0)
     assert native.shapes == [(1, 1, 1024, 1024)]
     unset = Contrast(spacing_mm=None)
-    segment_crops(unset, norm, crops, spacing_mm=(0.125, 0.125))
+    segment_crops(unset, norm, crops, spacing_mm=(0.125, 0.125), context=0)
     assert unset.shapes == [(1, 1, 1024, 1024)]
     ct = Contrast(spacing_mm=0.5)
     segment_crops(ct, norm[:512, :512], [(0, 0, 512, 512)], spacing_mm=(0.7, 0.7))
     assert ct.shapes == [(1, 1, 512, 512)], "CT slices run at native resolution"
+
+
+class Neighbourhood(Contrast):
+    """A stand-in with spatial context, like a UNet: logit = gain · (9×9 mean with zero
+    padding − 0.5). Inside a flat 0.9 field it is positive everywhere; near an image edge
+    the zeros beyond pull it down, as a UNet's padding does."""
+
+    def infer(self, x: np.ndarray) -> list[np.ndarray]:
+        from scipy import ndimage
+
+        self.shapes.append(x.shape)
+        mean = ndimage.uniform_filter(x[0, 0].astype(np.float64), 9, mode="constant", cval=0.0)
+        return [(20.0 * (mean - 0.5)).astype(np.float32)[None, None]]
+
+
+def test_crops_see_the_frame_around_them() -> None:
+    """A crop edge inside the frame is not an image edge: with context the crop's pixels
+    come out as the whole-frame run gives them; without, the edge rows change. Crops
+    that reach the frame's edge get no context there (nothing to see), and a crop over
+    the whole frame costs nothing extra."""
+    norm = np.full((256, 256), 0.9, np.float32)
+    whole = segment_crops(Neighbourhood(spacing_mm=None), norm, [(0, 0, 256, 256)])
+    crop = (64, 64, 192, 192)
+    with_ctx = segment_crops(Neighbourhood(spacing_mm=None), norm, [crop], context=8)
+    bare = segment_crops(Neighbourhood(spacing_mm=None), norm, [crop], context=0)
+    inside = (slice(64, 192), slice(64, 192))
+    np.testing.assert_allclose(with_ctx[inside], whole[inside], atol=1e-6)
+    assert (bare[64, 64:192] < whole[64, 64:192] - 0.1).all(), "without context the crop edge darkens"
+    assert not with_ctx[:64].any() and not with_ctx[192:].any(), "only the crop's own pixels are written"
+    model = Neighbourhood(spacing_mm=None)
+    segment_crops(model, norm, [(0, 0, 256, 256), (-32, -32, 288, 288), (-32, 128, 224, 384)], context=8)
+    assert model.shapes[:2] == [(1, 1, 256, 256), (1, 1, 320, 320)], "no context past the frame's edges"
+    assert model.shapes[2] == (1, 1, 272, 272), "8 px left and below (264), none above or right; to 16"
+    # CT: a 1024² crop planned around a 512² slice runs as before.
+    ct = Contrast(spacing_mm=0.5)
+    segment_crops(ct, np.zeros((512, 512), np.float32), [(-256, -256, 768, 768)], spacing_mm=(0.7, 0.7))
+    assert ct.shapes == [(1, 1, 1024, 1024)]
 
 
 def test_sliding_window_resamples_the_whole_frame() -> None:
@@ -293,7 +338,8 @@ def radiograph():  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("mode", ["full", "roi"])
 def test_sparse_resampling_and_recheck_match_the_whole_frame(radiograph, mode, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     analyzer, work = radiograph
-    seg, norm, spacing, thr = analyzer.seg, work.norm, work.frame.spacing_mm, analyzer.threshold
+    # A threshold over the spec's, so the recheck surely has faint candidates to run on.
+    seg, norm, spacing, thr = analyzer.seg, work.norm, work.frame.spacing_mm, 0.97
     factors = model_factors(seg, spacing)
     assert factors != (1, 1) and norm.shape == (4096, 4096)
     if mode == "full":
@@ -304,8 +350,12 @@ def test_sparse_resampling_and_recheck_match_the_whole_frame(radiograph, mode, m
         assert work.crops
         prob = segment_crops(seg, norm, work.crops, spacing_mm=spacing)
         dense = np.zeros(norm.shape, np.float32)
-        for r0, c0, r1, c1 in work.crops:
-            p = _sigmoid(_logits_at(seg, _region(norm, r0, c0, r1, c1), factors))
+        rows, cols = norm.shape
+        for r0, c0, r1, c1 in work.crops:  # each crop with its context, dense, then cut to the crop
+            up, left = _margin(r0, CROP_CONTEXT, factors[0]), _margin(c0, CROP_CONTEXT, factors[1])
+            down, right = _margin(rows - r1, CROP_CONTEXT, factors[0]), _margin(cols - c1, CROP_CONTEXT, factors[1])
+            p = _sigmoid(_logits_at(seg, _region(norm, r0 - up, c0 - left, r1 + down, c1 + right), factors))
+            p = p[up : up + r1 - r0, left : left + c1 - c0]
             rr0, cc0 = max(r0, 0), max(c0, 0)
             view = dense[rr0:r1, cc0:c1]
             np.maximum(view, p[rr0 - r0 : rr0 - r0 + view.shape[0], cc0 - c0 : cc0 - c0 + view.shape[1]], out=view)
