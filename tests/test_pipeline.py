@@ -273,3 +273,31 @@ def test_ring_buffer_keeps_the_newest_and_never_waits():
     assert ring.drain() == [7, 8, 9] and ring.received == 10 and ring.overwritten == 7
     assert got == list(range(10)) and ring.closed and ring.wait(0.01)
     assert ring.latest() is None
+
+
+def test_objects_older_than_the_stream_stay_out_of_the_gc_while_it_runs():
+    """A full collection over everything a process holds stalled the viewer for 370 ms;
+    while pipelines run, what existed before them is frozen, and the last one to end
+    unfreezes it. Nested pipelines count; freeze_gc=False leaves the collector alone."""
+    import gc
+
+    from medrt.pipeline import gcfreeze
+
+    assert gcfreeze.holders() == 0 and gc.get_freeze_count() == 0
+    gate = threading.Event()
+
+    def wait(x):
+        gate.wait(5.0)
+        return x
+
+    first = Pipeline(iter(range(3)), [Stage("work", wait)]).start()
+    assert gcfreeze.holders() == 1 and gc.get_freeze_count() > 0
+    second = Pipeline(iter(range(3)), [Stage("work", wait)]).start()
+    plain = Pipeline(iter(range(3)), [Stage("work", lambda x: x)], freeze_gc=False)
+    assert plain.run(5.0) and gcfreeze.holders() == 2
+    gate.set()
+    assert first.join(5.0) and gcfreeze.holders() == 1 and gc.get_freeze_count() > 0
+    assert second.join(5.0) and gcfreeze.holders() == 0 and gc.get_freeze_count() == 0
+    aborted = Pipeline(iter(range(1000)), [Stage("work", lambda x: time.sleep(0.01) or x)]).start()
+    aborted.abort(5.0)
+    assert gcfreeze.holders() == 0 and gc.get_freeze_count() == 0, "an aborted stream releases too"

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
+from medrt.pipeline import gcfreeze
 from medrt.pipeline.queues import END, BoundedQueue, Policy, QueueClosed
 
 __all__ = [
@@ -183,6 +184,7 @@ class Pipeline:
         telemetry: Any = None,
         pre_stages: Sequence[str] = ("decode", "preprocess"),
         name: str = "pipeline",
+        freeze_gc: bool = True,
     ) -> None:
         if not stages:
             raise ValueError('Argument "stages" must name at least one stage.')
@@ -217,6 +219,10 @@ class Pipeline:
         self.errors: list[FrameError] = []
         self._depth_applied = not self.auto_depth
         self._finished = False  # join has stopped telemetry and closed the stages
+        # While it runs, objects older than the stream stay out of the cyclic GC
+        # (medrt.pipeline.gcfreeze: a 370 ms full collection stalled the viewer otherwise).
+        self.freeze_gc = freeze_gc
+        self._gc_held = False
         if telemetry is True:
             self.make_telemetry()
 
@@ -234,6 +240,9 @@ class Pipeline:
             raise RuntimeError("pipeline already started")
         if self.telemetry is not None:
             self.telemetry.start()
+        if self.freeze_gc:
+            gcfreeze.hold()
+            self._gc_held = True
         self._spawn(self._source_loop, "source")
         for i, stage in enumerate(self.stages):
             out = self.queues[self.stages[i + 1].name] if i + 1 < len(self.stages) else self.queues["sink"]
@@ -424,6 +433,9 @@ class Pipeline:
                     except Exception as exc:
                         self.sink_errors += 1
                         log.error("%s: sink %r failed to close: %s", self.name, sink, exc)
+            if self._gc_held:
+                self._gc_held = False
+                gcfreeze.release()
             self._done.set()
 
     def _deliver(self, ready: list[tuple[Envelope, Any]]) -> None:
