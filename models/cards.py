@@ -26,12 +26,15 @@ def _fmt(v: Any, digits: int = 3) -> str:
 
 
 def _summary_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    lines = ["| path | frames | 2–5 mm | 5–10 mm | 10–30 mm | FP / frame | Dice (mean, median) | lesion-free frames clean |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| path | frames | 2–5 mm | 5–10 mm | 10–30 mm | faint / bright found | FP / frame | Dice (mean, median) "
+             "| lesion-free frames clean |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for label, r in rows:
         cells = [f"{_fmt(b['sensitivity'], 2)} ({b['detected']}/{b['gt']})" for b in r["buckets"]]
+        kinds = r.get("by_kind", {})
+        kind = " / ".join(f"{kinds[k]['detected']}/{kinds[k]['gt']}" if k in kinds else "–" for k in ("faint", "bright"))
         d = r["dice"]
-        lines.append(f"| {label} | {r['frames']} | " + " | ".join(cells) +
+        lines.append(f"| {label} | {r['frames']} | " + " | ".join(cells) + f" | {kind}" +
                      f" | **{_fmt(r['fp_per_frame'], 2)}** ({r['false_positives']}) | "
                      f"**{_fmt(d['mean'], 3)}**, {_fmt(d['median'], 3)} (n = {d['n']}) | "
                      f"{r['negative_frames_clean']}/{r['negative_frames']} |")
@@ -72,6 +75,10 @@ def _training(spec: Any, roi: bool) -> list[str]:
         aug += (", extra noise scaled to the modality, a 2× zoom for one patch in five (the recheck's scale), "
                 f"half the batch from each modality, crops that hold a lesion going from {lo_hi[0]:.0%} to "
                 f"{lo_hi[1]:.0%} of them over the run (lesions learnt first, then the hard negatives)")
+    if not roi and details.get("insert_small"):
+        aug += (f"; {details['insert_small']:.0%} of the CT crops get one to three small (2–6 mm) soft-tissue "
+                "lesions drawn in like the phantom's (`models/data.py` `insert_small_lesions`: a small lesion shows "
+                "on one slice, so the training series hold few of them)")
     return [
         "## Training",
         "",
@@ -85,21 +92,33 @@ def _training(spec: Any, roi: bool) -> list[str]:
     ]
 
 
-def _has_local_contrast(spec: Any) -> bool:
-    """Whether the graph computes the LocalContrast channel (2.x models; 1.x have none)."""
+def _contrast_channels(spec: Any) -> int:
+    """How many fixed LocalContrast channels the graph computes: 0 (1.x models), 1 (local
+    contrast) or 2 (and the edge channel: lesion_unet from 2.2)."""
     import onnx
 
-    ops = {node.op_type for node in onnx.load(str(spec.path)).graph.node}
-    return {"Tanh", "AveragePool"} <= ops
+    nodes = onnx.load(str(spec.path)).graph.node
+    if not any(node.op_type == "AveragePool" for node in nodes):
+        return 0
+    return sum(node.op_type == "Tanh" for node in nodes)
+
+
+def _contrast_note(channels: int) -> str:
+    if not channels:
+        return "."
+    note = ("; inside the graph a fixed local-contrast channel, tanh(25 · (x − 31×31 box mean)), joins it "
+            "(`models/networks.py` `LocalContrast`: radiograph nodules are 0.7–8 % of their window)")
+    if channels >= 2:
+        note += (", and an edge channel, tanh(200 · (3×3 box mean − 9×9 box mean)), a band-pass that keeps a "
+                 "nodule's sharp rim and drops smooth lung texture of the same amplitude")
+    return note + "."
 
 
 def _header(spec: Any) -> list[str]:
     lines = [f"# {spec.name} {spec.version}", "", INTENDED_USE, "", spec.description, "",
              f"ONNX opset 17, dynamic height and width; file `{spec.path.name}`, sha256 `{spec.sha256}`.",
              "Input: the frame normalised by its VOI window to 0..1 (`medrt.preprocess.normalize`)"
-             + ("; inside the graph a fixed local-contrast channel, tanh(25 · (x − 31×31 box mean)), joins it "
-                "(`models/networks.py` `LocalContrast`: radiograph nodules are 0.7–8 % of their window)."
-                if _has_local_contrast(spec) else "."),
+             + _contrast_note(_contrast_channels(spec)),
              "Thresholds: " + ", ".join(f"{k} {v:g}" for k, v in spec.thresholds.items())
              + (f" ({spec.training['thresholds']})" if spec.training.get("thresholds") else "") + "."]
     if getattr(spec, "spacing_mm", None):
@@ -121,7 +140,9 @@ def _source(results: dict[str, Any]) -> str:
             f"Measured {results['date']} with `python -m medrt.models.evaluate --n-dx {held['dx_frames']} "
             f"--n-ct {held['ct_series']}` on {results['machine']}. Lesions are matched by mask overlap "
             "(Dice ≥ 0.1) or, failing that, centroid distance ≤ max(2 mm, half the diameter); see "
-            "`medrt/evaluation.py`. Sensitivity per size bucket is given as rate (detected/lesions). "
+            "`medrt/evaluation.py`. Sensitivity per size bucket is given as rate (detected/lesions); "
+            "*faint / bright* splits the lesions found by the phantom's contrast class (radiographs: 25–50 vs "
+            "80–300 of 4095 units; CT: 1.5–3 vs 4–9 times the slice's noise, lung lesions bright). "
             f"*ROI path*: the crops of the ROI classifier the analyzer routes the frame to (`{results['roi_routed']['dx']}` "
             f"for radiographs, `{results['roi_routed']['ct']}` for CT), then this UNet; "
             "*+ recheck*: then the multi-scale "
@@ -162,8 +183,10 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
             continue
         lines += ["## Limitations", "",
                   "- Radiographs: the figures above include the ROI classifier's misses on the ROI path; the "
-                  "whole-frame row shows the UNet alone. Faint (25–50 of 4095 units) 2–5 mm nodules among ribs "
-                  "and vessels are the hardest case; see the 2–5 mm column for what is still missed.",
+                  "whole-frame row shows the UNet alone. Faint nodules (25–50 of 4095 units, no stronger than the "
+                  "lung texture around them) are the hardest case at every size: see the faint / bright column. "
+                  "From 2.2 an edge channel (a band-pass on the nodule's sharp rim) finds some of them; 2.1 found "
+                  "them only where no lung texture lay (below the diaphragm, behind the heart).",
                   *([f"- The radiograph ROI classifier (`{dx_roi}`) covers {dx_cov['covered']} of "
                      f"{dx_cov['lesions']} radiograph nodules with its crops, so on radiographs the ROI "
                      "path misses part of what this UNet finds over the whole frame (compare the rows above); "

@@ -184,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         args.no_cards = True  # cards report held-out figures only
     dx, ct, backends = collect(models, args.n_dx, args.n_ct, unets=tuple(args.unets.split(",")), seed=args.seed)
     results = {
-        "dx": {name: evaluate(preds, dx.truth).to_json() for name, preds in dx.preds.items()},
-        "ct": {name: evaluate(preds, ct.truth).to_json() for name, preds in ct.preds.items()},
+        "dx": {name: scored(preds, dx.truth) for name, preds in dx.preds.items()},
+        "ct": {name: scored(preds, ct.truth) for name, preds in ct.preds.items()},
         # per classifier and modality; "routed": which one the analyzer uses for each
         "roi": {name: {"dx": dx.roi.get(name, RoiStats()).to_json(), "ct": ct.roi.get(name, RoiStats()).to_json()}
                 for name in {**dx.roi, **ct.roi}},  # either modality may have no frames (--n-dx 0)
@@ -205,6 +205,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def scored(preds: list[FramePrediction], truth: dict[str, FrameTruth]) -> dict[str, Any]:
+    """:func:`medrt.evaluation.evaluate`'s figures, plus lesions found per phantom contrast
+    class (``by_kind``: faint / bright, as the phantom drew them), which the size buckets
+    alone hide: on radiographs the faint nodules are the ones missed at every size."""
+    report = evaluate(preds, truth)
+    out = report.to_json()
+    kinds = {key: {les.label: les.kind for les in t.lesions} for key, t in truth.items()}
+    by_kind: dict[str, dict[str, int]] = {}
+    for m in report.matches:
+        k = by_kind.setdefault(kinds[m.key].get(m.gt_label, "?"), {"gt": 0, "detected": 0})
+        k["gt"] += 1
+        k["detected"] += int(m.detected)
+    out["by_kind"] = dict(sorted(by_kind.items()))
+    return out
+
+
 def summary(results: dict[str, Any]) -> dict[str, Any]:
     """Per model and data: sensitivity per bucket, FP/frame, mean Dice; ROI coverage."""
     out: dict[str, Any] = {}
@@ -215,6 +231,7 @@ def summary(results: dict[str, Any]) -> dict[str, Any]:
                 "n": [b["gt"] for b in r["buckets"]],
                 "fp/frame": round(r["fp_per_frame"], 3),
                 "dice": None if r["dice"]["mean"] is None else round(r["dice"]["mean"], 3),
+                "by_kind": {k: f"{v['detected']}/{v['gt']}" for k, v in r.get("by_kind", {}).items()},
             }
     out["roi"] = results["roi"]
     out["roi_routed"] = results["roi_routed"]

@@ -39,13 +39,13 @@ from torch import nn
 
 from medrt.engine.registry import sha256_file
 from medrt.models import data as phantom_data
-from medrt.models.networks import UNET_VARIANTS, RoiNet, build_unet, network_for
+from medrt.models.networks import EDGE_CHANNEL, UNET_VARIANTS, RoiNet, build_unet, network_for
 
 log = logging.getLogger("medrt.models.train")
 
 # The version this script writes per model: the minor goes up with the recipe (2.1:
 # bf16 steps, the radiograph window jitter), the major with the network or its inputs.
-VERSIONS = {"lesion_unet": "2.1.1", "lesion_unet_lite": "1.1.1", "roi_classifier": "1.1.0", "roi_classifier_dx": "1.1.0"}
+VERSIONS = {"lesion_unet": "2.2.0", "lesion_unet_lite": "1.2.0", "roi_classifier": "1.1.0", "roi_classifier_dx": "1.1.0"}
 ROI_MODELS = phantom_data.ROI_MODELS
 EXPORT_NOTE = ("torch.onnx (TorchScript exporter), then medrt.engine.rewrite.cpu_friendly: PRelu as LeakyRelu, "
                "ConvTranspose as Conv + pixel shuffle, one-channel box pooling with rows as channels "
@@ -147,7 +147,7 @@ def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
         # the random patches (ribs, spine, collimator edges) that make false positives.
         frac = args.lesion_start + (args.lesion_end - args.lesion_start) * progress
         x, y = phantom_data.seg_batch(rng, seg, args.batch, crop=args.crop, ct_fraction=args.ct_fraction,
-                                      lesion_fraction=frac)
+                                      lesion_fraction=frac, insert_small=args.insert_small)
         xt, yt = torch.from_numpy(x), torch.from_numpy(y)
         logits = net(xt).float()  # the losses in fp32 under autocast
         weight = torch.from_numpy(small_lesion_weights(y, args.small_weight)) if args.small_weight > 0 else None
@@ -156,7 +156,7 @@ def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
 
     final, seconds, steps = _fit(net, args, batch_loss, _seg_monitor(net, seg))
     info = {"steps": steps + args.prior_steps, "batch": args.batch, "crop": args.crop, "amp": args.amp, "data": args.data,
-            "small_weight": args.small_weight,
+            "small_weight": args.small_weight, "insert_small": args.insert_small,
             "window_jitter": phantom_data.JITTER_NOTE,
             "lesion_fraction": [args.lesion_start, args.lesion_end], "spacing_mm": phantom_data.SEG_SPACING, "final_loss": final, "patches": int(len(seg.patches)),
             "seconds": round(seconds + args.prior_seconds, 1)}
@@ -238,7 +238,7 @@ def train_roi(args: argparse.Namespace) -> tuple[nn.Module, dict]:
         net: nn.Module = network_for(args.model, torch.load(args.resume, map_location="cpu", weights_only=True))
         net.train()
     else:
-        net = RoiNet()
+        net = RoiNet(edge=EDGE_CHANNEL.get(args.model, False))
     rng = np.random.default_rng(args.seed)
     pos_weight = torch.tensor(8.0)
     # Lesion cells are rare (a few in a thousand): batch Dice keeps the heatmap from
@@ -342,6 +342,7 @@ def _seg_args(args: argparse.Namespace) -> str:
     if args.model in ROI_MODELS:
         return out
     out += f" --small-weight {args.small_weight:g}" if args.small_weight > 0 else ""
+    out += f" --insert-small {args.insert_small:g}" if args.insert_small > 0 else ""
     return out + f" --lesion-start {args.lesion_start} --lesion-end {args.lesion_end}"
 
 
@@ -429,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--small-weight", type=float, default=0.0, metavar="PIXELS",
                    help="UNets: weight each lesion's BCE pixels by PIXELS / its area (1..16), so small lesions"
                         " count like large ones (0: off)")
+    p.add_argument("--insert-small", type=float, default=0.0, metavar="P",
+                   help="share of CT crops that get 1-3 small (2-6 mm) soft-tissue lesions drawn in "
+                        "(models/data.py insert_small_lesions)")
     p.add_argument("--monitor-every", type=int, default=500, help="log Dice on fixed batches every N steps (0: never)")
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "medrt" / "train"))
     p.add_argument("--out", default="models")

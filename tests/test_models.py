@@ -260,3 +260,104 @@ def test_small_lesions_weigh_like_large_ones_in_the_unet_loss() -> None:
     assert w[0, 0, 5:10, 5:10].sum() == pytest.approx(300.0)  # the small one now counts as 300 pixels
     assert np.all(w[1] == 1.0)
     assert small_lesion_weights(y, area=1e6).max() == 16.0  # capped
+
+
+def test_edge_channel_keeps_a_faint_rim_and_drops_smooth_texture() -> None:
+    """Why lesion_unet 2.2 has it: a faint radiograph nodule (25 of ~3800 window units,
+    sharp rim) and lung texture of the same amplitude on an ~8 mm scale look alike in the
+    local-contrast channel; the edge channel tells them apart by the rim."""
+    torch = require_module("torch")
+    from medrt.models.networks import LocalContrast
+
+    n, px_mm = 128, 0.5
+    yy, xx = np.mgrid[:n, :n].astype(np.float32)
+    amp = 25.0 / 3800.0
+    nodule = amp * (np.hypot(yy - 64, xx - 64) <= 10.0)  # 10 mm across, sharp edge
+    sigma = 8.0 / px_mm / 2.0  # texture bump ~8 mm across
+    texture = amp * np.exp(-((yy - 64) ** 2 + (xx - 64) ** 2) / (2 * sigma**2))
+    lc = LocalContrast(edge_gain=200.0).eval()
+    with torch.no_grad():
+        out = {k: lc(torch.from_numpy(0.4 + v)[None, None]).numpy()[0] for k, v in (("nodule", nodule), ("texture", texture))}
+    contrast, edge = 1, 2
+    # The local-contrast channel alone: comparable peaks.
+    assert 0.5 < out["texture"][contrast].max() / out["nodule"][contrast].max() < 2.0
+    # The edge channel: the rim stands out, the smooth bump much less (measured 0.45 vs 0.11).
+    assert out["nodule"][edge].max() > 0.3
+    assert out["texture"][edge].max() < out["nodule"][edge].max() / 3.0
+    # Flat regions give zero in both extra channels (the bias of the box means is exact).
+    assert abs(float(out["nodule"][edge][5:20, 5:20].max())) < 1e-5
+
+
+def test_network_for_reads_the_input_channels_from_the_weights() -> None:
+    """Weights from before the edge channel still load (the torch backend builds through
+    this), and new ones get it."""
+    torch = require_module("torch")
+    require_module("monai")
+    from medrt.models.networks import RoiNet, build_unet, network_for
+
+    for edge in (False, True):
+        unet = network_for("lesion_unet", build_unet("lesion_unet", edge=edge).state_dict())
+        assert unet.contrast.edge_gain == (200.0 if edge else 0.0)
+        roi = network_for("roi_classifier_dx", RoiNet(edge=edge).state_dict())
+        assert roi.features[0].edge_gain == (200.0 if edge else 0.0)
+    old_style = network_for("roi_classifier", RoiNet(local_contrast=False).state_dict())
+    assert not isinstance(old_style.features[0], type(roi.features[0])) and old_style.pool == "mean+max"
+    assert network_for("roi_classifier", RoiNet(pool="max").state_dict()).pool == "max"
+    with torch.no_grad():
+        assert unet(torch.zeros(1, 1, 64, 64)).shape == (1, 1, 64, 64)
+
+
+def test_small_lesions_are_drawn_into_soft_tissue_only() -> None:
+    """The CT training augmentation: 2-6 mm lesions land in homogeneous parenchyma (never in
+    lung, fat or air), their masks come with them, and the cached patch is not modified."""
+    from scipy import ndimage
+
+    from medrt.models import data as phantom_data
+    from medrt.phantom import generate_ct_series
+    from medrt.phantom.ct_anatomy import TISSUE_HU, Tissue
+
+    frame = generate_ct_series(4321, n_frames=40)[20]
+    img = frame.pixels[96:416, 96:416].copy()
+    mask = ((frame.labels[96:416, 96:416] > 0) * 255).astype(np.uint8)
+    before = img.copy(), mask.copy()
+    rng = np.random.default_rng(0)
+    new_px = 0
+    for _ in range(20):
+        out, m = phantom_data.insert_small_lesions(rng, img, mask, 3)
+        added = (m == 255) & (mask == 0)
+        new_px += int(added.sum())
+        if added.any():
+            assert np.abs(out[added] - img[added]).min() > 0.0, "every new mask pixel holds lesion contrast"
+            lab, n = ndimage.label(added)
+            for k in range(1, n + 1):
+                blob = lab == k
+                ring = ndimage.binary_dilation(blob, iterations=3) & ~ndimage.binary_dilation(blob)
+                level = float(np.median(img[ring]))
+                assert 25.0 <= level <= 175.0, f"inserted into {level:.0f} HU (not parenchyma)"
+                assert blob.sum() * 0.73**2 <= 30.0, "at most 6 mm across"
+        untouched = m == mask
+        assert np.array_equal(out[untouched & ~ndimage.binary_dilation(added, iterations=2)],
+                              img[untouched & ~ndimage.binary_dilation(added, iterations=2)])
+    assert new_px > 0
+    assert np.array_equal(img, before[0]) and np.array_equal(mask, before[1])
+    # A lung-only region gets nothing.
+    lung = np.full((128, 128), TISSUE_HU[Tissue.LUNG], np.float32) + rng.normal(0, 12, (128, 128)).astype(np.float32)
+    out, m = phantom_data.insert_small_lesions(rng, lung, np.zeros((128, 128), np.uint8), 3)
+    assert not m.any() and np.array_equal(out, lung)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_torch_backend_loads_every_shipped_model(name: str) -> None:
+    """The torch backend builds each network from its weights (local contrast, edge channel,
+    presence pooling as saved): it used to build today's default RoiNet and could not load
+    roi_classifier 1.0.0 (seen in a GPU-check dry run). On the CPU it matches ONNX Runtime."""
+    require_module("torch")
+    require_module("monai")
+    from medrt.engine.backends.torch_cuda import TorchCudaBackend
+
+    spec = load_spec(MODELS / f"{name}.toml")
+    x = np.random.default_rng(1).random((1, 1, 128, 128), dtype=np.float32)
+    got = TorchCudaBackend(spec, device="cpu").infer(x)
+    want = OnnxRuntimeBackend(spec).infer(x)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, atol=2e-3, rtol=1e-3)
