@@ -301,6 +301,8 @@ def insert_small_lesions(rng: np.random.Generator, img: np.ndarray, mask: np.nda
             break
         d_px = log_uniform(rng, *_INSERT_MM) / spacing_mm
         reach = int(d_px / 2 + 4)
+        if min(rows, cols) <= 2 * reach + 1:
+            break
         r, c = int(rng.integers(reach, rows - reach)), int(rng.integers(reach, cols - reach))
         box = (slice(r - reach, r + reach + 1), slice(c - reach, c + reach + 1))
         level, spread = float(img[box].mean()), float(img[box].std())

@@ -344,6 +344,9 @@ def test_small_lesions_are_drawn_into_soft_tissue_only() -> None:
     lung = np.full((128, 128), TISSUE_HU[Tissue.LUNG], np.float32) + rng.normal(0, 12, (128, 128)).astype(np.float32)
     out, m = phantom_data.insert_small_lesions(rng, lung, np.zeros((128, 128), np.uint8), 3)
     assert not m.any() and np.array_equal(out, lung)
+    tiny = np.full((10, 10), 60.0, np.float32)  # smaller than any lesion's box: left alone
+    out, m = phantom_data.insert_small_lesions(rng, tiny, np.zeros((10, 10), np.uint8), 3)
+    assert not m.any()
 
 
 @pytest.mark.parametrize("name", SHIPPED)

@@ -284,19 +284,22 @@ def test_objects_older_than_the_stream_stay_out_of_the_gc_while_it_runs():
     from medrt.pipeline import gcfreeze
 
     assert gcfreeze.holders() == 0 and gc.get_freeze_count() == 0
-    gate = threading.Event()
+    gates = [threading.Event(), threading.Event()]
 
-    def wait(x):
-        gate.wait(5.0)
-        return x
+    def waiting(gate):
+        def work(x):
+            gate.wait(5.0)
+            return x
+        return work
 
-    first = Pipeline(iter(range(3)), [Stage("work", wait)]).start()
+    first = Pipeline(iter(range(3)), [Stage("work", waiting(gates[0]))]).start()
     assert gcfreeze.holders() == 1 and gc.get_freeze_count() > 0
-    second = Pipeline(iter(range(3)), [Stage("work", wait)]).start()
+    second = Pipeline(iter(range(3)), [Stage("work", waiting(gates[1]))]).start()
     plain = Pipeline(iter(range(3)), [Stage("work", lambda x: x)], freeze_gc=False)
     assert plain.run(5.0) and gcfreeze.holders() == 2
-    gate.set()
+    gates[0].set()
     assert first.join(5.0) and gcfreeze.holders() == 1 and gc.get_freeze_count() > 0
+    gates[1].set()
     assert second.join(5.0) and gcfreeze.holders() == 0 and gc.get_freeze_count() == 0
     aborted = Pipeline(iter(range(1000)), [Stage("work", lambda x: time.sleep(0.01) or x)]).start()
     aborted.abort(5.0)
