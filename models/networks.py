@@ -56,6 +56,11 @@ class LocalContrast(nn.Module):
         super().__init__()
         self.window, self.gain, self.smooth, self.edge_gain = window, gain, smooth, edge_gain
 
+    @property
+    def channels(self) -> int:
+        """Channels out: the input and its local contrast, and the edge channel when on."""
+        return 3 if self.edge_gain > 0 else 2
+
     @staticmethod
     def _box(x: torch.Tensor, k: int) -> torch.Tensor:
         half = k // 2
@@ -151,7 +156,8 @@ class RoiNet(nn.Module):
         w, self.pool = width, pool
         # Radiograph nodules are faint against ribs: see LocalContrast (the 1.x model has none).
         if local_contrast:
-            front = [LocalContrast(edge_gain=EDGE_GAIN if edge else 0.0), _conv_bn(3 if edge else 2, 16, 3, 2)]
+            contrast = LocalContrast(edge_gain=EDGE_GAIN if edge else 0.0)
+            front = [contrast, _conv_bn(contrast.channels, 16, 3, 2)]
         else:
             front = [_conv_bn(1, 16, 3, 2)]
         self.features = nn.Sequential(
