@@ -185,7 +185,8 @@ class Run:
         r0 = min(max(r - s.crop // 2, 0), s.frame - s.crop)
         c0 = min(max(c - s.crop // 2, 0), s.frame - s.crop)
         norm = normalize(f.pixels, *f.window)
-        self.crop_x = np.ascontiguousarray(norm[None, None, r0 : r0 + s.crop, c0 : c0 + s.crop])
+        crop = norm[r0 : r0 + s.crop, c0 : c0 + s.crop]  # a radiograph is its own neighbours (2.5-D UNet)
+        self.crop_x = np.ascontiguousarray(np.broadcast_to(crop, (1, self.unet.slices, *crop.shape)))
         return {"frames": len(self.frames), "size": s.frame, "seconds": round(time.perf_counter() - t, 1),
                 "lesions": [len(fr.lesions) for fr in self.frames]}
 
@@ -278,7 +279,7 @@ class Run:
 
         s, x = self.sizes, self.crop_x
         self.free()
-        shape = (1, 1, s.crop, s.crop)
+        shape = (1, self.unet.slices, s.crop, s.crop)
         with tempfile.TemporaryDirectory(prefix="medrt-trt-") as folder:
             t = time.perf_counter()
             b = TensorRTBackend(self.unet, precision="fp16", profile={"image": (shape, shape, shape)},

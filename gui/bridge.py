@@ -203,7 +203,8 @@ class Session:
             self._end()
             return
         self.backend = f"{analyzer.backend_name} {analyzer.precision}"
-        stages = analysis_stages(analyzer, infer_workers=self.workers, decoder=self._decode)
+        stages = analysis_stages(analyzer, infer_workers=self.workers, decoder=self._decode,
+                                 order=getattr(self.source, "paths", None))  # a 2.5-D model's neighbours
         stages.append(Stage("display", self._display, workers=1))
         pipe = Pipeline(self.source, stages, [QtSink(self.bridge, self.sid)],
                         policy={stages[0].name: self.policy}, telemetry=True, name=f"viewer-{self.kind}")

@@ -20,6 +20,7 @@ from medrt.analysis.lesions import lesions_from_probability
 from medrt.analysis.recheck import RecheckConfig, recheck
 from medrt.analysis.roi import classify
 from medrt.analysis.segment import segment_crops, sliding_window
+from medrt.analysis.slices import Neighbours, slice_stack
 from medrt.engine.backends.base import Backend
 from medrt.engine.registry import ModelSpec, find_spec
 from medrt.errors import UnsupportedImageError
@@ -173,8 +174,10 @@ class Analyzer:
     # -- stages -------------------------------------------------------------
 
     def prepare(self, frame: Frame, *, decode_ms: float = 0.0, mode: str | None = None,
-                recheck_small: bool | None = None) -> Work:
-        """Stage 1: normalise the frame by its window."""
+                recheck_small: bool | None = None, neighbours: Neighbours | None = None) -> Work:
+        """Stage 1: normalise the frame by its window. A 2.5-D segmentation model
+        (``[model] slices = 3``) gets the (previous, next) slices of ``neighbours``
+        beside it (:func:`medrt.analysis.slices.slice_stack`; missing ones: the frame)."""
         mode = mode or self.config.mode
         if mode not in MODES:
             raise ValueError(f'Argument "mode" must be one of {MODES}, got {mode!r}.')
@@ -183,7 +186,10 @@ class Analyzer:
         # chosen here, so a frame no classifier is for is refused before any work
         roi = self.roi_for(frame) if mode == "roi" else None
         t0 = time.perf_counter()
-        norm = normalize(frame.pixels, frame.window.center, frame.window.width)
+        if self.seg.spec.slices > 1:
+            norm = slice_stack(frame, neighbours)
+        else:
+            norm = normalize(frame.pixels, frame.window.center, frame.window.width)
         ms = (time.perf_counter() - t0) * 1000.0
         return Work(frame=frame, norm=norm, mode=mode, recheck=do_recheck, roi=roi,
                     timings=StageTimings(decode=decode_ms, preprocess=ms))
@@ -254,9 +260,11 @@ class Analyzer:
                            backend=self.backend_name, precision=self.precision, models=models)
 
     def analyze(self, frame: Frame, *, decode_ms: float = 0.0, mode: str | None = None,
-                recheck_small: bool | None = None) -> FrameResult:
-        """All four stages in turn on this thread: the serial path."""
-        work = self.prepare(frame, decode_ms=decode_ms, mode=mode, recheck_small=recheck_small)
+                recheck_small: bool | None = None, neighbours: Neighbours | None = None) -> FrameResult:
+        """All four stages in turn on this thread: the serial path. ``neighbours``: the
+        (previous, next) slices of ``frame``'s series, for a 2.5-D model (see :meth:`prepare`)."""
+        work = self.prepare(frame, decode_ms=decode_ms, mode=mode, recheck_small=recheck_small,
+                            neighbours=neighbours)
         return self.finish(self.segment(self.propose(work)))
 
 

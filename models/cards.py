@@ -100,7 +100,8 @@ def _contrast_channels(spec: Any) -> int:
     nodes = onnx.load(str(spec.path)).graph.node
     if not any(node.op_type == "AveragePool" for node in nodes):
         return 0
-    return sum(node.op_type == "Tanh" for node in nodes)
+    neighbour_channels = 2 if getattr(spec, "slices", 1) == 3 else 0  # NeighbourDifference's tanh
+    return sum(node.op_type == "Tanh" for node in nodes) - neighbour_channels
 
 
 def _contrast_note(channels: int) -> str:
@@ -114,11 +115,24 @@ def _contrast_note(channels: int) -> str:
     return note + "."
 
 
+_NEIGHBOURS = (
+    " **2.5-D** (`[model] slices = 3`): the input has three channels, the slice on the head side, this slice and "
+    "the one on the feet side of its series, all normalised by this frame's window "
+    "(`medrt.analysis.slices.slice_stack`; a missing or non-adjacent neighbour, as for a radiograph, the first "
+    "and last slice or a lone image, is this slice again, which training does for 15 % of neighbours). Inside "
+    "the graph they become tanh(25 · (3×3 mean of the neighbour − 3×3 mean of this slice)), ~0 where anatomy "
+    "goes on through the slices and the lesion's contrast where something shows on this slice only "
+    "(`models/networks.py` `NeighbourDifference`). Batch, stream and viewer replays hand each slice its "
+    "neighbours from the series' files (`medrt.pipeline.stages.SliceContext`); a source without a file order "
+    "(a watched folder, a queue) runs each slice as its own neighbours.")
+
+
 def _header(spec: Any) -> list[str]:
     lines = [f"# {spec.name} {spec.version}", "", INTENDED_USE, "", spec.description, "",
              f"ONNX opset 17, dynamic height and width; file `{spec.path.name}`, sha256 `{spec.sha256}`.",
              "Input: the frame normalised by its VOI window to 0..1 (`medrt.preprocess.normalize`)"
-             + _contrast_note(_contrast_channels(spec)),
+             + _contrast_note(_contrast_channels(spec))
+             + (_NEIGHBOURS if getattr(spec, "slices", 1) == 3 else ""),
              "Thresholds: " + ", ".join(f"{k} {v:g}" for k, v in spec.thresholds.items())
              + (f" ({spec.training['thresholds']})" if spec.training.get("thresholds") else "") + "."]
     if getattr(spec, "spacing_mm", None):

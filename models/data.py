@@ -63,6 +63,28 @@ class SegData:
     windows: np.ndarray  # (n, 2)
     masks: np.ndarray  # (n, PATCH, PATCH) uint8: lesion fraction of the pixel x 255
     is_ct: np.ndarray  # (n,) bool
+    # (n_ct, 2, PATCH, PATCH) int16: the previous and next slice of each CT patch, in the
+    # order of the CT rows (build_neighbours); None when not loaded
+    neighbours: np.ndarray | None = None
+
+    def subset(self, keep: np.ndarray) -> SegData:
+        nb = None
+        if self.neighbours is not None:
+            nb = self.neighbours[keep[self.is_ct]]
+        return SegData(self.patches[keep], self.windows[keep], self.masks[keep], self.is_ct[keep], nb)
+
+    def slices(self, i: int) -> np.ndarray:
+        """(3, PATCH, PATCH) float32: previous, this and next slice of patch ``i`` (a
+        radiograph patch, or any patch without neighbours, stands in for its own)."""
+        out = np.empty((3, *self.patches.shape[1:]), np.float32)
+        out[1] = self.patches[i]
+        if self.neighbours is not None and self.is_ct[i]:
+            if getattr(self, "_ct_row", None) is None or len(self._ct_row) != len(self.is_ct):
+                self._ct_row = np.cumsum(self.is_ct) - 1
+            out[0], out[2] = self.neighbours[int(self._ct_row[i])]
+        else:
+            out[0] = out[2] = self.patches[i]
+        return out
 
     @property
     def has_lesion(self) -> np.ndarray:
@@ -89,9 +111,12 @@ def _patches_from(
     rng: np.random.Generator,
     n_random: int,
     factors: tuple[int, int] = (1, 1),
-) -> list[tuple[np.ndarray, np.ndarray, tuple[float, float]]]:
+    neighbours: tuple[np.ndarray, np.ndarray] | None = None,
+) -> list[tuple]:
     """PATCH² patches at ``factors`` coarser than the source: source regions of
-    ``PATCH·factor`` pixels, area-averaged (the mask to a lesion fraction x 255)."""
+    ``PATCH·factor`` pixels, area-averaged (the mask to a lesion fraction x 255).
+    With ``neighbours`` (the previous and next slice of a series), each patch also
+    carries their patches at the same place, as a (2, PATCH, PATCH) array."""
     rows, cols = pixels.shape
     side_r, side_c = PATCH * factors[0], PATCH * factors[1]
     centres: list[tuple[int, int]] = []
@@ -113,7 +138,16 @@ def _patches_from(
         p[: sub.shape[0], : sub.shape[1]] = sub
         m[: sub.shape[0], : sub.shape[1]] = labels[r0 : r0 + side_r, c0 : c0 + side_c] > 0
         frac = np.rint(area_downsample(m, factors) * 255.0).astype(np.uint8)
-        out.append((area_downsample(p, factors), frac, window))
+        item: tuple = (area_downsample(p, factors), frac, window)
+        if neighbours is not None:
+            nbs = []
+            for nb in neighbours:
+                q = np.full((side_r, side_c), nb.min(), np.float32)
+                sub = nb[r0 : r0 + side_r, c0 : c0 + side_c]
+                q[: sub.shape[0], : sub.shape[1]] = sub
+                nbs.append(area_downsample(q, factors))
+            item += (np.stack(nbs),)
+        out.append(item)
     return out
 
 
@@ -128,18 +162,27 @@ def _dx_item(args: tuple[int, int, int]) -> tuple[tuple, list]:
     return roi, patches
 
 
-def _ct_item(args: tuple[int, int]) -> tuple[list, list]:
-    seed, n_frames = args
+def _ct_item(args: tuple) -> tuple[list, list]:
+    """One CT series' thumbnails and patches; ``args`` = (seed, n_frames[, neighbours]):
+    with ``neighbours`` each patch also carries the previous and next slice's patch at the
+    same place (the series' first and last slice stand in for their missing neighbour)."""
+    seed, n_frames, *rest = args
+    with_nb = bool(rest and rest[0])
     rois, patches = [], []
     rng = np.random.default_rng([seed, 11])
-    for frame in generate_ct_series(seed, n_frames=n_frames):
+    series = generate_ct_series(seed, n_frames=n_frames)
+    for i, frame in enumerate(series):
         thumb, factor = thumbnail(frame.pixels, THUMB)
         present = int(any(not t.extras.get("ignore") for t in frame.lesions))
         rois.append((thumb, frame.window, heatmap_target(frame.labels, factor, STRIDE), present))
         has = bool(frame.labels.any())
         if has or rng.random() < 0.15:
             factors = resample_factors(frame.spacing_mm, SEG_SPACING)  # (1, 1) for CT slices
-            patches += _patches_from(frame.pixels, frame.labels, frame.window, rng, n_random=1, factors=factors)
+            nbs = None
+            if with_nb:
+                nbs = (series[max(i - 1, 0)].pixels, series[min(i + 1, len(series) - 1)].pixels)
+            patches += _patches_from(frame.pixels, frame.labels, frame.window, rng, n_random=1, factors=factors,
+                                     neighbours=nbs)
     return rois, patches
 
 
@@ -148,6 +191,38 @@ def cache_path(cache: Path, *, base_seed: int, n_dx: int, n_ct_series: int, ct_f
     """The cache file for these settings; its name changes with whatever the cache holds."""
     return cache / (f"phantom_v{CACHE_VERSION}_{base_seed}_{n_dx}_{n_ct_series}_{ct_frames}_{size}"
                     f"_t{THUMB}_s{SEG_SPACING:g}.npz")
+
+
+def neighbour_path(cache: Path, *, base_seed: int, n_ct_series: int, ct_frames: int = 40) -> Path:
+    """The CT neighbour-slice cache that goes with :func:`cache_path`'s CT patches."""
+    return cache / f"phantom_v{CACHE_VERSION}_nb_{base_seed}_{n_ct_series}_{ct_frames}_s{SEG_SPACING:g}.npz"
+
+
+def build_neighbours(cache: Path, seg: SegData, *, base_seed: int, n_ct_series: int, ct_frames: int = 40,
+                     workers: int = 2) -> SegData:
+    """``seg`` with each CT patch's previous- and next-slice patches (for 2.5-D UNets),
+    generated once into their own cache file beside the main one (the main cache, and
+    the models trained from it, stay as they are). The CT series are drawn again with
+    the same seeds, so the patches come out at the same places; the centre slices are
+    checked against the cached patches."""
+    path = neighbour_path(cache, base_seed=base_seed, n_ct_series=n_ct_series, ct_frames=ct_frames)
+    if not path.is_file():
+        centres, nbs = [], []
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for _, p in pool.map(_ct_item, [(base_seed + 100 + s, ct_frames, True) for s in range(n_ct_series)]):
+                centres += [q[0] for q in p]
+                nbs += [q[3] for q in p]
+        ct_rows = seg.patches[seg.is_ct]
+        if len(centres) != len(ct_rows) or not all(np.array_equal(a, b) for a, b in zip(centres, ct_rows, strict=True)):
+            raise RuntimeError(f"{path.name}: the regenerated CT patches differ from the cached ones; rebuild both")
+        np.savez(path, neighbours=np.stack(nbs).astype(np.int16))
+        log.info("cached the neighbours of %d CT patches in %s", len(nbs), path)
+    with np.load(path) as z:
+        nb = z["neighbours"]
+    if len(nb) != int(seg.is_ct.sum()):
+        raise RuntimeError(f"{path.name}: {len(nb)} neighbour patches for {int(seg.is_ct.sum())} CT patches")
+    seg.neighbours = nb
+    return seg
 
 
 def build(
@@ -244,11 +319,12 @@ def jitter_window(rng: np.random.Generator, window: np.ndarray, is_ct: bool = Tr
 
 
 def augment_pair(rng: np.random.Generator, img: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Flips and 90° turns, applied to image and mask alike."""
+    """Flips and 90° turns, applied to image and mask alike (over their last two axes:
+    ``img`` may be a stack of slices)."""
     k = int(rng.integers(4))
-    img, mask = np.rot90(img, k), np.rot90(mask, k)
+    img, mask = np.rot90(img, k, axes=(-2, -1)), np.rot90(mask, k, axes=(-2, -1))
     if rng.random() < 0.5:
-        img, mask = img[:, ::-1], mask[:, ::-1]
+        img, mask = img[..., ::-1], mask[..., ::-1]
     return np.ascontiguousarray(img), np.ascontiguousarray(mask)
 
 
@@ -329,7 +405,7 @@ def insert_small_lesions(rng: np.random.Generator, img: np.ndarray, mask: np.nda
 
 def seg_batch(
     rng: np.random.Generator, data: SegData, batch: int, crop: int = 256, ct_fraction: float = 0.5,
-    lesion_fraction: float = 0.6, insert_small: float = 0.0,
+    lesion_fraction: float = 0.6, insert_small: float = 0.0, slices: int = 1, neighbour_drop: float = 0.15,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Normalised crops with augmentation: window jitter, extra noise, flips, and a 2×
     zoom now and then (the multi-scale recheck feeds the UNet 2× finer crops).
@@ -341,8 +417,18 @@ def seg_batch(
     radiographs). Targets are the lesion fraction of each pixel (0..1). Extra noise
     is scaled to each modality: a few HU on CT, a few units of the 12-bit range on
     radiographs (whose faint nodules are 25 units). ``insert_small`` of the CT crops get
-    one to three small lesions drawn in (:func:`insert_small_lesions`)."""
-    xs = np.empty((batch, 1, crop, crop), np.float32)
+    one to three small lesions drawn in (:func:`insert_small_lesions`).
+
+    ``slices=3`` gives 2.5-D inputs: channels previous, this and next slice (needs
+    ``data.neighbours``; a radiograph stands in for its own neighbours), cropped, zoomed,
+    turned and windowed alike. Inserted lesions go into the middle slice only (a 2-6 mm
+    lesion shows on one 3-5 mm slice). Each neighbour is replaced by the middle slice
+    with probability ``neighbour_drop``, as at a series' ends or for a lone image."""
+    if slices not in (1, 3):
+        raise ValueError(f"slices must be 1 or 3, got {slices}")
+    if slices == 3 and data.neighbours is None:
+        raise ValueError("slices=3 needs the CT neighbours (models.data.build_neighbours)")
+    xs = np.empty((batch, slices, crop, crop), np.float32)
     ys = np.empty((batch, 1, crop, crop), np.float32)
     has = data.has_lesion
     pools = {}
@@ -353,23 +439,32 @@ def seg_batch(
         every, positive = pools[kind]
         pool = positive if (len(positive) and rng.random() < lesion_fraction) else every
         i = int(pool[rng.integers(len(pool))])
-        img, mask = data.patches[i], data.masks[i]
+        img, mask = (data.slices(i) if slices == 3 else data.patches[i]), data.masks[i]
         zoom = rng.random() < 0.2  # 2x zoom of a half-size region
         side = crop // 2 if zoom else crop
         r0, c0 = _crop_start(rng, mask, side)
-        img, mask = img[r0 : r0 + side, c0 : c0 + side], mask[r0 : r0 + side, c0 : c0 + side]
+        img, mask = img[..., r0 : r0 + side, c0 : c0 + side], mask[r0 : r0 + side, c0 : c0 + side]
         if insert_small > 0 and data.is_ct[i] and rng.random() < insert_small:
-            img, mask = insert_small_lesions(rng, img, mask, int(rng.integers(1, 4)))
+            if slices == 3:
+                mid, mask = insert_small_lesions(rng, img[1], mask, int(rng.integers(1, 4)))
+                img = img.copy()
+                img[1] = mid
+            else:
+                img, mask = insert_small_lesions(rng, img, mask, int(rng.integers(1, 4)))
         if zoom:
-            img = np.kron(img, np.ones((2, 2), np.float32))
-            mask = np.kron(mask, np.ones((2, 2), np.uint8))
+            img = np.repeat(np.repeat(img, 2, axis=-2), 2, axis=-1)
+            mask = np.repeat(np.repeat(mask, 2, axis=-2), 2, axis=-1)
         img, mask = augment_pair(rng, img, mask)
+        if slices == 3:
+            for k in (0, 2):
+                if rng.random() < neighbour_drop:
+                    img[k] = img[1]
         center, width = jitter_window(rng, data.windows[i], bool(data.is_ct[i]))
         x = normalize(img, center, width)
         if rng.random() < 0.3:
             sigma = rng.uniform(0.002, 0.01) if data.is_ct[i] else rng.uniform(0.0002, 0.001)
             x = np.clip(x + rng.normal(0, sigma, x.shape).astype(np.float32), 0, 1)
-        xs[b, 0] = x
+        xs[b] = x
         ys[b, 0] = mask * np.float32(1.0 / 255.0)
     return xs, ys
 

@@ -30,6 +30,7 @@ from medrt.analysis.lesions import lesions_from_probability
 from medrt.analysis.recheck import RecheckConfig, recheck
 from medrt.analysis.roi import classify
 from medrt.analysis.segment import segment_crops, sliding_window
+from medrt.analysis.slices import phantom_input
 from medrt.analyzer import pick_for_modality
 from medrt.bench import interleaved_medians
 from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
@@ -38,7 +39,6 @@ from medrt.evaluation import FramePrediction, evaluate
 from medrt.models import data as phantom_data
 from medrt.phantom import generate_ct_series, generate_radiograph
 from medrt.phantom.truth import FrameTruth
-from medrt.preprocess import normalize
 
 log = logging.getLogger("medrt.models.evaluate")
 
@@ -95,9 +95,10 @@ def _predict(col: Collected, key: str, name: str, unet: Any, norm: np.ndarray, p
 
 
 def _frame(col: Collected, key: str, frame: Any, rois: dict[str, Any], unets: dict[str, Any], full: bool = False,
-           with_recheck: bool = True) -> None:
+           with_recheck: bool = True, series: Any = ()) -> None:
     """Every ROI classifier scored on the frame; the UNets run on the crops of the one
-    the analyzer routes this modality to (:func:`medrt.analyzer.pick_for_modality`)."""
+    the analyzer routes this modality to (:func:`medrt.analyzer.pick_for_modality`).
+    A 2.5-D UNet gets the frame's neighbours in ``series`` (its CT series, in order)."""
     truth = _truth(key, frame)
     col.truth[key] = truth
     routed = pick_for_modality(list(rois.values()), frame.modality)
@@ -122,8 +123,12 @@ def _frame(col: Collected, key: str, frame: Any, rois: dict[str, Any], unets: di
         if model is routed:
             used = roi
     rows, cols = frame.shape
-    norm = normalize(frame.pixels, *frame.window)
+    inputs: dict[int, np.ndarray] = {}
     for name, unet in unets.items():
+        slices = getattr(unet.spec, "slices", 1)
+        if slices not in inputs:
+            inputs[slices] = phantom_input(frame, series, slices)
+        norm = inputs[slices]
         if used.crops:
             prob = segment_crops(unet, norm, used.crops, spacing_mm=frame.spacing_mm)
         else:
@@ -145,8 +150,9 @@ def collect(models: Path, n_dx: int, n_ct: int, *, unets: tuple[str, ...] = ("le
         frame = generate_radiograph(seed, size=4096, index=i)
         _frame(dx, f"dx{i}", frame, roi_models, nets, full=True)
     for s in range(n_ct):
-        for frame in generate_ct_series(seed + 100 + s, n_frames=40):
-            _frame(ct, f"ct{s}_{frame.index}", frame, roi_models, nets)
+        series = generate_ct_series(seed + 100 + s, n_frames=40)
+        for frame in series:
+            _frame(ct, f"ct{s}_{frame.index}", frame, roi_models, nets, series=series)
     log.info("inference on seeds from %d took %.0f s", seed, time.perf_counter() - t0)
     return dx, ct, {**roi_models, **nets}
 
@@ -156,8 +162,9 @@ def latency(backends: dict[str, Any], repeats: int = 7) -> dict[str, dict[str, f
     256² input for a 0.5 mm UNet, a 4096² radiograph a 1024² one."""
     out: dict[str, dict[str, float]] = {}
     rng = np.random.default_rng(0)
-    inputs = {s: rng.random((1, 1, s, s), dtype=np.float32) for s in (256, 512, 1024)}
     for name, b in backends.items():
+        channels = getattr(b.spec, "slices", 1)  # a 2.5-D UNet takes three slices
+        inputs = {s: rng.random((1, channels, s, s), dtype=np.float32) for s in (256, 512, 1024)}
         # The inputs are made beforehand: drawing 1024² random numbers inside the timed
         # call added ~5 ms to the model's time.
         funcs = {f"{s}": (lambda x=x, b=b: b.infer(x)) for s, x in inputs.items()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["RoiNet", "LocalContrast", "LocalContrastUNet", "build_unet", "network_for", "UNET_VARIANTS",
+__all__ = ["RoiNet", "LocalContrast", "LocalContrastUNet", "NeighbourDifference", "NEIGHBOUR_GAIN", "build_unet", "network_for", "UNET_VARIANTS",
            "EDGE_CHANNEL", "EDGE_GAIN"]
 
 # MONAI UNet settings per variant: lesion_unet for 1024² crops (≈ 0.8 M parameters),
@@ -75,27 +75,63 @@ class LocalContrast(nn.Module):
         return torch.cat(out, dim=1)
 
 
-class LocalContrastUNet(nn.Module):
-    """A MONAI UNet fed :class:`LocalContrast` (two channels, three with the edge channel)."""
+# 2.5-D inputs (``slices = 3``): the previous and next slice of a CT series come in as
+# channels 0 and 2 around the slice itself, and reach the UNet as their smoothed
+# difference from it, tanh(gain · (box3(neighbour) − box3(slice))): ~0 where anatomy goes
+# on through the slices (a vessel, a bowel loop, a large lesion), the lesion's contrast
+# where something shows on this slice only (a 2-5 mm lesion on 3-5 mm slices). The gain
+# puts a faint lesion (1.5-3x the ~12 HU noise in a 400 HU window) near tanh(1.1-2.2).
+NEIGHBOUR_GAIN = 25.0
+NEIGHBOUR_SMOOTH = 3
 
-    def __init__(self, variant: str, edge: bool = False) -> None:
+
+class NeighbourDifference(nn.Module):
+    """Channels out: the middle slice's :class:`LocalContrast` channels, then the two
+    neighbour-difference channels (input: previous, this, next slice)."""
+
+    def __init__(self, contrast: LocalContrast) -> None:
         super().__init__()
+        self.contrast = contrast
+
+    @property
+    def channels(self) -> int:
+        return self.contrast.channels + 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mid = x[:, 1:2]
+        smooth = LocalContrast._box(mid, NEIGHBOUR_SMOOTH)
+        diffs = [torch.tanh(NEIGHBOUR_GAIN * (LocalContrast._box(x[:, k : k + 1], NEIGHBOUR_SMOOTH) - smooth))
+                 for k in (0, 2)]
+        return torch.cat([self.contrast(mid), *diffs], dim=1)
+
+
+class LocalContrastUNet(nn.Module):
+    """A MONAI UNet fed :class:`LocalContrast` (two channels, three with the edge channel);
+    ``slices=3`` takes three slices and adds :class:`NeighbourDifference`'s two channels."""
+
+    def __init__(self, variant: str, edge: bool = False, slices: int = 1) -> None:
+        super().__init__()
+        if slices not in (1, 3):
+            raise ValueError(f"slices must be 1 or 3, got {slices}")
         edge_gain = EDGE_GAIN if edge else 0.0
         from monai.networks.nets import UNet
 
+        self.slices = slices
         self.contrast = LocalContrast(smooth=CONTRAST_SMOOTH.get(variant, 1), edge_gain=edge_gain)
-        self.unet = UNet(spatial_dims=2, in_channels=3 if edge_gain > 0 else 2, out_channels=1, **UNET_VARIANTS[variant])
+        front = NeighbourDifference(self.contrast) if slices == 3 else self.contrast
+        self.front = front if slices == 3 else None
+        self.unet = UNet(spatial_dims=2, in_channels=front.channels, out_channels=1, **UNET_VARIANTS[variant])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.unet(self.contrast(x))
+        return self.unet(self.front(x) if self.front is not None else self.contrast(x))
 
 
-def build_unet(variant: str, local_contrast: bool = True, edge: bool | None = None) -> nn.Module:
+def build_unet(variant: str, local_contrast: bool = True, edge: bool | None = None, slices: int = 1) -> nn.Module:
     """The UNet of ``variant``; ``local_contrast=False`` is the plain one-channel MONAI
     UNet of the 1.x models (trained on CT only); ``edge`` adds the edge channel (default:
-    :data:`EDGE_CHANNEL`)."""
+    :data:`EDGE_CHANNEL`); ``slices=3`` makes it 2.5-D (:class:`NeighbourDifference`)."""
     if local_contrast:
-        return LocalContrastUNet(variant, EDGE_CHANNEL.get(variant, False) if edge is None else edge)
+        return LocalContrastUNet(variant, EDGE_CHANNEL.get(variant, False) if edge is None else edge, slices)
     from monai.networks.nets import UNet
 
     return UNet(spatial_dims=2, in_channels=1, out_channels=1, **UNET_VARIANTS[variant])
@@ -106,12 +142,14 @@ def network_for(name: str, state: dict[str, torch.Tensor], roi: bool | None = No
     with or without the local-contrast and edge inputs, as the weights say. ``roi``: a
     RoiNet (default: when ``name`` starts with ``roi_classifier``)."""
     first = next(v for k, v in state.items() if k.endswith(".weight") and v.ndim == 4)
-    channels = first.shape[1]  # 1: the frame; 2: + local contrast; 3: + edge
+    channels = first.shape[1]  # 1: the frame; 2: + local contrast; 3: + edge; 2.5-D: two more
     if name.startswith("roi_classifier") if roi is None else roi:
         both = state["presence.weight"].shape[1] == 2 * state["heatmap.weight"].shape[1]
         net: nn.Module = RoiNet(local_contrast=channels >= 2, edge=channels == 3, pool="mean+max" if both else "max")
     else:
-        net = build_unet(name, local_contrast=any(k.startswith("unet.") for k in state), edge=channels == 3)
+        slices = 3 if channels >= 4 else 1
+        net = build_unet(name, local_contrast=any(k.startswith("unet.") for k in state),
+                         edge=channels - (2 if slices == 3 else 0) == 3, slices=slices)
     net.load_state_dict(state)
     return net.eval()
 

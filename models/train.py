@@ -129,10 +129,12 @@ def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
 
     _, seg = _data(args, "seg")
     assert seg is not None
+    if args.slices == 3:  # 2.5-D: each CT patch's neighbouring slices, cached beside the main cache
+        seg = phantom_data.build_neighbours(Path(args.cache), seg, base_seed=phantom_data.TRAIN_SEED,
+                                            n_ct_series=args.n_ct)
     if args.data != "all":  # e.g. the lite model is for 512² CT streams
-        keep = seg.is_ct if args.data == "ct" else ~seg.is_ct
-        seg = phantom_data.SegData(seg.patches[keep], seg.windows[keep], seg.masks[keep], seg.is_ct[keep])
-    net = build_unet(args.model)
+        seg = seg.subset(seg.is_ct if args.data == "ct" else ~seg.is_ct)
+    net = build_unet(args.model, slices=args.slices)
     if args.resume:  # continue from earlier weights (the spec records the total steps)
         net.load_state_dict(torch.load(args.resume, map_location="cpu", weights_only=True))
     # Lesion pixels are a few per thousand: plain BCE settles on "background
@@ -147,16 +149,18 @@ def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
         # the random patches (ribs, spine, collimator edges) that make false positives.
         frac = args.lesion_start + (args.lesion_end - args.lesion_start) * progress
         x, y = phantom_data.seg_batch(rng, seg, args.batch, crop=args.crop, ct_fraction=args.ct_fraction,
-                                      lesion_fraction=frac, insert_small=args.insert_small)
+                                      lesion_fraction=frac, insert_small=args.insert_small, slices=args.slices,
+                                      neighbour_drop=args.neighbour_drop)
         xt, yt = torch.from_numpy(x), torch.from_numpy(y)
         logits = net(xt).float()  # the losses in fp32 under autocast
         weight = torch.from_numpy(small_lesion_weights(y, args.small_weight)) if args.small_weight > 0 else None
         bce = nn.functional.binary_cross_entropy_with_logits(logits, yt, weight=weight, pos_weight=pos_weight)
         return dice(logits, yt) + 0.5 * bce
 
-    final, seconds, steps = _fit(net, args, batch_loss, _seg_monitor(net, seg))
+    final, seconds, steps = _fit(net, args, batch_loss, _seg_monitor(net, seg, args.slices))
     info = {"steps": steps + args.prior_steps, "batch": args.batch, "crop": args.crop, "amp": args.amp, "data": args.data,
-            "small_weight": args.small_weight, "insert_small": args.insert_small,
+            "small_weight": args.small_weight, "insert_small": args.insert_small, "slices": args.slices,
+            "neighbour_drop": args.neighbour_drop if args.slices == 3 else 0.0,
             "window_jitter": phantom_data.JITTER_NOTE,
             "lesion_fraction": [args.lesion_start, args.lesion_end], "spacing_mm": phantom_data.SEG_SPACING, "final_loss": final, "patches": int(len(seg.patches)),
             "seconds": round(seconds + args.prior_seconds, 1)}
@@ -180,15 +184,14 @@ def small_lesion_weights(y: np.ndarray, area: float, cap: float = 16.0) -> np.nd
     return w
 
 
-def _seg_monitor(net: nn.Module, seg: phantom_data.SegData) -> Callable[[], str]:
+def _seg_monitor(net: nn.Module, seg: phantom_data.SegData, slices: int = 1) -> Callable[[], str]:
     """Dice at p >= 0.5 on fixed batches of each modality (training patches: a learning
     signal, not a held-out figure)."""
     rng = np.random.default_rng(12345)
     fixed = {}
     for name, keep in (("dx", ~seg.is_ct), ("ct", seg.is_ct)):
         if keep.any():
-            sub = phantom_data.SegData(seg.patches[keep], seg.windows[keep], seg.masks[keep], seg.is_ct[keep])
-            fixed[name] = phantom_data.seg_batch(rng, sub, 24)
+            fixed[name] = phantom_data.seg_batch(rng, seg.subset(keep), 24, slices=slices)
 
     def report() -> str:
         out = []
@@ -269,7 +272,8 @@ def export(net: nn.Module, name: str, out: Path, roi: bool) -> Path:
 
     path = out / f"{name}.onnx"
     size = 512 if roi else 256
-    x = torch.rand(1, 1, size, size)
+    channels = getattr(net, "slices", 1)  # 2.5-D UNets take three slices
+    x = torch.rand(1, channels, size, size)
     if roi:
         names, dyn = ["presence", "heatmap"], {"image": {2: "H", 3: "W"}, "heatmap": {2: "h", 3: "w"}}
     else:
@@ -278,7 +282,7 @@ def export(net: nn.Module, name: str, out: Path, roi: bool) -> Path:
                       dynamic_axes=dyn, dynamo=False)
     _rewrite(path)
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    for shape in ((1, 1, size, size), (1, 1, 2 * size, size)):
+    for shape in ((1, channels, size, size), (1, channels, 2 * size, size)):
         xi = torch.rand(*shape)
         with torch.no_grad():
             ref = net(xi)
@@ -343,6 +347,7 @@ def _seg_args(args: argparse.Namespace) -> str:
         return out
     out += f" --small-weight {args.small_weight:g}" if args.small_weight > 0 else ""
     out += f" --insert-small {args.insert_small:g}" if args.insert_small > 0 else ""
+    out += f" --slices 3 --neighbour-drop {args.neighbour_drop:g}" if args.slices == 3 else ""
     return out + f" --lesion-start {args.lesion_start} --lesion-end {args.lesion_end}"
 
 
@@ -375,12 +380,17 @@ def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace)
                   'description = "MobileNet-style ROI classifier on the frame thumbnail: frame-level lesion presence and a per-cell lesion heatmap."']
     else:
         cfg = UNET_VARIANTS[name]
+        lines += [f"slices = {args.slices}"] if args.slices == 3 else []
         lines += [f"spacing_mm = {phantom_data.SEG_SPACING}",
                   f'description = "MONAI UNet channels {list(cfg["channels"])}, strides {list(cfg["strides"])}, '
                   f'{cfg["num_res_units"]} residual unit(s): lesion probability per pixel at '
                   f'{phantom_data.SEG_SPACING} mm (finer frames are area-averaged to it)."']
-    lines += ["", "[normalization]", 'method = "window"', "", "[[inputs]]", 'name = "image"',
-              'shape = [1, 1, "H", "W"]', 'meaning = "frame (or thumbnail) normalised by its VOI window to 0..1"', ""]
+    lines += ["", "[normalization]", 'method = "window"', "", "[[inputs]]", 'name = "image"']
+    if not roi and args.slices == 3:
+        lines += ['shape = [1, 3, "H", "W"]', 'meaning = "previous, this and next slice of the series, each '
+                  'normalised by this frame\'s VOI window to 0..1 (a missing neighbour: this slice again)"', ""]
+    else:
+        lines += ['shape = [1, 1, "H", "W"]', 'meaning = "frame (or thumbnail) normalised by its VOI window to 0..1"', ""]
     if roi:
         lines += ["[[outputs]]", 'name = "presence"', "shape = [1, 1]", 'activation = "sigmoid"',
                   'meaning = "frame-level lesion presence logit"', "",
@@ -433,6 +443,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--insert-small", type=float, default=0.0, metavar="P",
                    help="share of CT crops that get 1-3 small (2-6 mm) soft-tissue lesions drawn in "
                         "(models/data.py insert_small_lesions)")
+    p.add_argument("--slices", type=int, choices=[1, 3], default=1,
+                   help="UNets: 3 = 2.5-D, the previous and next slice of a CT series as extra input channels")
+    p.add_argument("--neighbour-drop", type=float, default=0.15, metavar="P",
+                   help="with --slices 3: chance that each neighbour is replaced by the slice itself in training")
     p.add_argument("--monitor-every", type=int, default=500, help="log Dice on fixed batches every N steps (0: never)")
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "medrt" / "train"))
     p.add_argument("--out", default="models")

@@ -50,7 +50,8 @@ def test_onnx_matches_torch(name: str) -> None:
     net = network_for(name, torch.load(MODELS / f"{name}.pt", map_location="cpu", weights_only=True))
     backend = OnnxRuntimeBackend(load_spec(MODELS / f"{name}.toml"))
     rng = np.random.default_rng(0)
-    for shape in ((1, 1, 256, 256), (1, 1, 512, 384)):
+    c = backend.spec.slices  # a 2.5-D UNet takes three slices
+    for shape in ((1, c, 256, 256), (1, c, 512, 384)):
         x = rng.random(shape, dtype=np.float32)
         with torch.no_grad():
             ref = net(torch.from_numpy(x))
@@ -70,8 +71,8 @@ def test_lite_unet_finds_ct_lesions_on_a_held_out_series() -> None:
     truth says, and lesion-free slices stay mostly clean."""
     from medrt.analysis.lesions import lesions_from_probability
     from medrt.analysis.segment import segment_crops
+    from medrt.analysis.slices import phantom_input
     from medrt.phantom import generate_ct_series
-    from medrt.preprocess import normalize
 
     unet = OnnxRuntimeBackend(load_spec(MODELS / "lesion_unet_lite.toml"))
     frames = generate_ct_series(9901, n_frames=40)
@@ -80,13 +81,14 @@ def test_lite_unet_finds_ct_lesions_on_a_held_out_series() -> None:
     assert len(clear) >= 4 and len(blank) >= 8
     found = 0
     for f, t in clear:
-        prob = segment_crops(unet, normalize(f.pixels, *f.window), [(0, 0, f.shape[0], f.shape[1])])
+        x = phantom_input(f, frames, unet.spec.slices)  # with its neighbours for a 2.5-D model
+        prob = segment_crops(unet, x, [(0, 0, f.shape[0], f.shape[1])])
         _, lesions = lesions_from_probability(prob, f.spacing_mm, 0.5)
         found += any(_near(les, t, f.spacing_mm[0]) for les in lesions)
     assert found >= 0.7 * len(clear), f"{found} of {len(clear)}"
     false = 0
     for f in blank[:8]:
-        prob = segment_crops(unet, normalize(f.pixels, *f.window), [(0, 0, f.shape[0], f.shape[1])])
+        prob = segment_crops(unet, phantom_input(f, frames, unet.spec.slices), [(0, 0, f.shape[0], f.shape[1])])
         false += len(lesions_from_probability(prob, f.spacing_mm, 0.5)[1])
     assert false <= 8, f"{false} false positives on 8 lesion-free slices"
 
@@ -153,19 +155,23 @@ def test_radiograph_classifier_covers_nodules_the_general_one_misses() -> None:
     assert np.mean(crops) < 12, crops  # it proposes regions, it does not tile the 16-crop frame
 
 
-def test_training_smoke(tmp_path: Path) -> None:
-    """A few steps of the real training script, end to end: data, loop, ONNX, spec."""
+@pytest.mark.parametrize("slices", [1, 3])
+def test_training_smoke(tmp_path: Path, slices: int) -> None:
+    """A few steps of the real training script, end to end: data (with the CT neighbours
+    for a 2.5-D model), loop, ONNX, spec."""
     require_module("torch")
     require_module("monai")
     out = subprocess.run(
         [sys.executable, "-m", "medrt.models.train", "lesion_unet_lite", "--steps", "3", "--batch", "2",
-         "--n-dx", "1", "--n-ct", "1", "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out")],
+         "--n-dx", "1", "--n-ct", "1", "--slices", str(slices), "--cache", str(tmp_path / "cache"),
+         "--out", str(tmp_path / "out")],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     spec = load_spec(tmp_path / "out" / "lesion_unet_lite.toml")
-    assert spec.training["seconds"] > 0
-    y = OnnxRuntimeBackend(spec).infer(np.zeros((1, 1, 64, 64), np.float32))[0]
+    assert spec.training["seconds"] > 0 and spec.slices == slices
+    assert ("--slices 3" in spec.training["command"]) == (slices == 3)
+    y = OnnxRuntimeBackend(spec).infer(np.zeros((1, slices, 64, 64), np.float32))[0]
     assert y.shape == (1, 1, 64, 64)
 
 
@@ -364,3 +370,45 @@ def test_torch_backend_loads_every_shipped_model(name: str) -> None:
     want = OnnxRuntimeBackend(spec).infer(x)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, atol=2e-3, rtol=1e-3)
+
+
+def test_two_and_a_half_d_inputs_show_what_is_on_this_slice_only() -> None:
+    """The 2.5-D network's neighbour channels: a blob on the middle slice alone stands
+    out, the same blob on all three (anatomy going on through the slices) gives ~0;
+    training batches come in three slices with the lesions in the middle one."""
+    torch = require_module("torch")
+    require_module("monai")
+    from medrt.models import data as d
+    from medrt.models.networks import NeighbourDifference, build_unet, network_for
+
+    net = build_unet("lesion_unet_lite", slices=3)
+    front = net.front
+    assert isinstance(front, NeighbourDifference) and front.channels == net.contrast.channels + 2
+    yy, xx = np.mgrid[:64, :64]
+    blob = (((yy - 32) ** 2 + (xx - 32) ** 2) < 16).astype(np.float32) * 0.1 + 0.5
+    flat = np.full((64, 64), 0.5, np.float32)
+    with torch.no_grad():
+        only_here = front(torch.from_numpy(np.stack([flat, blob, flat])[None]))[0, -2:].numpy()
+        goes_on = front(torch.from_numpy(np.stack([blob, blob, blob])[None]))[0, -2:].numpy()
+    assert only_here[:, 32, 32].max() < -0.9  # the neighbours lack what this slice has
+    assert np.abs(goes_on).max() < 1e-5
+    assert network_for("lesion_unet_lite", net.state_dict()).slices == 3
+    # Batches: (3, crop, crop) inputs; a patch without neighbours stands in for its own.
+    rng = np.random.default_rng(0)
+    n = 4
+    patches = rng.normal(50, 10, (n, d.PATCH, d.PATCH)).astype(np.float32)
+    nbs = (patches[:, None] + rng.normal(0, 5, (n, 2, d.PATCH, d.PATCH))).astype(np.int16)
+    seg = d.SegData(patches, np.tile([[40.0, 400.0]], (n, 1)).astype(np.float32),
+                    np.zeros((n, d.PATCH, d.PATCH), np.uint8), np.ones(n, bool), nbs)
+    x, y = d.seg_batch(rng, seg, 6, crop=64, slices=3, neighbour_drop=0.0)
+    assert x.shape == (6, 3, 64, 64) and y.shape == (6, 1, 64, 64)
+    assert all(not np.array_equal(x[b, 0], x[b, 1]) for b in range(6))
+    x, _ = d.seg_batch(rng, seg, 6, crop=64, slices=3, neighbour_drop=1.0)  # the middle slice again
+    assert all(np.allclose(x[b, 0], x[b, 1], atol=0.06) and np.allclose(x[b, 2], x[b, 1], atol=0.06)
+               for b in range(6))  # (up to the extra noise, drawn per channel)
+    x, y = d.seg_batch(rng, seg, 8, crop=64, slices=3, insert_small=1.0, neighbour_drop=0.0)
+    assert y.max() > 0.5  # lesions were drawn in, into the middle slice only
+    drawn = y[:, 0] > 0.5
+    assert np.abs(x[:, 1][drawn] - x[:, 0][drawn]).mean() > 3 * np.abs(x[:, 1][~drawn] - x[:, 0][~drawn]).mean()
+    with pytest.raises(ValueError, match="neighbours"):
+        d.seg_batch(rng, d.SegData(patches, seg.windows, seg.masks, seg.is_ct), 2, crop=64, slices=3)

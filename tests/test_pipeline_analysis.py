@@ -34,13 +34,18 @@ class Collect:
 
 
 def test_pipelined_results_equal_the_serial_path_in_order(analyzer):
-    paths = sorted(CT.glob("*.dcm"))[:16]
-    sink = Collect()
-    pipe = Pipeline(FileReplay(paths, fps=0), analysis_stages(analyzer, infer_workers=2), [sink], telemetry=True)
-    assert pipe.run(timeout=300)
+    """Each slice reaches the model with its neighbours in the series (the 2.5-D lite
+    UNet), as the serial path gives them."""
+    from medrt.analysis.slices import series_neighbours
     from medrt.io.dicom import read_frames
 
-    serial = [analyzer.analyze(read_frames(p)[0]) for p in paths]
+    paths = sorted(CT.glob("*.dcm"))[:16]
+    sink = Collect()
+    stages = analysis_stages(analyzer, infer_workers=2, order=paths)
+    pipe = Pipeline(FileReplay(paths, fps=0), stages, [sink], telemetry=True)
+    assert pipe.run(timeout=300)
+    frames = [read_frames(p)[0] for p in paths]
+    serial = [analyzer.analyze(f, neighbours=nb) for f, nb in zip(frames, series_neighbours(frames), strict=True)]
     assert [r.frame.source.path for r in sink.results] == paths
     for got, want in zip(sink.results, serial, strict=True):
         assert [les.bbox for les in got.lesions] == [les.bbox for les in want.lesions]
@@ -170,9 +175,11 @@ def test_process_analysis_matches_threads_and_reports_bad_files(tmp_path, analyz
     for p in good:
         shutil.copy(p, tmp_path / p.name)
     (tmp_path / good[2].name).write_bytes(good[2].read_bytes()[:3000])  # truncated in its pixel data
+    order = sorted(tmp_path.glob("*.dcm"))  # the neighbours of each slice, in both layouts
     a, b = Collect(), Collect()
-    assert Pipeline(FileReplay.from_folder(tmp_path, fps=0), analysis_stages(analyzer), [a]).run(timeout=300)
-    stages = analysis_stages(analyzer, processes=2)
+    assert Pipeline(FileReplay.from_folder(tmp_path, fps=0), analysis_stages(analyzer, order=order),
+                    [a]).run(timeout=300)
+    stages = analysis_stages(analyzer, processes=2, order=order)
     assert [s.name for s in stages] == ["analyze"]
     pipe = Pipeline(FileReplay.from_folder(tmp_path, fps=0), stages, [b], telemetry=True)
     assert pipe.run(timeout=300)

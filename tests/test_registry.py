@@ -307,3 +307,26 @@ def test_the_shipped_unet_names_its_spacing() -> None:
     assert specs["lesion_unet"].spacing_mm == 0.5
     for spec in specs.values():
         assert spec.spacing_mm is None or (spec.task == "segmentation" and 0.1 <= spec.spacing_mm <= 2.0)
+
+
+def test_slices_are_read_and_checked_against_the_input(tmp_path: Path) -> None:
+    """``[model] slices = 3`` (2.5-D) needs three input channels when the spec names them."""
+    spec_path = write_seg(tmp_path)
+    text = spec_path.read_text()
+    assert load_spec(spec_path).slices == 1  # absent: one slice
+    for bad in ("2", "0", '"3"', "true"):
+        spec_path.write_text(text.replace("multiple_of = 16\n", f"multiple_of = 16\nslices = {bad}\n"))
+        with pytest.raises(ModelError, match="slices must be 1 or 3") as info:
+            load_spec(spec_path)
+        assert str(spec_path) in str(info.value)
+    spec_path.write_text(text.replace("multiple_of = 16\n", "multiple_of = 16\nslices = 3\n"))
+    with pytest.raises(ModelError, match="has 1 channel"):
+        load_spec(spec_path, verify=False)
+    spec_path.write_text(spec_path.read_text().replace('["N", 1, "H", "W"]', '["N", 3, "H", "W"]', 1))
+    assert load_spec(spec_path, verify=False).slices == 3
+    model = roi_onnx(tmp_path / "roi.onnx")
+    roi_path = tmp_path / "roi.toml"
+    roi_path.write_text(ROI_SPEC.format(sha=sha256_file(model), heatmap=HEATMAP).replace(
+        "stride = 4\n", "stride = 4\nslices = 3\n"))
+    with pytest.raises(ModelError, match="slices applies to segmentation models only"):
+        load_spec(roi_path)

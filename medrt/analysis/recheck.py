@@ -99,7 +99,8 @@ def recheck(
     kept (the analyzer does not read it again); a caller that needs it passes a copy.
     ``spacing_mm`` is the frame's (row, col) pixel spacing: it sizes the windows in
     mm and, with the model's ``spacing_mm``, sets the scale of the second pass (module
-    docstring). None: 1 mm is assumed and the second pass upsamples 2×."""
+    docstring). None: 1 mm is assumed and the second pass upsamples 2×. ``norm`` may be a
+    stack of slices for a 2.5-D model (:mod:`medrt.analysis.segment`)."""
     sr, sc = spacing_mm or (1.0, 1.0)
     factors = recheck_factors(spacing_mm, getattr(model.spec, "spacing_mm", None))
     big = [les.label for les in lesions if les.diameter_mm >= cfg.max_diameter_mm]
@@ -120,7 +121,7 @@ def recheck(
             continue
         region = _region(norm, r0, c0, r0 + side, c0 + side)
         if factors is None:
-            up = np.kron(region, np.ones((2, 2), np.float32))  # nearest, as the training's 2x zoom
+            up = np.repeat(np.repeat(region, 2, axis=-2), 2, axis=-1)  # nearest, as the training's 2x zoom
             p2 = _sigmoid(_run(model, up))
             back = p2.reshape(side, 2, side, 2).mean(axis=(1, 3))
         else:

@@ -82,14 +82,17 @@ def area_downsample(x: np.ndarray, factors: Factors) -> np.ndarray:
 
     Output pixel ``(i, j)`` is the mean of ``x[i*fr:(i+1)*fr, j*fc:(j+1)*fc]``;
     blocks at the bottom or right edge that do not fill are averaged over the
-    pixels they have (as :func:`medrt.preprocess.thumbnail` does).
+    pixels they have (as :func:`medrt.preprocess.thumbnail` does). A 3-D array (a
+    stack of slices, :mod:`medrt.analysis.slices`) is averaged slice by slice.
     """
     fr, fc = int(factors[0]), int(factors[1])
     if fr < 1 or fc < 1:
         raise ValueError(f'Argument "factors" must be positive integers, got {factors!r}')
     x = np.asarray(x)
+    if x.ndim == 3:
+        return np.stack([area_downsample(s, factors) for s in x])
     if x.ndim != 2:
-        raise ValueError(f'Argument "x" must be a 2-D array, got shape {x.shape}')
+        raise ValueError(f'Argument "x" must be a 2-D array or a stack of them, got shape {x.shape}')
     if (fr, fc) == (1, 1):
         return np.asarray(x, dtype=np.float32)
     return block_mean(x, fr, fc)

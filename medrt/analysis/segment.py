@@ -1,7 +1,10 @@
 """The lesion UNet on crops (the ROI path) or over the whole frame (the baseline).
 
-Inputs are a frame's pixels already normalised to 0..1 by its window. Regions
-that reach past the frame are padded with 0 (below the window, like air).
+Inputs are a frame's pixels already normalised to 0..1 by its window: a 2-D
+array, or for a 2.5-D model (``[model] slices = 3``) the (3, rows, cols) stack of
+:func:`medrt.analysis.slices.slice_stack` (a 2-D frame given to such a model is
+its own neighbours; a stack given to a one-slice model is read at its middle).
+Regions that reach past the frame are padded with 0 (below the window, like air).
 Outputs are lesion probabilities in the source pixel grid.
 
 Spacing normalisation: when the caller gives the frame's ``spacing_mm`` and the
@@ -68,9 +71,17 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 def _run(model: Backend, region: np.ndarray) -> np.ndarray:
-    """Logits for one 2-D region, padded to the model's multiple and cut back."""
+    """Logits for one region (2-D, or a stack of slices), padded to the model's multiple
+    and cut back."""
+    slices = getattr(model.spec, "slices", 1)
+    if region.ndim == 3 and slices == 1:
+        region = region[region.shape[0] // 2]
     x, (h, w) = pad_to_multiple(region, max(1, model.spec.multiple_of))
-    return model.infer(x[None, None])[0][0, 0, :h, :w]
+    if x.ndim == 2:
+        x = x[None, None] if slices == 1 else np.broadcast_to(x, (1, slices, *x.shape))
+    else:
+        x = x[None]
+    return model.infer(x)[0][0, 0, :h, :w]
 
 
 def model_factors(model: Backend, spacing_mm: tuple[float, float] | None) -> Factors:
@@ -83,7 +94,7 @@ def _logits_at(model: Backend, region: np.ndarray, factors: Factors) -> np.ndarr
     logits brought back onto the region's grid."""
     if factors == (1, 1):
         return _run(model, region)
-    return upsample_bilinear(_run(model, area_downsample(region, factors)), factors, region.shape)
+    return upsample_bilinear(_run(model, area_downsample(region, factors)), factors, region.shape[-2:])
 
 
 def _dilate(mask: np.ndarray) -> np.ndarray:
@@ -117,11 +128,11 @@ def _probability_blocks(
 
 
 def _region(norm: np.ndarray, r0: int, c0: int, r1: int, c1: int) -> np.ndarray:
-    rows, cols = norm.shape
-    out = np.zeros((r1 - r0, c1 - c0), np.float32)
+    rows, cols = norm.shape[-2:]
+    out = np.zeros((*norm.shape[:-2], r1 - r0, c1 - c0), np.float32)
     rr0, cc0, rr1, cc1 = max(r0, 0), max(c0, 0), min(r1, rows), min(c1, cols)
     if rr1 > rr0 and cc1 > cc0:
-        out[rr0 - r0 : rr1 - r0, cc0 - c0 : cc1 - c0] = norm[rr0:rr1, cc0:cc1]
+        out[..., rr0 - r0 : rr1 - r0, cc0 - c0 : cc1 - c0] = norm[..., rr0:rr1, cc0:cc1]
     return out
 
 
@@ -145,7 +156,7 @@ def segment_crops(
     and on radiographs most of the ROI path's false positives sat within 96 px of one
     (36 of 51 on 16 validation frames). Sides at or past the frame's edge get none, so
     a crop that covers the whole frame (a CT slice) costs nothing extra."""
-    rows, cols = norm.shape
+    rows, cols = norm.shape[-2:]
     prob = np.zeros((rows, cols), np.float32)
     factors = model_factors(model, spacing_mm)
     fr, fc = factors
@@ -155,9 +166,9 @@ def segment_crops(
         e0, f0 = r0 - up, c0 - left  # the run region's origin in frame coordinates
         region = _region(norm, e0, f0, r1 + down, c1 + right)
         if factors == (1, 1):
-            blocks = [((0, 0, region.shape[0], region.shape[1]), _sigmoid(_run(model, region)))]
+            blocks = [((0, 0, region.shape[-2], region.shape[-1]), _sigmoid(_run(model, region)))]
         else:
-            blocks = _probability_blocks(_run(model, area_downsample(region, factors)), factors, region.shape)
+            blocks = _probability_blocks(_run(model, area_downsample(region, factors)), factors, region.shape[-2:])
         keep = (max(r0, 0), max(c0, 0), min(r1, rows), min(c1, cols))  # the crop, inside the frame
         for (b0, d0, b1, d1), p in blocks:  # region coordinates
             rr0, cc0 = max(e0 + b0, keep[0]), max(f0 + d0, keep[1])
@@ -217,14 +228,14 @@ def sliding_window(
     if factors == (1, 1):
         return _sigmoid(_blended_logits(model, norm, roi, overlap))
     logits = _blended_logits(model, area_downsample(norm, factors), roi, overlap)
-    prob = np.zeros(norm.shape, np.float32)
-    for (r0, c0, r1, c1), p in _probability_blocks(logits, factors, norm.shape):
+    prob = np.zeros(norm.shape[-2:], np.float32)
+    for (r0, c0, r1, c1), p in _probability_blocks(logits, factors, norm.shape[-2:]):
         prob[r0:r1, c0:c1] = p
     return prob
 
 
 def _blended_logits(model: Backend, norm: np.ndarray, roi: int, overlap: float) -> np.ndarray:
-    rows, cols = norm.shape
+    rows, cols = norm.shape[-2:]
     step = max(1, int(roi * (1.0 - overlap)))
     wr, wc = min(roi, rows), min(roi, cols)
     weight = gaussian_importance(roi)[:wr, :wc]
@@ -232,7 +243,7 @@ def _blended_logits(model: Backend, norm: np.ndarray, roi: int, overlap: float) 
     norm_w = np.zeros((rows, cols), np.float32)
     for r0 in _starts(rows, roi, step):
         for c0 in _starts(cols, roi, step):
-            logits = _run(model, norm[r0 : r0 + wr, c0 : c0 + wc])
+            logits = _run(model, norm[..., r0 : r0 + wr, c0 : c0 + wc])
             acc[r0 : r0 + wr, c0 : c0 + wc] += logits * weight
             norm_w[r0 : r0 + wr, c0 : c0 + wc] += weight
     acc /= norm_w

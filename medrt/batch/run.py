@@ -181,7 +181,8 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
     if pending:
         paths = [p for sp in pending for p in sp.paths]
         stages = analysis_stages(analyzer, infer_workers=config.workers, decode_workers=config.decode_workers,
-                                 decode_processes=config.decode_processes, processes=config.processes)
+                                 decode_processes=config.decode_processes, processes=config.processes,
+                                 order=paths)  # series by series, in slice order: a 2.5-D model's neighbours
         pipe = Pipeline(FileReplay(paths, fps=0), stages, [sink], policy="block", depth=config.depth,
                         telemetry=True, name="batch")
         telemetry = pipe.telemetry

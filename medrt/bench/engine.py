@@ -23,17 +23,20 @@ BENCH_SEED = 9500  # held out from training (1000+) and calibration (5000+)
 
 
 def _frame_from_phantom(p: Any, key: str) -> Any:
-    """A medrt Frame for an in-memory phantom frame (no DICOM round trip)."""
+    """A medrt Frame for an in-memory phantom frame (no DICOM round trip); a CT slice
+    keeps its position in its series (axial), so its neighbours are found as in a file."""
     from pydicom.dataset import Dataset
 
-    from medrt.types import Frame, SourceRef, SpacingSource, Window
+    from medrt.types import Frame, Geometry, SourceRef, SpacingSource, Window
 
+    ct = p.kind == "ct"
     return Frame(
         pixels=p.pixels, spacing_mm=p.spacing_mm,
-        spacing_source=SpacingSource.PIXEL_SPACING if p.kind == "ct" else SpacingSource.IMAGER_PIXEL_SPACING,
+        spacing_source=SpacingSource.PIXEL_SPACING if ct else SpacingSource.IMAGER_PIXEL_SPACING,
         window=Window(*p.window), photometric="MONOCHROME2", sop_class_uid="", sop_instance_uid=key,
-        series_instance_uid="", study_instance_uid="", frame_of_reference_uid=None, modality=p.modality,
-        frame_index=0, source=SourceRef(Dataset()),
+        series_instance_uid=f"phantom-ct-{p.seed}" if ct else "", study_instance_uid="",
+        frame_of_reference_uid=None, modality=p.modality, frame_index=0, source=SourceRef(Dataset()),
+        geometry=Geometry(tuple(p.position), (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)) if ct and p.position else None,
     )
 
 
@@ -116,7 +119,8 @@ def _conv_flops(onnx_path: Path, h: int, w: int) -> float:
     model = onnx.load(str(onnx_path))
     inp = model.graph.input[0]
     dims = inp.type.tensor_type.shape.dim
-    for d, v in zip(dims, (1, 1, h, w), strict=True):
+    channels = dims[1].dim_value or 1  # a 2.5-D UNet takes three slices
+    for d, v in zip(dims, (1, channels, h, w), strict=True):
         d.ClearField("dim_param")
         d.dim_value = v
     model = shape_inference.infer_shapes(model)
@@ -150,7 +154,7 @@ def sgemm_gflops(n: int = 2048, repeats: int = 5) -> float:
 def unet_efficiency(backend: Any, size: int = 1024, repeats: int = 7) -> dict[str, Any]:
     """Achieved GFLOP/s of the UNet on a ``size``² crop against sgemm, measured in turn."""
     flops = _conv_flops(backend.spec.path, size, size)
-    x = np.random.default_rng(0).random((1, 1, size, size), dtype=np.float32)
+    x = np.random.default_rng(0).random((1, backend.spec.slices, size, size), dtype=np.float32)
     a = np.random.default_rng(0).random((2048, 2048), dtype=np.float32)
     times = interleaved_times({"unet": lambda: backend.infer(x), "sgemm": lambda: a @ a}, repeats=repeats,
                               settle_s=SETTLE_S)
@@ -195,7 +199,7 @@ def engine_table(spec_name: str = "lesion_unet", size: int = 1024, repeats: int 
     found = probe()
     spec = find_spec(spec_name)
     rows = []
-    x = np.random.default_rng(0).random((1, 1, size, size), dtype=np.float32)
+    x = np.random.default_rng(0).random((1, spec.slices, size, size), dtype=np.float32)
     for entry in ALLOW_LIST:
         backend, device, precision = entry.backend, entry.device, entry.precision
         if not found.supports(backend, device):

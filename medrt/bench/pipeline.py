@@ -96,7 +96,7 @@ def pipelined_vs_serial(
     def serial(analyzer: Any) -> float:
         sink = _Count()
         t0 = time.perf_counter()
-        run_serial(FileReplay(paths, fps=0, loop=loops), analysis_stages(analyzer), [sink])
+        run_serial(FileReplay(paths, fps=0, loop=loops), analysis_stages(analyzer, order=paths), [sink])
         return sink.n / (time.perf_counter() - t0)
 
     def pipelined(stages: list[Any]) -> float:
@@ -115,11 +115,11 @@ def pipelined_vs_serial(
         if multi is not one:
             fps[f"serial_{cores}_threads"].append(serial(multi))
             time.sleep(SETTLE_S)  # its ORT thread pool spins a moment after its last run
-        fps["pipelined"].append(pipelined(analysis_stages(one, infer_workers=workers)))
+        fps["pipelined"].append(pipelined(analysis_stages(one, infer_workers=workers, order=paths)))
         if processes > 0:
             # The pool starts (models loaded in every process) before the clock does;
             # the pipeline closes it when it ends.
-            fps["pipelined_processes"].append(pipelined(analysis_stages(one, processes=processes)))
+            fps["pipelined_processes"].append(pipelined(analysis_stages(one, processes=processes, order=paths)))
     med = {k: statistics.median(v) for k, v in fps.items() if v}
     best_serial_key = max((k for k in med if k.startswith("serial")), key=lambda k: med[k])
     best_pipe_key = max((k for k in med if k.startswith("pipelined")), key=lambda k: med[k])
@@ -131,7 +131,7 @@ def pipelined_vs_serial(
     try:
         sink = _Count()
         t0 = time.perf_counter()
-        run_serial(FileReplay(paths, fps=0), analysis_stages(one), [sink])
+        run_serial(FileReplay(paths, fps=0), analysis_stages(one, order=paths), [sink])
         serial_ms = (time.perf_counter() - t0) * 1000.0 / max(1, sink.n)
     finally:
         one.rois, one.seg = real
@@ -170,7 +170,7 @@ def stream_replay(
     workers = workers or _cores()
     analyzer = load_analyzer(seg_model=model, threads=1, precision=precision)
     source = FileReplay(paths, fps=fps, loop=max(1, math.ceil(frames / len(paths))))
-    stages = analysis_stages(analyzer, infer_workers=workers)
+    stages = analysis_stages(analyzer, infer_workers=workers, order=paths)
     sink = _Count()
     pipe = Pipeline(source, stages, [sink], policy={stages[0].name: policy}, telemetry=True, name="bench-stream")
     tel = pipe.telemetry

@@ -55,7 +55,7 @@ def profile_layers(
     if spec.multiple_of > 1 and any(s % spec.multiple_of for s in shape):
         raise ValueError(f'Argument "shape" {tuple(shape)} must be a multiple of {spec.multiple_of} '
                          f"for {spec.ident}.")
-    x = np.random.default_rng(0).random((1, 1, *shape), dtype=np.float32)
+    x = np.random.default_rng(0).random((1, spec.slices, *shape), dtype=np.float32)
     with tempfile.TemporaryDirectory(prefix="medrt-profile-") as tmp:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads or default_threads()

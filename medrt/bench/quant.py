@@ -27,7 +27,7 @@ def int8_vs_fp32(model: str = "lesion_unet", size: int = 1024, repeats: int = 9)
         gate = compare(fp32, int8)
         a = OnnxRuntimeBackend(fp32)
         b = OnnxRuntimeBackend(int8, precision="int8")
-        x = np.random.default_rng(0).random((1, 1, size, size), dtype=np.float32)
+        x = np.random.default_rng(0).random((1, fp32.slices, size, size), dtype=np.float32)
         t = interleaved_times({"fp32": lambda: a.infer(x), "int8": lambda: b.infer(x)}, repeats=repeats, warmup=2,
                               settle_s=SETTLE_S)
     f, i = percentile(t["fp32"], 50), percentile(t["int8"], 50)

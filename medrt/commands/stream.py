@@ -70,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
     _, workers = thread_layout(args)
     findings = _Findings()
     stages = analysis_stages(analyzer, infer_workers=workers, decode_workers=args.decode_workers,
-                             decode_processes=args.decode_processes, processes=args.processes)
+                             decode_processes=args.decode_processes, processes=args.processes,
+                             order=getattr(source, "paths", None))  # a replay's files: a 2.5-D model's neighbours
     # Drop (or refuse) at the entry only, before any work is spent on a frame; the
     # inner edges block, so back-pressure reaches the entry. A live replay keeps up
     # with its "scanner" (latest); a watched folder or an as-fast-as-it-goes replay

@@ -35,6 +35,7 @@ import numpy as np
 from medrt.analysis.lesions import lesions_from_probability
 from medrt.analysis.roi import classify, plan_crops, proposals_from_boxes
 from medrt.analysis.segment import segment_crops
+from medrt.analysis.slices import phantom_input
 from medrt.engine.backends.base import Backend
 from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
 from medrt.engine.registry import ModelError, ModelSpec, load_spec, shipped_models_dir
@@ -42,7 +43,6 @@ from medrt.evaluation import FramePrediction, evaluate
 from medrt.phantom import generate_ct_series, generate_radiograph
 from medrt.phantom.frame import PhantomFrame
 from medrt.phantom.truth import FrameTruth
-from medrt.preprocess import normalize
 
 __all__ = [
     "LIMIT_POINTS",
@@ -255,10 +255,12 @@ def compare(
     whole_small = fp32_spec.task != "roi_classifier"
     preds: dict[str, list[FramePrediction]] = {k: [] for k in variants}
     truth: dict[str, FrameTruth] = {}
+    slices = max(getattr(s.spec, "slices", 1) for s in segs.values())
+    by_index = {(f.kind, f.seed, f.index): f for f in frames}
     for frame in frames:
         key = _key(frame)
         truth[key] = _truth(key, frame)
-        norm = normalize(frame.pixels, *frame.window)
+        norm = phantom_input(frame, by_index, slices)  # a 2.5-D model gets the neighbouring slices
         shared_plan = None if fp32_spec.task == "roi_classifier" else _plan(frame, rois["fp32"], whole_small)
         for name in variants:
             crops = shared_plan if shared_plan is not None else _plan(frame, rois[name], whole_small)

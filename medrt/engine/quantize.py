@@ -127,18 +127,25 @@ def _empty_box(frame: PhantomFrame) -> tuple[int, int, int, int] | None:
     return None
 
 
-def _segmentation_items(seed: int, n: int, spacing_mm: float | None) -> Iterator[tuple[str, np.ndarray]]:
+def _segmentation_items(seed: int, n: int, spacing_mm: float | None,
+                        slices: int = 1) -> Iterator[tuple[str, np.ndarray]]:
     """(category, normalised input): CT slices 512², then 1024² crops of 4096² radiographs,
     area-averaged to the model's ``spacing_mm`` as the analysis feeds them (a 0.5 mm
-    model gets a 0.125 mm radiograph's crop as 256²)."""
+    model gets a 0.125 mm radiograph's crop as 256²). ``slices=3``: (3, H, W) stacks,
+    a CT slice with its neighbours in the series and a radiograph as its own."""
     from medrt.analysis.resample import area_downsample, resample_factors
     from medrt.analysis.roi import plan_crops, proposals_from_boxes
     from medrt.phantom import generate_ct_series, generate_radiograph
 
     n_ct = n // 2
     for s in range(math.ceil(n_ct / 12)):
-        for frame in generate_ct_series(seed + 100 + s, n_frames=40):
-            yield "ct-" + _category(frame), normalize(frame.pixels, *frame.window)
+        series = generate_ct_series(seed + 100 + s, n_frames=40)
+        for i, frame in enumerate(series):
+            if slices == 3:
+                around = (series[max(i - 1, 0)], frame, series[min(i + 1, len(series) - 1)])
+                yield "ct-" + _category(frame), np.stack([normalize(f.pixels, *frame.window) for f in around])
+            else:
+                yield "ct-" + _category(frame), normalize(frame.pixels, *frame.window)
     for i in range(max(1, math.ceil((n - n_ct) / 4))):
         frame = generate_radiograph(seed, size=4096, index=i, n_lesions=3, border_lesion=True, far_apart=i % 2 == 1)
         norm = normalize(frame.pixels, *frame.window)
@@ -149,7 +156,8 @@ def _segmentation_items(seed: int, n: int, spacing_mm: float | None) -> Iterator
         if empty is not None:
             boxes.append(empty)
         for box in boxes:
-            yield "dx-" + _category(frame, box), area_downsample(_crop(norm, box), factors)
+            x = area_downsample(_crop(norm, box), factors)
+            yield "dx-" + _category(frame, box), (np.stack([x] * 3) if slices == 3 else x)
 
 
 def _roi_items(thumb: int, mult: int, seed: int, n: int) -> Iterator[tuple[str, np.ndarray]]:
@@ -190,14 +198,15 @@ def _balanced(items: Iterable[tuple[str, np.ndarray]], n: int) -> list[np.ndarra
 
 @functools.lru_cache(maxsize=4)
 def _cached_inputs(task: str, thumb: int, mult: int, seed: int, n: int,
-                   spacing_mm: float | None) -> tuple[np.ndarray, ...]:
+                   spacing_mm: float | None, slices: int = 1) -> tuple[np.ndarray, ...]:
     if task == "roi_classifier":
         items = _roi_items(thumb, mult, seed, n)
     else:
-        items = _segmentation_items(seed, n, spacing_mm)
+        items = _segmentation_items(seed, n, spacing_mm, slices)
     out = []
     for x in _balanced(items, n):
-        x = pad_to_multiple(np.ascontiguousarray(x, np.float32), mult)[0][None, None]
+        x = pad_to_multiple(np.ascontiguousarray(x, np.float32), mult)[0]
+        x = x[None] if x.ndim == 3 else x[None, None]
         x.flags.writeable = False
         out.append(x)
     return tuple(out)
@@ -217,7 +226,8 @@ def calibration_inputs(spec: ModelSpec, seed: int = CALIBRATION_SEED, n: int = 2
     if n < 1:
         raise ValueError(f'Argument "n" must be >= 1, got {n}')
     mult = max(1, spec.multiple_of, spec.stride if spec.task == "roi_classifier" else 1)
-    return list(_cached_inputs(spec.task, spec.thumbnail, mult, seed, n, getattr(spec, "spacing_mm", None)))
+    return list(_cached_inputs(spec.task, spec.thumbnail, mult, seed, n, getattr(spec, "spacing_mm", None),
+                               getattr(spec, "slices", 1)))
 
 
 def calibration_description(spec: ModelSpec, seed: int = CALIBRATION_SEED, n: int = 24) -> str:
@@ -233,14 +243,15 @@ def calibration_description(spec: ModelSpec, seed: int = CALIBRATION_SEED, n: in
     )
 
 
-def _as_nchw(x: np.ndarray, multiple_of: int) -> np.ndarray:
+def _as_nchw(x: np.ndarray, multiple_of: int, channels: int = 1) -> np.ndarray:
     x = np.asarray(x, np.float32)
     if x.ndim == 2:
-        x = x[None, None]
+        x = np.broadcast_to(x, (1, channels, *x.shape))
     elif x.ndim == 3:
-        x = x[:, None]
-    if x.ndim != 4 or x.shape[1] != 1:
-        raise ValueError(f"a calibration input must be (H, W), (N, H, W) or (N, 1, H, W), got {x.shape}")
+        x = x[:, None] if channels == 1 else x[None]
+    if x.ndim != 4 or x.shape[1] != channels:
+        raise ValueError(f"a calibration input must be (H, W), (N, H, W) or (N, C, H, W) with C = {channels}"
+                         f" (the model's input channels), got {x.shape}")
     return np.ascontiguousarray(pad_to_multiple(x, max(1, multiple_of))[0])
 
 
@@ -451,7 +462,7 @@ def quantize_int8(
         inputs = calibration_inputs(spec)
         described = calibration_description(spec, n=len(inputs))
     else:
-        inputs = [_as_nchw(x, spec.multiple_of) for x in calibration]
+        inputs = [_as_nchw(x, spec.multiple_of, getattr(spec, "slices", 1)) for x in calibration]
         described = calibration_note or f"caller-supplied, {len(inputs)} inputs"
     if not inputs:
         raise ModelError(f"{spec.spec_path}: no calibration inputs to quantize {spec.name} with")

@@ -77,6 +77,9 @@ class ModelSpec:
     spacing_mm: float | None = None
     # the DICOM Modality values the model was trained for (e.g. ("CT",)); () = any.
     modalities: tuple[str, ...] = ()
+    # segmentation: 3 = 2.5-D, the input's channels are the slice before, this slice and
+    # the slice after (medrt.analysis.slices); 1 = this slice alone.
+    slices: int = 1
     thresholds: dict[str, float] = field(default_factory=dict)
     description: str = ""
     card: Path | None = None
@@ -160,6 +163,21 @@ def _modalities(model: dict[str, Any], where: str) -> tuple[str, ...]:
     return tuple(v.strip().upper() for v in value)
 
 
+def _slices(model: dict[str, Any], task: str, inputs: tuple[TensorSpec, ...], where: str) -> int:
+    """``[model] slices``: 1 (default) or 3 (2.5-D), for segmentation models only; with 3,
+    the input's channel dimension, when the spec gives a number, must be 3 (other
+    mismatches with the graph are ``medrt models verify``'s to find)."""
+    value = model.get("slices", 1)
+    if isinstance(value, bool) or value not in (1, 3):
+        raise ModelError(f"{where}: [model] slices must be 1 or 3, not {value!r}")
+    if value != 1 and task != "segmentation":
+        raise ModelError(f"{where}: [model] slices applies to segmentation models only, not {task!r}")
+    shape = inputs[0].shape
+    if value == 3 and len(shape) == 4 and isinstance(shape[1], int) and shape[1] != value:
+        raise ModelError(f"{where}: the input has {shape[1]} channel(s) but [model] slices is {value}")
+    return int(value)
+
+
 def load_spec(spec_path: str | Path, *, verify: bool = True) -> ModelSpec:
     """Read a model spec TOML; with ``verify`` (the default) check the model's sha256."""
     spec_path = Path(spec_path)
@@ -182,6 +200,7 @@ def load_spec(spec_path: str | Path, *, verify: bool = True) -> ModelSpec:
     if method == "fixed_window":
         window = (float(_require(norm, "center", where)), float(_require(norm, "width", where)))
     card = model.get("card")
+    inputs = _tensors(doc.get("inputs"), f"{where} [[inputs]]")
     spec = ModelSpec(
         name=str(_require(model, "name", f"{where} [model]")),
         version=str(_require(model, "version", f"{where} [model]")),
@@ -189,7 +208,7 @@ def load_spec(spec_path: str | Path, *, verify: bool = True) -> ModelSpec:
         path=(spec_path.parent / str(_require(model, "file", f"{where} [model]"))).resolve(),
         sha256=str(_require(model, "sha256", f"{where} [model]")).lower(),
         spec_path=spec_path.resolve(),
-        inputs=_tensors(doc.get("inputs"), f"{where} [[inputs]]"),
+        inputs=inputs,
         outputs=_tensors(doc.get("outputs"), f"{where} [[outputs]]"),
         normalization=method,
         window=window,
@@ -198,6 +217,7 @@ def load_spec(spec_path: str | Path, *, verify: bool = True) -> ModelSpec:
         stride=int(model.get("stride", 1)),
         spacing_mm=_spacing(model, task, where),
         modalities=_modalities(model, where),
+        slices=_slices(model, task, inputs, where),
         thresholds={k: float(v) for k, v in doc.get("thresholds", {}).items()},
         description=str(model.get("description", "")),
         card=(spec_path.parent / str(card)).resolve() if card else None,

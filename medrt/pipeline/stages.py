@@ -8,12 +8,15 @@ the same code the serial ``Analyzer.analyze`` runs.
 from __future__ import annotations
 
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from medrt.analysis.slices import series_neighbours
 from medrt.analyzer import Analyzer, AnalyzerConfig
 from medrt.io.dicom import read_frames
 from medrt.pipeline.graph import Stage
@@ -21,17 +24,20 @@ from medrt.pipeline.shm import Packed, ParentSlots, WorkerSlots
 from medrt.pipeline.workers import WorkerPool
 from medrt.types import Frame, FrameResult
 
-__all__ = ["Decoded", "STAGE_NAMES", "decode", "analysis_stages", "ProcessDecoder", "ProcessAnalysis"]
+__all__ = ["Decoded", "STAGE_NAMES", "decode", "analysis_stages", "ProcessDecoder", "ProcessAnalysis", "SliceContext"]
 
 STAGE_NAMES = ("decode", "preprocess", "roi", "segment", "postprocess")
 
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Decoded:
-    """One decoded frame and its share of the time it took to decode its file."""
+    """One decoded frame and its share of the time it took to decode its file; with
+    the slices beside it in its series when a 2.5-D model needs them
+    (:mod:`medrt.analysis.slices`; None where unknown)."""
 
     frame: Frame
     decode_ms: float
+    neighbours: tuple[Frame | None, Frame | None] | None = None
 
     @property
     def key(self) -> str:
@@ -46,7 +52,66 @@ def decode(item: Any) -> list[Decoded]:
     t0 = time.perf_counter()
     frames = read_frames(item if not isinstance(item, (str, os.PathLike)) else Path(item))
     ms = (time.perf_counter() - t0) * 1000.0 / max(1, len(frames))
+    if len(frames) > 1:  # a multi-frame object: its frames are each other's neighbours
+        return [Decoded(f, ms, nb) for f, nb in zip(frames, series_neighbours(frames), strict=True)]
     return [Decoded(f, ms) for f in frames]
+
+
+class SliceContext:
+    """A decode stage that hands each single-frame file its neighbouring slices, for a
+    2.5-D segmentation model (``[model] slices = 3``).
+
+    ``order`` is the source's list of files, series by series in slice order (the
+    batch plan, a replayed folder). For the file at position i the files at i - 1 and
+    i + 1 are decoded too, or taken from a small cache of the last few decoded, so a
+    replay in order decodes each file once; whether they really are its neighbours
+    (same series, one slice step away) is checked by :func:`medrt.analysis.slices.adjacent`
+    when the input is built. Files of images without a position in the patient
+    (radiographs) get no neighbours and cost nothing extra; a neighbour that cannot be
+    decoded is just missing (its own error is reported when its turn comes).
+    """
+
+    def __init__(self, decoder: Callable[[Any], list[Decoded]], order: Sequence[Any], keep: int = 6) -> None:
+        self.decoder = decoder
+        self.order = [os.fspath(p) for p in order]
+        self.index: dict[str, int] = {}
+        for i, p in enumerate(self.order):
+            self.index.setdefault(p, i)
+        self.keep = max(3, keep)
+        self._cache: OrderedDict[str, list[Decoded]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def _decoded(self, path: str) -> list[Decoded]:
+        with self._lock:
+            hit = self._cache.get(path)
+            if hit is not None:
+                self._cache.move_to_end(path)
+                return hit
+        out = self.decoder(path)
+        with self._lock:
+            self._cache[path] = out
+            while len(self._cache) > self.keep:
+                self._cache.popitem(last=False)
+        return out
+
+    def _neighbour(self, i: int) -> Frame | None:
+        if not 0 <= i < len(self.order):
+            return None
+        try:
+            out = self._decoded(self.order[i])
+        except Exception:  # reported when that file's own turn comes
+            return None
+        return out[0].frame if len(out) == 1 else None
+
+    def __call__(self, item: Any) -> list[Decoded]:
+        if not isinstance(item, (str, os.PathLike)) or os.fspath(item) not in self.index:
+            return self.decoder(item)
+        path = os.fspath(item)
+        out = self._decoded(path)
+        if len(out) != 1 or out[0].frame.geometry is None:
+            return out
+        i = self.index[path]
+        return [replace(out[0], neighbours=(self._neighbour(i - 1), self._neighbour(i + 1)))]
 
 
 def _decode_path(path: str) -> list[Decoded]:
@@ -87,10 +152,15 @@ class ProcessDecoder(WorkerPool):
 _WORKER: dict[str, Any] = {}
 
 
-def _start_worker(config: AnalyzerConfig, mode: str | None, recheck: bool | None) -> None:
+def _start_worker(config: AnalyzerConfig, mode: str | None, recheck: bool | None,
+                  order: Sequence[str] | None = None) -> None:
     from medrt.analyzer import load_analyzer
 
-    _WORKER.update(analyzer=load_analyzer(config), mode=mode, recheck=recheck, slots=WorkerSlots())
+    analyzer = load_analyzer(config)
+    decoder: Callable[[Any], list[Decoded]] = decode
+    if order and analyzer.seg.spec.slices > 1:
+        decoder = SliceContext(decode, order)
+    _WORKER.update(analyzer=analyzer, mode=mode, recheck=recheck, slots=WorkerSlots(), decoder=decoder)
 
 
 def _analyze_item(item: Any) -> Packed | list[FrameResult]:
@@ -98,7 +168,8 @@ def _analyze_item(item: Any) -> Packed | list[FrameResult]:
     results' arrays travel back in this worker's shared-memory slots when one is free."""
     analyzer: Analyzer = _WORKER["analyzer"]
     results = [analyzer.analyze(d.frame, decode_ms=d.decode_ms, mode=_WORKER["mode"],
-                                recheck_small=_WORKER["recheck"]) for d in decode(item)]
+                                recheck_small=_WORKER["recheck"], neighbours=d.neighbours)
+               for d in _WORKER["decoder"](item)]
     return _WORKER["slots"].pack(results)
 
 
@@ -127,9 +198,10 @@ class ProcessAnalysis(WorkerPool):
     crash_reason = "the analysis process crashed on this file"
 
     def __init__(self, config: AnalyzerConfig, processes: int, *, mode: str | None = None,
-                 recheck: bool | None = None) -> None:
+                 recheck: bool | None = None, order: Sequence[Any] | None = None) -> None:
         self.config = replace(config, threads=config.threads or 1)  # one core per process
-        super().__init__(processes, _start_worker, (self.config, mode, recheck))
+        paths = [os.fspath(p) for p in order] if order else None
+        super().__init__(processes, _start_worker, (self.config, mode, recheck, paths))
         self._slots = ParentSlots()
 
     def close(self) -> None:
@@ -155,6 +227,7 @@ def analysis_stages(
     decode_processes: int = 0,
     decoder: Callable[[Any], list[Decoded]] | None = None,
     processes: int = 0,
+    order: Sequence[Any] | None = None,
 ) -> list[Stage]:
     """The five stages around one loaded analyzer. ``infer_workers`` > 1 runs several
     frames through the ROI classifier and the UNet at once (useful when each
@@ -163,9 +236,17 @@ def analysis_stages(
 
     ``processes`` > 0 replaces them with one ``analyze`` stage: whole files decoded
     and analysed in that many worker processes with the analyzer's settings
-    (:class:`ProcessAnalysis`); each FrameResult still carries its per-step timings."""
+    (:class:`ProcessAnalysis`); each FrameResult still carries its per-step timings.
+
+    ``order``: the files the source will send, in slice order. A 2.5-D segmentation
+    model then gets each file's neighbouring slices (:class:`SliceContext`); without
+    it (a listener's queue, a watched folder) each single-frame file is its own
+    neighbour. (With worker processes each process decodes the neighbours it needs,
+    so a file may be decoded in both.)"""
+    two_and_half = analyzer.seg.spec.slices > 1 and bool(order)
     if processes > 0:
-        pool = ProcessAnalysis(analyzer.config, processes, mode=mode, recheck=recheck)
+        pool = ProcessAnalysis(analyzer.config, processes, mode=mode, recheck=recheck,
+                               order=order if two_and_half else None)
         pool.start()
         # One caller per pipe (two per process): one file waits while the other is
         # analysed, so a process never waits on this side to hand it the next one.
@@ -173,9 +254,12 @@ def analysis_stages(
     if decoder is None:
         decoder = ProcessDecoder(decode_processes) if decode_processes > 0 else decode
         decode_workers = max(decode_workers, decode_processes)
+    if two_and_half:
+        decoder = SliceContext(decoder, order)  # type: ignore[arg-type]
 
     def preprocess(d: Decoded) -> Any:
-        return analyzer.prepare(d.frame, decode_ms=d.decode_ms, mode=mode, recheck_small=recheck)
+        return analyzer.prepare(d.frame, decode_ms=d.decode_ms, mode=mode, recheck_small=recheck,
+                                neighbours=d.neighbours)
 
     return [
         Stage("decode", decoder, workers=decode_workers, fan_out=True),

@@ -41,6 +41,6 @@ class Backend(abc.ABC):
     def warmup(self, shapes: list[tuple[int, int]], repeats: int = 2) -> None:
         """Run the real input shapes before the first real frame (no cold start)."""
         for h, w in shapes:
-            x = np.zeros((1, 1, h, w), np.float32)
+            x = np.zeros((1, getattr(self.spec, "slices", 1), h, w), np.float32)
             for _ in range(repeats):
                 self.infer(x)

@@ -1,0 +1,132 @@
+"""2.5-D input: a CT slice with the slices before and after it in its series.
+
+On one slice a small lung nodule and a vessel's cross-section, or a small liver
+lesion and a bowel loop, look alike; on the neighbouring slices the anatomy goes on
+and a 2-5 mm lesion (on 3-5 mm slices) does not. A segmentation model whose spec
+says ``[model] slices = 3`` takes the previous, this and the next slice as three
+input channels, all normalised by this frame's window.
+
+Which frames are neighbours is checked, not assumed from file order: same series,
+same size and pixel spacing, same orientation, and the positions along the slice
+normal one step apart (at most :data:`MAX_GAP_MM`). A frame without such a
+neighbour (the first or last slice, a lone image, a radiograph, or a listener that
+has only this one) gets itself in that place, which is how the model was trained
+for those cases (``models/data.py``, ``neighbour_drop``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from medrt.preprocess import normalize
+from medrt.types import Frame
+
+__all__ = ["MAX_GAP_MM", "Neighbours", "adjacent", "slice_stack", "series_neighbours", "stack_pixels",
+           "phantom_input"]
+
+# The farthest a neighbour may lie from the slice along its normal; the models were
+# trained on 3 and 5 mm slices, and a gap beyond this is a missing slice.
+MAX_GAP_MM = 10.0
+
+Neighbours = tuple["Frame | None", "Frame | None"]
+
+
+def _along(frame: Frame) -> float | None:
+    g = frame.geometry
+    if g is None:
+        return None
+    return float(np.dot(g.position, g.normal))
+
+
+def adjacent(frame: Frame, other: Frame | None) -> bool:
+    """True when ``other`` can stand beside ``frame`` as a neighbouring slice."""
+    if other is None or other is frame:
+        return False
+    if other.series_instance_uid != frame.series_instance_uid or other.shape != frame.shape:
+        return False
+    if other.spacing_mm != frame.spacing_mm or (other.modality or "") != (frame.modality or ""):
+        return False
+    a, b = frame.geometry, other.geometry
+    if a is None or b is None:  # a multi-frame object without per-frame geometry: its frame order
+        return a is None and b is None and other.sop_instance_uid == frame.sop_instance_uid
+    if float(np.dot(a.normal, b.normal)) < 0.999:
+        return False
+    gap = abs(_along(other) - _along(frame))  # type: ignore[operator]
+    return 0.0 < gap <= MAX_GAP_MM
+
+
+def slice_stack(frame: Frame, neighbours: Neighbours | None = None, out: np.ndarray | None = None) -> np.ndarray:
+    """(3, rows, cols) float32: the neighbour on the head side (the larger position
+    along the slice normal), this slice, and the one on the feet side, each normalised
+    by this frame's window, whichever order the series was read in (the models were
+    trained head to feet); a neighbour that is missing or not :func:`adjacent` is this
+    slice again."""
+    rows, cols = frame.shape
+    if out is None:
+        out = np.empty((3, rows, cols), np.float32)
+    center, width = frame.window.center, frame.window.width
+    normalize(frame.pixels, center, width, out=out[1])
+    prev, nxt = neighbours if neighbours is not None else (None, None)
+    here = _along(frame)
+    if here is not None:
+        sides: list[Frame | None] = [None, None]
+        for nb in (prev, nxt):
+            if adjacent(frame, nb):
+                sides[0 if _along(nb) > here else 1] = nb  # type: ignore[arg-type, operator]
+        prev, nxt = sides
+    for k, nb in ((0, prev), (2, nxt)):
+        if adjacent(frame, nb):
+            normalize(nb.pixels, center, width, out=out[k])  # type: ignore[union-attr]
+        else:
+            out[k] = out[1]
+    return out
+
+
+def series_neighbours(frames: Sequence[Frame]) -> list[Neighbours]:
+    """Each frame's (previous, next) in a sequence already in slice order (a series'
+    frames as read, a multi-frame object's frames); None where the one beside it is
+    not :func:`adjacent`."""
+    out: list[Neighbours] = []
+    for i, frame in enumerate(frames):
+        prev = frames[i - 1] if i > 0 else None
+        nxt = frames[i + 1] if i + 1 < len(frames) else None
+        out.append((prev if adjacent(frame, prev) else None, nxt if adjacent(frame, nxt) else None))
+    return out
+
+
+def stack_pixels(pixels: np.ndarray, window: tuple[float, float], before: np.ndarray | None = None,
+                 after: np.ndarray | None = None) -> np.ndarray:
+    """(3, rows, cols): ``before`` (head side), ``pixels`` and ``after`` (feet side), each
+    normalised by ``window``; a missing one is ``pixels`` again. For callers that know the
+    order already (phantom series, training, calibration)."""
+    out = np.empty((3, *pixels.shape), np.float32)
+    normalize(pixels, *window, out=out[1])
+    for k, nb in ((0, before), (2, after)):
+        if nb is None:
+            out[k] = out[1]
+        else:
+            normalize(nb, *window, out=out[k])
+    return out
+
+
+def phantom_input(frame: object, series: Sequence[object] | dict[tuple, object], slices: int) -> np.ndarray:
+    """A phantom frame's (``medrt.phantom.PhantomFrame``) normalised input for a model of
+    ``slices`` (1: 2-D; 3: with its neighbours in ``series``, a sequence of that series'
+    frames in order or a dict keyed by (kind, seed, index)). Phantom CT series run head
+    to feet, so index - 1 is the head side."""
+    window = frame.window  # type: ignore[attr-defined]
+    if slices != 3:
+        return normalize(frame.pixels, *window)  # type: ignore[attr-defined]
+    if frame.slice_location is None:  # type: ignore[attr-defined]  # a radiograph: its own neighbours
+        return stack_pixels(frame.pixels, window)  # type: ignore[attr-defined]
+    kind, seed, index = frame.kind, frame.seed, frame.index  # type: ignore[attr-defined]
+    if isinstance(series, dict):
+        before, after = series.get((kind, seed, index - 1)), series.get((kind, seed, index + 1))
+    else:
+        before = series[index - 1] if index > 0 else None
+        after = series[index + 1] if index + 1 < len(series) else None
+    return stack_pixels(frame.pixels, window,  # type: ignore[attr-defined]
+                        None if before is None else before.pixels,  # type: ignore[attr-defined]
+                        None if after is None else after.pixels)  # type: ignore[attr-defined]

@@ -1,0 +1,90 @@
+"""2.5-D inputs: which frames are neighbours, the input stack, and the decode stage that
+hands each file its neighbouring slices."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO
+from medrt.analysis.slices import adjacent, series_neighbours, slice_stack, stack_pixels
+from medrt.io.dicom import read_frames
+from medrt.pipeline.stages import Decoded, SliceContext, decode
+from medrt.types import Geometry
+
+STREAM = REPO / "sample_dicom" / "ct_stream"
+
+
+@pytest.fixture(scope="module")
+def series() -> list:
+    paths = sorted(STREAM.glob("*.dcm"))[:4]
+    return [read_frames(p)[0] for p in paths]
+
+
+def _moved(frame: object, dz: float) -> object:
+    g = frame.geometry  # type: ignore[attr-defined]
+    return replace(frame, geometry=Geometry((g.position[0], g.position[1], g.position[2] + dz), g.orientation))
+
+
+def test_neighbours_are_checked_not_assumed(series: list) -> None:
+    a, b = series[0], series[1]
+    assert adjacent(a, b) and adjacent(b, a)
+    assert not adjacent(a, a) and not adjacent(a, None)
+    assert not adjacent(a, replace(b, series_instance_uid="1.2.3.4"))  # another series
+    assert not adjacent(a, replace(b, spacing_mm=(9.0, 9.0)))
+    assert not adjacent(a, _moved(b, -20.0))  # a gap: a missing slice
+    assert not adjacent(a, _moved(b, a.geometry.position[2] - b.geometry.position[2]))  # the same position
+    tilted = replace(b, geometry=Geometry(b.geometry.position, (1.0, 0.0, 0.0, 0.0, 0.0, 1.0)))
+    assert not adjacent(a, tilted)
+    nbs = series_neighbours(series)
+    assert nbs[0][0] is None and nbs[0][1] is series[1]
+    assert nbs[-1][1] is None and nbs[2] == (series[1], series[3])
+
+
+def test_stack_is_head_to_feet_whatever_the_reading_order(series: list) -> None:
+    head, mid, feet = series[0], series[1], series[2]  # the sample runs head to feet (z falling)
+    assert head.geometry.position[2] > mid.geometry.position[2] > feet.geometry.position[2]
+    one = slice_stack(mid, (head, feet))
+    other = slice_stack(mid, (feet, head))
+    np.testing.assert_array_equal(one, other)
+    w = (mid.window.center, mid.window.width)
+    np.testing.assert_array_equal(one, stack_pixels(mid.pixels, w, head.pixels, feet.pixels))
+    # Neighbours are normalised by this frame's window, and a missing one is the frame again.
+    alone = slice_stack(mid, (None, replace(feet, series_instance_uid="9.9")))
+    np.testing.assert_array_equal(alone[0], alone[1])
+    np.testing.assert_array_equal(alone[2], alone[1])
+    assert not np.array_equal(one[0], one[1])
+
+
+def test_slice_context_decodes_each_file_once_in_order(tmp_path: Path) -> None:
+    paths = sorted(STREAM.glob("*.dcm"))[:5]
+    calls: list[str] = []
+
+    def counting(item: object) -> list[Decoded]:
+        calls.append(str(item))
+        return decode(item)
+
+    ctx = SliceContext(counting, paths)
+    out = [ctx(p) for p in paths]
+    assert sorted(calls) == sorted(str(p) for p in paths) and len(calls) == len(paths)
+    assert all(len(o) == 1 for o in out)
+    first, second = out[0][0], out[1][0]
+    assert first.neighbours[0] is None and first.neighbours[1] is second.frame
+    assert second.neighbours == (first.frame, out[2][0].frame)
+    # What is not in the order (bytes, another file) passes through without neighbours.
+    other = tmp_path / "x.dcm"
+    other.write_bytes(paths[0].read_bytes())
+    assert ctx(other)[0].neighbours is None
+    assert ctx(paths[0].read_bytes())[0].neighbours is None
+
+
+def test_slice_context_skips_a_neighbour_that_cannot_be_decoded(tmp_path: Path) -> None:
+    paths = sorted(STREAM.glob("*.dcm"))[:3]
+    bad = tmp_path / "bad.dcm"
+    bad.write_bytes(b"not a DICOM file")
+    ctx = SliceContext(decode, [paths[0], bad, paths[1]])
+    d = ctx(paths[0])[0]
+    assert d.neighbours == (None, None)
