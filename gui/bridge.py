@@ -132,7 +132,7 @@ class AnalyzerProvider:
     def __init__(self, config: Any = None) -> None:
         from medrt.analyzer import AnalyzerConfig
 
-        self.config = config or AnalyzerConfig(seg_model="lesion_unet_lite", threads=1)
+        self.config = config or AnalyzerConfig(threads=1)
 
     def get(self) -> Any:
         """The loaded analyzer (blocks the calling worker thread while it loads)."""
@@ -185,6 +185,7 @@ class Session:
         self._lock = threading.Lock()
         self._stopping = False
         self._ended = threading.Event()
+        self._decoder: Any = None  # a SliceContext for a 2.5-D model (set in _run)
         self._thread = threading.Thread(target=self._run, name=f"viewer-session-{sid}", daemon=True)
 
     def start(self) -> Session:
@@ -203,8 +204,11 @@ class Session:
             self._end()
             return
         self.backend = f"{analyzer.backend_name} {analyzer.precision}"
-        stages = analysis_stages(analyzer, infer_workers=self.workers, decoder=self._decode,
-                                 order=getattr(self.source, "paths", None))  # a 2.5-D model's neighbours
+        if analyzer.slices > 1:  # a 2.5-D model: each slice with its neighbours
+            from medrt.pipeline.stages import SliceContext, decode
+
+            self._decoder = SliceContext(decode, getattr(self.source, "paths", None))
+        stages = analysis_stages(analyzer, infer_workers=self.workers, decoder=self._decode, slice_context=False)
         stages.append(Stage("display", self._display, workers=1))
         pipe = Pipeline(self.source, stages, [QtSink(self.bridge, self.sid)],
                         policy={stages[0].name: self.policy}, telemetry=True, name=f"viewer-{self.kind}")
@@ -221,10 +225,12 @@ class Session:
         self.bridge.sessionEnded.emit(self.sid)
 
     def _decode(self, item: Any) -> list[Any]:
-        """The pipeline's decode stage, announcing each frame of a live stream as it is decoded."""
+        """The pipeline's decode stage, announcing each frame of a live stream as it is
+        decoded (a neighbouring slice read ahead for a 2.5-D model is announced only when
+        its own turn comes)."""
         from medrt.pipeline.stages import decode
 
-        out = decode(item)
+        out = (self._decoder or decode)(item)
         if self.live:
             path = Path(item) if isinstance(item, (str, Path)) else None
             for d in out:

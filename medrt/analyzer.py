@@ -46,7 +46,10 @@ class AnalyzerConfig:
     # modality ([model] modalities), else to the first that lists none. Radiographs go
     # to roi_classifier_dx, which covers ~3x the nodules the general one does on them.
     roi_model: str = "roi_classifier,roi_classifier_dx"
-    seg_model: str = "lesion_unet"
+    # Segmenters, comma-separated, routed like the ROI classifiers: CT slices go to the
+    # 2.5-D lesion_unet_lite (its spec lists CT; on CT it finds as many lesions as
+    # lesion_unet at a third fewer false positives), everything else to lesion_unet.
+    seg_model: str = "lesion_unet_lite,lesion_unet"
     recheck: bool = True
     recheck_config: RecheckConfig = field(default_factory=RecheckConfig)
     crop: int = 1024
@@ -111,6 +114,7 @@ class Work:
     recheck: bool
     timings: StageTimings
     roi: Backend | None = None  # the ROI classifier for this frame's modality (None in full mode)
+    seg: Backend | None = None  # the segmenter for this frame's modality (None: the analyzer's first)
     presence: float = 1.0
     proposals: tuple[RoiProposal, ...] = ()
     crops: tuple[tuple[int, int, int, int], ...] = ()
@@ -129,24 +133,65 @@ class Analyzer:
     sessions are); one stage's state lives only in its Work item.
 
     With several ROI classifiers, each frame goes to the first whose spec lists
-    its modality, else to the first that lists none (:meth:`roi_for`).
+    its modality, else to the first that lists none (:meth:`roi_for`); with several
+    segmenters likewise (:meth:`seg_for`).
     """
 
-    def __init__(self, config: AnalyzerConfig, roi: Backend | Sequence[Backend], seg: Backend) -> None:
+    def __init__(self, config: AnalyzerConfig, roi: Backend | Sequence[Backend],
+                 seg: Backend | Sequence[Backend]) -> None:
         self.config = config
         self.rois: tuple[Backend, ...] = (roi,) if not isinstance(roi, Sequence) else tuple(roi)
         if not self.rois:
             raise ValueError("an Analyzer needs at least one ROI classifier")
-        self.seg = seg
-        self.threshold = config.threshold if config.threshold is not None else seg.spec.thresholds.get("probability", 0.5)
-        info = seg.info()
+        self.segs: tuple[Backend, ...] = (seg,) if not isinstance(seg, Sequence) else tuple(seg)
+        if not self.segs:
+            raise ValueError("an Analyzer needs at least one segmentation model")
+        info = self.segs[0].info()
         self.backend_name, self.precision = info.backend, info.precision
-        self.models = (*(r.spec.ident for r in self.rois), seg.spec.ident)
+        self.models = (*(r.spec.ident for r in self.rois), *(s.spec.ident for s in self.segs))
 
     @property
     def roi(self) -> Backend:
         """The first ROI classifier (the only one, usually)."""
         return self.rois[0]
+
+    @property
+    def seg(self) -> Backend:
+        """The first segmentation model (the only one, unless several are routed by modality)."""
+        return self.segs[0]
+
+    @property
+    def threshold(self) -> float:
+        """The first segmenter's probability threshold (:meth:`threshold_for`)."""
+        return self.threshold_for(self.segs[0])
+
+    def threshold_for(self, seg: Backend) -> float:
+        """``config.threshold`` when set, else ``seg``'s spec threshold."""
+        if self.config.threshold is not None:
+            return self.config.threshold
+        return seg.spec.thresholds.get("probability", 0.5)
+
+    @property
+    def slices(self) -> int:
+        """The most slices any segmenter takes (3: a 2.5-D model needs neighbours)."""
+        return max(s.spec.slices for s in self.segs)
+
+    def seg_for(self, frame: Frame) -> Backend:
+        """The segmenter for this frame's modality: the first whose spec lists it, else the
+        first that lists none; an :class:`~medrt.errors.UnsupportedImageError` naming the
+        file when none is for it (a CT-only segmenter marks dozens of false lesions on a
+        radiograph)."""
+        modality = (frame.modality or "").upper()
+        chosen = pick_for_modality(self.segs, modality)
+        if chosen is not None:
+            return chosen
+        allowed = ", ".join(sorted({m for s in self.segs for m in s.spec.modalities}))
+        raise UnsupportedImageError(
+            frame.source.path or frame.key,
+            f"{modality or 'unknown-modality'} frame, but {', '.join(s.spec.ident for s in self.segs)} "
+            f"{'is' if len(self.segs) == 1 else 'are'} for {allowed} only (the spec's [model] modalities); "
+            "analyse it with a model made for it, e.g. --model lesion_unet",
+        )
 
     def roi_for(self, frame: Frame) -> Backend:
         """The ROI classifier for this frame's modality; an
@@ -166,7 +211,8 @@ class Analyzer:
     def warmup(self) -> None:
         """Run the real shapes once so the first real frame is not a cold start."""
         t0 = time.perf_counter()
-        self.seg.warmup(list(self.config.warmup_shapes))
+        for s in self.segs:
+            s.warmup(list(self.config.warmup_shapes))
         for r in self.rois:
             r.warmup([(r.spec.thumbnail, r.spec.thumbnail)])
         log.info("warm-up took %.0f ms", (time.perf_counter() - t0) * 1000)
@@ -182,29 +228,17 @@ class Analyzer:
         if mode not in MODES:
             raise ValueError(f'Argument "mode" must be one of {MODES}, got {mode!r}.')
         do_recheck = self.config.recheck if recheck_small is None else recheck_small
-        self._check_modality(frame)
-        # chosen here, so a frame no classifier is for is refused before any work
+        # chosen here, so a frame no model is for is refused before any work
+        seg = self.seg_for(frame)
         roi = self.roi_for(frame) if mode == "roi" else None
         t0 = time.perf_counter()
-        if self.seg.spec.slices > 1:
+        if seg.spec.slices > 1:
             norm = slice_stack(frame, neighbours)
         else:
             norm = normalize(frame.pixels, frame.window.center, frame.window.width)
         ms = (time.perf_counter() - t0) * 1000.0
-        return Work(frame=frame, norm=norm, mode=mode, recheck=do_recheck, roi=roi,
+        return Work(frame=frame, norm=norm, mode=mode, recheck=do_recheck, roi=roi, seg=seg,
                     timings=StageTimings(decode=decode_ms, preprocess=ms))
-
-    def _check_modality(self, frame: Frame) -> None:
-        """Refuse a frame of a modality the segmenter's spec does not list (``[model]
-        modalities``): a CT-only model marks dozens of false lesions on a radiograph."""
-        allowed = self.seg.spec.modalities
-        modality = (frame.modality or "").upper()
-        if allowed and modality not in allowed:
-            raise UnsupportedImageError(
-                frame.source.path or frame.key,
-                f"{modality or 'unknown-modality'} frame, but {self.seg.spec.ident} is for {', '.join(allowed)} only "
-                "(its spec's [model] modalities); analyse it with a model made for it, e.g. --model lesion_unet",
-            )
 
     def propose(self, work: Work) -> Work:
         """Stage 2: the ROI classifier on the thumbnail; a negative frame gets no crops."""
@@ -222,21 +256,23 @@ class Analyzer:
     def segment(self, work: Work) -> Work:
         """Stage 3: the UNet on each crop (or the sliding window in full mode), then the 2× recheck."""
         t0 = time.perf_counter()
+        seg = work.seg or self.seg
+        threshold = self.threshold_for(seg)
         spacing = work.frame.spacing_mm  # resampled to the model's training spacing where it names one
         if work.mode == "full":
-            prob = sliding_window(self.seg, work.norm, roi=self.config.crop, overlap=self.config.overlap,
+            prob = sliding_window(seg, work.norm, roi=self.config.crop, overlap=self.config.overlap,
                                   spacing_mm=spacing)
         elif work.crops:
-            prob = segment_crops(self.seg, work.norm, work.crops, spacing_mm=spacing)
+            prob = segment_crops(seg, work.norm, work.crops, spacing_mm=spacing)
         else:
             prob = None
         t1 = time.perf_counter()
         rechecked = None
         if prob is not None and work.recheck:
             frame = work.frame
-            labels0, lesions0 = lesions_from_probability(prob, frame.spacing_mm, self.threshold)
-            prob, rechecked, runs = recheck(self.seg, work.norm, prob, labels0, lesions0, frame.spacing_mm,
-                                            self.threshold, self.config.recheck_config)
+            labels0, lesions0 = lesions_from_probability(prob, frame.spacing_mm, threshold)
+            prob, rechecked, runs = recheck(seg, work.norm, prob, labels0, lesions0, frame.spacing_mm,
+                                            threshold, self.config.recheck_config)
             log.debug("%s: %d recheck windows", frame.key, runs)
         t2 = time.perf_counter()
         return replace(work, prob=prob, rechecked=rechecked,
@@ -246,15 +282,16 @@ class Analyzer:
         """Stage 4: connected components → lesions measured in mm."""
         t0 = time.perf_counter()
         frame = work.frame
+        seg = work.seg or self.seg
         if work.prob is None:
             labels, lesions = np.zeros(frame.shape, np.uint16), []
         else:
-            labels, lesions = lesions_from_probability(work.prob, frame.spacing_mm, self.threshold,
+            labels, lesions = lesions_from_probability(work.prob, frame.spacing_mm, self.threshold_for(seg),
                                                        rechecked_mask=work.rechecked)
         labels.flags.writeable = False
         t = replace(work.timings, postprocess=(time.perf_counter() - t0) * 1000.0)
         t = replace(t, total=t.decode + t.preprocess + t.roi + t.segment + t.recheck + t.postprocess)
-        models = (self.seg.spec.ident,) if work.roi is None else (work.roi.spec.ident, self.seg.spec.ident)
+        models = (seg.spec.ident,) if work.roi is None else (work.roi.spec.ident, seg.spec.ident)
         return FrameResult(frame=frame, lesions=tuple(lesions), labels=labels, presence=work.presence,
                            proposals=tuple(work.proposals), crops=tuple(work.crops), mode=work.mode, timings=t,
                            backend=self.backend_name, precision=self.precision, models=models)
@@ -273,14 +310,17 @@ def load_analyzer(config: AnalyzerConfig | None = None, **overrides: object) -> 
     and warm them up. Keyword arguments override fields of ``config``."""
     config = replace(config or AnalyzerConfig(), **overrides)  # type: ignore[arg-type]
     roi_specs = [find_spec(name.strip()) for name in config.roi_model.split(",") if name.strip()]
-    seg_spec = find_spec(config.seg_model)
+    seg_specs = [find_spec(name.strip()) for name in config.seg_model.split(",") if name.strip()]
     if not roi_specs:
         raise ValueError(f'Argument "roi_model" names no model: {config.roi_model!r}')
+    if not seg_specs:
+        raise ValueError(f'Argument "seg_model" names no model: {config.seg_model!r}')
     for roi_spec in roi_specs:
         if roi_spec.task != "roi_classifier":
             raise ValueError(f"{roi_spec.spec_path}: task is {roi_spec.task!r}, not roi_classifier")
-    if seg_spec.task != "segmentation":
-        raise ValueError(f"{seg_spec.spec_path}: task is {seg_spec.task!r}, not segmentation")
-    analyzer = Analyzer(config, [_create(r, config) for r in roi_specs], _create(seg_spec, config))
+    for seg_spec in seg_specs:
+        if seg_spec.task != "segmentation":
+            raise ValueError(f"{seg_spec.spec_path}: task is {seg_spec.task!r}, not segmentation")
+    analyzer = Analyzer(config, [_create(r, config) for r in roi_specs], [_create(s, config) for s in seg_specs])
     analyzer.warmup()
     return analyzer

@@ -124,7 +124,7 @@ _NEIGHBOURS = (
     "goes on through the slices and the lesion's contrast where something shows on this slice only "
     "(`models/networks.py` `NeighbourDifference`). Batch, stream and viewer replays hand each slice its "
     "neighbours from the series' files (`medrt.pipeline.stages.SliceContext`); a source without a file order "
-    "(a watched folder, a queue) runs each slice as its own neighbours.")
+    "(a watched folder, a queue) gives each slice the one that arrived before it.")
 
 
 def _header(spec: Any) -> list[str]:

@@ -45,7 +45,7 @@ log = logging.getLogger("medrt.models.train")
 
 # The version this script writes per model: the minor goes up with the recipe (2.1:
 # bf16 steps, the radiograph window jitter), the major with the network or its inputs.
-VERSIONS = {"lesion_unet": "2.2.0", "lesion_unet_lite": "1.2.0", "roi_classifier": "1.1.0", "roi_classifier_dx": "1.1.0"}
+VERSIONS = {"lesion_unet": "2.2.0", "lesion_unet_lite": "2.0.0", "roi_classifier": "1.1.0", "roi_classifier_dx": "1.1.0"}
 ROI_MODELS = phantom_data.ROI_MODELS
 EXPORT_NOTE = ("torch.onnx (TorchScript exporter), then medrt.engine.rewrite.cpu_friendly: PRelu as LeakyRelu, "
                "ConvTranspose as Conv + pixel shuffle, one-channel box pooling with rows as channels "

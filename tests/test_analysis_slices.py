@@ -88,3 +88,18 @@ def test_slice_context_skips_a_neighbour_that_cannot_be_decoded(tmp_path: Path) 
     ctx = SliceContext(decode, [paths[0], bad, paths[1]])
     d = ctx(paths[0])[0]
     assert d.neighbours == (None, None)
+
+
+def test_a_live_source_gets_the_slice_decoded_before(series: list) -> None:
+    """Without a file order (a watched folder, a queue) the next slice has not arrived:
+    each frame gets the one decoded before it; a radiograph (no position) gets none."""
+    paths = sorted(STREAM.glob("*.dcm"))[:3]
+    ctx = SliceContext(decode)
+    out = [ctx(p)[0] for p in paths]
+    assert out[0].neighbours == (None, None)
+    assert out[1].neighbours[0] is out[0].frame and out[1].neighbours[1] is None
+    stack = slice_stack(out[1].frame, out[1].neighbours)  # the earlier slice is on the head side
+    w = (out[1].frame.window.center, out[1].frame.window.width)
+    np.testing.assert_array_equal(stack, stack_pixels(out[1].frame.pixels, w, out[0].frame.pixels, None))
+    dx = sorted((REPO / "sample_dicom" / "radiographs").glob("*.dcm"))[0]
+    assert ctx(dx)[0].neighbours is None

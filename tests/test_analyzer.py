@@ -21,6 +21,16 @@ def ct_frames():  # type: ignore[no-untyped-def]
     return generate_ct_series(9902, n_frames=40)
 
 
+def _with_neighbours(ct_frames, p, key: str):  # type: ignore[no-untyped-def]
+    """The medrt Frame of phantom slice ``p`` and its (head, feet) neighbours in the series."""
+    around = [_frame_from_phantom(q, f"{key}{q.index}") for q in ct_frames[max(p.index - 1, 0) : p.index + 2]]
+    frame = next(f for f in around if f.sop_instance_uid == f"{key}{p.index}")
+    others = [f for f in around if f is not frame]
+    before = next((f for f in others if f.geometry.position[2] > frame.geometry.position[2]), None)
+    after = next((f for f in others if f.geometry.position[2] < frame.geometry.position[2]), None)
+    return frame, (before, after)
+
+
 def test_ct_lesions_found_where_the_truth_says_and_blank_frames_give_none(analyzer, ct_frames) -> None:  # type: ignore[no-untyped-def]
     # Soft-tissue lesions that the CT window shows (very dense ones clip like bone).
     def clear(t):  # type: ignore[no-untyped-def]
@@ -33,7 +43,8 @@ def test_ct_lesions_found_where_the_truth_says_and_blank_frames_give_none(analyz
     for p in bright[:5]:
         # Full mode: on a 512² slice the UNet sees the whole frame either way; the ROI
         # classifier's own figures are in its model card.
-        res = analyzer.analyze(_frame_from_phantom(p, f"ct{p.index}"), mode="full")
+        frame, nbs = _with_neighbours(ct_frames, p, "ct")
+        res = analyzer.analyze(frame, mode="full", neighbours=nbs)
         assert res.timings.total > 0 and res.timings.segment > 0
         for t in p.lesions:
             if clear(t):
@@ -41,7 +52,10 @@ def test_ct_lesions_found_where_the_truth_says_and_blank_frames_give_none(analyz
                 hits += any(np.hypot(les.centroid[0] - t.center[0], les.centroid[1] - t.center[1]) * p.spacing_mm[0] < max(2.0, t.diameter_mm / 2)
                             for les in res.lesions)
     assert hits >= 0.6 * total, f"{hits} of {total}"
-    empty = [analyzer.analyze(_frame_from_phantom(p, f"blank{p.index}"), mode="full") for p in blank[:8]]
+    empty = []
+    for p in blank[:8]:
+        frame, nbs = _with_neighbours(ct_frames, p, "blank")
+        empty.append(analyzer.analyze(frame, mode="full", neighbours=nbs))
     assert sum(len(r.lesions) for r in empty) <= 8
 
 
@@ -95,9 +109,9 @@ def test_roi_path_agrees_with_full_mode(radiograph_analyzer) -> None:  # type: i
 
 def test_recheck_changes_only_small_or_faint_candidates(analyzer, ct_frames) -> None:  # type: ignore[no-untyped-def]
     for p in [f for f in ct_frames if f.lesions][:6]:
-        frame = _frame_from_phantom(p, f"rc{p.index}")
-        off = analyzer.analyze(frame, recheck_small=False)
-        on = analyzer.analyze(frame, recheck_small=True)
+        frame, nbs = _with_neighbours(ct_frames, p, "rc")
+        off = analyzer.analyze(frame, recheck_small=False, neighbours=nbs)
+        on = analyzer.analyze(frame, recheck_small=True, neighbours=nbs)
         big_off = {les.bbox for les in off.lesions if les.diameter_mm >= 5.0}
         big_on = {les.bbox for les in on.lesions if les.diameter_mm >= 5.0 and not les.rechecked}
         assert big_on <= big_off
@@ -136,3 +150,49 @@ def test_frames_go_to_the_roi_classifier_for_their_modality(tmp_path, ct_frames)
         only_ct.analyze(dx)
     assert "dx0" in str(info.value) and "DX frame" in str(info.value) and "--mode full" in str(info.value)
     assert only_ct.analyze(dx, mode="full").mode == "full"
+
+
+def test_segmenters_are_routed_by_modality(ct_frames) -> None:  # type: ignore[no-untyped-def]
+    """The default: CT slices to the 2.5-D lesion_unet_lite (its spec lists CT), radiographs
+    to lesion_unet; each with its own threshold; a modality none is for is refused."""
+    from medrt.errors import UnsupportedImageError
+    from medrt.phantom import generate_radiograph
+
+    both = load_analyzer(AnalyzerConfig(warmup_shapes=((256, 256),)))
+    assert [s.spec.name for s in both.segs] == ["lesion_unet_lite", "lesion_unet"] and both.slices == 3
+    ct = _frame_from_phantom(ct_frames[5], "ct5")
+    dx = _frame_from_phantom(generate_radiograph(77, size=1024, index=0), "dx0")
+    assert both.seg_for(ct).spec.name == "lesion_unet_lite" and both.seg_for(dx).spec.name == "lesion_unet"
+    assert both.analyze(ct).models[-1].startswith("lesion_unet_lite@")
+    assert both.analyze(dx).models[-1].startswith("lesion_unet@")
+    assert both.prepare(dx).norm.ndim == 2  # a one-slice model gets the frame alone
+    lite, unet = both.segs
+    assert both.threshold_for(lite) == lite.spec.thresholds["probability"]
+    assert both.threshold_for(unet) == unet.spec.thresholds["probability"]
+    only_ct = load_analyzer(AnalyzerConfig(seg_model="lesion_unet_lite", warmup_shapes=((256, 256),)))
+    with pytest.raises(UnsupportedImageError, match="dx0.*DX frame.*lesion_unet_lite@.* is for CT only"):
+        only_ct.analyze(dx)
+
+
+def test_a_slice_reaches_the_two_and_a_half_d_model_with_its_neighbours(analyzer, ct_frames) -> None:  # type: ignore[no-untyped-def]
+    """lesion_unet_lite 2.x is 2.5-D: the slices before and after go in as channels, head
+    side first whichever order they are given in; without them the slice stands in."""
+    from medrt.preprocess import normalize
+
+    assert analyzer.seg.spec.slices == 3
+    p = ct_frames[20]
+    frame, (before, after) = _with_neighbours(ct_frames, p, "nb")
+    w = (frame.window.center, frame.window.width)
+    for given in ((before, after), (after, before)):
+        work = analyzer.prepare(frame, neighbours=given)
+        assert work.norm.shape == (3, *frame.shape)
+        np.testing.assert_array_equal(work.norm[0], normalize(before.pixels, *w))
+        np.testing.assert_array_equal(work.norm[1], normalize(frame.pixels, *w))
+        np.testing.assert_array_equal(work.norm[2], normalize(after.pixels, *w))
+    alone = analyzer.prepare(frame)
+    np.testing.assert_array_equal(alone.norm[0], alone.norm[1])
+    np.testing.assert_array_equal(alone.norm[2], alone.norm[1])
+    # The neighbours reach the model's output.
+    with_nb = analyzer.segment(analyzer.prepare(frame, mode="full", recheck_small=False, neighbours=(before, after)))
+    without = analyzer.segment(analyzer.prepare(frame, mode="full", recheck_small=False))
+    assert float(np.abs(with_nb.prob - without.prob).max()) > 0.01

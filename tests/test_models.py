@@ -365,7 +365,7 @@ def test_torch_backend_loads_every_shipped_model(name: str) -> None:
     from medrt.engine.backends.torch_cuda import TorchCudaBackend
 
     spec = load_spec(MODELS / f"{name}.toml")
-    x = np.random.default_rng(1).random((1, 1, 128, 128), dtype=np.float32)
+    x = np.random.default_rng(1).random((1, spec.slices, 128, 128), dtype=np.float32)
     got = TorchCudaBackend(spec, device="cpu").infer(x)
     want = OnnxRuntimeBackend(spec).infer(x)
     for g, w in zip(got, want, strict=True):

@@ -122,10 +122,10 @@ class _Sink:
 def _settings(analyzer: Any, options: OutputOptions) -> dict[str, Any]:
     return {
         "medrt": __version__,
-        "models": [f"{b.spec.ident}:{b.spec.sha256}" for b in (*analyzer.rois, analyzer.seg)],
+        "models": [f"{b.spec.ident}:{b.spec.sha256}" for b in (*analyzer.rois, *analyzer.segs)],
         "mode": analyzer.config.mode, "recheck": analyzer.config.recheck,
         "backend": analyzer.backend_name, "precision": analyzer.precision,
-        "threshold": analyzer.threshold, "crop": analyzer.config.crop,
+        "threshold": [analyzer.threshold_for(s) for s in analyzer.segs], "crop": analyzer.config.crop,
         "outputs": {"png": options.png, "png_max_side": options.png_max_side, "sc": options.sc,
                     "seg": options.seg, "sr": options.sr, "omit_empty_frames": options.omit_empty_frames},
     }

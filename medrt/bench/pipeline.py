@@ -125,17 +125,17 @@ def pipelined_vs_serial(
     best_pipe_key = max((k for k in med if k.startswith("pipelined")), key=lambda k: med[k])
 
     # model-only: the same frames, one thread, only the time inside the backends
-    rois, seg = tuple(TimedBackend(r) for r in one.rois), TimedBackend(one.seg)
-    real = (one.rois, one.seg)
-    one.rois, one.seg = rois, seg
+    rois, segs = tuple(TimedBackend(r) for r in one.rois), tuple(TimedBackend(s) for s in one.segs)
+    real = (one.rois, one.segs)
+    one.rois, one.segs = rois, segs
     try:
         sink = _Count()
         t0 = time.perf_counter()
         run_serial(FileReplay(paths, fps=0), analysis_stages(one, order=paths), [sink])
         serial_ms = (time.perf_counter() - t0) * 1000.0 / max(1, sink.n)
     finally:
-        one.rois, one.seg = real
-    model_ms = (sum(r.ms for r in rois) + seg.ms) / max(1, sink.n)
+        one.rois, one.segs = real
+    model_ms = (sum(r.ms for r in rois) + sum(s.ms for s in segs)) / max(1, sink.n)
     pipelined_ms = 1000.0 / med[best_pipe_key]
     return {
         "model": one.seg.spec.ident, "frames": n, "workers": workers, "cores": cores, "processes": processes,

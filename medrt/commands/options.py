@@ -8,7 +8,7 @@ from typing import Any
 __all__ = ["add_engine_options", "add_pipeline_options", "analyzer_config", "thread_layout"]
 
 
-def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_unet") -> None:
+def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_unet_lite,lesion_unet") -> None:
     g = p.add_argument_group("inference engine")
     g.add_argument("--backend", default="auto", choices=("auto", "onnxruntime", "tensorrt", "torch"),
                    help="runtime (default: the best one this machine allows; a fallback is logged)")
@@ -19,7 +19,10 @@ def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_u
     g.add_argument("--mode", default="roi", choices=("roi", "full"),
                    help="roi: thumbnail classifier + 1024² crops (default); full: sliding window over the frame")
     g.add_argument("--no-recheck", action="store_true", help="skip the 2x re-check of small lesions")
-    g.add_argument("--model", default=seg_model, help=f"segmentation model name or .toml spec (default {seg_model})")
+    g.add_argument("--model", default=seg_model,
+                   help="segmentation model name or .toml spec; several, comma-separated, route frames by the"
+                        f" modalities their specs list, as --roi-model does (default {seg_model}: CT slices to the"
+                        " 2.5-D lesion_unet_lite, radiographs and the rest to lesion_unet)")
     g.add_argument("--roi-model", default=None,
                    help="ROI classifier name or .toml spec; several, comma-separated, route frames by"
                         " the modalities their specs list, the first that lists none taking the rest"

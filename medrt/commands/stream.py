@@ -150,6 +150,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--histogram", type=Path, default=None, help="write the end-to-end latency histogram PNG here")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.add_argument("--quiet", action="store_true", help="no status line")
-    add_engine_options(p, seg_model="lesion_unet_lite")
+    add_engine_options(p)
     add_pipeline_options(p, policy="latest (replay) / block (--watch, --fps 0)")
     p.set_defaults(func=run)

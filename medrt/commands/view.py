@@ -39,7 +39,7 @@ def add_view_arguments(p: argparse.ArgumentParser) -> None:
                    help="save a PNG of the window once the shown image is analysed, then quit (CI, docs)")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="with --screenshot: the longest to wait for the analysis, in seconds (default 120)")
-    add_engine_options(p, seg_model="lesion_unet_lite")
+    add_engine_options(p)
 
 
 def run(args: argparse.Namespace) -> int:

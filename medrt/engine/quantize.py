@@ -127,7 +127,7 @@ def _empty_box(frame: PhantomFrame) -> tuple[int, int, int, int] | None:
     return None
 
 
-def _segmentation_items(seed: int, n: int, spacing_mm: float | None,
+def _segmentation_items(seed: int, n_ct: int, n_dx: int, spacing_mm: float | None,
                         slices: int = 1) -> Iterator[tuple[str, np.ndarray]]:
     """(category, normalised input): CT slices 512², then 1024² crops of 4096² radiographs,
     area-averaged to the model's ``spacing_mm`` as the analysis feeds them (a 0.5 mm
@@ -137,7 +137,6 @@ def _segmentation_items(seed: int, n: int, spacing_mm: float | None,
     from medrt.analysis.roi import plan_crops, proposals_from_boxes
     from medrt.phantom import generate_ct_series, generate_radiograph
 
-    n_ct = n // 2
     for s in range(math.ceil(n_ct / 12)):
         series = generate_ct_series(seed + 100 + s, n_frames=40)
         for i, frame in enumerate(series):
@@ -146,7 +145,7 @@ def _segmentation_items(seed: int, n: int, spacing_mm: float | None,
                 yield "ct-" + _category(frame), np.stack([normalize(f.pixels, *frame.window) for f in around])
             else:
                 yield "ct-" + _category(frame), normalize(frame.pixels, *frame.window)
-    for i in range(max(1, math.ceil((n - n_ct) / 4))):
+    for i in range(math.ceil(n_dx / 4)):
         frame = generate_radiograph(seed, size=4096, index=i, n_lesions=3, border_lesion=True, far_apart=i % 2 == 1)
         norm = normalize(frame.pixels, *frame.window)
         factors = resample_factors(frame.spacing_mm, spacing_mm)
@@ -176,9 +175,9 @@ def _roi_items(thumb: int, mult: int, seed: int, n: int) -> Iterator[tuple[str, 
             yield f"{kind}-{_category(frame)}", pad_to_multiple(normalize(small, *frame.window), mult)[0]
 
 
-def _balanced(items: Iterable[tuple[str, np.ndarray]], n: int) -> list[np.ndarray]:
-    """Up to ``n`` inputs, half CT and half DX (topped up from the other where one runs
-    short), each picked round-robin over the edge-case categories."""
+def _balanced(items: Iterable[tuple[str, np.ndarray]], n: int, ct_share: float = 0.5) -> list[np.ndarray]:
+    """Up to ``n`` inputs, ``ct_share`` of them CT and the rest DX (topped up from the other
+    where one runs short), each picked round-robin over the edge-case categories."""
     pools: dict[str, dict[str, list[np.ndarray]]] = {"ct": {}, "dx": {}}
     for cat, x in items:
         kind, sub = cat.split("-", 1)
@@ -192,19 +191,21 @@ def _balanced(items: Iterable[tuple[str, np.ndarray]], n: int) -> list[np.ndarra
                     out.append(cats[sub].pop(0))
         return out
 
-    chosen = pick(pools["ct"], n // 2) + pick(pools["dx"], n - n // 2)
+    n_ct = round(n * ct_share)
+    chosen = pick(pools["ct"], n_ct) + pick(pools["dx"], n - n_ct)
     return chosen + pick(pools["ct"], n - len(chosen))
 
 
 @functools.lru_cache(maxsize=4)
 def _cached_inputs(task: str, thumb: int, mult: int, seed: int, n: int,
-                   spacing_mm: float | None, slices: int = 1) -> tuple[np.ndarray, ...]:
+                   spacing_mm: float | None, slices: int = 1, ct_share: float = 0.5) -> tuple[np.ndarray, ...]:
     if task == "roi_classifier":
         items = _roi_items(thumb, mult, seed, n)
     else:
-        items = _segmentation_items(seed, n, spacing_mm, slices)
+        n_ct = round(n * ct_share)
+        items = _segmentation_items(seed, n_ct, max(n - n_ct, 0), spacing_mm, slices)
     out = []
-    for x in _balanced(items, n):
+    for x in _balanced(items, n, ct_share):
         x = pad_to_multiple(np.ascontiguousarray(x, np.float32), mult)[0]
         x = x[None] if x.ndim == 3 else x[None, None]
         x.flags.writeable = False
@@ -212,30 +213,50 @@ def _cached_inputs(task: str, thumb: int, mult: int, seed: int, n: int,
     return tuple(out)
 
 
-def calibration_inputs(spec: ModelSpec, seed: int = CALIBRATION_SEED, n: int = 24) -> list[np.ndarray]:
-    """``n`` NCHW float32 inputs the model sees at run time, edge cases included.
+def _ct_share(spec: ModelSpec) -> float:
+    modalities = set(getattr(spec, "modalities", ()) or ())
+    if not modalities or spec.task == "roi_classifier":
+        return 0.5
+    return 1.0 if modalities <= {"CT"} else 0.0 if "CT" not in modalities else 0.5
+
+
+def calibration_inputs(spec: ModelSpec, seed: int = CALIBRATION_SEED, n: int | None = None) -> list[np.ndarray]:
+    """``n`` NCHW float32 inputs the model sees at run time, edge cases included
+    (default 24; 48 for a CT-only model, see below).
 
     Segmentation: half CT slices (512², normalised by their window, as the analysis
     does), half 1024² crops of 4096² radiographs around lesions (border-crossing
     ones at the crop edge, tiny and faint ones) and lesion-free crops, resampled to
     the spec's ``spacing_mm`` when it names one (as the analysis does); each half
-    is picked round-robin over border / tiny / faint / bright / empty. An ROI
+    is picked round-robin over border / tiny / faint / bright / empty. A model whose
+    spec lists only CT (``[model] modalities``) is calibrated on CT slices alone (with
+    their neighbours for a 2.5-D one), one that lists only radiographs on radiograph
+    crops alone: the inputs it will see. A CT-only model gets 48 slices from two
+    series by default: the 2.5-D ``lesion_unet_lite`` 2.0 calibrated on 24 slices of one
+    series lost one of the gate's 29 lesions (refused), on 48 it lost none. An ROI
     classifier gets the thumbnails of CT slices and radiographs instead. The same
     ``(spec kind, seed, n)`` gives the same arrays (cached, read-only).
     """
+    ct_share = _ct_share(spec)
+    if n is None:
+        n = 48 if ct_share == 1.0 else 24
     if n < 1:
         raise ValueError(f'Argument "n" must be >= 1, got {n}')
     mult = max(1, spec.multiple_of, spec.stride if spec.task == "roi_classifier" else 1)
     return list(_cached_inputs(spec.task, spec.thumbnail, mult, seed, n, getattr(spec, "spacing_mm", None),
-                               getattr(spec, "slices", 1)))
+                               getattr(spec, "slices", 1), ct_share))
 
 
 def calibration_description(spec: ModelSpec, seed: int = CALIBRATION_SEED, n: int = 24) -> str:
+    share = _ct_share(spec)
+    parts = {1.0: "CT slices 512²", 0.0: "1024² crops of 4096² radiographs"}.get(
+        share, "CT slices 512² + 1024² crops of 4096² radiographs")
+    if getattr(spec, "slices", 1) == 3 and share > 0:
+        parts += " (each slice with its neighbours)"
     what = (
         "thumbnails of CT slices and 4096² radiographs"
         if spec.task == "roi_classifier"
-        else "CT slices 512² + 1024² crops of 4096² radiographs"
-        + (f" at {spec.spacing_mm:g} mm" if getattr(spec, "spacing_mm", None) else "")
+        else parts + (f" at {spec.spacing_mm:g} mm" if getattr(spec, "spacing_mm", None) else "")
     )
     return (
         f"medrt.phantom, seeds from {seed}: {n} inputs, {what}, round-robin over "

@@ -61,25 +61,46 @@ class SliceContext:
     """A decode stage that hands each single-frame file its neighbouring slices, for a
     2.5-D segmentation model (``[model] slices = 3``).
 
-    ``order`` is the source's list of files, series by series in slice order (the
-    batch plan, a replayed folder). For the file at position i the files at i - 1 and
+    With ``order``, the source's list of files, series by series in slice order (the
+    batch plan, a replayed folder): for the file at position i the files at i - 1 and
     i + 1 are decoded too, or taken from a small cache of the last few decoded, so a
-    replay in order decodes each file once; whether they really are its neighbours
-    (same series, one slice step away) is checked by :func:`medrt.analysis.slices.adjacent`
-    when the input is built. Files of images without a position in the patient
-    (radiographs) get no neighbours and cost nothing extra; a neighbour that cannot be
-    decoded is just missing (its own error is reported when its turn comes).
+    replay in order decodes each file once. Without it (a watched folder, a queue: the
+    next slice has not arrived yet) each frame gets the one decoded before it, which
+    is its neighbour when the scanner sends a series in order. Whether a frame really
+    is a neighbour (same series, one slice step away) is checked by
+    :func:`medrt.analysis.slices.adjacent` when the input is built, and the stack is
+    put head to feet by position, so a frame from another series or out of order only
+    costs the context. Images without a position in the patient (radiographs) get no
+    neighbours and cost nothing extra; a neighbour that cannot be decoded is just
+    missing (its own error is reported when its turn comes).
     """
 
-    def __init__(self, decoder: Callable[[Any], list[Decoded]], order: Sequence[Any], keep: int = 6) -> None:
+    def __init__(self, decoder: Callable[[Any], list[Decoded]], order: Sequence[Any] | None = None,
+                 keep: int = 6) -> None:
         self.decoder = decoder
-        self.order = [os.fspath(p) for p in order]
+        self.order = [os.fspath(p) for p in order] if order is not None else None
         self.index: dict[str, int] = {}
-        for i, p in enumerate(self.order):
+        for i, p in enumerate(self.order or ()):
             self.index.setdefault(p, i)
         self.keep = max(3, keep)
         self._cache: OrderedDict[str, list[Decoded]] = OrderedDict()
+        self._last: Frame | None = None
         self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Close the wrapped decoder (a process pool) and let go of the cached frames."""
+        close = getattr(self.decoder, "close", None)
+        if callable(close):
+            close()
+        with self._lock:
+            self._cache.clear()
+            self._last = None
+
+    def __getattr__(self, name: str) -> Any:  # the wrapped decoder's state (e.g. a pool's ``running``)
+        decoder = self.__dict__.get("decoder")
+        if decoder is None or name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(decoder, name)
 
     def _decoded(self, path: str) -> list[Decoded]:
         with self._lock:
@@ -95,7 +116,7 @@ class SliceContext:
         return out
 
     def _neighbour(self, i: int) -> Frame | None:
-        if not 0 <= i < len(self.order):
+        if self.order is None or not 0 <= i < len(self.order):
             return None
         try:
             out = self._decoded(self.order[i])
@@ -104,6 +125,13 @@ class SliceContext:
         return out[0].frame if len(out) == 1 else None
 
     def __call__(self, item: Any) -> list[Decoded]:
+        if self.order is None:  # live: the frame decoded before this one
+            out = self.decoder(item)
+            if len(out) != 1 or out[0].frame.geometry is None:
+                return out
+            with self._lock:
+                before, self._last = self._last, out[0].frame
+            return [replace(out[0], neighbours=(before, None))]
         if not isinstance(item, (str, os.PathLike)) or os.fspath(item) not in self.index:
             return self.decoder(item)
         path = os.fspath(item)
@@ -158,7 +186,7 @@ def _start_worker(config: AnalyzerConfig, mode: str | None, recheck: bool | None
 
     analyzer = load_analyzer(config)
     decoder: Callable[[Any], list[Decoded]] = decode
-    if order and analyzer.seg.spec.slices > 1:
+    if order and analyzer.slices > 1:
         decoder = SliceContext(decode, order)
     _WORKER.update(analyzer=analyzer, mode=mode, recheck=recheck, slots=WorkerSlots(), decoder=decoder)
 
@@ -228,6 +256,7 @@ def analysis_stages(
     decoder: Callable[[Any], list[Decoded]] | None = None,
     processes: int = 0,
     order: Sequence[Any] | None = None,
+    slice_context: bool = True,
 ) -> list[Stage]:
     """The five stages around one loaded analyzer. ``infer_workers`` > 1 runs several
     frames through the ROI classifier and the UNet at once (useful when each
@@ -240,10 +269,13 @@ def analysis_stages(
 
     ``order``: the files the source will send, in slice order. A 2.5-D segmentation
     model then gets each file's neighbouring slices (:class:`SliceContext`); without
-    it (a listener's queue, a watched folder) each single-frame file is its own
-    neighbour. (With worker processes each process decodes the neighbours it needs,
-    so a file may be decoded in both.)"""
-    two_and_half = analyzer.seg.spec.slices > 1 and bool(order)
+    it (a queue, a watched folder) each frame gets the one decoded before it, when
+    that is its neighbour. (With worker processes each process decodes the
+    neighbours it needs, so a file may be decoded in both; without ``order`` they get
+    none, as a process sees only every other file.) ``slice_context=False``: the
+    ``decoder`` hands out the neighbours itself (the viewer announces each frame as
+    its turn comes, so it wraps :class:`SliceContext` inside its own decoder)."""
+    two_and_half = analyzer.slices > 1
     if processes > 0:
         pool = ProcessAnalysis(analyzer.config, processes, mode=mode, recheck=recheck,
                                order=order if two_and_half else None)
@@ -254,8 +286,8 @@ def analysis_stages(
     if decoder is None:
         decoder = ProcessDecoder(decode_processes) if decode_processes > 0 else decode
         decode_workers = max(decode_workers, decode_processes)
-    if two_and_half:
-        decoder = SliceContext(decoder, order)  # type: ignore[arg-type]
+    if two_and_half and slice_context:
+        decoder = SliceContext(decoder, order)
 
     def preprocess(d: Decoded) -> Any:
         return analyzer.prepare(d.frame, decode_ms=d.decode_ms, mode=mode, recheck_small=recheck,
