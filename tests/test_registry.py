@@ -290,13 +290,20 @@ def test_segmentation_spacing_is_read_and_checked(tmp_path: Path) -> None:
         assert str(spec_path) in str(info.value)
 
 
-def test_spacing_is_refused_on_a_roi_classifier(tmp_path: Path) -> None:
+def _roi_spec_with(tmp_path: Path, line: str) -> Path:
+    """A valid ROI classifier spec with one more ``[model]`` line."""
     model = roi_onnx(tmp_path / "roi.onnx")
     spec_path = tmp_path / "roi.toml"
     spec_path.write_text(ROI_SPEC.format(sha=sha256_file(model), heatmap=HEATMAP).replace(
-        "stride = 4\n", "stride = 4\nspacing_mm = 0.5\n"))
-    with pytest.raises(ModelError, match="spacing_mm applies to segmentation models only"):
-        load_spec(spec_path)
+        "stride = 4\n", f"stride = 4\n{line}\n"))
+    return spec_path
+
+
+@pytest.mark.parametrize("line, message", [("spacing_mm = 0.5", "spacing_mm applies to segmentation models only"),
+                                           ("slices = 3", "slices applies to segmentation models only")])
+def test_segmentation_fields_are_refused_on_a_roi_classifier(tmp_path: Path, line: str, message: str) -> None:
+    with pytest.raises(ModelError, match=message):
+        load_spec(_roi_spec_with(tmp_path, line))
 
 
 def test_the_shipped_unet_names_its_spacing() -> None:
@@ -324,9 +331,3 @@ def test_slices_are_read_and_checked_against_the_input(tmp_path: Path) -> None:
         load_spec(spec_path, verify=False)
     spec_path.write_text(spec_path.read_text().replace('["N", 1, "H", "W"]', '["N", 3, "H", "W"]', 1))
     assert load_spec(spec_path, verify=False).slices == 3
-    model = roi_onnx(tmp_path / "roi.onnx")
-    roi_path = tmp_path / "roi.toml"
-    roi_path.write_text(ROI_SPEC.format(sha=sha256_file(model), heatmap=HEATMAP).replace(
-        "stride = 4\n", "stride = 4\nslices = 3\n"))
-    with pytest.raises(ModelError, match="slices applies to segmentation models only"):
-        load_spec(roi_path)
