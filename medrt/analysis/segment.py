@@ -128,7 +128,12 @@ def _probability_blocks(
 
 
 def _region(norm: np.ndarray, r0: int, c0: int, r1: int, c1: int) -> np.ndarray:
+    """``norm[..., r0:r1, c0:c1]``, zero-padded where it reaches past the frame; the frame
+    itself (not a copy: callers only read it) when the region is exactly the frame, as a
+    CT slice's whole-slice crop is."""
     rows, cols = norm.shape[-2:]
+    if (r0, c0, r1, c1) == (0, 0, rows, cols) and norm.dtype == np.float32:
+        return norm
     out = np.zeros((*norm.shape[:-2], r1 - r0, c1 - c0), np.float32)
     rr0, cc0, rr1, cc1 = max(r0, 0), max(c0, 0), min(r1, rows), min(c1, cols)
     if rr1 > rr0 and cc1 > cc0:
