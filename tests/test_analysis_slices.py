@@ -103,3 +103,14 @@ def test_a_live_source_gets_the_slice_decoded_before(series: list) -> None:
     np.testing.assert_array_equal(stack, stack_pixels(out[1].frame.pixels, w, out[0].frame.pixels, None))
     dx = sorted((REPO / "sample_dicom" / "radiographs").glob("*.dcm"))[0]
     assert ctx(dx)[0].neighbours is None
+
+
+def test_slice_context_keeps_only_slices(tmp_path: Path) -> None:
+    """A radiograph in the file order is decoded once and not held: it cannot be anyone's
+    neighbour, and a 4096² frame is 64 MB."""
+    ct = sorted(STREAM.glob("*.dcm"))[:2]
+    dx = sorted((REPO / "sample_dicom" / "radiographs").glob("*.dcm"))[0]
+    ctx = SliceContext(decode, [ct[0], dx, ct[1]])
+    assert ctx(dx)[0].neighbours is None
+    assert ctx(ct[0])[0].neighbours == (None, None)  # the radiograph beside it is no neighbour
+    assert str(dx) not in ctx._cache and str(ct[0]) in ctx._cache

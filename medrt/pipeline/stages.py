@@ -72,7 +72,8 @@ class SliceContext:
     put head to feet by position, so a frame from another series or out of order only
     costs the context. Images without a position in the patient (radiographs) get no
     neighbours and cost nothing extra; a neighbour that cannot be decoded is just
-    missing (its own error is reported when its turn comes).
+    missing (its own error is reported when its turn comes). Only single slices are
+    kept in the cache, so a 4096² radiograph in the same folder is not held.
     """
 
     def __init__(self, decoder: Callable[[Any], list[Decoded]], order: Sequence[Any] | None = None,
@@ -85,6 +86,7 @@ class SliceContext:
         self.keep = max(3, keep)
         self._cache: OrderedDict[str, list[Decoded]] = OrderedDict()
         self._last: Frame | None = None
+        self._not_slices: set[str] = set()  # files that decoded to something else (radiographs)
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -110,19 +112,22 @@ class SliceContext:
                 return hit
         out = self.decoder(path)
         with self._lock:
-            self._cache[path] = out
-            while len(self._cache) > self.keep:
-                self._cache.popitem(last=False)
+            if len(out) == 1 and out[0].frame.geometry is not None:  # only a slice can be a neighbour
+                self._cache[path] = out
+                while len(self._cache) > self.keep:
+                    self._cache.popitem(last=False)
+            else:
+                self._not_slices.add(path)
         return out
 
     def _neighbour(self, i: int) -> Frame | None:
-        if self.order is None or not 0 <= i < len(self.order):
+        if self.order is None or not 0 <= i < len(self.order) or self.order[i] in self._not_slices:
             return None
         try:
             out = self._decoded(self.order[i])
         except Exception:  # reported when that file's own turn comes
             return None
-        return out[0].frame if len(out) == 1 else None
+        return out[0].frame if len(out) == 1 and out[0].frame.geometry is not None else None
 
     def __call__(self, item: Any) -> list[Decoded]:
         if self.order is None:  # live: the frame decoded before this one
