@@ -128,25 +128,24 @@ def _patches_from(
         centres.append((int(rr[i] + jitter[0]), int(cc[i] + jitter[1])))
     for _ in range(n_random):
         centres.append((int(rng.integers(0, rows)), int(rng.integers(0, cols))))
+    def cut(a: np.ndarray, r0: int, c0: int) -> np.ndarray:
+        """The region, area-averaged; outside the frame: as outside the body."""
+        q = np.full((side_r, side_c), a.min(), np.float32)
+        sub = a[r0 : r0 + side_r, c0 : c0 + side_c]
+        q[: sub.shape[0], : sub.shape[1]] = sub
+        return area_downsample(q, factors)
+
     out = []
     for r, c in centres:
         r0 = int(np.clip(r - side_r // 2, 0, max(rows - side_r, 0)))
         c0 = int(np.clip(c - side_c // 2, 0, max(cols - side_c, 0)))
-        p = np.full((side_r, side_c), pixels.min(), np.float32)  # outside the frame: as outside the body
         m = np.zeros((side_r, side_c), np.float32)
-        sub = pixels[r0 : r0 + side_r, c0 : c0 + side_c]
-        p[: sub.shape[0], : sub.shape[1]] = sub
-        m[: sub.shape[0], : sub.shape[1]] = labels[r0 : r0 + side_r, c0 : c0 + side_c] > 0
+        m_sub = labels[r0 : r0 + side_r, c0 : c0 + side_c] > 0
+        m[: m_sub.shape[0], : m_sub.shape[1]] = m_sub
         frac = np.rint(area_downsample(m, factors) * 255.0).astype(np.uint8)
-        item: tuple = (area_downsample(p, factors), frac, window)
+        item: tuple = (cut(pixels, r0, c0), frac, window)
         if neighbours is not None:
-            nbs = []
-            for nb in neighbours:
-                q = np.full((side_r, side_c), nb.min(), np.float32)
-                sub = nb[r0 : r0 + side_r, c0 : c0 + side_c]
-                q[: sub.shape[0], : sub.shape[1]] = sub
-                nbs.append(area_downsample(q, factors))
-            item += (np.stack(nbs),)
+            item += (np.stack([cut(nb, r0, c0) for nb in neighbours]),)
         out.append(item)
     return out
 

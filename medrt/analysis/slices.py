@@ -57,31 +57,22 @@ def adjacent(frame: Frame, other: Frame | None) -> bool:
     return 0.0 < gap <= MAX_GAP_MM
 
 
-def slice_stack(frame: Frame, neighbours: Neighbours | None = None, out: np.ndarray | None = None) -> np.ndarray:
+def slice_stack(frame: Frame, neighbours: Neighbours | None = None) -> np.ndarray:
     """(3, rows, cols) float32: the neighbour on the head side (the larger position
     along the slice normal), this slice, and the one on the feet side, each normalised
     by this frame's window, whichever order the series was read in (the models were
     trained head to feet); a neighbour that is missing or not :func:`adjacent` is this
-    slice again."""
-    rows, cols = frame.shape
-    if out is None:
-        out = np.empty((3, rows, cols), np.float32)
-    center, width = frame.window.center, frame.window.width
-    normalize(frame.pixels, center, width, out=out[1])
-    prev, nxt = neighbours if neighbours is not None else (None, None)
+    slice again (:func:`stack_pixels`)."""
+    prev, nxt = (nb if adjacent(frame, nb) else None for nb in (neighbours or (None, None)))
     here = _along(frame)
     if here is not None:
         sides: list[Frame | None] = [None, None]
         for nb in (prev, nxt):
-            if adjacent(frame, nb):
-                sides[0 if _along(nb) > here else 1] = nb  # type: ignore[arg-type, operator]
+            if nb is not None:
+                sides[0 if _along(nb) > here else 1] = nb  # type: ignore[operator]
         prev, nxt = sides
-    for k, nb in ((0, prev), (2, nxt)):
-        if adjacent(frame, nb):
-            normalize(nb.pixels, center, width, out=out[k])  # type: ignore[union-attr]
-        else:
-            out[k] = out[1]
-    return out
+    return stack_pixels(frame.pixels, (frame.window.center, frame.window.width),
+                        None if prev is None else prev.pixels, None if nxt is None else nxt.pixels)
 
 
 def series_neighbours(frames: Sequence[Frame]) -> list[Neighbours]:
