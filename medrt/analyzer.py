@@ -20,7 +20,7 @@ from medrt.analysis.lesions import lesions_from_probability
 from medrt.analysis.recheck import RecheckConfig, recheck
 from medrt.analysis.roi import classify
 from medrt.analysis.segment import segment_crops, sliding_window
-from medrt.analysis.slices import Neighbours, slice_stack
+from medrt.analysis.slices import Neighbours, Sides, ordered_sides, slice_stack
 from medrt.engine.backends.base import Backend
 from medrt.engine.registry import ModelSpec, find_spec
 from medrt.errors import UnsupportedImageError
@@ -115,6 +115,8 @@ class Work:
     timings: StageTimings
     roi: Backend | None = None  # the ROI classifier for this frame's modality (None in full mode)
     seg: Backend | None = None  # the segmenter for this frame's modality (None: the analyzer's first)
+    # the head- and feet-side neighbours' pixels, for a 2.5-D ROI classifier (until it has run)
+    sides: tuple[np.ndarray | None, np.ndarray | None] = (None, None)
     presence: float = 1.0
     proposals: tuple[RoiProposal, ...] = ()
     crops: tuple[tuple[int, int, int, int], ...] = ()
@@ -173,8 +175,8 @@ class Analyzer:
 
     @property
     def slices(self) -> int:
-        """The most slices any segmenter takes (3: a 2.5-D model needs neighbours)."""
-        return max(s.spec.slices for s in self.segs)
+        """The most slices any model takes (3: a 2.5-D model needs neighbours)."""
+        return max(m.spec.slices for m in (*self.segs, *self.rois))
 
     def seg_for(self, frame: Frame) -> Backend:
         """The segmenter for this frame's modality: the first whose spec lists it, else the
@@ -232,12 +234,15 @@ class Analyzer:
         seg = self.seg_for(frame)
         roi = self.roi_for(frame) if mode == "roi" else None
         t0 = time.perf_counter()
+        sides: Sides = (None, None)
+        if seg.spec.slices > 1 or (roi is not None and roi.spec.slices > 1):
+            sides = ordered_sides(frame, neighbours)
         if seg.spec.slices > 1:
-            norm = slice_stack(frame, neighbours)
+            norm = slice_stack(frame, sides=sides)
         else:
             norm = normalize(frame.pixels, frame.window.center, frame.window.width)
         ms = (time.perf_counter() - t0) * 1000.0
-        return Work(frame=frame, norm=norm, mode=mode, recheck=do_recheck, roi=roi, seg=seg,
+        return Work(frame=frame, norm=norm, mode=mode, recheck=do_recheck, roi=roi, seg=seg, sides=sides,
                     timings=StageTimings(decode=decode_ms, preprocess=ms))
 
     def propose(self, work: Work) -> Work:
@@ -248,9 +253,9 @@ class Analyzer:
         frame = work.frame
         roi = classify(work.roi, frame.pixels, (frame.window.center, frame.window.width), crop=self.config.crop,
                        max_crops=self.config.max_crops, presence_threshold=self.config.presence_threshold,
-                       heatmap_threshold=self.config.heatmap_threshold)
+                       heatmap_threshold=self.config.heatmap_threshold, neighbours=work.sides)
         ms = (time.perf_counter() - t0) * 1000.0
-        return replace(work, presence=roi.presence, proposals=roi.proposals, crops=roi.crops,
+        return replace(work, presence=roi.presence, proposals=roi.proposals, crops=roi.crops, sides=(None, None),
                        timings=replace(work.timings, roi=ms))
 
     def segment(self, work: Work) -> Work:

@@ -118,7 +118,8 @@ def _contrast_note(channels: int) -> str:
 _NEIGHBOURS = (
     " **2.5-D** (`[model] slices = 3`): the input has three channels, the slice on the head side, this slice and "
     "the one on the feet side of its series, all normalised by this frame's window "
-    "(`medrt.analysis.slices.slice_stack`; a missing or non-adjacent neighbour, as for a radiograph, the first "
+    "(`medrt.analysis.slices.slice_stack`; an ROI classifier gets the three slices' thumbnails, "
+    "`medrt.analysis.roi.classify`; a missing or non-adjacent neighbour, as for a radiograph, the first "
     "and last slice or a lone image, is this slice again, which training does for 15 % of neighbours). Inside "
     "the graph they become tanh(25 · (3×3 mean of the neighbour − 3×3 mean of this slice)), ~0 where anatomy "
     "goes on through the slices and the lesion's contrast where something shows on this slice only "

@@ -50,11 +50,26 @@ class RoiData:
     targets: list[np.ndarray]  # uint8 heatmap targets
     presence: np.ndarray  # (n,) 0/1
     is_ct: np.ndarray  # (n,) bool
+    # (n, 2) int: the rows of the previous and next slice of each CT thumbnail's series
+    # (the row itself at a series' ends, and for radiographs); None: not known
+    neighbours: np.ndarray | None = None
 
     def subset(self, keep: np.ndarray) -> RoiData:
         idx = np.flatnonzero(keep)
+        nb = None
+        if self.neighbours is not None:  # renumbered; a neighbour left out becomes the row itself
+            new = np.full(len(self.thumbs), -1)
+            new[idx] = np.arange(len(idx))
+            nb = new[self.neighbours[idx]]
+            nb = np.where(nb < 0, np.arange(len(idx))[:, None], nb)
         return RoiData([self.thumbs[i] for i in idx], self.windows[idx], [self.targets[i] for i in idx],
-                       self.presence[idx], self.is_ct[idx])
+                       self.presence[idx], self.is_ct[idx], nb)
+
+    def slices(self, i: int) -> np.ndarray:
+        """(3, rows, cols) float32 raw values: the previous, this and the next slice's
+        thumbnail (the thumbnail itself where there is none)."""
+        prev, nxt = (int(j) for j in self.neighbours[i]) if self.neighbours is not None else (i, i)
+        return np.stack([self.thumbs[prev], self.thumbs[i], self.thumbs[nxt]])
 
 
 @dataclass
@@ -232,7 +247,7 @@ def build(
     only the ``parts`` asked for are read back (None for the others)."""
     path = cache_path(cache, base_seed=base_seed, n_dx=n_dx, n_ct_series=n_ct_series, ct_frames=ct_frames, size=size)
     if path.is_file():
-        return _load(path, parts)
+        return _load(path, parts, ct_frames)
     cache.mkdir(parents=True, exist_ok=True)
     dx_rois: list[tuple] = []
     ct_rois: list[tuple] = []
@@ -269,11 +284,14 @@ def build(
             arrays[key] = conv(items)
     np.savez(path, **arrays)
     log.info("cached %d thumbnails and %d patches in %s", len(rois), len(patches), path)
-    return _load(path, parts)
+    return _load(path, parts, ct_frames)
 
 
-def _load(path: Path, parts: tuple[str, ...] = ("roi", "seg")) -> tuple[RoiData | None, SegData | None]:
-    """Read each array once (an npz re-reads a member on every key access)."""
+def _load(path: Path, parts: tuple[str, ...] = ("roi", "seg"),
+          ct_frames: int = 40) -> tuple[RoiData | None, SegData | None]:
+    """Read each array once (an npz re-reads a member on every key access). The CT
+    thumbnails are whole series of ``ct_frames`` slices in order, head to feet, which
+    gives each its neighbours (``RoiData.neighbours``)."""
     with np.load(path) as z:
         names = set(z.files)
         roi = seg = None
@@ -289,7 +307,11 @@ def _load(path: Path, parts: tuple[str, ...] = ("roi", "seg")) -> tuple[RoiData 
                 thumbs += list(z["ct_thumbs"].astype(np.float32))
                 targets += list(z["ct_targets"])
             is_ct = np.arange(len(thumbs)) >= n_dx
-            roi = RoiData(thumbs, z["windows"], targets, z["presence"], is_ct)
+            rows = np.arange(len(thumbs))
+            pos = (rows - n_dx) % ct_frames  # slice index within its series (CT rows)
+            prev = np.where(is_ct & (pos > 0), rows - 1, rows)
+            nxt = np.where(is_ct & (pos < ct_frames - 1) & (rows + 1 < len(thumbs)), rows + 1, rows)
+            roi = RoiData(thumbs, z["windows"], targets, z["presence"], is_ct, np.stack([prev, nxt], axis=1))
         if "seg" in parts:
             stacks = []
             if "dx_patches" in names:
@@ -469,22 +491,28 @@ def seg_batch(
 
 
 def roi_batch(
-    rng: np.random.Generator, data: RoiData, batch: int, crop: int = 256, ct_fraction: float = 0.5
+    rng: np.random.Generator, data: RoiData, batch: int, crop: int = 256, ct_fraction: float = 0.5,
+    slices: int = 1, neighbour_drop: float = 0.15,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Random ``crop``² windows of the thumbnails (a multiple of STRIDE), their heatmap
     targets and presence (any lesion cell in the window). The network is fully
     convolutional with global pooling, so it runs on whole thumbnails at inference;
     crops make a training step 2.5x cheaper on this CPU. About ``ct_fraction`` of the
-    windows come from CT slices when both kinds are there."""
+    windows come from CT slices when both kinds are there. ``slices=3``: channels
+    previous, this and next slice's thumbnail (``data.neighbours``), each neighbour
+    replaced by the slice itself with probability ``neighbour_drop`` (as at a series'
+    ends, or for a lone image), as :func:`seg_batch` does."""
+    if slices not in (1, 3):
+        raise ValueError(f"slices must be 1 or 3, got {slices}")
     cells = crop // STRIDE
-    xs = np.zeros((batch, 1, crop, crop), np.float32)
+    xs = np.zeros((batch, slices, crop, crop), np.float32)
     ys = np.zeros((batch, 2, cells, cells), np.float32)  # channel 0 target, 1 valid
     ps = np.zeros((batch, 1), np.float32)
     ct_idx, dx_idx = np.flatnonzero(data.is_ct), np.flatnonzero(~data.is_ct)
     for b in range(batch):
         pool = ct_idx if (len(ct_idx) and (not len(dx_idx) or rng.random() < ct_fraction)) else dx_idx
         i = int(pool[rng.integers(len(pool))])
-        thumb, target = augment_pair(rng, data.thumbs[i], data.targets[i])
+        thumb, target = augment_pair(rng, data.slices(i) if slices == 3 else data.thumbs[i], data.targets[i])
         tr, tc = target.shape
         # Half of the windows are centred on a lesion cell when the frame has one.
         hits = np.argwhere(target > 0)
@@ -494,10 +522,14 @@ def roi_batch(
             r, c = rng.integers(0, max(tr - cells, 0) + 1), rng.integers(0, max(tc - cells, 0) + 1)
         r0, c0 = int(np.clip(r, 0, max(tr - cells, 0))), int(np.clip(c, 0, max(tc - cells, 0)))
         sub_t = target[r0 : r0 + cells, c0 : c0 + cells]
-        sub_x = thumb[r0 * STRIDE : (r0 + cells) * STRIDE, c0 * STRIDE : (c0 + cells) * STRIDE]
+        sub_x = thumb[..., r0 * STRIDE : (r0 + cells) * STRIDE, c0 * STRIDE : (c0 + cells) * STRIDE]
         center, width = jitter_window(rng, data.windows[i], bool(data.is_ct[i]))
         x = normalize(sub_x, center, width)
-        xs[b, 0, : x.shape[0], : x.shape[1]] = x
+        if slices == 3:
+            for k in (0, 2):
+                if rng.random() < neighbour_drop:
+                    x[k] = x[1]
+        xs[b, :, : x.shape[-2], : x.shape[-1]] = x
         ys[b, 0, : sub_t.shape[0], : sub_t.shape[1]] = sub_t
         ys[b, 1, : sub_t.shape[0], : sub_t.shape[1]] = 1.0
         ps[b, 0] = float(sub_t.any())

@@ -30,7 +30,7 @@ from medrt.analysis.lesions import lesions_from_probability
 from medrt.analysis.recheck import RecheckConfig, recheck
 from medrt.analysis.roi import classify
 from medrt.analysis.segment import segment_crops, sliding_window
-from medrt.analysis.slices import phantom_input
+from medrt.analysis.slices import phantom_input, phantom_sides
 from medrt.analyzer import pick_for_modality
 from medrt.bench import interleaved_medians
 from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
@@ -107,8 +107,9 @@ def _frame(col: Collected, key: str, frame: Any, rois: dict[str, Any], unets: di
     col.routed = routed.spec.name
     scored = truth.scored_lesions
     used: Any = None
+    sides = phantom_sides(frame, series) if series else (None, None)  # for a 2.5-D classifier
     for name, model in rois.items():
-        roi = classify(model, frame.pixels, frame.window)
+        roi = classify(model, frame.pixels, frame.window, neighbours=sides)
         st = col.roi.setdefault(name, RoiStats())
         if scored:
             st.positives += 1

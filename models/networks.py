@@ -145,7 +145,9 @@ def network_for(name: str, state: dict[str, torch.Tensor], roi: bool | None = No
     channels = first.shape[1]  # 1: the frame; 2: + local contrast; 3: + edge; 2.5-D: two more
     if name.startswith("roi_classifier") if roi is None else roi:
         both = state["presence.weight"].shape[1] == 2 * state["heatmap.weight"].shape[1]
-        net: nn.Module = RoiNet(local_contrast=channels >= 2, edge=channels == 3, pool="mean+max" if both else "max")
+        slices = 3 if channels >= 4 else 1
+        net: nn.Module = RoiNet(local_contrast=channels >= 2, edge=channels - (2 if slices == 3 else 0) == 3,
+                                pool="mean+max" if both else "max", slices=slices)
     else:
         slices = 3 if channels >= 4 else 1
         net = build_unet(name, local_contrast=any(k.startswith("unet.") for k in state),
@@ -187,15 +189,20 @@ class RoiNet(nn.Module):
     """
 
     def __init__(self, width: int = 32, local_contrast: bool = True, edge: bool = False,
-                 pool: str = "mean+max") -> None:
+                 pool: str = "mean+max", slices: int = 1) -> None:
         super().__init__()
         if pool not in ("max", "mean+max"):
             raise ValueError(f'pool must be "max" or "mean+max", got {pool!r}')
-        w, self.pool = width, pool
+        if slices not in (1, 3) or (slices == 3 and not local_contrast):
+            raise ValueError(f"slices must be 1, or 3 with local_contrast, got {slices}")
+        w, self.pool, self.slices = width, pool, slices
         # Radiograph nodules are faint against ribs: see LocalContrast (the 1.x model has none).
         if local_contrast:
             contrast = LocalContrast(edge_gain=EDGE_GAIN if edge else 0.0)
-            front = [contrast, _conv_bn(contrast.channels, 16, 3, 2)]
+            # 2.5-D (2.0): the neighbouring slices' difference channels, as in the UNets;
+            # no parameters, so the layer numbering (and older weights) stay as they were
+            first: nn.Module = NeighbourDifference(contrast) if slices == 3 else contrast
+            front = [first, _conv_bn(first.channels, 16, 3, 2)]
         else:
             front = [_conv_bn(1, 16, 3, 2)]
         self.features = nn.Sequential(

@@ -207,13 +207,13 @@ def _seg_monitor(net: nn.Module, seg: phantom_data.SegData, slices: int = 1) -> 
     return report
 
 
-def _roi_monitor(net: nn.Module, roi: phantom_data.RoiData) -> Callable[[], str]:
+def _roi_monitor(net: nn.Module, roi: phantom_data.RoiData, slices: int = 1) -> Callable[[], str]:
     """Heatmap recall (lesion cells >= 0.3) and false cells on fixed windows per modality."""
     rng = np.random.default_rng(12345)
     fixed = {}
     for name, keep in (("dx", ~roi.is_ct), ("ct", roi.is_ct)):
         if keep.any():
-            fixed[name] = phantom_data.roi_batch(rng, roi.subset(keep), 32)
+            fixed[name] = phantom_data.roi_batch(rng, roi.subset(keep), 32, slices=slices, neighbour_drop=0.0)
 
     def report() -> str:
         out = []
@@ -241,7 +241,7 @@ def train_roi(args: argparse.Namespace) -> tuple[nn.Module, dict]:
         net: nn.Module = network_for(args.model, torch.load(args.resume, map_location="cpu", weights_only=True))
         net.train()
     else:
-        net = RoiNet(edge=EDGE_CHANNEL.get(args.model, False))
+        net = RoiNet(edge=EDGE_CHANNEL.get(args.model, False), slices=args.slices)
     rng = np.random.default_rng(args.seed)
     pos_weight = torch.tensor(8.0)
     # Lesion cells are rare (a few in a thousand): batch Dice keeps the heatmap from
@@ -249,7 +249,8 @@ def train_roi(args: argparse.Namespace) -> tuple[nn.Module, dict]:
     dice = DiceLoss(sigmoid=True, batch=True)
 
     def batch_loss(progress: float) -> torch.Tensor:
-        x, y, p = phantom_data.roi_batch(rng, roi, args.batch, ct_fraction=args.ct_fraction)
+        x, y, p = phantom_data.roi_batch(rng, roi, args.batch, ct_fraction=args.ct_fraction, slices=args.slices,
+                                         neighbour_drop=args.neighbour_drop)
         presence, heat = (t.float() for t in net(torch.from_numpy(x)))  # the losses in fp32 under autocast
         target, valid = torch.from_numpy(y[:, :1]), torch.from_numpy(y[:, 1:])
         per_cell = nn.functional.binary_cross_entropy_with_logits(heat, target, pos_weight=pos_weight, reduction="none")
@@ -259,9 +260,10 @@ def train_roi(args: argparse.Namespace) -> tuple[nn.Module, dict]:
             + nn.functional.binary_cross_entropy_with_logits(presence, torch.from_numpy(p))
         )
 
-    final, seconds, steps = _fit(net, args, batch_loss, _roi_monitor(net, roi))
+    final, seconds, steps = _fit(net, args, batch_loss, _roi_monitor(net, roi, args.slices))
     info = {"steps": steps + args.prior_steps, "batch": args.batch, "thumbnails": len(roi.thumbs),
-            "amp": args.amp, "window_jitter": phantom_data.JITTER_NOTE,
+            "amp": args.amp, "window_jitter": phantom_data.JITTER_NOTE, "slices": args.slices,
+            "neighbour_drop": args.neighbour_drop if args.slices == 3 else 0.0,
             "data": args.data, "final_loss": final, "seconds": round(seconds + args.prior_seconds, 1)}
     return net, info
 
@@ -343,11 +345,12 @@ def _seg_args(args: argparse.Namespace) -> str:
     out = f" --ct-fraction {args.ct_fraction:g}" if args.ct_fraction != 0.5 else ""
     out += f" --amp {args.amp}" if args.amp != "none" else ""
     out += f" --crop {args.crop}" if args.crop != 256 and args.model not in ROI_MODELS else ""
+    nb = f" --slices 3 --neighbour-drop {args.neighbour_drop:g}" if args.slices == 3 else ""
     if args.model in ROI_MODELS:
-        return out
+        return out + nb
     out += f" --small-weight {args.small_weight:g}" if args.small_weight > 0 else ""
     out += f" --insert-small {args.insert_small:g}" if args.insert_small > 0 else ""
-    out += f" --slices 3 --neighbour-drop {args.neighbour_drop:g}" if args.slices == 3 else ""
+    out += nb
     return out + f" --lesion-start {args.lesion_start} --lesion-end {args.lesion_end}"
 
 
@@ -376,6 +379,7 @@ def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace)
     if args.data != "all" and name != "roi_classifier":
         lines.append('modalities = ["CT"]' if args.data == "ct" else 'modalities = ["DX", "CR"]')
     if roi:
+        lines += [f"slices = {args.slices}"] if args.slices == 3 else []
         lines += [f"thumbnail = {phantom_data.THUMB}", f"stride = {phantom_data.STRIDE}",
                   'description = "MobileNet-style ROI classifier on the frame thumbnail: frame-level lesion presence and a per-cell lesion heatmap."']
     else:
@@ -386,8 +390,9 @@ def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace)
                   f'{cfg["num_res_units"]} residual unit(s): lesion probability per pixel at '
                   f'{phantom_data.SEG_SPACING} mm (finer frames are area-averaged to it)."']
     lines += ["", "[normalization]", 'method = "window"', "", "[[inputs]]", 'name = "image"']
-    if not roi and args.slices == 3:
-        lines += ['shape = [1, 3, "H", "W"]', 'meaning = "previous, this and next slice of the series, each '
+    if args.slices == 3:
+        what = "thumbnail of the previous, this and next slice" if roi else "previous, this and next slice"
+        lines += ['shape = [1, 3, "H", "W"]', f'meaning = "{what} of the series, each '
                   'normalised by this frame\'s VOI window to 0..1 (a missing neighbour: this slice again)"', ""]
     else:
         lines += ['shape = [1, 1, "H", "W"]', 'meaning = "frame (or thumbnail) normalised by its VOI window to 0..1"', ""]
@@ -444,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="share of CT crops that get 1-3 small (2-6 mm) soft-tissue lesions drawn in "
                         "(models/data.py insert_small_lesions)")
     p.add_argument("--slices", type=int, choices=[1, 3], default=1,
-                   help="UNets: 3 = 2.5-D, the previous and next slice of a CT series as extra input channels")
+                   help="3 = 2.5-D, the previous and next slice of a CT series as extra input channels")
     p.add_argument("--neighbour-drop", type=float, default=0.15, metavar="P",
                    help="with --slices 3: chance that each neighbour is replaced by the slice itself in training")
     p.add_argument("--monitor-every", type=int, default=500, help="log Dice on fixed batches every N steps (0: never)")

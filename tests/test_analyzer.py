@@ -186,6 +186,7 @@ def test_a_slice_reaches_the_two_and_a_half_d_model_with_its_neighbours(analyzer
     for given in ((before, after), (after, before)):
         work = analyzer.prepare(frame, neighbours=given)
         assert work.norm.shape == (3, *frame.shape)
+        assert work.sides[0] is before.pixels and work.sides[1] is after.pixels  # for a 2.5-D classifier too
         np.testing.assert_array_equal(work.norm[0], normalize(before.pixels, *w))
         np.testing.assert_array_equal(work.norm[1], normalize(frame.pixels, *w))
         np.testing.assert_array_equal(work.norm[2], normalize(after.pixels, *w))

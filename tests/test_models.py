@@ -155,24 +155,24 @@ def test_radiograph_classifier_covers_nodules_the_general_one_misses() -> None:
     assert np.mean(crops) < 12, crops  # it proposes regions, it does not tile the 16-crop frame
 
 
-@pytest.mark.parametrize("slices", [1, 3])
-def test_training_smoke(tmp_path: Path, slices: int) -> None:
+@pytest.mark.parametrize("name, slices", [("lesion_unet_lite", 1), ("lesion_unet_lite", 3), ("roi_classifier", 3)])
+def test_training_smoke(tmp_path: Path, name: str, slices: int) -> None:
     """A few steps of the real training script, end to end: data (with the CT neighbours
     for a 2.5-D model), loop, ONNX, spec."""
     require_module("torch")
     require_module("monai")
     out = subprocess.run(
-        [sys.executable, "-m", "medrt.models.train", "lesion_unet_lite", "--steps", "3", "--batch", "2",
+        [sys.executable, "-m", "medrt.models.train", name, "--steps", "3", "--batch", "2",
          "--n-dx", "1", "--n-ct", "1", "--slices", str(slices), "--cache", str(tmp_path / "cache"),
          "--out", str(tmp_path / "out")],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    spec = load_spec(tmp_path / "out" / "lesion_unet_lite.toml")
+    spec = load_spec(tmp_path / "out" / f"{name}.toml")
     assert spec.training["seconds"] > 0 and spec.slices == slices
     assert ("--slices 3" in spec.training["command"]) == (slices == 3)
-    y = OnnxRuntimeBackend(spec).infer(np.zeros((1, slices, 64, 64), np.float32))[0]
-    assert y.shape == (1, 1, 64, 64)
+    y = OnnxRuntimeBackend(spec).infer(np.zeros((1, slices, 64, 64), np.float32))
+    assert y[-1].shape == ((1, 1, 8, 8) if name == "roi_classifier" else (1, 1, 64, 64))  # heatmap / logits
 
 
 def test_training_patches_are_resampled_like_inference() -> None:
@@ -412,3 +412,42 @@ def test_two_and_a_half_d_inputs_show_what_is_on_this_slice_only() -> None:
     assert np.abs(x[:, 1][drawn] - x[:, 0][drawn]).mean() > 3 * np.abs(x[:, 1][~drawn] - x[:, 0][~drawn]).mean()
     with pytest.raises(ValueError, match="neighbours"):
         d.seg_batch(rng, d.SegData(patches, seg.windows, seg.masks, seg.is_ct), 2, crop=64, slices=3)
+
+
+def test_two_and_a_half_d_classifier_gets_each_slice_with_its_neighbours() -> None:
+    """roi_classifier 2.x: the training thumbnails come with the slices before and after
+    them in their series (never across two series), subsets keep that, and batches and
+    the network take three channels; ``classify`` hands the model the neighbours' thumbnails."""
+    torch = require_module("torch")
+    require_module("monai")
+    from medrt.models import data as d
+    from medrt.models.networks import NeighbourDifference, RoiNet, network_for
+
+    rng = np.random.default_rng(0)
+    frames, n_dx = 3, 2  # two radiographs, then two CT series of three slices
+    thumbs = [rng.normal(50, 10, (64, 64)).astype(np.float32) + k for k in range(n_dx + 2 * frames)]
+    targets = [np.zeros((8, 8), np.uint8) for _ in thumbs]
+    is_ct = np.arange(len(thumbs)) >= n_dx
+    rows = np.arange(len(thumbs))
+    pos = (rows - n_dx) % frames
+    nb = np.stack([np.where(is_ct & (pos > 0), rows - 1, rows),
+                   np.where(is_ct & (pos < frames - 1), rows + 1, rows)], axis=1)
+    roi = d.RoiData(thumbs, np.tile([[40.0, 400.0]], (len(thumbs), 1)), targets, np.zeros(len(thumbs)), is_ct, nb)
+    assert nb.tolist() == [[0, 0], [1, 1], [2, 3], [2, 4], [3, 4], [5, 6], [5, 7], [6, 7]]
+    np.testing.assert_array_equal(roi.slices(3), np.stack([thumbs[2], thumbs[3], thumbs[4]]))
+    sub = roi.subset(np.array([False, False, True, False, True, True, True, True]))
+    assert sub.neighbours.tolist() == [[0, 0], [1, 1], [2, 3], [2, 4], [3, 4]]  # a dropped neighbour: itself
+    x, y, p = d.roi_batch(rng, roi.subset(is_ct), 4, crop=64, slices=3, neighbour_drop=0.0, ct_fraction=1.0)
+    assert x.shape == (4, 3, 64, 64) and y.shape == (4, 2, 8, 8) and p.shape == (4, 1)
+    x, _, _ = d.roi_batch(rng, roi.subset(is_ct), 4, crop=64, slices=3, neighbour_drop=1.0, ct_fraction=1.0)
+    assert all(np.array_equal(x[b, 0], x[b, 1]) and np.array_equal(x[b, 2], x[b, 1]) for b in range(4))
+    net = RoiNet(slices=3)
+    assert isinstance(net.features[0], NeighbourDifference)
+    again = network_for("roi_classifier", net.state_dict())
+    assert again.slices == 3 and isinstance(again.features[0], NeighbourDifference)
+    with torch.no_grad():
+        presence, heat = again(torch.from_numpy(x))
+    assert presence.shape == (4, 1) and heat.shape == (4, 1, 8, 8)
+    with pytest.raises(ValueError, match="slices"):
+        RoiNet(slices=3, local_contrast=False)
+

@@ -6,7 +6,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
 from conftest import REPO, require_module
@@ -300,8 +302,9 @@ def _roi_spec_with(tmp_path: Path, line: str) -> Path:
 
 
 @pytest.mark.parametrize("line, message", [("spacing_mm = 0.5", "spacing_mm applies to segmentation models only"),
-                                           ("slices = 3", "slices applies to segmentation models only")])
+                                           ("slices = 3", "has 1 channel")])
 def test_segmentation_fields_are_refused_on_a_roi_classifier(tmp_path: Path, line: str, message: str) -> None:
+    """spacing_mm is the segmenters' alone; a 2.5-D classifier's input needs its three channels."""
     with pytest.raises(ModelError, match=message):
         load_spec(_roi_spec_with(tmp_path, line))
 
@@ -331,3 +334,52 @@ def test_slices_are_read_and_checked_against_the_input(tmp_path: Path) -> None:
         load_spec(spec_path, verify=False)
     spec_path.write_text(spec_path.read_text().replace('["N", 1, "H", "W"]', '["N", 3, "H", "W"]', 1))
     assert load_spec(spec_path, verify=False).slices == 3
+
+
+def test_a_two_and_a_half_d_roi_classifier_gets_the_neighbouring_thumbnails(tmp_path: Path) -> None:
+    """A classifier whose spec says ``slices = 3`` is fed the head-side, this and the
+    feet-side slice's thumbnails (a missing one: this slice again)."""
+    onnx = require_module("onnx")
+    from medrt.analysis.roi import classify
+    from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
+    from medrt.preprocess import normalize, thumbnail
+
+    h, F = onnx.helper, onnx.TensorProto.FLOAT
+    model = _save(
+        [
+            h.make_node("ReduceMax", ["image"], ["top"], axes=[1], keepdims=1),
+            h.make_node("AveragePool", ["top"], ["heatmap"], kernel_shape=[4, 4], strides=[4, 4]),
+            h.make_node("GlobalMaxPool", ["heatmap"], ["pooled"]),
+            h.make_node("Flatten", ["pooled"], ["presence"], axis=1),
+        ],
+        [h.make_tensor_value_info("image", F, ["N", 3, "H", "W"])],
+        [h.make_tensor_value_info("presence", F, ["N", 1]), h.make_tensor_value_info("heatmap", F, ["N", 1, "h", "w"])],
+        tmp_path / "roi.onnx",
+    )
+    spec_path = tmp_path / "roi.toml"
+    spec_path.write_text(ROI_SPEC.format(sha=sha256_file(model), heatmap=HEATMAP)
+                         .replace("stride = 4\n", "stride = 4\nslices = 3\n").replace('["N", 1, "H", "W"]', '["N", 3, "H", "W"]', 1))
+    spec = load_spec(spec_path)
+    assert spec.slices == 3
+    seen: list[np.ndarray] = []
+
+    class Recording(OnnxRuntimeBackend):
+        def infer(self, x: np.ndarray) -> Any:  # type: ignore[override]
+            seen.append(x.copy())
+            return super().infer(x)
+
+    rng = np.random.default_rng(3)
+    here, before, after = (rng.normal(40, 30, (512, 512)).astype(np.float32) for _ in range(3))
+    window = (40.0, 400.0)
+    model_b = Recording(spec)
+    classify(model_b, here, window, neighbours=(before, after))
+    classify(model_b, here, window)
+    want = [normalize(thumbnail(a, spec.thumbnail)[0], *window) for a in (before, here, after)]
+    assert seen[0].shape == (1, 3, 256, 256)
+    for k in range(3):
+        np.testing.assert_array_equal(seen[0][0, k], want[k])
+        np.testing.assert_array_equal(seen[1][0, k], want[1])
+    # A bright spot on the feet-side neighbour only reaches this classifier through it.
+    after[100:110, 100:110] = 5000.0
+    res = classify(model_b, here, window, neighbours=(before, after), heatmap_threshold=0.99)
+    assert res.proposals and res.proposals[0].bbox[0] <= 100 < res.proposals[0].bbox[2]

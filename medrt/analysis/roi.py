@@ -1,7 +1,8 @@
 """ROI classifier: thumbnail -> presence and a cell heatmap -> proposals -> 1024² crops.
 
 A frame whose presence and heatmap both stay under their thresholds is
-negative: the UNet is skipped for it (conditional compute).
+negative: the UNet is skipped for it (conditional compute). A 2.5-D classifier
+(``roi_classifier`` 2.0) also sees the neighbouring slices' thumbnails.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from medrt.analysis.components import label
+from medrt.analysis.slices import Sides
 from medrt.engine.backends.base import Backend
 from medrt.preprocess import normalize, pad_to_multiple, thumbnail
 from medrt.types import RoiProposal
@@ -45,15 +47,22 @@ def classify(
     heatmap_threshold: float | None = None,
     margin_px: int | None = None,
     max_crops: int = 8,
+    neighbours: Sides = (None, None),
 ) -> RoiResult:
-    """Run the ROI classifier on ``pixels`` (modality units) and plan the crops."""
+    """Run the ROI classifier on ``pixels`` (modality units) and plan the crops. A 2.5-D
+    classifier (``[model] slices = 3``) also gets the thumbnails of ``neighbours``, the
+    head- and feet-side slices' pixels (:func:`medrt.analysis.slices.ordered_sides`; a
+    missing one is this slice again, as in training)."""
     spec = model.spec
     p_thr = spec.thresholds.get("presence", 0.5) if presence_threshold is None else presence_threshold
     h_thr = spec.thresholds.get("heatmap", 0.3) if heatmap_threshold is None else heatmap_threshold
     thumb, factor = thumbnail(pixels, spec.thumbnail)
     x = normalize(thumb, *window)
+    if spec.slices == 3:
+        x = np.stack([x if nb is None else normalize(thumbnail(nb, spec.thumbnail)[0], *window)
+                      for nb in (neighbours[0], None, neighbours[1])])
     x, _ = pad_to_multiple(x, max(spec.stride, spec.multiple_of))
-    presence_logit, heat_logit = model.infer(x[None, None])
+    presence_logit, heat_logit = model.infer(x[None] if x.ndim == 3 else x[None, None])
     presence = float(_sigmoid(presence_logit.reshape(-1)[0]))
     heat = _sigmoid(heat_logit[0, 0])
     cell = factor * spec.stride

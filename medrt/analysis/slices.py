@@ -4,7 +4,8 @@ On one slice a small lung nodule and a vessel's cross-section, or a small liver
 lesion and a bowel loop, look alike; on the neighbouring slices the anatomy goes on
 and a 2-5 mm lesion (on 3-5 mm slices) does not. A segmentation model whose spec
 says ``[model] slices = 3`` takes the previous, this and the next slice as three
-input channels, all normalised by this frame's window.
+input channels, all normalised by this frame's window; an ROI classifier whose
+spec says so takes the three slices' thumbnails likewise.
 
 Which frames are neighbours is checked, not assumed from file order: same series,
 same size and pixel spacing, same orientation, and the positions along the slice
@@ -23,8 +24,8 @@ import numpy as np
 from medrt.preprocess import normalize
 from medrt.types import Frame
 
-__all__ = ["MAX_GAP_MM", "Neighbours", "adjacent", "slice_stack", "series_neighbours", "stack_pixels",
-           "phantom_input"]
+__all__ = ["MAX_GAP_MM", "Neighbours", "Sides", "adjacent", "ordered_sides", "slice_stack", "series_neighbours",
+           "stack_pixels", "phantom_input", "phantom_sides"]
 
 # The farthest a neighbour may lie from the slice along its normal; the models were
 # trained on 3 and 5 mm slices, and a gap beyond this is a missing slice.
@@ -57,12 +58,13 @@ def adjacent(frame: Frame, other: Frame | None) -> bool:
     return 0.0 < gap <= MAX_GAP_MM
 
 
-def slice_stack(frame: Frame, neighbours: Neighbours | None = None) -> np.ndarray:
-    """(3, rows, cols) float32: the neighbour on the head side (the larger position
-    along the slice normal), this slice, and the one on the feet side, each normalised
-    by this frame's window, whichever order the series was read in (the models were
-    trained head to feet); a neighbour that is missing or not :func:`adjacent` is this
-    slice again (:func:`stack_pixels`)."""
+Sides = tuple["np.ndarray | None", "np.ndarray | None"]
+
+
+def ordered_sides(frame: Frame, neighbours: Neighbours | None = None) -> Sides:
+    """The pixels of the neighbour on the head side (the larger position along the slice
+    normal) and of the one on the feet side, whichever order the series was read in (the
+    models were trained head to feet); None for one that is missing or not :func:`adjacent`."""
     prev, nxt = (nb if adjacent(frame, nb) else None for nb in (neighbours or (None, None)))
     here = _along(frame)
     if here is not None:
@@ -71,8 +73,15 @@ def slice_stack(frame: Frame, neighbours: Neighbours | None = None) -> np.ndarra
             if nb is not None:
                 sides[0 if _along(nb) > here else 1] = nb  # type: ignore[operator]
         prev, nxt = sides
-    return stack_pixels(frame.pixels, (frame.window.center, frame.window.width),
-                        None if prev is None else prev.pixels, None if nxt is None else nxt.pixels)
+    return (None if prev is None else prev.pixels, None if nxt is None else nxt.pixels)
+
+
+def slice_stack(frame: Frame, neighbours: Neighbours | None = None, sides: Sides | None = None) -> np.ndarray:
+    """(3, rows, cols) float32: the head-side neighbour, this slice and the feet-side one
+    (:func:`ordered_sides`, or ``sides`` when the caller has them already), each normalised
+    by this frame's window; a missing one is this slice again (:func:`stack_pixels`)."""
+    before, after = ordered_sides(frame, neighbours) if sides is None else sides
+    return stack_pixels(frame.pixels, (frame.window.center, frame.window.width), before, after)
 
 
 def series_neighbours(frames: Sequence[Frame]) -> list[Neighbours]:
@@ -110,14 +119,19 @@ def phantom_input(frame: object, series: Sequence[object] | dict[tuple, object],
     window = frame.window  # type: ignore[attr-defined]
     if slices != 3:
         return normalize(frame.pixels, *window)  # type: ignore[attr-defined]
+    return stack_pixels(frame.pixels, window, *phantom_sides(frame, series))  # type: ignore[attr-defined]
+
+
+def phantom_sides(frame: object, series: Sequence[object] | dict[tuple, object]) -> Sides:
+    """A phantom frame's head- and feet-side neighbours' pixels (see :func:`phantom_input`;
+    None for a radiograph and at a series' ends)."""
     if frame.slice_location is None:  # type: ignore[attr-defined]  # a radiograph: its own neighbours
-        return stack_pixels(frame.pixels, window)  # type: ignore[attr-defined]
+        return (None, None)
     kind, seed, index = frame.kind, frame.seed, frame.index  # type: ignore[attr-defined]
     if isinstance(series, dict):
         before, after = series.get((kind, seed, index - 1)), series.get((kind, seed, index + 1))
     else:
         before = series[index - 1] if index > 0 else None
         after = series[index + 1] if index + 1 < len(series) else None
-    return stack_pixels(frame.pixels, window,  # type: ignore[attr-defined]
-                        None if before is None else before.pixels,  # type: ignore[attr-defined]
-                        None if after is None else after.pixels)  # type: ignore[attr-defined]
+    return (None if before is None else before.pixels,  # type: ignore[attr-defined]
+            None if after is None else after.pixels)  # type: ignore[attr-defined]

@@ -35,7 +35,7 @@ import numpy as np
 from medrt.analysis.lesions import lesions_from_probability
 from medrt.analysis.roi import classify, plan_crops, proposals_from_boxes
 from medrt.analysis.segment import segment_crops
-from medrt.analysis.slices import phantom_input
+from medrt.analysis.slices import Sides, phantom_input, phantom_sides
 from medrt.engine.backends.base import Backend
 from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
 from medrt.engine.registry import ModelError, ModelSpec, load_spec, shipped_models_dir
@@ -152,7 +152,8 @@ class _Router:
         return pick_for_modality(self.backends, frame.modality)
 
 
-def _plan(frame: PhantomFrame, roi: Backend | _Router | None, whole_small: bool) -> tuple[tuple[int, int, int, int], ...]:
+def _plan(frame: PhantomFrame, roi: Backend | _Router | None, whole_small: bool,
+          sides: Sides = (None, None)) -> tuple[tuple[int, int, int, int], ...]:
     rows, cols = frame.shape
     small = rows <= CROP and cols <= CROP
     if small and (roi is None or whole_small):
@@ -161,7 +162,7 @@ def _plan(frame: PhantomFrame, roi: Backend | _Router | None, whole_small: bool)
         roi = roi.pick(frame)
     if roi is None:
         return _truth_crops(frame)
-    result = classify(roi, frame.pixels, frame.window)
+    result = classify(roi, frame.pixels, frame.window, neighbours=sides)  # a 2.5-D classifier: the neighbours
     if small:
         return () if result.negative else ((0, 0, rows, cols),)
     return result.crops
@@ -261,9 +262,10 @@ def compare(
         key = _key(frame)
         truth[key] = _truth(key, frame)
         norm = phantom_input(frame, by_index, slices)  # a 2.5-D model gets the neighbouring slices
-        shared_plan = None if fp32_spec.task == "roi_classifier" else _plan(frame, rois["fp32"], whole_small)
+        sides = phantom_sides(frame, by_index)
+        shared_plan = None if fp32_spec.task == "roi_classifier" else _plan(frame, rois["fp32"], whole_small, sides)
         for name in variants:
-            crops = shared_plan if shared_plan is not None else _plan(frame, rois[name], whole_small)
+            crops = shared_plan if shared_plan is not None else _plan(frame, rois[name], whole_small, sides)
             seg = segs[name]
             if crops:
                 prob = segment_crops(seg, norm, crops, spacing_mm=frame.spacing_mm)  # the model's spacing, as in use

@@ -159,20 +159,28 @@ def _segmentation_items(seed: int, n_ct: int, n_dx: int, spacing_mm: float | Non
             yield "dx-" + _category(frame, box), (np.stack([x] * 3) if slices == 3 else x)
 
 
-def _roi_items(thumb: int, mult: int, seed: int, n: int) -> Iterator[tuple[str, np.ndarray]]:
-    """(category, normalised thumbnail) of CT slices and 4096² radiographs."""
+def _roi_items(thumb: int, mult: int, seed: int, n: int, slices: int = 1) -> Iterator[tuple[str, np.ndarray]]:
+    """(category, normalised thumbnail) of CT slices and 4096² radiographs; ``slices=3``:
+    (3, h, w) stacks, a CT slice's thumbnail with its neighbours' and a radiograph's
+    thrice, as :func:`medrt.analysis.roi.classify` feeds a 2.5-D classifier."""
+    from medrt.analysis.slices import phantom_sides
     from medrt.phantom import generate_ct_series, generate_radiograph
 
-    frames: Iterable[PhantomFrame] = (
-        f for s in range(math.ceil(n / 24)) for f in generate_ct_series(seed + 100 + s, n_frames=40)
-    )
+    def norm_thumb(pixels: np.ndarray, window: tuple[float, float]) -> np.ndarray:
+        return normalize(thumbnail(pixels, thumb)[0], *window)
+
+    series = [generate_ct_series(seed + 100 + s, n_frames=40) for s in range(math.ceil(n / 24))]
+    frames: Iterable[tuple[PhantomFrame, Any]] = ((f, ser) for ser in series for f in ser)
     for kind, frame_iter in (("ct", frames), ("dx", (
-        generate_radiograph(seed, size=4096, index=i, border_lesion=i % 2 == 0, n_lesions=i % 3)
+        (generate_radiograph(seed, size=4096, index=i, border_lesion=i % 2 == 0, n_lesions=i % 3), ())
         for i in range(max(2, n // 4))
     ))):  # fmt: skip
-        for frame in frame_iter:
-            small, _ = thumbnail(frame.pixels, thumb)
-            yield f"{kind}-{_category(frame)}", pad_to_multiple(normalize(small, *frame.window), mult)[0]
+        for frame, ser in frame_iter:
+            x = norm_thumb(frame.pixels, frame.window)
+            if slices == 3:
+                before, after = phantom_sides(frame, ser)
+                x = np.stack([x if nb is None else norm_thumb(nb, frame.window) for nb in (before, None, after)])
+            yield f"{kind}-{_category(frame)}", pad_to_multiple(x, mult)[0]
 
 
 def _balanced(items: Iterable[tuple[str, np.ndarray]], n: int, ct_share: float = 0.5) -> list[np.ndarray]:
@@ -200,7 +208,7 @@ def _balanced(items: Iterable[tuple[str, np.ndarray]], n: int, ct_share: float =
 def _cached_inputs(task: str, thumb: int, mult: int, seed: int, n: int,
                    spacing_mm: float | None, slices: int = 1, ct_share: float = 0.5) -> tuple[np.ndarray, ...]:
     if task == "roi_classifier":
-        items = _roi_items(thumb, mult, seed, n)
+        items = _roi_items(thumb, mult, seed, n, slices)
     else:
         n_ct = round(n * ct_share)
         items = _segmentation_items(seed, n_ct, max(n - n_ct, 0), spacing_mm, slices)
@@ -254,7 +262,8 @@ def calibration_description(spec: ModelSpec, seed: int = CALIBRATION_SEED, n: in
     if getattr(spec, "slices", 1) == 3 and share > 0:
         parts += " (each slice with its neighbours)"
     what = (
-        "thumbnails of CT slices and 4096² radiographs"
+        "thumbnails of CT slices" + (" (each with its neighbours')" if getattr(spec, "slices", 1) == 3 else "")
+        + " and 4096² radiographs"
         if spec.task == "roi_classifier"
         else parts + (f" at {spec.spacing_mm:g} mm" if getattr(spec, "spacing_mm", None) else "")
     )

@@ -77,8 +77,8 @@ class ModelSpec:
     spacing_mm: float | None = None
     # the DICOM Modality values the model was trained for (e.g. ("CT",)); () = any.
     modalities: tuple[str, ...] = ()
-    # segmentation: 3 = 2.5-D, the input's channels are the slice before, this slice and
-    # the slice after (medrt.analysis.slices); 1 = this slice alone.
+    # 3 = 2.5-D, the input's channels are the slice before, this slice and the slice
+    # after (medrt.analysis.slices; an ROI classifier: their thumbnails); 1 = this slice alone.
     slices: int = 1
     thresholds: dict[str, float] = field(default_factory=dict)
     description: str = ""
@@ -164,14 +164,15 @@ def _modalities(model: dict[str, Any], where: str) -> tuple[str, ...]:
 
 
 def _slices(model: dict[str, Any], task: str, inputs: tuple[TensorSpec, ...], where: str) -> int:
-    """``[model] slices``: 1 (default) or 3 (2.5-D), for segmentation models only; with 3,
-    the input's channel dimension, when the spec gives a number, must be 3 (other
-    mismatches with the graph are ``medrt models verify``'s to find)."""
+    """``[model] slices``: 1 (default) or 3 (2.5-D), for segmentation models and ROI
+    classifiers; with 3, the input's channel dimension, when the spec gives a number,
+    must be 3 (other mismatches with the graph are ``medrt models verify``'s to find)."""
     value = model.get("slices", 1)
     if isinstance(value, bool) or value not in (1, 3):
         raise ModelError(f"{where}: [model] slices must be 1 or 3, not {value!r}")
-    if value != 1 and task != "segmentation":
-        raise ModelError(f"{where}: [model] slices applies to segmentation models only, not {task!r}")
+    if value != 1 and task not in ("segmentation", "roi_classifier"):
+        raise ModelError(f"{where}: [model] slices applies to segmentation models and ROI classifiers only, "
+                         f"not {task!r}")
     shape = inputs[0].shape
     if value == 3 and len(shape) == 4 and isinstance(shape[1], int) and shape[1] != value:
         raise ModelError(f"{where}: the input has {shape[1]} channel(s) but [model] slices is {value}")
