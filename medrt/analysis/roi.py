@@ -2,7 +2,7 @@
 
 A frame whose presence and heatmap both stay under their thresholds is
 negative: the UNet is skipped for it (conditional compute). A 2.5-D classifier
-(``roi_classifier`` 2.0) also sees the neighbouring slices' thumbnails.
+(``[model] slices = 3``) also sees the neighbouring slices' thumbnails.
 """
 
 from __future__ import annotations
