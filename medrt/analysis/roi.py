@@ -19,7 +19,7 @@ from medrt.engine.backends.base import Backend
 from medrt.preprocess import normalize, pad_to_multiple, thumbnail
 from medrt.types import RoiProposal
 
-__all__ = ["RoiProposal", "RoiResult", "classify", "proposals_from_heatmap", "proposals_from_boxes", "plan_crops"]
+__all__ = ["RoiProposal", "RoiResult", "classify", "thumbnail_input", "proposals_from_heatmap", "proposals_from_boxes", "plan_crops"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +56,7 @@ def classify(
     spec = model.spec
     p_thr = spec.thresholds.get("presence", 0.5) if presence_threshold is None else presence_threshold
     h_thr = spec.thresholds.get("heatmap", 0.3) if heatmap_threshold is None else heatmap_threshold
-    thumb, factor = thumbnail(pixels, spec.thumbnail)
-    x = normalize(thumb, *window)
-    if spec.slices == 3:
-        x = np.stack([x if nb is None else normalize(thumbnail(nb, spec.thumbnail)[0], *window)
-                      for nb in (neighbours[0], None, neighbours[1])])
+    x, factor = thumbnail_input(pixels, window, spec.thumbnail, spec.slices, neighbours)
     x, _ = pad_to_multiple(x, max(spec.stride, spec.multiple_of))
     presence_logit, heat_logit = model.infer(x[None] if x.ndim == 3 else x[None, None])
     presence = float(_sigmoid(presence_logit.reshape(-1)[0]))
@@ -73,6 +69,20 @@ def classify(
     if not proposals:  # present but not localised: look at the whole frame
         proposals = (RoiProposal((0, 0, pixels.shape[0], pixels.shape[1]), presence),)
     return RoiResult(presence, proposals, plan_crops(proposals, pixels.shape, crop, max_crops))
+
+
+def thumbnail_input(pixels: np.ndarray, window: tuple[float, float], side: int, slices: int = 1,
+                    neighbours: Sides = (None, None)) -> tuple[np.ndarray, int]:
+    """A classifier's input before padding, and the thumbnail's factor: the frame's
+    thumbnail (longest side at most ``side``) normalised by ``window``; with ``slices=3``
+    a (3, h, w) stack of the head-side neighbour's, this and the feet-side neighbour's
+    (a missing one: this thumbnail again)."""
+    thumb, factor = thumbnail(pixels, side)
+    x = normalize(thumb, *window)
+    if slices == 3:
+        x = np.stack([x if nb is None else normalize(thumbnail(nb, side)[0], *window)
+                      for nb in (neighbours[0], None, neighbours[1])])
+    return x, factor
 
 
 def proposals_from_heatmap(

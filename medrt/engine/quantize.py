@@ -39,7 +39,7 @@ import numpy as np
 from medrt.bundle import _toml
 from medrt.engine.registry import ModelError, ModelSpec, load_spec, sha256_file
 from medrt.engine.rewrite import cpu_friendly
-from medrt.preprocess import normalize, pad_to_multiple, thumbnail
+from medrt.preprocess import normalize, pad_to_multiple
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -135,16 +135,13 @@ def _segmentation_items(seed: int, n_ct: int, n_dx: int, spacing_mm: float | Non
     a CT slice with its neighbours in the series and a radiograph as its own."""
     from medrt.analysis.resample import area_downsample, resample_factors
     from medrt.analysis.roi import plan_crops, proposals_from_boxes
+    from medrt.analysis.slices import phantom_input
     from medrt.phantom import generate_ct_series, generate_radiograph
 
     for s in range(math.ceil(n_ct / 12)):
         series = generate_ct_series(seed + 100 + s, n_frames=40)
-        for i, frame in enumerate(series):
-            if slices == 3:
-                around = (series[max(i - 1, 0)], frame, series[min(i + 1, len(series) - 1)])
-                yield "ct-" + _category(frame), np.stack([normalize(f.pixels, *frame.window) for f in around])
-            else:
-                yield "ct-" + _category(frame), normalize(frame.pixels, *frame.window)
+        for frame in series:
+            yield "ct-" + _category(frame), phantom_input(frame, series, slices)
     for i in range(math.ceil(n_dx / 4)):
         frame = generate_radiograph(seed, size=4096, index=i, n_lesions=3, border_lesion=True, far_apart=i % 2 == 1)
         norm = normalize(frame.pixels, *frame.window)
@@ -159,15 +156,13 @@ def _segmentation_items(seed: int, n_ct: int, n_dx: int, spacing_mm: float | Non
             yield "dx-" + _category(frame, box), (np.stack([x] * 3) if slices == 3 else x)
 
 
-def _roi_items(thumb: int, mult: int, seed: int, n: int, slices: int = 1) -> Iterator[tuple[str, np.ndarray]]:
+def _roi_items(thumb: int, seed: int, n: int, slices: int = 1) -> Iterator[tuple[str, np.ndarray]]:
     """(category, normalised thumbnail) of CT slices and 4096² radiographs; ``slices=3``:
     (3, h, w) stacks, a CT slice's thumbnail with its neighbours' and a radiograph's
     thrice, as :func:`medrt.analysis.roi.classify` feeds a 2.5-D classifier."""
+    from medrt.analysis.roi import thumbnail_input
     from medrt.analysis.slices import phantom_sides
     from medrt.phantom import generate_ct_series, generate_radiograph
-
-    def norm_thumb(pixels: np.ndarray, window: tuple[float, float]) -> np.ndarray:
-        return normalize(thumbnail(pixels, thumb)[0], *window)
 
     series = [generate_ct_series(seed + 100 + s, n_frames=40) for s in range(math.ceil(n / 24))]
     frames: Iterable[tuple[PhantomFrame, Any]] = ((f, ser) for ser in series for f in ser)
@@ -176,11 +171,9 @@ def _roi_items(thumb: int, mult: int, seed: int, n: int, slices: int = 1) -> Ite
         for i in range(max(2, n // 4))
     ))):  # fmt: skip
         for frame, ser in frame_iter:
-            x = norm_thumb(frame.pixels, frame.window)
-            if slices == 3:
-                before, after = phantom_sides(frame, ser)
-                x = np.stack([x if nb is None else norm_thumb(nb, frame.window) for nb in (before, None, after)])
-            yield f"{kind}-{_category(frame)}", pad_to_multiple(x, mult)[0]
+            sides = phantom_sides(frame, ser) if slices == 3 else (None, None)
+            x, _ = thumbnail_input(frame.pixels, frame.window, thumb, slices, sides)
+            yield f"{kind}-{_category(frame)}", x  # padded to ``mult`` by _cached_inputs
 
 
 def _balanced(items: Iterable[tuple[str, np.ndarray]], n: int, ct_share: float = 0.5) -> list[np.ndarray]:
@@ -208,7 +201,7 @@ def _balanced(items: Iterable[tuple[str, np.ndarray]], n: int, ct_share: float =
 def _cached_inputs(task: str, thumb: int, mult: int, seed: int, n: int,
                    spacing_mm: float | None, slices: int = 1, ct_share: float = 0.5) -> tuple[np.ndarray, ...]:
     if task == "roi_classifier":
-        items = _roi_items(thumb, mult, seed, n, slices)
+        items = _roi_items(thumb, seed, n, slices)
     else:
         n_ct = round(n * ct_share)
         items = _segmentation_items(seed, n_ct, max(n - n_ct, 0), spacing_mm, slices)

@@ -57,6 +57,12 @@ def decode(item: Any) -> list[Decoded]:
     return [Decoded(f, ms) for f in frames]
 
 
+def _slice(out: list[Decoded]) -> Frame | None:
+    """The frame when a file decoded to one slice with a position in the patient (what can
+    stand beside another slice), else None (a multi-frame object, a radiograph)."""
+    return out[0].frame if len(out) == 1 and out[0].frame.geometry is not None else None
+
+
 class SliceContext:
     """A decode stage that hands each single-frame file its neighbouring slices, for a
     2.5-D segmentation model (``[model] slices = 3``).
@@ -112,7 +118,7 @@ class SliceContext:
                 return hit
         out = self.decoder(path)
         with self._lock:
-            if len(out) == 1 and out[0].frame.geometry is not None:  # only a slice can be a neighbour
+            if _slice(out) is not None:  # only a slice can be a neighbour
                 self._cache[path] = out
                 while len(self._cache) > self.keep:
                     self._cache.popitem(last=False)
@@ -127,21 +133,22 @@ class SliceContext:
             out = self._decoded(self.order[i])
         except Exception:  # reported when that file's own turn comes
             return None
-        return out[0].frame if len(out) == 1 and out[0].frame.geometry is not None else None
+        return _slice(out)
 
     def __call__(self, item: Any) -> list[Decoded]:
         if self.order is None:  # live: the frame decoded before this one
             out = self.decoder(item)
-            if len(out) != 1 or out[0].frame.geometry is None:
+            here = _slice(out)
+            if here is None:
                 return out
             with self._lock:
-                before, self._last = self._last, out[0].frame
+                before, self._last = self._last, here
             return [replace(out[0], neighbours=(before, None))]
         if not isinstance(item, (str, os.PathLike)) or os.fspath(item) not in self.index:
             return self.decoder(item)
         path = os.fspath(item)
         out = self._decoded(path)
-        if len(out) != 1 or out[0].frame.geometry is None:
+        if _slice(out) is None:
             return out
         i = self.index[path]
         return [replace(out[0], neighbours=(self._neighbour(i - 1), self._neighbour(i + 1)))]
