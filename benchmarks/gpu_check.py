@@ -184,7 +184,7 @@ class Run:
         r, c = (int(v) for v in (f.lesions[0].center if f.lesions else (s.frame // 2, s.frame // 2)))
         r0 = min(max(r - s.crop // 2, 0), s.frame - s.crop)
         c0 = min(max(c - s.crop // 2, 0), s.frame - s.crop)
-        norm = normalize(f.pixels, *f.window)
+        norm = normalize(f.pixels, *self.unet.input_window(f.window))
         crop = norm[r0 : r0 + s.crop, c0 : c0 + s.crop]  # a radiograph is its own neighbours (2.5-D UNet)
         self.crop_x = np.ascontiguousarray(np.broadcast_to(crop, (1, self.unet.slices, *crop.shape)))
         return {"frames": len(self.frames), "size": s.frame, "seconds": round(time.perf_counter() - t, 1),
@@ -232,7 +232,7 @@ class Run:
         for i in range(s.warmup + s.frames):
             f = self.frames[i % len(self.frames)]
             t0 = time.perf_counter()
-            norm = normalize(f.pixels, *f.window)
+            norm = normalize(f.pixels, *self.unet.input_window(f.window))
             result = classify(roi, f.pixels, f.window, crop=s.crop)
             t1 = time.perf_counter()
             if not result.negative:
@@ -261,7 +261,7 @@ class Run:
 
         s = self.sizes
         unet = self.last_unet or self.backend(self.unet)
-        norms = [normalize(f.pixels, *f.window) for f in self.frames[: max(1, s.sliding_frames)]]
+        norms = [normalize(f.pixels, *self.unet.input_window(f.window)) for f in self.frames[: max(1, s.sliding_frames)]]
         sliding_window(unet, norms[0], roi=s.crop)  # warm-up
         ms = [t for n in norms for t in _timed(lambda n=n: sliding_window(unet, n, roi=s.crop), 1)]
         out: dict[str, Any] = {"precision": unet.precision, **_stats(ms)}

@@ -223,7 +223,8 @@ class Analyzer:
 
     def prepare(self, frame: Frame, *, decode_ms: float = 0.0, mode: str | None = None,
                 recheck_small: bool | None = None, neighbours: Neighbours | None = None) -> Work:
-        """Stage 1: normalise the frame by its window. A 2.5-D segmentation model
+        """Stage 1: normalise the frame by its window (the model's own with
+        ``fixed_window``). A 2.5-D segmentation model
         (``[model] slices = 3``) gets the (previous, next) slices of ``neighbours``
         beside it (:func:`medrt.analysis.slices.slice_stack`; missing ones: the frame)."""
         mode = mode or self.config.mode
@@ -237,10 +238,11 @@ class Analyzer:
         sides: Sides = (None, None)
         if seg.spec.slices > 1 or (roi is not None and roi.spec.slices > 1):
             sides = ordered_sides(frame, neighbours)
+        window = seg.spec.input_window(frame.window)  # the VOI window, or the spec's fixed one
         if seg.spec.slices > 1:
-            norm = slice_stack(frame, sides=sides)
+            norm = slice_stack(frame, sides=sides, window=window)
         else:
-            norm = normalize(frame.pixels, frame.window.center, frame.window.width)
+            norm = normalize(frame.pixels, *window)
         ms = (time.perf_counter() - t0) * 1000.0
         return Work(frame=frame, norm=norm, mode=mode, recheck=do_recheck, roi=roi, seg=seg, sides=sides,
                     timings=StageTimings(decode=decode_ms, preprocess=ms))
@@ -251,7 +253,7 @@ class Analyzer:
             return work
         t0 = time.perf_counter()
         frame = work.frame
-        roi = classify(work.roi, frame.pixels, (frame.window.center, frame.window.width), crop=self.config.crop,
+        roi = classify(work.roi, frame.pixels, frame.window, crop=self.config.crop,
                        max_crops=self.config.max_crops, presence_threshold=self.config.presence_threshold,
                        heatmap_threshold=self.config.heatmap_threshold, neighbours=work.sides)
         ms = (time.perf_counter() - t0) * 1000.0

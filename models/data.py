@@ -325,18 +325,35 @@ def _load(path: Path, parts: tuple[str, ...] = ("roi", "seg"),
 JITTER_NOTE = "CT ±12 % centre, ×0.78–1.28 width; radiographs ±4 %, ×1.0–1.3"  # for the model cards
 
 
-def jitter_window(rng: np.random.Generator, window: np.ndarray, is_ct: bool = True) -> tuple[float, float]:
+def jitter_window(rng: np.random.Generator, window: np.ndarray | tuple[float, float], is_ct: bool = True,
+                  fixed: bool = False) -> tuple[float, float]:
     """Window shifts as a reader or a different scanner preset would give.
 
     CT: ±12 % of the width on the centre, ×0.78-1.28 on the width. Radiographs:
     ±4 % and ×1.0-1.3 only. Their window spans the whole exposed field, and nodules
     sit anywhere in it, down in the dark direct exposure and up by the collimator
     edge: the CT jitter clipped those to flat black or white, asking the UNet to
-    find a nodule where the pixels hold none (invented lesions, learnt on purpose)."""
+    find a nodule where the pixels hold none (invented lesions, learnt on purpose).
+
+    ``fixed``: a model's own fixed window (``--window``), which no reader moves; ±2 %
+    and ×0.9-1.1 stand for scanner calibration and kernel differences only."""
     c, w = float(window[0]), float(window[1])
+    if fixed:
+        return c + rng.uniform(-0.02, 0.02) * w, w * float(np.exp(rng.uniform(-0.1, 0.1)))
     if not is_ct:
         return c + rng.uniform(-0.04, 0.04) * w, w * float(rng.uniform(1.0, 1.3))
     return c + rng.uniform(-0.12, 0.12) * w, w * float(np.exp(rng.uniform(-0.25, 0.25)))
+
+
+def _window_for(rng: np.random.Generator, data: RoiData | SegData, i: int,
+                window: tuple[float, float] | None) -> tuple[float, float, float]:
+    """Item ``i``'s jittered (center, width), and the factor that keeps extra CT noise
+    the same in HU (1 for the VOI window the noise range was set on)."""
+    ct = bool(data.is_ct[i])
+    if window is None or not ct:
+        return (*jitter_window(rng, data.windows[i], ct), 1.0)
+    center, width = jitter_window(rng, window, ct, fixed=True)
+    return center, width, float(data.windows[i][1]) / width
 
 
 def augment_pair(rng: np.random.Generator, img: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -427,6 +444,7 @@ def insert_small_lesions(rng: np.random.Generator, img: np.ndarray, mask: np.nda
 def seg_batch(
     rng: np.random.Generator, data: SegData, batch: int, crop: int = 256, ct_fraction: float = 0.5,
     lesion_fraction: float = 0.6, insert_small: float = 0.0, slices: int = 1, neighbour_drop: float = 0.15,
+    window: tuple[float, float] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Normalised crops with augmentation: window jitter, extra noise, flips, and a 2×
     zoom now and then (the multi-scale recheck feeds the UNet 2× finer crops).
@@ -444,7 +462,10 @@ def seg_batch(
     ``data.neighbours``; a radiograph stands in for its own neighbours), cropped, zoomed,
     turned and windowed alike. Inserted lesions go into the middle slice only (a 2-6 mm
     lesion shows on one 3-5 mm slice). Each neighbour is replaced by the middle slice
-    with probability ``neighbour_drop``, as at a series' ends or for a lone image."""
+    with probability ``neighbour_drop``, as at a series' ends or for a lone image.
+
+    ``window``: CT crops are normalised by this fixed (center, width) instead of their
+    own VOI window (:func:`jitter_window` ``fixed``); the extra noise stays the same in HU."""
     if slices not in (1, 3):
         raise ValueError(f"slices must be 1 or 3, got {slices}")
     if slices == 3 and data.neighbours is None:
@@ -480,10 +501,10 @@ def seg_batch(
             for k in (0, 2):
                 if rng.random() < neighbour_drop:
                     img[k] = img[1]
-        center, width = jitter_window(rng, data.windows[i], bool(data.is_ct[i]))
+        center, width, scale = _window_for(rng, data, i, window)
         x = normalize(img, center, width)
         if rng.random() < 0.3:
-            sigma = rng.uniform(0.002, 0.01) if data.is_ct[i] else rng.uniform(0.0002, 0.001)
+            sigma = rng.uniform(0.002, 0.01) * scale if data.is_ct[i] else rng.uniform(0.0002, 0.001)
             x = np.clip(x + rng.normal(0, sigma, x.shape).astype(np.float32), 0, 1)
         xs[b] = x
         ys[b, 0] = mask * np.float32(1.0 / 255.0)
@@ -492,7 +513,7 @@ def seg_batch(
 
 def roi_batch(
     rng: np.random.Generator, data: RoiData, batch: int, crop: int = 256, ct_fraction: float = 0.5,
-    slices: int = 1, neighbour_drop: float = 0.15,
+    slices: int = 1, neighbour_drop: float = 0.15, window: tuple[float, float] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Random ``crop``² windows of the thumbnails (a multiple of STRIDE), their heatmap
     targets and presence (any lesion cell in the window). The network is fully
@@ -501,7 +522,7 @@ def roi_batch(
     windows come from CT slices when both kinds are there. ``slices=3``: channels
     previous, this and next slice's thumbnail (``data.neighbours``), each neighbour
     replaced by the slice itself with probability ``neighbour_drop`` (as at a series'
-    ends, or for a lone image), as :func:`seg_batch` does."""
+    ends, or for a lone image), as :func:`seg_batch` does; ``window`` as there."""
     if slices not in (1, 3):
         raise ValueError(f"slices must be 1 or 3, got {slices}")
     cells = crop // STRIDE
@@ -523,7 +544,7 @@ def roi_batch(
         r0, c0 = int(np.clip(r, 0, max(tr - cells, 0))), int(np.clip(c, 0, max(tc - cells, 0)))
         sub_t = target[r0 : r0 + cells, c0 : c0 + cells]
         sub_x = thumb[..., r0 * STRIDE : (r0 + cells) * STRIDE, c0 * STRIDE : (c0 + cells) * STRIDE]
-        center, width = jitter_window(rng, data.windows[i], bool(data.is_ct[i]))
+        center, width, _ = _window_for(rng, data, i, window)
         x = normalize(sub_x, center, width)
         if slices == 3:
             for k in (0, 2):

@@ -124,12 +124,12 @@ def _frame(col: Collected, key: str, frame: Any, rois: dict[str, Any], unets: di
         if model is routed:
             used = roi
     rows, cols = frame.shape
-    inputs: dict[int, np.ndarray] = {}
+    inputs: dict[tuple, np.ndarray] = {}
     for name, unet in unets.items():
-        slices = getattr(unet.spec, "slices", 1)
-        if slices not in inputs:
-            inputs[slices] = phantom_input(frame, series, slices)
-        norm = inputs[slices]
+        slices, window = getattr(unet.spec, "slices", 1), unet.spec.own_window
+        if (slices, window) not in inputs:
+            inputs[slices, window] = phantom_input(frame, series, slices, window)
+        norm = inputs[slices, window]
         if used.crops:
             prob = segment_crops(unet, norm, used.crops, spacing_mm=frame.spacing_mm)
         else:

@@ -150,18 +150,18 @@ def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
         frac = args.lesion_start + (args.lesion_end - args.lesion_start) * progress
         x, y = phantom_data.seg_batch(rng, seg, args.batch, crop=args.crop, ct_fraction=args.ct_fraction,
                                       lesion_fraction=frac, insert_small=args.insert_small, slices=args.slices,
-                                      neighbour_drop=args.neighbour_drop)
+                                      neighbour_drop=args.neighbour_drop, window=args.window)
         xt, yt = torch.from_numpy(x), torch.from_numpy(y)
         logits = net(xt).float()  # the losses in fp32 under autocast
         weight = torch.from_numpy(small_lesion_weights(y, args.small_weight)) if args.small_weight > 0 else None
         bce = nn.functional.binary_cross_entropy_with_logits(logits, yt, weight=weight, pos_weight=pos_weight)
         return dice(logits, yt) + 0.5 * bce
 
-    final, seconds, steps = _fit(net, args, batch_loss, _seg_monitor(net, seg, args.slices))
+    final, seconds, steps = _fit(net, args, batch_loss, _seg_monitor(net, seg, args.slices, args.window))
     info = {"steps": steps + args.prior_steps, "batch": args.batch, "crop": args.crop, "amp": args.amp, "data": args.data,
             "small_weight": args.small_weight, "insert_small": args.insert_small, "slices": args.slices,
             "neighbour_drop": args.neighbour_drop if args.slices == 3 else 0.0,
-            "window_jitter": phantom_data.JITTER_NOTE,
+            "window_jitter": _jitter_note(args), **_window_info(args),
             "lesion_fraction": [args.lesion_start, args.lesion_end], "spacing_mm": phantom_data.SEG_SPACING, "final_loss": final, "patches": int(len(seg.patches)),
             "seconds": round(seconds + args.prior_seconds, 1)}
     return net, info
@@ -184,14 +184,15 @@ def small_lesion_weights(y: np.ndarray, area: float, cap: float = 16.0) -> np.nd
     return w
 
 
-def _seg_monitor(net: nn.Module, seg: phantom_data.SegData, slices: int = 1) -> Callable[[], str]:
+def _seg_monitor(net: nn.Module, seg: phantom_data.SegData, slices: int = 1,
+                 window: tuple[float, float] | None = None) -> Callable[[], str]:
     """Dice at p >= 0.5 on fixed batches of each modality (training patches: a learning
     signal, not a held-out figure)."""
     rng = np.random.default_rng(12345)
     fixed = {}
     for name, keep in (("dx", ~seg.is_ct), ("ct", seg.is_ct)):
         if keep.any():
-            fixed[name] = phantom_data.seg_batch(rng, seg.subset(keep), 24, slices=slices)
+            fixed[name] = phantom_data.seg_batch(rng, seg.subset(keep), 24, slices=slices, window=window)
 
     def report() -> str:
         out = []
@@ -207,13 +208,15 @@ def _seg_monitor(net: nn.Module, seg: phantom_data.SegData, slices: int = 1) -> 
     return report
 
 
-def _roi_monitor(net: nn.Module, roi: phantom_data.RoiData, slices: int = 1) -> Callable[[], str]:
+def _roi_monitor(net: nn.Module, roi: phantom_data.RoiData, slices: int = 1,
+                 window: tuple[float, float] | None = None) -> Callable[[], str]:
     """Heatmap recall (lesion cells >= 0.3) and false cells on fixed windows per modality."""
     rng = np.random.default_rng(12345)
     fixed = {}
     for name, keep in (("dx", ~roi.is_ct), ("ct", roi.is_ct)):
         if keep.any():
-            fixed[name] = phantom_data.roi_batch(rng, roi.subset(keep), 32, slices=slices, neighbour_drop=0.0)
+            fixed[name] = phantom_data.roi_batch(rng, roi.subset(keep), 32, slices=slices, neighbour_drop=0.0,
+                                                 window=window)
 
     def report() -> str:
         out = []
@@ -250,7 +253,7 @@ def train_roi(args: argparse.Namespace) -> tuple[nn.Module, dict]:
 
     def batch_loss(progress: float) -> torch.Tensor:
         x, y, p = phantom_data.roi_batch(rng, roi, args.batch, ct_fraction=args.ct_fraction, slices=args.slices,
-                                         neighbour_drop=args.neighbour_drop)
+                                         neighbour_drop=args.neighbour_drop, window=args.window)
         presence, heat = (t.float() for t in net(torch.from_numpy(x)))  # the losses in fp32 under autocast
         target, valid = torch.from_numpy(y[:, :1]), torch.from_numpy(y[:, 1:])
         per_cell = nn.functional.binary_cross_entropy_with_logits(heat, target, pos_weight=pos_weight, reduction="none")
@@ -260,9 +263,9 @@ def train_roi(args: argparse.Namespace) -> tuple[nn.Module, dict]:
             + nn.functional.binary_cross_entropy_with_logits(presence, torch.from_numpy(p))
         )
 
-    final, seconds, steps = _fit(net, args, batch_loss, _roi_monitor(net, roi, args.slices))
+    final, seconds, steps = _fit(net, args, batch_loss, _roi_monitor(net, roi, args.slices, args.window))
     info = {"steps": steps + args.prior_steps, "batch": args.batch, "thumbnails": len(roi.thumbs),
-            "amp": args.amp, "window_jitter": phantom_data.JITTER_NOTE, "slices": args.slices,
+            "amp": args.amp, "window_jitter": _jitter_note(args), **_window_info(args), "slices": args.slices,
             "neighbour_drop": args.neighbour_drop if args.slices == 3 else 0.0,
             "data": args.data, "final_loss": final, "seconds": round(seconds + args.prior_seconds, 1)}
     return net, info
@@ -337,6 +340,27 @@ def _resumed(args: argparse.Namespace) -> str:
     return f", continuing a first run of {args.prior_steps} steps with the same command"
 
 
+def _jitter_note(args: argparse.Namespace) -> str:
+    if args.window is None:
+        return phantom_data.JITTER_NOTE
+    return "CT: the fixed window ±2 % centre, ×0.9–1.1 width; " + phantom_data.JITTER_NOTE.split("; ", 1)[1]
+
+
+def _window_info(args: argparse.Namespace) -> dict:
+    return {} if args.window is None else {"window": list(args.window)}
+
+
+def _window_arg(text: str) -> tuple[float, float]:
+    """``--window CENTER,WIDTH`` in HU."""
+    try:
+        center, width = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected CENTER,WIDTH in HU (e.g. -300,1400), got {text!r}") from None
+    if width <= 0:
+        raise argparse.ArgumentTypeError(f"the window width must be > 0, got {width:g}")
+    return center, width
+
+
 def _minutes(args: argparse.Namespace) -> str:
     return f" --minutes {args.minutes:g}" if args.minutes > 0 else ""
 
@@ -346,6 +370,7 @@ def _seg_args(args: argparse.Namespace) -> str:
     out += f" --amp {args.amp}" if args.amp != "none" else ""
     out += f" --crop {args.crop}" if args.crop != 256 and args.model not in ROI_MODELS else ""
     nb = f" --slices 3 --neighbour-drop {args.neighbour_drop:g}" if args.slices == 3 else ""
+    nb += f" --window={args.window[0]:g},{args.window[1]:g}" if args.window is not None else ""
     if args.model in ROI_MODELS:
         return out + nb
     out += f" --small-weight {args.small_weight:g}" if args.small_weight > 0 else ""
@@ -389,13 +414,20 @@ def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace)
                   f'description = "MONAI UNet channels {list(cfg["channels"])}, strides {list(cfg["strides"])}, '
                   f'{cfg["num_res_units"]} residual unit(s): lesion probability per pixel at '
                   f'{phantom_data.SEG_SPACING} mm (finer frames are area-averaged to it)."']
-    lines += ["", "[normalization]", 'method = "window"', "", "[[inputs]]", 'name = "image"']
+    if args.window is None:
+        lines += ["", "[normalization]", 'method = "window"']
+        by = "this frame\'s VOI window" if args.slices == 3 else "its VOI window"
+    else:
+        lines += ["", "[normalization]", 'method = "fixed_window"', f"center = {args.window[0]:g}",
+                  f"width = {args.window[1]:g}"]
+        by = f"the fixed window {args.window[0]:g}/{args.window[1]:g} HU"
+    lines += ["", "[[inputs]]", 'name = "image"']
     if args.slices == 3:
         what = "thumbnail of the previous, this and next slice" if roi else "previous, this and next slice"
         lines += ['shape = [1, 3, "H", "W"]', f'meaning = "{what} of the series, each '
-                  'normalised by this frame\'s VOI window to 0..1 (a missing neighbour: this slice again)"', ""]
+                  f'normalised by {by} to 0..1 (a missing neighbour: this slice again)"', ""]
     else:
-        lines += ['shape = [1, 1, "H", "W"]', 'meaning = "frame (or thumbnail) normalised by its VOI window to 0..1"', ""]
+        lines += ['shape = [1, 1, "H", "W"]', f'meaning = "frame (or thumbnail) normalised by {by} to 0..1"', ""]
     if roi:
         lines += ["[[outputs]]", 'name = "presence"', "shape = [1, 1]", 'activation = "sigmoid"',
                   'meaning = "frame-level lesion presence logit"', "",
@@ -452,10 +484,15 @@ def main(argv: list[str] | None = None) -> int:
                    help="3 = 2.5-D, the previous and next slice of a CT series as extra input channels")
     p.add_argument("--neighbour-drop", type=float, default=0.15, metavar="P",
                    help="with --slices 3: chance that each neighbour is replaced by the slice itself in training")
+    p.add_argument("--window", type=_window_arg, default=None, metavar="CENTER,WIDTH",
+                   help="normalise CT by this fixed window (HU) instead of each slice's VOI window, and say so "
+                        "in the spec ([normalization] fixed_window); needs --data ct; write --window=-300,1400")
     p.add_argument("--monitor-every", type=int, default=500, help="log Dice on fixed batches every N steps (0: never)")
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "medrt" / "train"))
     p.add_argument("--out", default="models")
     args = p.parse_args(argv)
+    if args.window is not None and args.data != "ct":
+        p.error("--window is a CT window (HU): it needs --data ct")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.manual_seed(args.seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))

@@ -197,3 +197,25 @@ def test_a_slice_reaches_the_two_and_a_half_d_model_with_its_neighbours(analyzer
     with_nb = analyzer.segment(analyzer.prepare(frame, mode="full", recheck_small=False, neighbours=(before, after)))
     without = analyzer.segment(analyzer.prepare(frame, mode="full", recheck_small=False))
     assert float(np.abs(with_nb.prob - without.prob).max()) > 0.01
+
+
+def test_a_fixed_window_model_is_fed_its_own_window_not_the_frames(tmp_path, ct_frames) -> None:  # type: ignore[no-untyped-def]
+    """``[normalization] method = "fixed_window"``: the analysis normalises by the spec's
+    window whatever VOI window the frame carries (here a lung window)."""
+    from dataclasses import replace
+
+    from test_registry import write_seg
+
+    from medrt.types import Window
+
+    spec = write_seg(tmp_path)  # logits = the normalised input itself; fixed window 40/400
+    spec.write_text(spec.read_text().replace("probability = 0.5", "probability = 0.7"))
+    analyzer = load_analyzer(AnalyzerConfig(seg_model=str(spec), mode="full", recheck=False,
+                                            warmup_shapes=((512, 512),)))
+    p = next(f for f in ct_frames if f.index == 20)
+    frame = replace(_frame_from_phantom(p, "fixed"), window=Window(-600.0, 1500.0))
+    found = analyzer.analyze(frame).labels > 0
+    # sigmoid(x) >= 0.7 where x = (HU + 160) / 400 >= logit(0.7): above ~179 HU (bone, kidney)
+    want = frame.pixels >= -160.0 + 400.0 * np.log(0.7 / 0.3)
+    assert want.sum() > 1000
+    assert (found != want).mean() < 0.01  # the lung window would have taken in all soft tissue too

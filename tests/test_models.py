@@ -155,22 +155,26 @@ def test_radiograph_classifier_covers_nodules_the_general_one_misses() -> None:
     assert np.mean(crops) < 12, crops  # it proposes regions, it does not tile the 16-crop frame
 
 
-@pytest.mark.parametrize("name, slices", [("lesion_unet_lite", 1), ("lesion_unet_lite", 3), ("roi_classifier", 3)])
-def test_training_smoke(tmp_path: Path, name: str, slices: int) -> None:
+@pytest.mark.parametrize("name, slices, window", [("lesion_unet_lite", 1, ""), ("lesion_unet_lite", 3, "-300,1400"),
+                                                  ("roi_classifier", 3, "-300,1400")])
+def test_training_smoke(tmp_path: Path, name: str, slices: int, window: str) -> None:
     """A few steps of the real training script, end to end: data (with the CT neighbours
-    for a 2.5-D model), loop, ONNX, spec."""
+    for a 2.5-D model), loop, ONNX, spec (a fixed CT window: ``fixed_window``)."""
     require_module("torch")
     require_module("monai")
+    fixed = [f"--window={window}", "--data", "ct"] if window else []  # "=": the centre may be negative
     out = subprocess.run(
         [sys.executable, "-m", "medrt.models.train", name, "--steps", "3", "--batch", "2",
          "--n-dx", "1", "--n-ct", "1", "--slices", str(slices), "--cache", str(tmp_path / "cache"),
-         "--out", str(tmp_path / "out")],
+         "--out", str(tmp_path / "out"), *fixed],
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     spec = load_spec(tmp_path / "out" / f"{name}.toml")
     assert spec.training["seconds"] > 0 and spec.slices == slices
     assert ("--slices 3" in spec.training["command"]) == (slices == 3)
+    assert spec.own_window == ((-300.0, 1400.0) if window else None)
+    assert (f"--window={window}" in spec.training["command"]) == bool(window)
     y = OnnxRuntimeBackend(spec).infer(np.zeros((1, slices, 64, 64), np.float32))
     assert y[-1].shape == ((1, 1, 8, 8) if name == "roi_classifier" else (1, 1, 64, 64))  # heatmap / logits
 
@@ -412,6 +416,9 @@ def test_two_and_a_half_d_inputs_show_what_is_on_this_slice_only() -> None:
     assert np.abs(x[:, 1][drawn] - x[:, 0][drawn]).mean() > 3 * np.abs(x[:, 1][~drawn] - x[:, 0][~drawn]).mean()
     with pytest.raises(ValueError, match="neighbours"):
         d.seg_batch(rng, d.SegData(patches, seg.windows, seg.masks, seg.is_ct), 2, crop=64, slices=3)
+    # A fixed window (--window): CT crops are normalised by it, not by their own 40/400.
+    x, _ = d.seg_batch(rng, seg, 6, crop=64, slices=3, neighbour_drop=0.0, window=(50.0, 4000.0))
+    assert abs(float(x.mean()) - 0.5) < 0.02 and float(x.std()) < 0.01  # 50 ± 10 HU in a 4000-wide window
 
 
 def test_two_and_a_half_d_classifier_gets_each_slice_with_its_neighbours() -> None:

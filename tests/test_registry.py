@@ -383,3 +383,33 @@ def test_a_two_and_a_half_d_roi_classifier_gets_the_neighbouring_thumbnails(tmp_
     after[100:110, 100:110] = 5000.0
     res = classify(model_b, here, window, neighbours=(before, after), heatmap_threshold=0.99)
     assert res.proposals and res.proposals[0].bbox[0] <= 100 < res.proposals[0].bbox[2]
+
+
+def test_a_fixed_window_classifier_is_fed_its_own_window(tmp_path: Path) -> None:
+    """``fixed_window`` reaches the classifier's thumbnail and its INT8 calibration
+    inputs: the spec's window, not the frame's VOI window."""
+    from medrt.analysis.roi import classify
+    from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
+    from medrt.engine.calibration import calibration_inputs
+    from medrt.preprocess import normalize, thumbnail
+
+    model = roi_onnx(tmp_path / "roi.onnx")
+    spec_path = tmp_path / "roi.toml"
+    spec_path.write_text(ROI_SPEC.format(sha=sha256_file(model), heatmap=HEATMAP)
+                         + '\n[normalization]\nmethod = "fixed_window"\ncenter = 0\nwidth = 4000\n')
+    spec = load_spec(spec_path)
+    assert spec.own_window == (0.0, 4000.0) and spec.input_window((40.0, 400.0)) == (0.0, 4000.0)
+    seen: list[np.ndarray] = []
+
+    class Recording(OnnxRuntimeBackend):
+        def infer(self, x: np.ndarray) -> Any:  # type: ignore[override]
+            seen.append(x.copy())
+            return super().infer(x)
+
+    pixels = np.random.default_rng(5).normal(40, 300, (512, 512)).astype(np.float32)
+    classify(Recording(spec), pixels, (40.0, 400.0))
+    np.testing.assert_array_equal(seen[0][0, 0], normalize(thumbnail(pixels, 256)[0], 0.0, 4000.0))
+    # CT HU lie within -2000..2000: nothing clips, where the slices' own soft-tissue window
+    # clips air, lung and bone (the first half of the inputs are CT).
+    ct = calibration_inputs(spec, n=4)[:2]
+    assert len(ct) == 2 and all(0.0 < float(x.min()) and float(x.max()) < 1.0 for x in ct)

@@ -52,8 +52,10 @@ def classify(
     """Run the ROI classifier on ``pixels`` (modality units) and plan the crops. A 2.5-D
     classifier (``[model] slices = 3``) also gets the thumbnails of ``neighbours``, the
     head- and feet-side slices' pixels (:func:`medrt.analysis.slices.ordered_sides`; a
-    missing one is this slice again, as in training)."""
+    missing one is this slice again, as in training). ``window`` is the frame's VOI
+    window; a ``fixed_window`` classifier uses its own (:meth:`ModelSpec.input_window`)."""
     spec = model.spec
+    window = spec.input_window(window)
     p_thr = spec.thresholds.get("presence", 0.5) if presence_threshold is None else presence_threshold
     h_thr = spec.thresholds.get("heatmap", 0.3) if heatmap_threshold is None else heatmap_threshold
     x, factor = thumbnail_input(pixels, window, spec.thumbnail, spec.slices, neighbours)

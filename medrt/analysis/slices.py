@@ -76,12 +76,16 @@ def ordered_sides(frame: Frame, neighbours: Neighbours | None = None) -> Sides:
     return (None if prev is None else prev.pixels, None if nxt is None else nxt.pixels)
 
 
-def slice_stack(frame: Frame, neighbours: Neighbours | None = None, sides: Sides | None = None) -> np.ndarray:
+def slice_stack(frame: Frame, neighbours: Neighbours | None = None, sides: Sides | None = None,
+                window: tuple[float, float] | None = None) -> np.ndarray:
     """(3, rows, cols) float32: the head-side neighbour, this slice and the feet-side one
     (:func:`ordered_sides`, or ``sides`` when the caller has them already), each normalised
-    by this frame's window; a missing one is this slice again (:func:`stack_pixels`)."""
+    by ``window`` (default: this frame's VOI window); a missing one is this slice again
+    (:func:`stack_pixels`)."""
     before, after = ordered_sides(frame, neighbours) if sides is None else sides
-    return stack_pixels(frame.pixels, (frame.window.center, frame.window.width), before, after)
+    if window is None:
+        window = (frame.window.center, frame.window.width)
+    return stack_pixels(frame.pixels, window, before, after)
 
 
 def series_neighbours(frames: Sequence[Frame]) -> list[Neighbours]:
@@ -111,12 +115,15 @@ def stack_pixels(pixels: np.ndarray, window: tuple[float, float], before: np.nda
     return out
 
 
-def phantom_input(frame: object, series: Sequence[object] | dict[tuple, object], slices: int) -> np.ndarray:
+def phantom_input(frame: object, series: Sequence[object] | dict[tuple, object], slices: int,
+                  window: tuple[float, float] | None = None) -> np.ndarray:
     """A phantom frame's (``medrt.phantom.PhantomFrame``) normalised input for a model of
     ``slices`` (1: 2-D; 3: with its neighbours in ``series``, a sequence of that series'
     frames in order or a dict keyed by (kind, seed, index)). Phantom CT series run head
-    to feet, so index - 1 is the head side."""
-    window = frame.window  # type: ignore[attr-defined]
+    to feet, so index - 1 is the head side. ``window``: the model's
+    (:meth:`ModelSpec.input_window`); default the frame's own."""
+    if window is None:
+        window = frame.window  # type: ignore[attr-defined]
     if slices != 3:
         return normalize(frame.pixels, *window)  # type: ignore[attr-defined]
     return stack_pixels(frame.pixels, window, *phantom_sides(frame, series))  # type: ignore[attr-defined]

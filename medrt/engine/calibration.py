@@ -71,7 +71,8 @@ def _empty_box(frame: PhantomFrame) -> tuple[int, int, int, int] | None:
 
 
 def _segmentation_items(seed: int, n_ct: int, n_dx: int, spacing_mm: float | None,
-                        slices: int = 1) -> Iterator[tuple[str, np.ndarray]]:
+                        slices: int = 1, window: tuple[float, float] | None = None,
+                        ) -> Iterator[tuple[str, np.ndarray]]:
     """(category, normalised input): CT slices 512², then 1024² crops of 4096² radiographs,
     area-averaged to the model's ``spacing_mm`` as the analysis feeds them (a 0.5 mm
     model gets a 0.125 mm radiograph's crop as 256²). ``slices=3``: (3, H, W) stacks,
@@ -84,10 +85,10 @@ def _segmentation_items(seed: int, n_ct: int, n_dx: int, spacing_mm: float | Non
     for s in range(math.ceil(n_ct / 12)):
         series = generate_ct_series(seed + 100 + s, n_frames=40)
         for frame in series:
-            yield "ct-" + _category(frame), phantom_input(frame, series, slices)
+            yield "ct-" + _category(frame), phantom_input(frame, series, slices, window)
     for i in range(math.ceil(n_dx / 4)):
         frame = generate_radiograph(seed, size=4096, index=i, n_lesions=3, border_lesion=True, far_apart=i % 2 == 1)
-        norm = normalize(frame.pixels, *frame.window)
+        norm = normalize(frame.pixels, *(window or frame.window))
         factors = resample_factors(frame.spacing_mm, spacing_mm)
         props = proposals_from_boxes([t.bbox for t in frame.lesions], frame.shape, _MARGIN)
         boxes = list(plan_crops(props, frame.shape, CROP)) if props else []
@@ -99,7 +100,8 @@ def _segmentation_items(seed: int, n_ct: int, n_dx: int, spacing_mm: float | Non
             yield "dx-" + _category(frame, box), (np.stack([x] * 3) if slices == 3 else x)
 
 
-def _roi_items(thumb: int, seed: int, n: int, slices: int = 1) -> Iterator[tuple[str, np.ndarray]]:
+def _roi_items(thumb: int, seed: int, n: int, slices: int = 1,
+               window: tuple[float, float] | None = None) -> Iterator[tuple[str, np.ndarray]]:
     """(category, normalised thumbnail) of CT slices and 4096² radiographs; ``slices=3``:
     (3, h, w) stacks, a CT slice's thumbnail with its neighbours' and a radiograph's
     thrice, as :func:`medrt.analysis.roi.classify` feeds a 2.5-D classifier."""
@@ -115,7 +117,7 @@ def _roi_items(thumb: int, seed: int, n: int, slices: int = 1) -> Iterator[tuple
     ))):  # fmt: skip
         for frame, ser in frame_iter:
             sides = phantom_sides(frame, ser) if slices == 3 else (None, None)
-            x, _ = thumbnail_input(frame.pixels, frame.window, thumb, slices, sides)
+            x, _ = thumbnail_input(frame.pixels, window or frame.window, thumb, slices, sides)
             yield f"{kind}-{_category(frame)}", x  # padded to ``mult`` by _cached_inputs
 
 
@@ -142,12 +144,13 @@ def _balanced(items: Iterable[tuple[str, np.ndarray]], n: int, ct_share: float =
 
 @functools.lru_cache(maxsize=4)
 def _cached_inputs(task: str, thumb: int, mult: int, seed: int, n: int,
-                   spacing_mm: float | None, slices: int = 1, ct_share: float = 0.5) -> tuple[np.ndarray, ...]:
+                   spacing_mm: float | None, slices: int = 1, ct_share: float = 0.5,
+                   window: tuple[float, float] | None = None) -> tuple[np.ndarray, ...]:
     if task == "roi_classifier":
-        items = _roi_items(thumb, seed, n, slices)
+        items = _roi_items(thumb, seed, n, slices, window)
     else:
         n_ct = round(n * ct_share)
-        items = _segmentation_items(seed, n_ct, max(n - n_ct, 0), spacing_mm, slices)
+        items = _segmentation_items(seed, n_ct, max(n - n_ct, 0), spacing_mm, slices, window)
     out = []
     for x in _balanced(items, n, ct_share):
         x = pad_to_multiple(np.ascontiguousarray(x, np.float32), mult)[0]
@@ -175,7 +178,8 @@ def calibration_inputs(spec: ModelSpec, seed: int = CALIBRATION_SEED, n: int | N
     is picked round-robin over border / tiny / faint / bright / empty. A model whose
     spec lists only CT (``[model] modalities``) is calibrated on CT slices alone (with
     their neighbours for a 2.5-D one), one that lists only radiographs on radiograph
-    crops alone: the inputs it will see. A CT-only model gets 48 slices from two
+    crops alone: the inputs it will see, normalised as it will see them (by each
+    frame's VOI window, or by the spec's ``fixed_window``). A CT-only model gets 48 slices from two
     series by default: the 2.5-D ``lesion_unet_lite`` 2.0 calibrated on 24 slices of one
     series lost one of the gate's 29 lesions (refused), on 48 it lost none. An ROI
     classifier gets the thumbnails of CT slices and radiographs instead. The same
@@ -187,8 +191,9 @@ def calibration_inputs(spec: ModelSpec, seed: int = CALIBRATION_SEED, n: int | N
     if n < 1:
         raise ValueError(f'Argument "n" must be >= 1, got {n}')
     mult = max(1, spec.multiple_of, spec.stride if spec.task == "roi_classifier" else 1)
+    fixed = getattr(spec, "own_window", None)
     return list(_cached_inputs(spec.task, spec.thumbnail, mult, seed, n, getattr(spec, "spacing_mm", None),
-                               getattr(spec, "slices", 1), ct_share))
+                               getattr(spec, "slices", 1), ct_share, fixed))
 
 
 def calibration_description(spec: ModelSpec, seed: int = CALIBRATION_SEED, n: int = 24) -> str:

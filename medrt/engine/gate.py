@@ -257,11 +257,12 @@ def compare(
     preds: dict[str, list[FramePrediction]] = {k: [] for k in variants}
     truth: dict[str, FrameTruth] = {}
     slices = max(getattr(s.spec, "slices", 1) for s in segs.values())
+    window = segs["fp32"].spec.own_window  # None: each frame's VOI window
     by_index = {(f.kind, f.seed, f.index): f for f in frames}
     for frame in frames:
         key = _key(frame)
         truth[key] = _truth(key, frame)
-        norm = phantom_input(frame, by_index, slices)  # a 2.5-D model gets the neighbouring slices
+        norm = phantom_input(frame, by_index, slices, window)  # a 2.5-D model gets the neighbouring slices
         sides = phantom_sides(frame, by_index)
         shared_plan = None if fp32_spec.task == "roi_classifier" else _plan(frame, rois["fp32"], whole_small, sides)
         for name in variants:

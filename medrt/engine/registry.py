@@ -91,6 +91,21 @@ class ModelSpec:
     def ident(self) -> str:
         return f"{self.name}@{self.version}"
 
+    @property
+    def own_window(self) -> tuple[float, float] | None:
+        """(center, width) of a ``fixed_window`` model; None for one normalised by each
+        frame's VOI window."""
+        return self.window if self.normalization == "fixed_window" else None
+
+    def input_window(self, window: Any) -> tuple[float, float]:
+        """The (center, width) this model's input is normalised by: :attr:`own_window`,
+        else ``window``, the frame's VOI window (a ``Window`` or a pair)."""
+        if self.own_window is not None:
+            return self.own_window
+        if hasattr(window, "center"):
+            return (float(window.center), float(window.width))
+        return (float(window[0]), float(window[1]))
+
     def output(self, name: str) -> TensorSpec:
         for out in self.outputs:
             if out.name == name:
