@@ -222,3 +222,26 @@ def test_batch_in_worker_processes_equals_threads(tmp_path, analyzer):
         with np.load(a) as x, np.load(b) as y:
             assert sorted(x.files) == sorted(y.files)
             assert all(np.array_equal(x[k], y[k]) for k in x.files)
+
+
+def test_the_product_scores_what_the_model_cards_measured(tmp_path):
+    """The model cards' figures come from ``models/evaluate.py``, which calls the analysis
+    functions on phantoms in memory. The same CT series as DICOM files (the committed
+    sample), run by ``medrt batch`` with its default models and scored by ``medrt eval``,
+    must score the same: the same lesions found, the same false positives, the same Dice."""
+    from medrt.commands.eval import load_truth_tree
+    from medrt.engine.registry import shipped_models_dir
+    from medrt.evaluation import evaluate, load_predictions
+    from medrt.models.evaluate import collect
+    from medrt.phantom.folders import SAMPLE_CT
+
+    summary = run_batch(BatchConfig(CT, tmp_path / "out", workers=2))  # the default analyzer
+    assert summary.exit_code == EXIT_OK and summary.frames == 40
+    product = evaluate(load_predictions(tmp_path / "out"), load_truth_tree([str(CT)]))
+    # collect() draws CT series seed + 100 + s, as the held-out and validation sets
+    _, ct, _ = collect(shipped_models_dir(), 0, 1, unets=("lesion_unet_lite",), seed=SAMPLE_CT["seed"] - 100)
+    cards = evaluate(ct.preds["lesion_unet_lite+recheck"], ct.truth)
+    assert product.frames == cards.frames == 40 and product.gt_lesions == cards.gt_lesions > 5
+    assert [(b.name, b.gt, b.detected) for b in product.buckets] == [(b.name, b.gt, b.detected) for b in cards.buckets]
+    assert product.detected > 0 and product.false_positives == cards.false_positives
+    assert product.dice_mean == pytest.approx(cards.dice_mean, abs=1e-6)
