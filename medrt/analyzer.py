@@ -192,7 +192,7 @@ class Analyzer:
             frame.source.path or frame.key,
             f"{modality or 'unknown-modality'} frame, but {', '.join(s.spec.ident for s in self.segs)} "
             f"{'is' if len(self.segs) == 1 else 'are'} for {allowed} only (the spec's [model] modalities); "
-            "analyse it with a model made for it, e.g. --model lesion_unet",
+            "analyse it with a model made for it (--model SPEC.toml; see models/README.md)",
         )
 
     def roi_for(self, frame: Frame) -> Backend:
@@ -207,7 +207,7 @@ class Analyzer:
             f"{modality or 'unknown-modality'} frame, but the ROI classifier(s) "
             f"{', '.join(r.spec.ident for r in self.rois)} are for "
             f"{', '.join(sorted({m for r in self.rois for m in r.spec.modalities}))} only; "
-            "add a general one (e.g. --roi-model roi_classifier,...) or use --mode full",
+            "add one made for it (--roi-model SPEC.toml,...) or use --mode full",
         )
 
     def warmup(self) -> None:

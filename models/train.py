@@ -47,6 +47,9 @@ log = logging.getLogger("medrt.models.train")
 # bf16 steps, the radiograph window jitter), the major with the network or its inputs.
 VERSIONS = {"lesion_unet": "2.2.0", "lesion_unet_lite": "2.0.0", "roi_classifier": "1.1.0", "roi_classifier_dx": "1.1.0"}
 ROI_MODELS = phantom_data.ROI_MODELS
+# The DICOM Modality values each --data choice trains for (the phantoms' CT and DX; CR
+# radiographs are the same picture from a storage-phosphor plate).
+MODALITIES = {"all": ("CT", "DX", "CR"), "ct": ("CT",), "dx": ("DX", "CR")}
 EXPORT_NOTE = ("torch.onnx (TorchScript exporter), then medrt.engine.rewrite.cpu_friendly: PRelu as LeakyRelu, "
                "ConvTranspose as Conv + pixel shuffle, one-channel box pooling with rows as channels "
                "(exact; checked against torch)")
@@ -399,10 +402,10 @@ def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace)
         f'export = "{EXPORT_NOTE}"',
         f"multiple_of = {16 if not roi else 8}",
     ]
-    # The analyzer refuses (segmenters) or routes (ROI classifiers) frames of other
-    # modalities; roi_classifier stays the one that takes whatever no other lists.
-    if args.data != "all" and name != "roi_classifier":
-        lines.append('modalities = ["CT"]' if args.data == "ct" else 'modalities = ["DX", "CR"]')
+    # What it was trained on: the analyzer routes frames by it and refuses the rest with
+    # an error naming the file (a CT/radiograph model marks dozens of "lesions" on an
+    # ultrasound or a test pattern).
+    lines.append(f"modalities = {json.dumps(list(MODALITIES[args.data]))}")
     if roi:
         lines += [f"slices = {args.slices}"] if args.slices == 3 else []
         lines += [f"thumbnail = {phantom_data.THUMB}", f"stride = {phantom_data.STRIDE}",

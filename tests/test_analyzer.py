@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -130,22 +132,24 @@ def test_frames_go_to_the_roi_classifier_for_their_modality(tmp_path, ct_frames)
     from medrt.phantom import generate_radiograph
 
     shipped = find_spec("roi_classifier")
+    assert shipped.modalities == ("CT",)
     shutil.copy(shipped.path, tmp_path / shipped.path.name)
     text = shipped.spec_path.read_text(encoding="utf-8")
-    spec = tmp_path / "roi_for_ct.toml"
-    spec.write_text(text.replace('name = "roi_classifier"', 'name = "roi_for_ct"\nmodalities = ["CT"]', 1),
+    spec = tmp_path / "roi_any.toml"  # the same network, for any modality
+    spec.write_text(text.replace('name = "roi_classifier"', 'name = "roi_any"', 1).replace('modalities = ["CT"]\n', ""),
                     encoding="utf-8")
     ct = _frame_from_phantom(ct_frames[5], "ct5")
     dx = _frame_from_phantom(generate_radiograph(77, size=1024, index=0), "dx0")
-    both = load_analyzer(AnalyzerConfig(seg_model="lesion_unet", roi_model=f"roi_classifier,{spec}",
+    both = load_analyzer(AnalyzerConfig(seg_model="lesion_unet", roi_model=f"{spec},roi_classifier",
                                         warmup_shapes=((256, 256),)))
-    assert [r.spec.name for r in both.rois] == ["roi_classifier", "roi_for_ct"]
-    assert both.roi_for(ct).spec.name == "roi_for_ct" and both.roi_for(dx).spec.name == "roi_classifier"
-    assert both.analyze(ct).models[0].startswith("roi_for_ct@")
-    assert both.analyze(dx).models[0].startswith("roi_classifier@")
+    assert [r.spec.name for r in both.rois] == ["roi_any", "roi_classifier"]
+    assert both.roi_for(ct).spec.name == "roi_classifier" and both.roi_for(dx).spec.name == "roi_any"
+    assert both.analyze(ct).models[0].startswith("roi_classifier@")
+    assert both.analyze(dx).models[0].startswith("roi_any@")
     assert both.analyze(dx, mode="full").models == (both.seg.spec.ident,)  # no classifier ran
 
-    only_ct = load_analyzer(AnalyzerConfig(seg_model="lesion_unet", roi_model=str(spec), warmup_shapes=((256, 256),)))
+    only_ct = load_analyzer(AnalyzerConfig(seg_model="lesion_unet", roi_model="roi_classifier",
+                                           warmup_shapes=((256, 256),)))
     with pytest.raises(UnsupportedImageError) as info:
         only_ct.analyze(dx)
     assert "dx0" in str(info.value) and "DX frame" in str(info.value) and "--mode full" in str(info.value)
@@ -172,6 +176,13 @@ def test_segmenters_are_routed_by_modality(ct_frames) -> None:  # type: ignore[n
     only_ct = load_analyzer(AnalyzerConfig(seg_model="lesion_unet_lite", warmup_shapes=((256, 256),)))
     with pytest.raises(UnsupportedImageError, match="dx0.*DX frame.*lesion_unet_lite@.* is for CT only"):
         only_ct.analyze(dx)
+    # The shipped models say what they were trained on: another modality is refused,
+    # not marked with "lesions" (both UNets found dozens on an 8-bit test pattern).
+    ot = replace(dx, modality="OT", sop_instance_uid="ot0")
+    with pytest.raises(UnsupportedImageError, match=r"OT frame, but .* are for CR, CT, DX only"):
+        both.analyze(ot, mode="full")
+    with pytest.raises(UnsupportedImageError, match="OT frame"):
+        both.analyze(ot)
 
 
 def test_a_slice_reaches_the_two_and_a_half_d_model_with_its_neighbours(analyzer, ct_frames) -> None:  # type: ignore[no-untyped-def]
@@ -202,8 +213,6 @@ def test_a_slice_reaches_the_two_and_a_half_d_model_with_its_neighbours(analyzer
 def test_a_fixed_window_model_is_fed_its_own_window_not_the_frames(tmp_path, ct_frames) -> None:  # type: ignore[no-untyped-def]
     """``[normalization] method = "fixed_window"``: the analysis normalises by the spec's
     window whatever VOI window the frame carries (here a lung window)."""
-    from dataclasses import replace
-
     from test_registry import write_seg
 
     from medrt.types import Window

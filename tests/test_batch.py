@@ -180,6 +180,7 @@ def test_bad_files_are_listed_and_the_run_completes(tmp_path, analyzer, capsys):
     (src / "truncated.dcm").write_bytes(other.read_bytes()[:4000])
     (src / "random.dcm").write_bytes(np.random.default_rng(0).bytes(5000))
     shutil.copy(pydicom_test_dir() / "test-SR.dcm", src / "report_sr.dcm")
+    shutil.copy(pydicom_test_dir() / "MR_small.dcm", src / "mr.dcm")  # no model here is for MR
     (src / "notes.txt").write_text("scanner notes")
     out = tmp_path / "out"
     rc = main(["batch", str(src), "--out", str(out), "--quiet", "--workers", "1"])
@@ -190,6 +191,8 @@ def test_bad_files_are_listed_and_the_run_completes(tmp_path, analyzer, capsys):
     assert rows["random.dcm"]["kind"] == "skipped" and "not a DICOM" in rows["random.dcm"]["reason"]
     assert rows["report_sr.dcm"]["kind"] == "skipped" and "not an image" in rows["report_sr.dcm"]["reason"]
     assert rows["notes.txt"]["kind"] == "skipped"
+    assert rows["mr.dcm"]["kind"] == "error" and rows["mr.dcm"]["sop_instance_uid"]
+    assert "MR frame" in rows["mr.dcm"]["reason"] and "for CR, CT, DX only" in rows["mr.dcm"]["reason"]
     assert len(_lines(out / "results.jsonl")) == 3  # the three good slices
     assert "errors.csv" in capsys.readouterr().out
 
