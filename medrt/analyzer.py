@@ -23,7 +23,7 @@ from medrt.analysis.segment import segment_crops, sliding_window
 from medrt.analysis.slices import Neighbours, Sides, ordered_sides, slice_stack
 from medrt.engine.backends.base import Backend
 from medrt.engine.registry import ModelSpec, find_spec
-from medrt.errors import UnsupportedImageError
+from medrt.errors import NoModelForImageError
 from medrt.preprocess import normalize
 from medrt.types import Frame, FrameResult, RoiProposal, StageTimings
 
@@ -180,35 +180,45 @@ class Analyzer:
 
     def seg_for(self, frame: Frame) -> Backend:
         """The segmenter for this frame's modality: the first whose spec lists it, else the
-        first that lists none; an :class:`~medrt.errors.UnsupportedImageError` naming the
+        first that lists none; a :class:`~medrt.errors.NoModelForImageError` naming the
         file when none is for it (a CT-only segmenter marks dozens of false lesions on a
         radiograph)."""
-        modality = (frame.modality or "").upper()
-        chosen = pick_for_modality(self.segs, modality)
-        if chosen is not None:
-            return chosen
-        allowed = ", ".join(sorted({m for s in self.segs for m in s.spec.modalities}))
-        raise UnsupportedImageError(
-            frame.source.path or frame.key,
-            f"{modality or 'unknown-modality'} frame, but {', '.join(s.spec.ident for s in self.segs)} "
-            f"{'is' if len(self.segs) == 1 else 'are'} for {allowed} only (the spec's [model] modalities); "
-            "analyse it with a model made for it (--model SPEC.toml; see models/README.md)",
-        )
+        chosen = pick_for_modality(self.segs, (frame.modality or "").upper())
+        if chosen is None:
+            raise NoModelForImageError(frame.source.path or frame.key, self._no_model(self.segs, frame.modality))
+        return chosen
 
     def roi_for(self, frame: Frame) -> Backend:
-        """The ROI classifier for this frame's modality; an
-        :class:`~medrt.errors.UnsupportedImageError` naming the file when none is for it."""
-        modality = (frame.modality or "").upper()
-        chosen = pick_for_modality(self.rois, modality)
-        if chosen is not None:
-            return chosen
-        raise UnsupportedImageError(
-            frame.source.path or frame.key,
-            f"{modality or 'unknown-modality'} frame, but the ROI classifier(s) "
-            f"{', '.join(r.spec.ident for r in self.rois)} are for "
-            f"{', '.join(sorted({m for r in self.rois for m in r.spec.modalities}))} only; "
-            "add one made for it (--roi-model SPEC.toml,...) or use --mode full",
-        )
+        """The ROI classifier for this frame's modality; a
+        :class:`~medrt.errors.NoModelForImageError` naming the file when none is for it."""
+        chosen = pick_for_modality(self.rois, (frame.modality or "").upper())
+        if chosen is None:
+            raise NoModelForImageError(frame.source.path or frame.key,
+                                       self._no_model(self.rois, frame.modality, roi=True))
+        return chosen
+
+    def refusal(self, modality: str | None, mode: str | None = None) -> str | None:
+        """Why frames of ``modality`` would be refused (no segmenter, or in ROI mode no
+        classifier, lists it), or None: lets a batch pass over a whole series before
+        decoding it."""
+        modality = (modality or "").upper()
+        if pick_for_modality(self.segs, modality) is None:
+            return self._no_model(self.segs, modality)
+        if (mode or self.config.mode) == "roi" and pick_for_modality(self.rois, modality) is None:
+            return self._no_model(self.rois, modality, roi=True)
+        return None
+
+    @staticmethod
+    def _no_model(models: Sequence[Backend], modality: str | None, roi: bool = False) -> str:
+        modality = (modality or "").upper() or "unknown-modality"
+        idents = ", ".join(m.spec.ident for m in models) or "none"
+        allowed = ", ".join(sorted({x for m in models for x in m.spec.modalities})) or "no modality"
+        if roi:
+            return (f"{modality} frame, but the ROI classifier(s) {idents} are for {allowed} only; "
+                    "add one made for it (--roi-model SPEC.toml,...) or use --mode full")
+        return (f"{modality} frame, but {idents} {'is' if len(models) == 1 else 'are'} for {allowed} only "
+                "(the spec's [model] modalities); analyse it with a model made for it "
+                "(--model SPEC.toml; see models/README.md)")
 
     def warmup(self) -> None:
         """Run the real shapes once so the first real frame is not a cold start."""

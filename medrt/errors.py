@@ -105,6 +105,15 @@ class UnsupportedImageError(InputError):
     kind = "unsupported image"
 
 
+class NoModelForImageError(UnsupportedImageError):
+    """A frame of a modality none of the loaded models was made for (their specs'
+    ``[model] modalities``). Batch and stream pass over it with a note, as over a
+    file that is not an image: it is not for this run, not broken."""
+
+    kind = "no model for this image"
+    skippable = True
+
+
 class DecoderMissingError(InputError):
     """No installed plugin can decode the transfer syntax. ``packages`` lists what to install."""
 

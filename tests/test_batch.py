@@ -191,10 +191,23 @@ def test_bad_files_are_listed_and_the_run_completes(tmp_path, analyzer, capsys):
     assert rows["random.dcm"]["kind"] == "skipped" and "not a DICOM" in rows["random.dcm"]["reason"]
     assert rows["report_sr.dcm"]["kind"] == "skipped" and "not an image" in rows["report_sr.dcm"]["reason"]
     assert rows["notes.txt"]["kind"] == "skipped"
-    assert rows["mr.dcm"]["kind"] == "error" and rows["mr.dcm"]["sop_instance_uid"]
-    assert "MR frame" in rows["mr.dcm"]["reason"] and "for CR, CT, DX only" in rows["mr.dcm"]["reason"]
+    # passed over before decoding, with the reason: not broken, just not for these models
+    assert (rows["mr.dcm"]["kind"], rows["mr.dcm"]["stage"]) == ("skipped", "plan") and rows["mr.dcm"]["sop_instance_uid"]
+    assert rows["mr.dcm"]["reason"].startswith("no model for this image: MR frame, but lesion_unet_lite@")
+    assert "for CR, CT, DX only" in rows["mr.dcm"]["reason"]
     assert len(_lines(out / "results.jsonl")) == 3  # the three good slices
     assert "errors.csv" in capsys.readouterr().out
+
+
+def test_a_folder_no_model_is_for_fails_and_says_why(tmp_path):
+    """Only images of a modality none of the models lists (MR, with the CT and radiograph
+    models): nothing to analyse, so the run fails (exit 2), and errors.csv says why."""
+    (tmp_path / "in").mkdir()
+    shutil.copy(pydicom_test_dir() / "MR_small.dcm", tmp_path / "in" / "mr.dcm")
+    summary = run_batch(BatchConfig(tmp_path / "in", tmp_path / "out"))
+    assert summary.exit_code == EXIT_FAILED and summary.frames == 0 and summary.skipped == 1
+    (row,) = csv.DictReader((tmp_path / "out" / "errors.csv").open())
+    assert row["file"] == "mr.dcm" and "MR frame" in row["reason"]
 
 
 def test_empty_or_missing_input_fails(tmp_path, analyzer):

@@ -76,6 +76,7 @@ def test_stream_command_json_summary(capsys):
     out = json.loads(capsys.readouterr().out)
     assert rc == 0
     assert out["findings"]["frames"] == 40 and out["findings"]["skipped_not_dicom"] == 2
+    assert out["findings"]["skipped_no_model"] == 0
     assert out["findings"]["lesions"] > 0
     assert out["pipeline"]["policy"] == "block" and out["pipeline"]["workers"] == 2
     assert out["e2e_ms"]["n"] == 40 - 10 and out["e2e_ms"]["p99"] > 0

@@ -73,7 +73,8 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def _rel(path: Path, root: Path) -> str:
+def relative(path: Path, root: Path) -> str:
+    """``path`` as errors.csv and results.jsonl name it: relative to the input folder."""
     try:
         return path.relative_to(root).as_posix()
     except ValueError:
@@ -101,29 +102,29 @@ def scan(root: Path, *, exclude: Path | None = None, follow_links: bool = False)
     for bad in grouped.errors:
         error = bad.error
         skippable = bool(getattr(error, "skippable", False))
-        notes.append(Note(_rel(Path(bad.source), base), "skipped" if skippable else "error", "scan",
+        notes.append(Note(relative(Path(bad.source), base), "skipped" if skippable else "error", "scan",
                           f"{error.kind}: {error.reason}"))
     for ni in grouped.non_images:
-        notes.append(Note(_rel(Path(ni.source), base), "skipped", "scan", f"not an image ({ni.kind})",
+        notes.append(Note(relative(Path(ni.source), base), "skipped", "scan", f"not an image ({ni.kind})",
                           ni.sop_instance_uid))
     plans: list[SeriesPlan] = []
     names: set[str] = set()
     for series in grouped.series:
         for dup in series.duplicates_dropped:
-            notes.append(Note(_rel(dup.path, base) if dup.path else dup.sop_instance_uid, "skipped", "scan",
+            notes.append(Note(relative(dup.path, base) if dup.path else dup.sop_instance_uid, "skipped", "scan",
                               "same slice position as another image of the series; kept the higher "
                               "AcquisitionNumber", dup.sop_instance_uid))
         paths = tuple(item.path for item in series.items if item.path is not None)
         frames = {str(item.path): item.frames for item in series.items if item.path is not None}
         h = hashlib.sha256()
         for p in sorted(paths):
-            h.update(_rel(p, base).encode() + b"\0" + file_sha256(p).encode() + b"\n")
+            h.update(relative(p, base).encode() + b"\0" + file_sha256(p).encode() + b"\n")
         name = series.series_instance_uid
         if name in names:  # the same series UID in two studies
             name = f"{name}-{hashlib.sha256(series.study_instance_uid.encode()).hexdigest()[:8]}"
         names.add(name)
         plans.append(SeriesPlan(series, paths, frames, h.hexdigest(), name))
-    plans.sort(key=lambda sp: _rel(min(sp.paths), base) if sp.paths else sp.uid)
+    plans.sort(key=lambda sp: relative(min(sp.paths), base) if sp.paths else sp.uid)
     return Plan(base, plans, notes, len(files))
 
 

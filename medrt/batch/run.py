@@ -24,7 +24,8 @@ import numpy as np
 
 from medrt import __version__
 from medrt.batch.outputs import OutputOptions, SeriesOutput
-from medrt.batch.plan import Note, Plan, SeriesPlan, finished, scan, settings_key
+from medrt.batch.plan import Note, Plan, SeriesPlan, finished, relative, scan, settings_key
+from medrt.errors import NoModelForImageError
 from medrt.export.write import atomic_write
 
 __all__ = ["BatchConfig", "BatchSummary", "run_batch", "EXIT_OK", "EXIT_ERRORS", "EXIT_FAILED", "EXIT_INTERRUPTED"]
@@ -162,6 +163,8 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
     series_dir = out / "series"
     pending: list[SeriesPlan] = []
     resumed = 0
+    plan.series, passed_over = _for_these_models(plan, analyzer)
+    plan.notes.extend(passed_over)
     for sp in plan.series:
         if finished(series_dir / sp.folder_name, sp, key) is not None:
             resumed += 1
@@ -210,6 +213,24 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
     return summary
 
 
+def _for_these_models(plan: Plan, analyzer: Any) -> tuple[list[SeriesPlan], list[Note]]:
+    """The series the analyzer has models for, and a "skipped" note for each file of the
+    others (e.g. MR or ultrasound with the CT and radiograph models), before any is decoded."""
+    keep: list[SeriesPlan] = []
+    notes: list[Note] = []
+    for sp in plan.series:
+        reason = analyzer.refusal(sp.series.modality)
+        if reason is None:
+            keep.append(sp)
+            continue
+        sops = {str(item.path): item.sop_instance_uid for item in sp.series.items}
+        notes.extend(Note(relative(p, plan.root), "skipped", "plan", f"{NoModelForImageError.kind}: {reason}",
+                          sops.get(str(p), "")) for p in sp.paths)
+    if notes:
+        log.info("batch: %d file(s) passed over: no model for their modality", len(notes))
+    return keep, notes
+
+
 def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bool, elapsed: float) -> BatchSummary:
     """Rebuild results.jsonl, masks.npz and errors.csv from every finished series (in plan order)."""
     lines: list[str] = []
@@ -252,7 +273,7 @@ def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bo
     s.elapsed_s = elapsed
     if interrupted:
         s.exit_code = EXIT_INTERRUPTED
-    elif not plan.series:
+    elif not plan.series:  # no image, or none that these models are for
         s.exit_code = EXIT_FAILED
     elif s.errors:
         s.exit_code = EXIT_ERRORS

@@ -56,7 +56,7 @@ def _table(summary: Any) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from medrt.analyzer import load_analyzer
-    from medrt.batch import BatchConfig, OutputOptions, run_batch
+    from medrt.batch import EXIT_FAILED, BatchConfig, OutputOptions, run_batch
 
     if not Path(args.input).exists():
         print(f"medrt batch: {args.input}: no such file or folder", file=sys.stderr)
@@ -93,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
           + (f", see {out / 'errors.csv'}" if c["errors"] or c["skipped"] else ""))
     if summary.interrupted:
         print("medrt batch: interrupted; run the same command again to finish", file=sys.stderr)
+    elif summary.exit_code == EXIT_FAILED:
+        print(f"medrt batch: nothing to analyse in {args.input}: no DICOM image that these models are for"
+              + (f" ({c['skipped']} file(s) passed over, see {out / 'errors.csv'})" if c["skipped"] else ""),
+              file=sys.stderr)
     return summary.exit_code
 
 

@@ -28,7 +28,8 @@ class _Findings:
         self.positive = 0
         self.lesions = 0
         self.errors: list[tuple[str, str]] = []
-        self.skipped = 0
+        self.skipped = 0  # not DICOM
+        self.no_model: list[tuple[str, str]] = []  # frames of a modality no loaded model is for
 
     def on_result(self, result: Any, env: Any) -> None:
         self.frames += 1
@@ -37,7 +38,11 @@ class _Findings:
             self.lesions += len(result.lesions)
 
     def on_error(self, error: Any, env: Any) -> None:
-        if error.skippable:
+        from medrt.errors import NoModelForImageError
+
+        if isinstance(error.error, NoModelForImageError):
+            self.no_model.append((str(getattr(env, "origin", "") or error.key), error.error.reason))
+        elif error.skippable:
             self.skipped += 1
         else:
             self.errors.append((error.key, error.reason))
@@ -107,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
                            "edges": pipe.counters(), "sink_errors": pipe.sink_errors}
     summary["findings"] = {"frames": findings.frames, "positive_frames": findings.positive,
                            "lesions": findings.lesions, "errors": len(findings.errors),
-                           "skipped_not_dicom": findings.skipped}
+                           "skipped_not_dicom": findings.skipped, "skipped_no_model": len(findings.no_model)}
     summary["engine"] = {"backend": analyzer.backend_name, "precision": analyzer.precision,
                          "models": list(analyzer.models)}
     late = getattr(source, "late", None)
@@ -123,10 +128,16 @@ def run(args: argparse.Namespace) -> int:
         print(tel.summary_table())
         f = summary["findings"]
         print(f"findings: {f['lesions']} lesion(s) in {f['positive_frames']} of {f['frames']} frame(s); "
-              f"{f['errors']} unreadable input(s), {f['skipped_not_dicom']} non-DICOM file(s) skipped; backend {analyzer.backend_name} {analyzer.precision}; "
+              f"{f['errors']} unreadable input(s), {f['skipped_not_dicom']} non-DICOM file(s) skipped"
+              + (f", {f['skipped_no_model']} frame(s) no model is for" if f["skipped_no_model"] else "")
+              + f"; backend {analyzer.backend_name} {analyzer.precision}; "
               f"queue depth {pipe.depth}, {workers} inference worker(s)")
         for key, reason in findings.errors[:20]:
             print(f"  error: {key}: {reason}")
+        if findings.no_model:  # one line: they share the reason, modality apart
+            key, reason = findings.no_model[0]
+            print(f"  skipped: {key}: {reason}" + (f" (and {len(findings.no_model) - 1} more)"
+                                                   if len(findings.no_model) > 1 else ""))
     if interrupted:
         return 130
     return 1 if findings.errors else 0
