@@ -69,6 +69,21 @@ class AnalyzerConfig:
             raise ValueError(f'Argument "overlap" must be in [0, 1), got {self.overlap!r}.')
 
 
+# Secondary Capture Image Storage and its multi-frame forms: screenshots, dose reports,
+# burned-in overlays (medrt's own --sc output among them), not acquired images, whatever
+# their Modality says. They route as "SC", which no shipped model lists.
+SECONDARY_CAPTURE = frozenset({"1.2.840.10008.5.1.4.1.1.7", "1.2.840.10008.5.1.4.1.1.7.1", "1.2.840.10008.5.1.4.1.1.7.2",
+                               "1.2.840.10008.5.1.4.1.1.7.3", "1.2.840.10008.5.1.4.1.1.7.4"})
+
+
+def routing_modality(modality: str | None, sop_class_uid: str | None = None) -> str:
+    """What frames are routed to models by: the DICOM Modality (upper case), or "SC" for
+    a Secondary Capture (:data:`SECONDARY_CAPTURE`)."""
+    if (sop_class_uid or "") in SECONDARY_CAPTURE:
+        return "SC"
+    return (modality or "").upper()
+
+
 def pick_for_modality(backends: Sequence[Backend], modality: str) -> Backend | None:
     """The first of ``backends`` whose spec lists ``modality``, else the first that
     lists none (made for any), else None."""
@@ -179,44 +194,52 @@ class Analyzer:
         return max(m.spec.slices for m in (*self.segs, *self.rois))
 
     def seg_for(self, frame: Frame) -> Backend:
-        """The segmenter for this frame's modality: the first whose spec lists it, else the
-        first that lists none; a :class:`~medrt.errors.NoModelForImageError` naming the
-        file when none is for it (a CT-only segmenter marks dozens of false lesions on a
-        radiograph)."""
-        chosen = pick_for_modality(self.segs, (frame.modality or "").upper())
+        """The segmenter for this frame's modality (:func:`routing_modality`): the first whose
+        spec lists it, else the first that lists none; a
+        :class:`~medrt.errors.NoModelForImageError` naming the file when none is for it (a
+        CT-only segmenter marks dozens of false lesions on a radiograph)."""
+        modality = routing_modality(frame.modality, frame.sop_class_uid)
+        chosen = pick_for_modality(self.segs, modality)
         if chosen is None:
-            raise NoModelForImageError(frame.source.path or frame.key, self._no_model(self.segs, frame.modality))
+            raise NoModelForImageError(frame.source.path or frame.key,
+                                       self._no_model(self.segs, modality, frame.modality))
         return chosen
 
     def roi_for(self, frame: Frame) -> Backend:
         """The ROI classifier for this frame's modality; a
         :class:`~medrt.errors.NoModelForImageError` naming the file when none is for it."""
-        chosen = pick_for_modality(self.rois, (frame.modality or "").upper())
+        modality = routing_modality(frame.modality, frame.sop_class_uid)
+        chosen = pick_for_modality(self.rois, modality)
         if chosen is None:
             raise NoModelForImageError(frame.source.path or frame.key,
-                                       self._no_model(self.rois, frame.modality, roi=True))
+                                       self._no_model(self.rois, modality, frame.modality, roi=True))
         return chosen
 
-    def refusal(self, modality: str | None, mode: str | None = None) -> str | None:
-        """Why frames of ``modality`` would be refused (no segmenter, or in ROI mode no
-        classifier, lists it), or None: lets a batch pass over a whole series before
-        decoding it."""
-        modality = (modality or "").upper()
-        if pick_for_modality(self.segs, modality) is None:
-            return self._no_model(self.segs, modality)
-        if (mode or self.config.mode) == "roi" and pick_for_modality(self.rois, modality) is None:
-            return self._no_model(self.rois, modality, roi=True)
+    def refusal(self, modality: str | None, mode: str | None = None, sop_class_uid: str | None = None) -> str | None:
+        """Why frames of ``modality`` (and SOP class) would be refused (no segmenter, or in
+        ROI mode no classifier, lists it), or None: lets a batch pass over a whole series
+        before decoding it."""
+        routed = routing_modality(modality, sop_class_uid)
+        if pick_for_modality(self.segs, routed) is None:
+            return self._no_model(self.segs, routed, modality)
+        if (mode or self.config.mode) == "roi" and pick_for_modality(self.rois, routed) is None:
+            return self._no_model(self.rois, routed, modality, roi=True)
         return None
 
     @staticmethod
-    def _no_model(models: Sequence[Backend], modality: str | None, roi: bool = False) -> str:
-        modality = (modality or "").upper() or "unknown-modality"
+    def _no_model(models: Sequence[Backend], routed: str, modality: str | None, roi: bool = False) -> str:
+        """Why none of ``models`` takes a frame routed as ``routed`` (its DICOM Modality: ``modality``)."""
+        what = routed or "unknown-modality"
+        if routed == "SC":
+            what += f" frame (a Secondary Capture, Modality {modality or 'none'})"
+        else:
+            what += " frame"
         idents = ", ".join(m.spec.ident for m in models) or "none"
         allowed = ", ".join(sorted({x for m in models for x in m.spec.modalities})) or "no modality"
         if roi:
-            return (f"{modality} frame, but the ROI classifier(s) {idents} are for {allowed} only; "
+            return (f"{what}, but the ROI classifier(s) {idents} are for {allowed} only; "
                     "add one made for it (--roi-model SPEC.toml,...) or use --mode full")
-        return (f"{modality} frame, but {idents} {'is' if len(models) == 1 else 'are'} for {allowed} only "
+        return (f"{what}, but {idents} {'is' if len(models) == 1 else 'are'} for {allowed} only "
                 "(the spec's [model] modalities); analyse it with a model made for it "
                 "(--model SPEC.toml; see models/README.md)")
 

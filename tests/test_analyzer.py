@@ -183,6 +183,14 @@ def test_segmenters_are_routed_by_modality(ct_frames) -> None:  # type: ignore[n
         both.analyze(ot, mode="full")
     with pytest.raises(UnsupportedImageError, match="OT frame"):
         both.analyze(ot)
+    # A Secondary Capture (a dose report, a burned-in overlay) is not an acquired CT slice,
+    # whatever its Modality says.
+    sc = replace(ct, sop_class_uid="1.2.840.10008.5.1.4.1.1.7")
+    assert both.refusal(sc.modality, sop_class_uid=sc.sop_class_uid).startswith(
+        "SC frame (a Secondary Capture, Modality CT), but")
+    assert both.refusal(ct.modality, sop_class_uid="1.2.840.10008.5.1.4.1.1.2") is None
+    with pytest.raises(UnsupportedImageError, match="SC frame"):
+        both.analyze(sc)
 
 
 def test_a_slice_reaches_the_two_and_a_half_d_model_with_its_neighbours(analyzer, ct_frames) -> None:  # type: ignore[no-untyped-def]

@@ -219,7 +219,7 @@ def _for_these_models(plan: Plan, analyzer: Any) -> tuple[list[SeriesPlan], list
     keep: list[SeriesPlan] = []
     notes: list[Note] = []
     for sp in plan.series:
-        reason = analyzer.refusal(sp.series.modality)
+        reason = analyzer.refusal(sp.series.modality, sop_class_uid=sp.series.sop_class_uid)
         if reason is None:
             keep.append(sp)
             continue
