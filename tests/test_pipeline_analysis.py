@@ -196,6 +196,19 @@ def test_process_analysis_matches_threads_and_reports_bad_files(tmp_path, analyz
     assert pipe.telemetry.summary()["frames"] == 5
 
 
+def test_worker_processes_on_a_live_source_warn_that_the_slices_lose_their_neighbours(analyzer, caplog):
+    """Without a file order each worker process sees only some of the files, so a 2.5-D
+    model gets no neighbours there: said once, when the stages are made."""
+    stages = analysis_stages(analyzer, processes=1)  # no order: a watched folder, a queue
+    try:
+        assert any("no neighbouring slices" in r.getMessage() for r in caplog.records if r.levelname == "WARNING")
+    finally:
+        stages[0].fn.close()
+    caplog.clear()
+    analysis_stages(analyzer)  # threads: each slice gets the one before it, no warning
+    assert not [r for r in caplog.records if r.levelname == "WARNING"]
+
+
 def test_stream_command_with_processes(capsys):
     rc = main(["stream", str(CT), "--fps", "0", "--json", "--processes", "2"])
     out = json.loads(capsys.readouterr().out)

@@ -7,6 +7,7 @@ the same code the serial ``Analyzer.analyze`` runs.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -23,6 +24,8 @@ from medrt.pipeline.graph import Stage
 from medrt.pipeline.shm import Packed, ParentSlots, WorkerSlots
 from medrt.pipeline.workers import WorkerPool
 from medrt.types import Frame, FrameResult
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Decoded", "STAGE_NAMES", "decode", "analysis_stages", "ProcessDecoder", "ProcessAnalysis", "SliceContext"]
 
@@ -288,6 +291,10 @@ def analysis_stages(
     ``decoder`` hands out the neighbours itself (the viewer announces each frame as
     its turn comes, so it wraps :class:`SliceContext` inside its own decoder)."""
     two_and_half = analyzer.slices > 1
+    if processes > 0 and two_and_half and order is None:
+        log.warning("worker processes on a live source: each process sees only some of the files, so the 2.5-D "
+                    "model(s) get no neighbouring slices (less accurate; without --processes the slice before "
+                    "each one is used)")
     if processes > 0:
         pool = ProcessAnalysis(analyzer.config, processes, mode=mode, recheck=recheck,
                                order=order if two_and_half else None)
