@@ -105,6 +105,28 @@ def test_a_live_source_gets_the_slice_decoded_before(series: list) -> None:
     assert ctx(dx)[0].neighbours is None
 
 
+def test_a_live_source_with_lookahead_gets_both_neighbours_and_decodes_each_file_once() -> None:
+    """With ``successor`` (a Lookahead source: the file that arrived after this one) a
+    live frame gets the slice after it too, as a replay in file order does; that file is
+    decoded once and reused for its own turn."""
+    paths = sorted(STREAM.glob("*.dcm"))[:4]
+    after = dict(zip(paths[:-1], paths[1:], strict=True))  # the last one: nothing came in time
+    calls: list[str] = []
+
+    def counting(item: object) -> list[Decoded]:
+        calls.append(str(item))
+        return decode(item)
+
+    live = SliceContext(counting, successor=after.get)
+    out = [live(p)[0] for p in paths]
+    ordered = [d[0] for d in map(SliceContext(decode, paths), paths)]
+    assert sorted(calls) == sorted(str(p) for p in paths)  # each file decoded once
+    for got, want in zip(out, ordered, strict=True):
+        assert [None if n is None else n.sop_instance_uid for n in got.neighbours] == \
+            [None if n is None else n.sop_instance_uid for n in want.neighbours]
+    assert out[1].neighbours[1] is out[2].frame and out[-1].neighbours[1] is None
+
+
 def test_slice_context_keeps_only_slices(tmp_path: Path) -> None:
     """A radiograph in the file order is decoded once and not held: it cannot be anyone's
     neighbour, and a 4096² frame is 64 MB."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from medrt.io.sources import FileReplay, FolderWatch, QueueSource
+from medrt.io.sources import FileReplay, FolderWatch, Lookahead, QueueSource
 from medrt.pipeline.graph import Envelope, FrameError, Pipeline, Stage, rule_depth, run_serial
 from medrt.pipeline.queues import END, BoundedQueue, Policy, QueueClosed
 
@@ -258,6 +258,61 @@ def test_queue_source_ends_after_close():
     assert list(src) == ["a", "b"]
     with pytest.raises(RuntimeError):
         src.put("c")
+
+
+def test_lookahead_lets_each_item_go_when_the_next_arrives():
+    """Each item is held until its successor arrives (then next_of names it), or until the
+    wait runs out, or the source ends; arrival() gives when each really came."""
+    src = QueueSource()
+    ahead = Lookahead(src, wait=1.0)
+    got: list[tuple[str, float]] = []
+    t = threading.Thread(target=lambda: got.extend((x, time.perf_counter()) for x in ahead))
+    t.start()
+    t_a = time.perf_counter()
+    src.put("a")
+    time.sleep(0.05)
+    assert got == []  # "a" waits for what comes after it
+    src.put("b")
+    deadline = time.monotonic() + 5
+    while len(got) < 2 and time.monotonic() < deadline:  # "b" goes alone once the wait is over
+        time.sleep(0.01)
+    assert [x for x, _ in got] == ["a", "b"]
+    assert ahead.next_of("a") == "b" and ahead.next_of("a") is None  # told once
+    assert ahead.next_of("b") is None  # nothing came after it in time
+    assert got[1][1] - ahead.arrival("b") >= 0.9  # held for the wait, and the pipeline is told so
+    assert t_a <= ahead.arrival("a") <= got[0][1]
+    src.put("c")
+    src.put("d")
+    src.close()  # the end lets the last one go
+    t.join(5)
+    assert not t.is_alive() and [x for x, _ in got] == ["a", "b", "c", "d"]
+    assert ahead.next_of("c") == "d" and ahead.next_of("d") is None
+    with pytest.raises(ValueError, match="wait"):
+        Lookahead(src, wait=0)
+
+
+def test_a_lookahead_source_counts_its_wait_in_the_latency():
+    src = QueueSource()
+    ahead = Lookahead(src, wait=0.2)
+    got = []
+
+    class Sink:
+        def on_result(self, result, env):
+            got.append(env)
+
+        def on_error(self, error, env):
+            pass
+
+    pipe = Pipeline(ahead, [Stage("same", lambda x: x)], [Sink()], telemetry=True)
+    pipe.start()
+    t_put = time.perf_counter()
+    src.put("only")
+    time.sleep(0.05)
+    t_release = time.perf_counter()
+    src.close()  # lets it go (the wait is longer)
+    assert pipe.join(5)
+    (env,) = got
+    assert t_put <= env.t_arrival < t_release  # from when it arrived, not from when it was let go
 
 
 # -- sinks ---------------------------------------------------------------------------

@@ -22,6 +22,10 @@ def analyzer():
     return load_analyzer(seg_model="lesion_unet_lite", threads=1)
 
 
+def _lesions_by_frame(results):  # type: ignore[no-untyped-def]
+    return {r.frame.sop_instance_uid: [les.bbox for les in r.lesions] for r in results}
+
+
 class Collect:
     def __init__(self):
         self.results, self.errors = [], []
@@ -118,10 +122,12 @@ def test_stream_watch_picks_up_files_as_they_land(tmp_path, capsys):
 
     t = threading.Thread(target=sender)
     t.start()
-    rc = main(["stream", str(inbox), "--watch", "--idle-exit", "3", "--json", "--workers", "1"])
+    rc = main(["stream", str(inbox), "--watch", "--idle-exit", "3", "--json", "--workers", "1", "--lookahead", "2"])
     t.join()
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["findings"]["frames"] == 3 and out["findings"]["errors"] == 0
+    assert main(["stream", str(inbox), "--lookahead", "2"]) == 2  # a replay knows its order already
+    assert "--lookahead" in capsys.readouterr().err
 
 
 def test_process_decoder_gives_the_same_frames_and_errors(tmp_path):
@@ -194,6 +200,43 @@ def test_process_analysis_matches_threads_and_reports_bad_files(tmp_path, analyz
     assert [e.key for e in b.errors] == [str(tmp_path / good[2].name)]
     assert good[2].name in b.errors[0].reason and b.errors[0].stage == "analyze"
     assert pipe.telemetry.summary()["frames"] == 5
+
+
+def test_a_watched_folder_with_lookahead_finds_what_the_replay_finds(tmp_path, analyzer):
+    """Files landing one by one in a watched folder, held until the next one arrives
+    (Lookahead): the 2.5-D model gets both neighbours, so the findings equal those of
+    a replay of the same files in order."""
+    import threading
+    import time
+
+    from medrt.io.sources import FolderWatch, Lookahead
+
+    srcs = sorted(CT.glob("*.dcm"))[13:19]  # slices with lesions in the sample
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+
+    def sender():  # write under a temp name, then rename, as storescu-like senders do
+        for p in srcs:
+            part = inbox / (p.name + ".part")
+            part.write_bytes(p.read_bytes())
+            part.rename(inbox / p.name)
+            time.sleep(0.1)
+
+    ahead = Lookahead(FolderWatch(inbox, poll=0.05, settle=0.2, idle_timeout=2.0), wait=3.0)
+    live = Collect()
+    t = threading.Thread(target=sender)
+    t.start()
+    assert Pipeline(ahead, analysis_stages(analyzer, successor=ahead.next_of), [live]).run(timeout=120)
+    t.join()
+    replay = Collect()
+    assert Pipeline(FileReplay(srcs, fps=0), analysis_stages(analyzer, order=srcs), [replay]).run(timeout=120)
+    assert len(live.results) == len(replay.results) == 6 and not live.errors
+    assert _lesions_by_frame(live.results) == _lesions_by_frame(replay.results)
+    assert any(_lesions_by_frame(replay.results).values())
+    # Without the lookahead a slice lacks the one after it, and the findings differ on this run.
+    plain = Collect()
+    assert Pipeline(FileReplay(srcs, fps=0), analysis_stages(analyzer), [plain]).run(timeout=120)
+    assert _lesions_by_frame(plain.results) != _lesions_by_frame(replay.results)
 
 
 def test_worker_processes_on_a_live_source_warn_that_the_slices_lose_their_neighbours(analyzer, caplog):

@@ -49,11 +49,14 @@ class _Findings:
 
 
 def _source(args: argparse.Namespace) -> Any:
-    from medrt.io.sources import FileReplay, FolderWatch
+    from medrt.io.sources import FileReplay, FolderWatch, Lookahead
 
     src = Path(args.source)
+    if args.lookahead < 0 or (args.lookahead and not args.watch):
+        raise ValueError("--lookahead takes seconds > 0 and goes with --watch (a replay knows its file order)")
     if args.watch:
-        return FolderWatch(src, idle_timeout=args.idle_exit)
+        watch = FolderWatch(src, idle_timeout=args.idle_exit)
+        return Lookahead(watch, args.lookahead) if args.lookahead else watch
     if src.is_dir():
         return FileReplay.from_folder(src, fps=args.fps, loop=args.loop)
     if not src.exists():
@@ -76,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     findings = _Findings()
     stages = analysis_stages(analyzer, infer_workers=workers, decode_workers=args.decode_workers,
                              decode_processes=args.decode_processes, processes=args.processes,
-                             order=getattr(source, "paths", None))  # a replay's files: a 2.5-D model's neighbours
+                             order=getattr(source, "paths", None),  # a replay's files: a 2.5-D model's neighbours
+                             successor=getattr(source, "next_of", None))  # --lookahead: the file after each
     # Drop (or refuse) at the entry only, before any work is spent on a frame; the
     # inner edges block, so back-pressure reaches the entry. A live replay keeps up
     # with its "scanner" (latest); a watched folder or an as-fast-as-it-goes replay
@@ -157,6 +161,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--watch", action="store_true", help="watch SOURCE for new complete files instead of replaying")
     p.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
                    help="with --watch, stop after this long without a new file (default: run until Ctrl-C)")
+    p.add_argument("--lookahead", type=float, default=0.0, metavar="SECONDS",
+                   help="with --watch, hold each file until the next one arrives (at most SECONDS), so a 2.5-D "
+                        "model gets the slice after it too, as in a replay or a batch; adds up to one frame "
+                        "interval of latency, which the figures include (default 0: off)")
     p.add_argument("--jsonl", type=Path, default=None, help="write per-frame telemetry as JSON lines here")
     p.add_argument("--histogram", type=Path, default=None, help="write the end-to-end latency histogram PNG here")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")

@@ -19,7 +19,7 @@ from typing import Any
 
 from medrt.io.scan import iter_files
 
-__all__ = ["FileReplay", "FolderWatch", "QueueSource", "TEMP_SUFFIXES"]
+__all__ = ["FileReplay", "FolderWatch", "Lookahead", "QueueSource", "TEMP_SUFFIXES"]
 
 log = logging.getLogger(__name__)
 
@@ -198,3 +198,89 @@ class QueueSource:
         if not self._closed.is_set():
             self._closed.set()
             self._q.put(self._CLOSED)
+
+
+def _ident(item: Any) -> Any:
+    return os.fspath(item) if isinstance(item, (str, os.PathLike)) else id(item)
+
+
+class Lookahead:
+    """Hold each item of a live ``source`` until the one after it has arrived, so a 2.5-D
+    model gets the slice after each slice too, as a replay in file order gives it.
+
+    A watched folder or a queue cannot say what comes next; a scanner sends a series in
+    slice order, so the next file to arrive is the next slice. Each item is let go when
+    its successor arrives (:meth:`next_of` then names it), after ``wait`` seconds
+    without one (the end of a series, a pause), or when the source ends. That costs up
+    to one frame interval of latency (``wait`` at most), and the pipeline counts it:
+    :meth:`arrival` gives the time each item really arrived, which the pipeline's
+    end-to-end latency starts from. Whether the successor really is the next slice
+    is checked where the input is built (:func:`medrt.analysis.slices.adjacent`).
+    """
+
+    _END = object()
+
+    def __init__(self, source: Iterable[Any], wait: float = 0.5) -> None:
+        if not wait > 0:
+            raise ValueError(f'Argument "wait" must be > 0 seconds, got {wait!r}.')
+        self.source, self.wait = source, float(wait)
+        self._next: dict[Any, Any] = {}
+        self._arrived: dict[Any, float] = {}
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:  # the wrapped source's state (e.g. a replay's ``late``)
+        source = self.__dict__.get("source")
+        if source is None or name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(source, name)
+
+    def __iter__(self) -> Iterator[Any]:
+        q: queue.Queue[Any] = queue.Queue()
+
+        def pump() -> None:
+            try:
+                for item in self.source:
+                    q.put((item, time.perf_counter()))
+            except Exception as exc:  # handed to the pipeline, which reports a broken source
+                q.put(exc)
+            finally:
+                q.put(self._END)
+
+        threading.Thread(target=pump, name="medrt-lookahead", daemon=True).start()
+        held: Any = self._END
+        while True:
+            try:
+                got = q.get() if held is self._END else q.get(timeout=self.wait)
+            except queue.Empty:  # no successor in time: the held item goes alone
+                yield held
+                held = self._END
+                continue
+            if isinstance(got, Exception):
+                raise got
+            if got is self._END:
+                if held is not self._END:
+                    yield held
+                return
+            item, arrived = got
+            with self._lock:
+                self._arrived[_ident(item)] = arrived
+                if held is not self._END:
+                    self._next[_ident(held)] = item
+            if held is not self._END:
+                yield held
+            held = item
+
+    def next_of(self, item: Any) -> Any | None:
+        """The item that arrived right after ``item``, once (None: none came in time)."""
+        with self._lock:
+            return self._next.pop(_ident(item), None)
+
+    def arrival(self, item: Any) -> float | None:
+        """When ``item`` arrived (``time.perf_counter()``), once."""
+        with self._lock:
+            return self._arrived.pop(_ident(item), None)
+
+    def close(self) -> None:
+        close = getattr(self.source, "close", None)
+        if callable(close):
+            close()

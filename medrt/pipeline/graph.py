@@ -335,12 +335,15 @@ class Pipeline:
 
     def _source_loop(self) -> None:
         first = self.queues[self.stages[0].name]
+        # A source that holds items back (medrt.io.sources.Lookahead) says when each arrived.
+        arrival = getattr(self.source, "arrival", None)
         try:
             for payload in self.source:
                 if self._stop.is_set():
                     break
                 key = _key_of(payload)
-                env = Envelope(seq=self._seq, key=key, payload=payload, t_arrival=time.perf_counter(), origin=key)
+                t = (arrival(payload) if callable(arrival) else None) or time.perf_counter()
+                env = Envelope(seq=self._seq, key=key, payload=payload, t_arrival=t, origin=key)
                 self._seq += 1
                 self._put(first, env)
         except QueueClosed:

@@ -75,7 +75,9 @@ class SliceContext:
     i + 1 are decoded too, or taken from a small cache of the last few decoded, so a
     replay in order decodes each file once. Without it (a watched folder, a queue: the
     next slice has not arrived yet) each frame gets the one decoded before it, which
-    is its neighbour when the scanner sends a series in order. Whether a frame really
+    is its neighbour when the scanner sends a series in order, and with ``successor``
+    (:meth:`medrt.io.sources.Lookahead.next_of`: the file that arrived after it) that
+    one too, decoded once and kept for its own turn. Whether a frame really
     is a neighbour (same series, one slice step away) is checked by
     :func:`medrt.analysis.slices.adjacent` when the input is built, and the stack is
     put head to feet by position, so a frame from another series or out of order only
@@ -86,8 +88,9 @@ class SliceContext:
     """
 
     def __init__(self, decoder: Callable[[Any], list[Decoded]], order: Sequence[Any] | None = None,
-                 keep: int = 6) -> None:
+                 keep: int = 6, successor: Callable[[Any], Any] | None = None) -> None:
         self.decoder = decoder
+        self.successor = successor
         self.order = [os.fspath(p) for p in order] if order is not None else None
         self.index: dict[str, int] = {}
         for i, p in enumerate(self.order or ()):
@@ -139,14 +142,23 @@ class SliceContext:
         return _slice(out)
 
     def __call__(self, item: Any) -> list[Decoded]:
-        if self.order is None:  # live: the frame decoded before this one
-            out = self.decoder(item)
+        if self.order is None:  # live: the frame decoded before this one (and the one after it, if known)
+            path = os.fspath(item) if isinstance(item, (str, os.PathLike)) else None
+            ahead = self.successor is not None and path is not None
+            nxt = self.successor(item) if ahead else None  # type: ignore[misc]
+            out = self._decoded(path) if ahead else self.decoder(item)  # type: ignore[arg-type]
             here = _slice(out)
             if here is None:
                 return out
+            after = None
+            if isinstance(nxt, (str, os.PathLike)) and os.fspath(nxt) not in self._not_slices:
+                try:
+                    after = _slice(self._decoded(os.fspath(nxt)))
+                except Exception:  # reported when that file's own turn comes
+                    after = None
             with self._lock:
                 before, self._last = self._last, here
-            return [replace(out[0], neighbours=(before, None))]
+            return [replace(out[0], neighbours=(before, after))]
         if not isinstance(item, (str, os.PathLike)) or os.fspath(item) not in self.index:
             return self.decoder(item)
         path = os.fspath(item)
@@ -272,6 +284,7 @@ def analysis_stages(
     processes: int = 0,
     order: Sequence[Any] | None = None,
     slice_context: bool = True,
+    successor: Callable[[Any], Any] | None = None,
 ) -> list[Stage]:
     """The five stages around one loaded analyzer. ``infer_workers`` > 1 runs several
     frames through the ROI classifier and the UNet at once (useful when each
@@ -285,9 +298,10 @@ def analysis_stages(
     ``order``: the files the source will send, in slice order. A 2.5-D segmentation
     model then gets each file's neighbouring slices (:class:`SliceContext`); without
     it (a queue, a watched folder) each frame gets the one decoded before it, when
-    that is its neighbour. (With worker processes each process decodes the
-    neighbours it needs, so a file may be decoded in both; without ``order`` they get
-    none, as a process sees only every other file.) ``slice_context=False``: the
+    that is its neighbour, and with ``successor`` (a live source wrapped in
+    :class:`medrt.io.sources.Lookahead`) the one after it too. (With worker processes
+    each process decodes the neighbours it needs, so a file may be decoded in both;
+    without ``order`` they get none, as a process sees only every other file.) ``slice_context=False``: the
     ``decoder`` hands out the neighbours itself (the viewer announces each frame as
     its turn comes, so it wraps :class:`SliceContext` inside its own decoder)."""
     two_and_half = analyzer.slices > 1
@@ -306,7 +320,7 @@ def analysis_stages(
         decoder = ProcessDecoder(decode_processes) if decode_processes > 0 else decode
         decode_workers = max(decode_workers, decode_processes)
     if two_and_half and slice_context:
-        decoder = SliceContext(decoder, order)
+        decoder = SliceContext(decoder, order, successor=successor)
 
     def preprocess(d: Decoded) -> Any:
         return analyzer.prepare(d.frame, decode_ms=d.decode_ms, mode=mode, recheck_small=recheck,
