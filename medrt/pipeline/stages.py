@@ -98,7 +98,9 @@ class SliceContext:
         self.keep = max(3, keep)
         self._cache: OrderedDict[str, list[Decoded]] = OrderedDict()
         self._last: Frame | None = None
-        self._not_slices: set[str] = set()  # files that decoded to something else (radiographs)
+        # files that decoded to something else (radiographs), the last few hundred: a
+        # watched folder runs for days
+        self._not_slices: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -129,7 +131,9 @@ class SliceContext:
                 while len(self._cache) > self.keep:
                     self._cache.popitem(last=False)
             else:
-                self._not_slices.add(path)
+                self._not_slices[path] = None
+                while len(self._not_slices) > 256:
+                    self._not_slices.popitem(last=False)
         return out
 
     def _neighbour(self, i: int) -> Frame | None:
