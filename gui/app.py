@@ -44,7 +44,7 @@ def build_window(args: argparse.Namespace) -> MainWindow:
         if args.replay is not None:
             window.start_replay(args.path, fps=args.replay, loop=args.loop)
         elif args.watch:
-            window.start_watch(args.path)
+            window.start_watch(args.path, lookahead=args.lookahead)
         else:
             window.open_path(args.path)
     for seg in args.seg:

@@ -207,7 +207,8 @@ class Session:
         if analyzer.slices > 1:  # a 2.5-D model: each slice with its neighbours
             from medrt.pipeline.stages import SliceContext, decode
 
-            self._decoder = SliceContext(decode, getattr(self.source, "paths", None))
+            self._decoder = SliceContext(decode, getattr(self.source, "paths", None),
+                                         successor=getattr(self.source, "next_of", None))  # a Lookahead watch
         stages = analysis_stages(analyzer, infer_workers=self.workers, decoder=self._decode, slice_context=False)
         stages.append(Stage("display", self._display, workers=1))
         pipe = Pipeline(self.source, stages, [QtSink(self.bridge, self.sid)],

@@ -70,13 +70,18 @@ class StreamsMixin:
         self._set_study(Study(title=f"Replay of {folder} at {fps:g} fps", live=True))
         return self._start_session("replay", source, label=f"{fps:g} fps")
 
-    def start_watch(self: Any, folder: str | os.PathLike[str], *, existing: bool = True) -> Session | None:
-        """Show images as they land in ``folder`` (a PACS listener's spool, a scanner export)."""
-        from medrt.io.sources import FolderWatch
+    def start_watch(self: Any, folder: str | os.PathLike[str], *, existing: bool = True,
+                    lookahead: float = 0.0) -> Session | None:
+        """Show images as they land in ``folder`` (a PACS listener's spool, a scanner export).
+        ``lookahead`` > 0: hold each until the next lands (at most that many seconds), so a
+        2.5-D model gets the slice after it too (:class:`medrt.io.sources.Lookahead`)."""
+        from medrt.io.sources import FolderWatch, Lookahead
 
         self.stop_sessions()
         try:
-            source = FolderWatch(folder, existing=existing)
+            source: Any = FolderWatch(folder, existing=existing)
+            if lookahead > 0:
+                source = Lookahead(source, lookahead)
         except OSError as exc:
             self.status(f"cannot watch {folder}: {exc}")
             return None

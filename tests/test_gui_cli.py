@@ -54,8 +54,10 @@ def test_view_without_pyside6_names_the_extra() -> None:
 def test_view_help_lists_the_modes() -> None:
     out = _run([sys.executable, "-m", "medrt", "view", "--help"])
     assert out.returncode == 0, out.stderr
-    for option in ("--replay", "--watch", "--seg", "--screenshot", "--no-analysis", "--backend"):
+    for option in ("--replay", "--watch", "--lookahead", "--seg", "--screenshot", "--no-analysis", "--backend"):
         assert option in out.stdout
+    out = _run([sys.executable, "-m", "medrt", "view", "sample_dicom/ct_stream", "--lookahead", "1"])
+    assert out.returncode == 2 and "--lookahead" in out.stderr and "--watch" in out.stderr  # not a watch
     gui_script = Path(sys.executable).parent / "medrt-viewer"
     if not gui_script.exists():
         pytest.fail("the medrt-viewer GUI script is not installed (pip install -e '.[gui]')")

@@ -133,3 +133,29 @@ def test_watched_folder_shows_images_as_they_land(bot, window, tmp_path: Path) -
     assert not session.done
     w.stop_stream()
     bot.waitUntil(lambda: session.done, timeout=20_000)
+
+
+def test_a_watched_folder_with_lookahead_gives_each_slice_both_neighbours(bot, window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """``--lookahead``: each image is held until the next one lands, so the 2.5-D model
+    sees the slice after it too. The viewer's results equal the analysis of each slice
+    with both neighbours (the last, with nothing after it in time, with the one before)."""
+    from medrt.io.dicom import read_frames
+
+    w = window
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    session = w.start_watch(spool, lookahead=2.0)
+    assert session is not None
+    names = ["ct_0015.dcm", "ct_0016.dcm", "ct_0017.dcm"]
+    for name in names:
+        _land(CT / name, spool)
+    bot.waitUntil(lambda: w.results_received == 3, timeout=60_000)
+    got = {s.path.name: s.result for e in w.study.series for s in e.slots if s.result is not None}
+    analyzer = w.provider.get()
+    f = [read_frames(CT / n)[0] for n in names]
+    sides = [(None, f[1]), (f[0], f[2]), (f[1], None)]
+    for name, frame, nb in zip(names, f, sides, strict=True):
+        want = analyzer.analyze(frame, neighbours=nb)
+        np.testing.assert_array_equal(got[name].labels, want.labels)
+    w.stop_stream()
+    bot.waitUntil(lambda: session.done, timeout=20_000)

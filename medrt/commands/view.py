@@ -27,6 +27,9 @@ def add_view_arguments(p: argparse.ArgumentParser) -> None:
     live.add_argument("--watch", action="store_true",
                       help="watch the folder PATH: images appear as they land (a PACS spool)")
     p.add_argument("--loop", type=int, default=1, help="with --replay: replay the folder this many times")
+    p.add_argument("--lookahead", type=float, default=0.0, metavar="SECONDS",
+                   help="with --watch: hold each image until the next one lands (at most SECONDS), so a 2.5-D "
+                        "model gets the slice after it too; each image shows up to one frame later (default 0: off)")
     p.add_argument("--seg", type=Path, action="append", default=[], metavar="SEG",
                    help="a DICOM SEG to lay over its source images (repeatable; SEGs inside PATH load by themselves)")
     p.add_argument("--image", type=int, default=None, metavar="N", help="start at image N (1-based) of the first series")
@@ -44,6 +47,9 @@ def add_view_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the viewer; exit code 2 with an install hint when PySide6 (or the viewer) is missing."""
+    if args.lookahead < 0 or (args.lookahead and not args.watch):
+        print("medrt view: --lookahead takes seconds > 0 and goes with --watch", file=sys.stderr)
+        return 2
     try:
         import PySide6.QtWidgets  # noqa: F401  (checked here so the hint beats a traceback)
     except ImportError as exc:
