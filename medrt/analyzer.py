@@ -10,7 +10,9 @@ measured against.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -166,6 +168,8 @@ class Analyzer:
         info = self.segs[0].info()
         self.backend_name, self.precision = info.backend, info.precision
         self.models = (*(r.spec.ident for r in self.rois), *(s.spec.ident for s in self.segs))
+        self._unscaled: OrderedDict[str, None] = OrderedDict()  # series already warned: no pixel spacing
+        self._warned = threading.Lock()
 
     @property
     def roi(self) -> Backend:
@@ -243,6 +247,20 @@ class Analyzer:
                 "(the spec's [model] modalities); analyse it with a model made for it "
                 "(--model SPEC.toml; see models/README.md)")
 
+    def _warn_unscaled(self, frame: Frame, seg: Backend) -> None:
+        """Once per series: a frame without pixel spacing cannot be brought to the spacing
+        the model was trained at, and its sizes are in pixels."""
+        key = frame.series_instance_uid or frame.key
+        with self._warned:  # prepare runs on several pipeline threads
+            if key in self._unscaled:
+                return
+            self._unscaled[key] = None
+            while len(self._unscaled) > 256:
+                self._unscaled.popitem(last=False)
+        log.warning("%s: no pixel spacing in the header: %s runs at the frame's own resolution, not at the "
+                    "%g mm it was trained at, and lesion sizes are in pixels (series %s)",
+                    frame.source.path or frame.key, seg.spec.ident, seg.spec.spacing_mm, key)
+
     def warmup(self) -> None:
         """Run the real shapes once so the first real frame is not a cold start."""
         t0 = time.perf_counter()
@@ -271,6 +289,8 @@ class Analyzer:
         sides: Sides = (None, None)
         if seg.spec.slices > 1 or (roi is not None and roi.spec.slices > 1):
             sides = ordered_sides(frame, neighbours)
+        if frame.spacing_mm is None and seg.spec.spacing_mm is not None:
+            self._warn_unscaled(frame, seg)
         window = seg.spec.input_window(frame.window)  # the VOI window, or the spec's fixed one
         if seg.spec.slices > 1:
             norm = slice_stack(frame, sides=sides, window=window)

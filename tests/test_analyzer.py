@@ -236,3 +236,17 @@ def test_a_fixed_window_model_is_fed_its_own_window_not_the_frames(tmp_path, ct_
     want = frame.pixels >= -160.0 + 400.0 * np.log(0.7 / 0.3)
     assert want.sum() > 1000
     assert (found != want).mean() < 0.01  # the lung window would have taken in all soft tissue too
+
+
+def test_a_frame_without_pixel_spacing_is_analysed_with_a_warning_once_per_series(radiograph_analyzer, caplog) -> None:  # type: ignore[no-untyped-def]
+    """lesion_unet works at 0.5 mm: a radiograph without (Imager)PixelSpacing cannot be
+    brought there, so it runs at its own resolution, its sizes are in pixels, and the log
+    says so once for the series."""
+    from medrt.phantom import generate_radiograph
+
+    dx = _frame_from_phantom(generate_radiograph(78, size=1024, index=0), "nospacing")
+    bare = replace(dx, spacing_mm=None, series_instance_uid="1.2.3.4")
+    for _ in range(2):
+        radiograph_analyzer.analyze(bare, mode="full")
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "no pixel spacing" in r.getMessage()]
+    assert len(warned) == 1 and "lesion_unet@" in warned[0] and "0.5 mm" in warned[0] and "1.2.3.4" in warned[0]
