@@ -23,7 +23,10 @@ What it measures:
    on the torch backend, fp32 and fp16: p50/p99 over ``--frames`` frames after
    warm-up.
 3. The full-frame sliding window (1024² windows, overlap 0.25) on the same
-   backend, and its ratio to the ROI path.
+   backend, and its ratio to the ROI path. Both run the UNet at its trained 0.5 mm
+   (a 0.125 mm radiograph area-averaged 4×), as the analysis does.
+3b. What a user's run does: ``load_analyzer`` and ``Analyzer.analyze`` per 4096²
+   frame (roi_classifier_dx, lesion_unet, the recheck), torch on CUDA, fp32 and fp16.
 4. TensorRT fp16 on 1024² crops, if ``import tensorrt`` works; onnxruntime's
    CUDA provider, if present.
 
@@ -110,7 +113,8 @@ class Run:
         self.t0 = time.perf_counter()
         self.budget_s = args.budget_s
         find = (lambda n: load_spec(Path(args.models) / f"{n}.toml")) if args.models else find_spec
-        self.unet, self.roi = find("lesion_unet"), find("roi_classifier")
+        # the radiograph models, as the analyzer routes 4096² DX frames
+        self.unet, self.roi = find("lesion_unet"), find("roi_classifier_dx")
         self.doc: dict[str, Any] = {"dry_run": args.dry_run, "sizes": self.sizes.__dict__, "skipped": []}
         self.frames: list[Any] = []
         self.crop_x: np.ndarray | None = None
@@ -235,8 +239,8 @@ class Run:
             norm = normalize(f.pixels, *self.unet.input_window(f.window))
             result = classify(roi, f.pixels, f.window, crop=s.crop)
             t1 = time.perf_counter()
-            if not result.negative:
-                segment_crops(unet, norm, result.crops)
+            if not result.negative:  # at the model's 0.5 mm, as the analysis runs it
+                segment_crops(unet, norm, result.crops, spacing_mm=f.spacing_mm)
             t2 = time.perf_counter()
             if i >= s.warmup:
                 total.append((t2 - t0) * 1000)
@@ -261,14 +265,44 @@ class Run:
 
         s = self.sizes
         unet = self.last_unet or self.backend(self.unet)
-        norms = [normalize(f.pixels, *self.unet.input_window(f.window)) for f in self.frames[: max(1, s.sliding_frames)]]
-        sliding_window(unet, norms[0], roi=s.crop)  # warm-up
-        ms = [t for n in norms for t in _timed(lambda n=n: sliding_window(unet, n, roi=s.crop), 1)]
+        frames = self.frames[: max(1, s.sliding_frames)]
+        norms = [normalize(f.pixels, *self.unet.input_window(f.window)) for f in frames]
+        sliding_window(unet, norms[0], roi=s.crop, spacing_mm=frames[0].spacing_mm)  # warm-up
+        ms = [t for n, f in zip(norms, frames, strict=True)
+              for t in _timed(lambda n=n, f=f: sliding_window(unet, n, roi=s.crop, spacing_mm=f.spacing_mm), 1)]
         out: dict[str, Any] = {"precision": unet.precision, **_stats(ms)}
         roi_rows = [r for r in self.doc.get("roi_path", []) if isinstance(r, dict) and r.get("precision") == unet.precision]
         if roi_rows:
             out["ratio_vs_roi_path"] = round(out["p50_ms"] / roi_rows[0]["p50_ms"], 2)
         return out
+
+    def analyzer(self) -> list[dict[str, Any]]:
+        """What a user's run does: ``medrt.load_analyzer`` (the radiograph models, the
+        recheck on) and ``Analyzer.analyze`` on each 4096² frame, decode skipped; torch
+        on CUDA in fp32 and fp16 (the dry run: onnxruntime on the CPU)."""
+        from medrt.analyzer import AnalyzerConfig, load_analyzer
+        from medrt.bench.engine import _frame_from_phantom
+
+        s = self.sizes
+        frames = [_frame_from_phantom(f, f"gpu{i}") for i, f in enumerate(self.frames)]
+        rows = []
+        for precision in ("fp32", "fp16") if s.device == "cuda" else ("fp32",):
+            self.free()
+            config = AnalyzerConfig(backend="torch" if s.device == "cuda" else "onnxruntime", device=s.device,
+                                    precision=precision, roi_model=self.roi.spec_path.as_posix(),
+                                    seg_model=self.unet.spec_path.as_posix(), warmup_shapes=((320, 320), (256, 256)))
+            an = load_analyzer(config)
+            ms, lesions = [], 0
+            for i in range(s.warmup + s.frames):
+                t0 = time.perf_counter()
+                result = an.analyze(frames[i % len(frames)])
+                if i >= s.warmup:
+                    ms.append((time.perf_counter() - t0) * 1000.0)
+                    lesions += len(result.lesions)
+            rows.append({"precision": precision, "backend": an.backend_name, **_stats(ms),
+                         "lesions_per_frame": round(lesions / max(len(ms), 1), 2), "peak_mib": self.peak_mib()})
+            del an
+        return rows
 
     def tensorrt(self) -> dict[str, Any]:
         try:
@@ -320,7 +354,8 @@ def markdown(doc: dict[str, Any]) -> str:
     env = doc.get("env", {})
     lines += [f"- {k}: {v}" for k, v in env.items()] + [""]
     titles = {"unet_crop": "UNet on one crop (torch backend, per call incl. H2D/D2H)",
-              "roi_path": "End to end per frame, ROI path (decode skipped)",
+              "roi_path": "ROI path per frame, models only (normalise, classifier, UNet on the crops at 0.5 mm)",
+              "analyzer": "End to end per frame: load_analyzer + analyze (recheck included, decode skipped)",
               "sliding": "Full-frame sliding window (reference)", "tensorrt": "TensorRT",
               "ort_cuda": "onnxruntime CUDA provider"}
     for key, title in titles.items():
@@ -366,6 +401,7 @@ def main(argv: list[str] | None = None) -> int:
     run.section("unet_crop", run.unet_crop, 40)
     run.section("roi_path", run.roi_path, 40)
     run.section("sliding", run.sliding, 20)
+    run.section("analyzer", run.analyzer, 40)
     run.section("tensorrt", run.tensorrt, 90)
     run.section("ort_cuda", run.ort_cuda, 20)
     run.doc["seconds"] = round(time.perf_counter() - run.t0, 1)
