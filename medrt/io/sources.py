@@ -13,6 +13,7 @@ import os
 import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -200,6 +201,9 @@ class QueueSource:
             self._q.put(self._CLOSED)
 
 
+_KEEP = 1024  # Lookahead: successors and arrival times remembered at most
+
+
 def _ident(item: Any) -> Any:
     return os.fspath(item) if isinstance(item, (str, os.PathLike)) else id(item)
 
@@ -224,8 +228,9 @@ class Lookahead:
         if not wait > 0:
             raise ValueError(f'Argument "wait" must be > 0 seconds, got {wait!r}.')
         self.source, self.wait = source, float(wait)
-        self._next: dict[Any, Any] = {}
-        self._arrived: dict[Any, float] = {}
+        # Bounded: an item dropped at a latest-policy entry is never asked about.
+        self._next: OrderedDict[Any, Any] = OrderedDict()
+        self._arrived: OrderedDict[Any, float] = OrderedDict()
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:  # the wrapped source's state (e.g. a replay's ``late``)
@@ -266,6 +271,9 @@ class Lookahead:
                 self._arrived[_ident(item)] = arrived
                 if held is not self._END:
                     self._next[_ident(held)] = item
+                for kept in (self._arrived, self._next):
+                    while len(kept) > _KEEP:
+                        kept.popitem(last=False)
             if held is not self._END:
                 yield held
             held = item
