@@ -261,6 +261,8 @@ class Lookahead:
                 held = self._END
                 continue
             if isinstance(got, Exception):
+                if held is not self._END:
+                    yield held  # what arrived before the source broke is still analysed
                 raise got
             if got is self._END:
                 if held is not self._END:
