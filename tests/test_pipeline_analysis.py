@@ -100,6 +100,18 @@ def test_stream_command_reports_bad_input_with_exit_1(tmp_path, capsys):
     assert json.loads(lines[-1])["summary"]["frames"] == 1
 
 
+def test_stream_command_passes_over_a_frame_no_model_is_for(tmp_path, capsys):
+    """An MR image among CT slices: not an error (exit 0), counted apart, reason printed."""
+    from conftest import pydicom_test_dir
+
+    shutil.copy(sorted(CT.glob("*.dcm"))[0], tmp_path / "a.dcm")
+    shutil.copy(pydicom_test_dir() / "MR_small.dcm", tmp_path / "mr.dcm")
+    rc = main(["stream", str(tmp_path), "--fps", "0", "--quiet"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "0 unreadable input(s)" in out and "1 frame(s) no model is for" in out
+    assert "skipped: " in out and "mr.dcm: MR frame, but" in out
+
+
 def test_stream_command_missing_source(capsys, tmp_path):
     assert main(["stream", str(tmp_path / "nope")]) == 2
     assert "nope" in capsys.readouterr().err
