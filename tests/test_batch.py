@@ -82,6 +82,21 @@ def test_sample_findings_score_against_ground_truth(sample_run):
     assert rep["engine"]["models"] == ["roi_classifier@1.0.0", "lesion_unet@1.0.0"] or rep["engine"]["models"]
 
 
+def test_eval_splits_mixed_ground_truth_by_kind(sample_run, capsys):
+    """CT slices and radiographs score very differently: medrt eval on the whole sample
+    folder adds a report per kind, and the parts add up to the pooled figures."""
+    _, out = sample_run
+    assert main(["eval", str(out), str(SAMPLE_DIR), "--json"]) == EXIT_OK
+    doc = json.loads(capsys.readouterr().out)
+    parts = doc["by_kind"]
+    assert sorted(parts) == ["CT", "radiographs"]
+    assert parts["CT"]["frames"] == 40 and parts["radiographs"]["frames"] == 3
+    for field in ("gt_lesions", "detected", "false_positives", "frames"):
+        assert parts["CT"][field] + parts["radiographs"][field] == doc[field], field
+    assert main(["eval", str(out), str(CT)]) == EXIT_OK  # one kind: no split
+    assert "radiographs (" not in capsys.readouterr().out
+
+
 def test_every_seg_and_sr_passes_dciodvfy(sample_run):
     dciodvfy = require_tool("dciodvfy")
     _, out = sample_run

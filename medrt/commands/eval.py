@@ -66,15 +66,39 @@ def format_report(r: EvalReport) -> str:
     return "\n".join(lines)
 
 
+KIND_NAMES = {"ct": "CT", "xray": "radiographs"}
+
+
+def by_kind(pred: str, truth: dict[str, FrameTruth]) -> dict[str, EvalReport]:
+    """One report per phantom kind when ``truth`` mixes them (CT slices and radiographs
+    score very differently, so the pooled figures alone hide both); {} otherwise."""
+    kinds = sorted({t.kind for t in truth.values()})
+    if len(kinds) < 2:
+        return {}
+    out = {}
+    for kind in kinds:
+        part = {key: t for key, t in truth.items() if t.kind == kind}
+        preds = (p for p in iter_predictions(pred) if p.key in part or p.key.partition("#")[0] in part)
+        out[KIND_NAMES.get(kind, kind or "unknown")] = evaluate(preds, part)
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from medrt.cli import EXIT_OK
 
     truth = load_truth_tree(args.gt)
     report = evaluate(iter_predictions(args.pred), truth)
+    parts = by_kind(args.pred, truth)
     if args.json:
-        print(json.dumps(report.to_json(per_lesion=args.per_lesion), indent=2))
+        doc = report.to_json(per_lesion=args.per_lesion)
+        if parts:
+            doc["by_kind"] = {k: r.to_json(per_lesion=False) for k, r in parts.items()}
+        print(json.dumps(doc, indent=2))
     else:
         print(format_report(report))
+        for name, part in parts.items():
+            print(f"\n{name} ({part.frames} frames)")
+            print("\n".join(format_report(part).splitlines()[:9]))  # the table, FPs, Dice, specificity
         if args.per_lesion:
             for m in report.matches:
                 print(

@@ -67,6 +67,7 @@ class FrameTruth:
     slice_location: float | None
     masks_path: Path = field(repr=False)
     _cache: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
+    kind: str = ""  # the phantom kind of its sidecar: "ct" or "xray" ("" when unknown)
 
     @property
     def mask(self) -> np.ndarray:
@@ -85,6 +86,7 @@ class FrameTruth:
             spacing_source="PixelSpacing" if frame.kind == "ct" else "ImagerPixelSpacing",
             rows=frame.shape[0], cols=frame.shape[1], photometric="MONOCHROME2", lesions=frame.lesions,
             slice_location=frame.slice_location, masks_path=Path("/dev/null"), _cache={"mask": frame.labels},
+            kind=frame.kind,
         )
 
     @property
@@ -205,5 +207,6 @@ def load_ground_truth(folder: str | Path) -> dict[str, FrameTruth]:
             lesions=tuple(_lesion_from_json(d) for d in fr["lesions"]),
             slice_location=None if loc is None else float(loc),
             masks_path=masks,
+            kind=str(doc.get("kind", "")),
         )
     return out
