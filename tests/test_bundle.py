@@ -110,6 +110,34 @@ def test_state_dict_bundle_becomes_a_matching_onnx_model(tmp_path: Path) -> None
     np.testing.assert_allclose(got, lesion_probability(net, x), atol=1e-4)
 
 
+def test_an_imported_bundle_gives_its_own_probabilities_through_the_analysis(tmp_path: Path) -> None:
+    """End to end: medrt's analysis feeds the imported model what the bundle's
+    preprocessing would (its ScaleIntensityRange window, not the frame's VOI window) and
+    reads its softmax channel as the probability it is (``activation = "none"``), so
+    the probability map medrt thresholds is the bundle's own."""
+    from dataclasses import replace
+
+    from medrt.analyzer import AnalyzerConfig, load_analyzer
+    from medrt.bench.engine import _frame_from_phantom
+    from medrt.phantom import generate_ct_series
+    from medrt.types import Window
+
+    torch = require_module("torch")
+    net = make_bundle(tmp_path / "bundle")
+    spec = import_bundle(tmp_path / "bundle", tmp_path / "out", trust=True)
+    analyzer = load_analyzer(AnalyzerConfig(seg_model=str(spec.spec_path), mode="full", recheck=False,
+                                            warmup_shapes=((128, 128),)))
+    ct = generate_ct_series(4242, n_frames=1, size=128)[0]
+    frame = replace(_frame_from_phantom(ct, "bundle0"), window=Window(-600.0, 1500.0), spacing_mm=None)
+    prob = analyzer.segment(analyzer.prepare(frame)).prob
+    x = np.clip((frame.pixels - -100.0) / 400.0, 0.0, 1.0).astype(np.float32)  # the bundle's a_min/a_max
+    with torch.no_grad():
+        want = torch.softmax(net(torch.from_numpy(x)[None, None]), dim=1)[0, 1].numpy()
+    assert prob is not None and prob.shape == want.shape
+    np.testing.assert_allclose(prob, np.where(want >= 0.01, want, prob), atol=2e-3)  # below 0.01: floored
+    assert float(np.abs(prob - want).max()) < 0.02
+
+
 def test_torchscript_bundle_through_the_cli(tmp_path: Path) -> None:
     net = make_bundle(tmp_path / "bundle", torchscript=True)
     out = medrt("models", "import-bundle", str(tmp_path / "bundle"), "--out", str(tmp_path / "out"), "--name", "mine", "--trust")

@@ -180,6 +180,7 @@ def test_a_missing_model_file_names_it(tmp_path: Path) -> None:
         (lambda s: s.replace('task = "segmentation"', 'task = "detector"'), r"task must be one of .* not 'detector'"),
         (lambda s: s.replace('method = "fixed_window"', 'method = "zscore"'), r"method must be one of"),
         (lambda s: s.replace("center = 40\n", ""), r"missing required key 'center'"),
+        (lambda s: s.replace('activation = "sigmoid"', 'activation = "softmax"'), r"activation must be one of"),
         (lambda s: s.replace("[model]", "[model"), r"not valid TOML"),
     ],
 )
@@ -413,3 +414,28 @@ def test_a_fixed_window_classifier_is_fed_its_own_window(tmp_path: Path) -> None
     # clips air, lung and bone (the first half of the inputs are CT).
     ct = calibration_inputs(spec, n=4)[:2]
     assert len(ct) == 2 and all(0.0 < float(x.min()) and float(x.max()) < 1.0 for x in ct)
+
+
+def test_a_classifier_with_probability_outputs_in_any_order_is_read_by_name(tmp_path: Path) -> None:
+    """``activation = "none"``: the outputs are probabilities already, and are not put
+    through a sigmoid again; outputs are found by name, whatever their order in the spec."""
+    from medrt.analysis.roi import classify
+    from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
+
+    model = roi_onnx(tmp_path / "roi.onnx")  # heatmap = 4x4 mean of the thumbnail, presence = its max
+    spec_path = tmp_path / "roi.toml"
+    spec_path.write_text(ROI_SPEC.format(sha=sha256_file(model), heatmap="")
+                         .replace('[[outputs]]\nname = "presence"', HEATMAP.strip() + '\n\n[[outputs]]\nname = "presence"', 1)
+                         .replace('activation = "sigmoid"', 'activation = "none"'))
+    spec = load_spec(spec_path)
+    assert [o.name for o in spec.outputs] == ["heatmap", "presence"]
+    assert {o.activation for o in spec.outputs} == {"none"}
+    pixels = np.zeros((512, 512), np.float32)
+    pixels[200:232, 300:332] = 1000.0  # white in the window below; the rest black
+    res = classify(OnnxRuntimeBackend(spec), pixels, (500.0, 1000.0), heatmap_threshold=0.9, presence_threshold=0.9)
+    assert res.presence == pytest.approx(1.0)
+    (prop,) = res.proposals  # with a sigmoid on top, every cell would be >= 0.5
+    assert prop.bbox[0] <= 200 and prop.bbox[2] >= 232 and prop.bbox[1] <= 300 and prop.bbox[3] >= 332
+    blank = classify(OnnxRuntimeBackend(spec), np.zeros((512, 512), np.float32), (500.0, 1000.0),
+                     heatmap_threshold=0.4, presence_threshold=0.4)
+    assert blank.negative and blank.presence == pytest.approx(0.0)

@@ -33,8 +33,10 @@ class RoiResult:
         return not self.crops
 
 
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
+def _probability(x: np.ndarray, activation: str) -> np.ndarray:
+    """An output as a probability: the sigmoid of a logit output, a probability output
+    (``activation = "none"``) as it is."""
+    return 1.0 / (1.0 + np.exp(-x)) if activation == "sigmoid" else np.clip(x, 0.0, 1.0)
 
 
 def classify(
@@ -60,9 +62,9 @@ def classify(
     h_thr = spec.thresholds.get("heatmap", 0.3) if heatmap_threshold is None else heatmap_threshold
     x, factor = thumbnail_input(pixels, window, spec.thumbnail, spec.slices, neighbours)
     x, _ = pad_to_multiple(x, max(spec.stride, spec.multiple_of))
-    presence_logit, heat_logit = model.infer(x[None] if x.ndim == 3 else x[None, None])
-    presence = float(_sigmoid(presence_logit.reshape(-1)[0]))
-    heat = _sigmoid(heat_logit[0, 0])
+    outs = dict(zip(model.output_names, model.infer(x[None] if x.ndim == 3 else x[None, None]), strict=True))
+    presence = float(_probability(outs["presence"].reshape(-1)[:1], spec.output("presence").activation)[0])
+    heat = _probability(outs["heatmap"][0, 0], spec.output("heatmap").activation)
     cell = factor * spec.stride
     margin = cell if margin_px is None else margin_px
     proposals = proposals_from_heatmap(heat, cell, pixels.shape, h_thr, margin)

@@ -70,6 +70,16 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return out
 
 
+def as_logits(values: np.ndarray, activation: str) -> np.ndarray:
+    """A model output as logits, which the analysis resamples and blends: as it is for
+    ``activation = "sigmoid"``, the log-odds of a probability output (``"none"``: an
+    imported MONAI bundle's softmax channel, say), clipped to 1e-6 from 0 and 1."""
+    if activation == "sigmoid":
+        return values
+    p = np.clip(values, 1e-6, 1.0 - 1e-6, dtype=np.float32)
+    return np.log(p) - np.log1p(-p)
+
+
 def _run(model: Backend, region: np.ndarray) -> np.ndarray:
     """Logits for one region (2-D, or a stack of slices), padded to the model's multiple
     and cut back."""
@@ -81,7 +91,8 @@ def _run(model: Backend, region: np.ndarray) -> np.ndarray:
         x = x[None, None] if slices == 1 else np.broadcast_to(x, (1, slices, *x.shape))
     else:
         x = x[None]
-    return model.infer(x)[0][0, 0, :h, :w]
+    outputs = getattr(model.spec, "outputs", None)  # a stand-in model without a spec: logits
+    return as_logits(model.infer(x)[0][0, 0, :h, :w], outputs[0].activation if outputs else "sigmoid")
 
 
 def model_factors(model: Backend, spacing_mm: tuple[float, float] | None) -> Factors:

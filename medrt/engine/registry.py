@@ -36,6 +36,7 @@ __all__ = [
 
 TASKS = ("segmentation", "roi_classifier")
 NORMALIZATIONS = ("window", "fixed_window")
+ACTIVATIONS = ("sigmoid", "none")  # the analysis reads logits; "none": the output is a probability
 
 
 class ModelError(MedrtError):
@@ -146,13 +147,17 @@ def _tensors(items: Any, where: str) -> tuple[TensorSpec, ...]:
     for i, item in enumerate(items):
         loc = f"{where}[{i}]"
         shape = tuple(_require(item, "shape", loc))
+        activation = str(item.get("activation", "none"))
+        if activation not in ACTIVATIONS:
+            raise ModelError(f"{loc}: activation must be one of {ACTIVATIONS} (a logit, or already a "
+                             f"probability), not {activation!r}")
         out.append(
             TensorSpec(
                 name=str(_require(item, "name", loc)),
                 shape=shape,
                 dtype=str(item.get("dtype", "float32")),
                 meaning=str(item.get("meaning", "")),
-                activation=str(item.get("activation", "none")),
+                activation=activation,
             )
         )
     return tuple(out)
