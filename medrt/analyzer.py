@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
+from pydicom import uid
 
 from medrt.analysis.lesions import lesions_from_probability
 from medrt.analysis.recheck import RecheckConfig, recheck
@@ -74,8 +75,11 @@ class AnalyzerConfig:
 # Secondary Capture Image Storage and its multi-frame forms: screenshots, dose reports,
 # burned-in overlays (medrt's own --sc output among them), not acquired images, whatever
 # their Modality says. They route as "SC", which no shipped model lists.
-SECONDARY_CAPTURE = frozenset({"1.2.840.10008.5.1.4.1.1.7", "1.2.840.10008.5.1.4.1.1.7.1", "1.2.840.10008.5.1.4.1.1.7.2",
-                               "1.2.840.10008.5.1.4.1.1.7.3", "1.2.840.10008.5.1.4.1.1.7.4"})
+SECONDARY_CAPTURE = frozenset({
+    uid.SecondaryCaptureImageStorage, uid.MultiFrameSingleBitSecondaryCaptureImageStorage,
+    uid.MultiFrameGrayscaleByteSecondaryCaptureImageStorage, uid.MultiFrameGrayscaleWordSecondaryCaptureImageStorage,
+    uid.MultiFrameTrueColorSecondaryCaptureImageStorage,
+})
 
 
 def routing_modality(modality: str | None, sop_class_uid: str | None = None) -> str:

@@ -419,7 +419,7 @@ def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace)
                   f'{phantom_data.SEG_SPACING} mm (finer frames are area-averaged to it)."']
     if args.window is None:
         lines += ["", "[normalization]", 'method = "window"']
-        by = "this frame\'s VOI window" if args.slices == 3 else "its VOI window"
+        by = "this frame's VOI window" if args.slices == 3 else "its VOI window"
     else:
         lines += ["", "[normalization]", 'method = "fixed_window"', f"center = {args.window[0]:g}",
                   f"width = {args.window[1]:g}"]

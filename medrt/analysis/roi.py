@@ -17,7 +17,7 @@ from medrt.analysis.components import label
 from medrt.analysis.slices import Sides
 from medrt.engine.backends.base import Backend
 from medrt.preprocess import normalize, pad_to_multiple, thumbnail
-from medrt.types import RoiProposal
+from medrt.types import RoiProposal, Window
 
 __all__ = ["RoiProposal", "RoiResult", "classify", "thumbnail_input", "proposals_from_heatmap", "proposals_from_boxes", "plan_crops"]
 
@@ -42,7 +42,7 @@ def _probability(x: np.ndarray, activation: str) -> np.ndarray:
 def classify(
     model: Backend,
     pixels: np.ndarray,
-    window: tuple[float, float],
+    window: Window | tuple[float, float],
     *,
     crop: int = 1024,
     presence_threshold: float | None = None,

@@ -16,6 +16,7 @@ from medrt.commands.options import (
     analyzer_config,
     thread_layout,
 )
+from medrt.errors import NoModelForImageError
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,6 @@ class _Findings:
             self.lesions += len(result.lesions)
 
     def on_error(self, error: Any, env: Any) -> None:
-        from medrt.errors import NoModelForImageError
-
         if isinstance(error.error, NoModelForImageError):
             self.no_model.append((str(getattr(env, "origin", "") or error.key), error.error.reason))
         elif error.skippable:
