@@ -292,14 +292,18 @@ class Run:
                                     precision=precision, roi_model=self.roi.spec_path.as_posix(),
                                     seg_model=self.unet.spec_path.as_posix(), warmup_shapes=((320, 320), (256, 256)))
             an = load_analyzer(config)
-            ms, lesions = [], 0
+            ms, lesions, stages = [], 0, []
             for i in range(s.warmup + s.frames):
                 t0 = time.perf_counter()
                 result = an.analyze(frames[i % len(frames)])
                 if i >= s.warmup:
                     ms.append((time.perf_counter() - t0) * 1000.0)
                     lesions += len(result.lesions)
-            rows.append({"precision": precision, "backend": an.backend_name, **_stats(ms),
+                    stages.append(result.timings.as_dict())
+            # where a frame's time goes: the median of each stage the analysis timed itself
+            per_stage = {f"{k}_p50_ms": round(float(np.median([st[k] for st in stages])), 2)
+                         for k in ("preprocess", "roi", "segment", "recheck", "postprocess")}
+            rows.append({"precision": precision, "backend": an.backend_name, **_stats(ms), **per_stage,
                          "lesions_per_frame": round(lesions / max(len(ms), 1), 2), "peak_mib": self.peak_mib()})
             del an
         return rows

@@ -40,6 +40,11 @@ EDGE_GAIN = 200.0
 EDGE_CHANNEL = {"lesion_unet": True}
 
 
+def _weight_dtype(module: nn.Module) -> torch.dtype:
+    """The dtype of ``module``'s first parameter: float16 in a half-precision copy."""
+    return next(module.parameters()).dtype
+
+
 class LocalContrast(nn.Module):
     """The input and a fixed local-contrast channel: ``[x, tanh(gain · (x - box_mean(x)))]``
     over a ``window``² box (separable: two 1-D average pools, cheap at 512² and 1024²).
@@ -122,8 +127,15 @@ class LocalContrastUNet(nn.Module):
         self.front = front if slices == 3 else None
         self.unet = UNet(spatial_dims=2, in_channels=front.channels, out_channels=1, **UNET_VARIANTS[variant])
 
+    # The fixed front (box means, tanh(gain · difference)) amplifies differences of a few
+    # thousandths by 25-200: in half precision (spacing ~5e-4 near 1.0) that is noise of
+    # ~0.1 per pixel, and an fp16 copy flipped 13 % of a crop's lesion pixels. So it runs in
+    # the input's float32, and only the UNet in its weights' precision (see fp32_input).
+    fp32_input = True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.unet(self.front(x) if self.front is not None else self.contrast(x))
+        features = self.front(x) if self.front is not None else self.contrast(x)
+        return self.unet(features.to(_weight_dtype(self.unet)))
 
 
 def build_unet(variant: str, local_contrast: bool = True, edge: bool | None = None, slices: int = 1) -> nn.Module:
@@ -218,8 +230,17 @@ class RoiNet(nn.Module):
         self.heatmap = nn.Conv2d(2 * w, 1, 1)
         self.presence = nn.Linear((4 if pool == "mean+max" else 2) * w, 1)
 
+    @property
+    def fp32_input(self) -> bool:
+        """True when the first layer is the fixed local-contrast front, which stays in
+        float32 under a half-precision copy (see :class:`LocalContrastUNet`)."""
+        return isinstance(self.features[0], (LocalContrast, NeighbourDifference))
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        f = self.features(x)
+        if self.fp32_input:
+            f = self.features[1:](self.features[0](x).to(_weight_dtype(self.features[1])))
+        else:
+            f = self.features(x)
         heat = self.heatmap(f)
         pooled = f.amax(dim=(2, 3))
         if self.pool == "mean+max":

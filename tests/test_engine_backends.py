@@ -356,6 +356,42 @@ def test_a_sidecar_with_a_missing_field_is_stale(tmp_path: Path) -> None:
     assert set(cache.stale_fields(sidecar, BASE)) == {"profile"}
 
 
+def test_an_engine_built_under_the_old_fp32_layer_rule_is_stale(tmp_path: Path) -> None:
+    """keep_io_layers_fp32 used to cover the first and last convolutions only; it now
+    covers the front before the first one too, so an engine cached under the old rule
+    (sidecar value ``true``) must be rebuilt, not reused."""
+    engine, sidecar = cache.engine_files(BASE, tmp_path)
+    cache.write_engine(engine, b"engine", BASE)
+    doc = json.loads(sidecar.read_text())
+    doc["fields"]["keep_io_layers_fp32"] = True
+    sidecar.write_text(json.dumps(doc))
+    assert set(cache.stale_fields(sidecar, BASE)) == {"keep_io_layers_fp32"}
+
+
+def test_fp32_layers_cover_the_front_and_the_last_convolution() -> None:
+    """Which layers a reduced-precision engine keeps in float32, on the layer list of a
+    network shaped like the shipped UNets: shape arithmetic (int outputs) is left to
+    TensorRT; the pooling/tanh front, the first and the last convolution are kept.
+    (TensorRT cannot run here: its layer and tensor objects are stood in for.)"""
+    from types import SimpleNamespace as NS
+
+    from medrt.engine.backends.tensorrt import fp32_layers
+
+    trt = NS(float32="f32", float16="f16", int64="i64",
+             LayerType=NS(CONVOLUTION="conv", POOLING="pool", ACTIVATION="act", SHAPE="shape", ELEMENTWISE="ew"))
+
+    def layer(name: str, kind: str, dtype: str = "f32") -> NS:
+        return NS(name=name, type=kind, num_outputs=1, get_output=lambda _i: NS(dtype=dtype))
+
+    layers = [layer("pool_h", "pool"), layer("shape", "shape", "i64"), layer("pool_v", "pool"),
+              layer("sub", "ew"), layer("tanh", "act"), layer("conv_first", "conv"), layer("relu", "act"),
+              layer("conv_mid", "conv"), layer("conv_last", "conv"), layer("out_act", "act")]
+    names = [x.name for x in fp32_layers(trt, layers)]
+    assert names == ["pool_h", "pool_v", "sub", "tanh", "conv_first", "conv_last"]
+    assert [x.name for x in fp32_layers(trt, [layer("conv", "conv")])] == ["conv"]
+    assert fp32_layers(trt, [layer("pool", "pool")]) == []
+
+
 def _deserialize(data: bytes) -> bytes | None:
     """Stands in for TensorRT's runtime: accepts only bytes that start like an engine."""
     return data if data.startswith(b"ENGINE:") else None

@@ -55,6 +55,9 @@ def cache_dir(kind: str = "trt") -> Path:
     return base / "medrt" / kind
 
 
+FP32_LAYER_RULE = "front+first+last conv"  # see backends.tensorrt.fp32_layers
+
+
 @dataclass(frozen=True, slots=True)
 class EngineKey:
     """Everything a serialized engine depends on. Two equal keys give interchangeable engines."""
@@ -76,7 +79,9 @@ class EngineKey:
             "compute_capability": self.compute_capability,
             "precision": self.precision,
             "profile": {name: [list(mn), list(opt), list(mx)] for name, mn, opt, mx in self.profile},
-            "keep_io_layers_fp32": self.keep_io_layers_fp32,
+            # what "keep" covers changed (front layers too, medrt 0.1): a new value, so
+            # engines built under the old rule are stale rather than silently reused
+            "keep_io_layers_fp32": FP32_LAYER_RULE if self.keep_io_layers_fp32 else False,
         }
 
     @property

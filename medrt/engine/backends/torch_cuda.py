@@ -192,7 +192,10 @@ class TorchCudaBackend(Backend):
         )
 
     def _forward(self, x: Any) -> list[Any]:
-        out = self.net(x.to(self.dtype, memory_format=self.memory_format))
+        # A network whose fixed front must see float32 (networks.LocalContrastUNet) casts
+        # to its weights' precision itself, after the front.
+        dtype = self._torch.float32 if getattr(self.net, "fp32_input", False) else self.dtype
+        out = self.net(x.to(dtype, memory_format=self.memory_format))
         outs = list(out) if isinstance(out, (tuple, list)) else [out]
         if len(outs) != len(self.output_names):
             raise ModelError(f"{self.spec.ident}: the network gives {len(outs)} outputs, the spec names {self.output_names}")
