@@ -285,8 +285,15 @@ class Run:
 
         s = self.sizes
         frames = [_frame_from_phantom(f, f"gpu{i}") for i, f in enumerate(self.frames)]
+        from medrt import bands
+
         rows = []
-        for precision in ("fp32", "fp16") if s.device == "cuda" else ("fp32",):
+        # whole-frame numpy passes and per-crop work on one thread, then on the band pool
+        # (medrt.bands), side by side; then fp16 on the pool
+        runs = [("fp32", "1"), ("fp32", None), ("fp16", None)] if s.device == "cuda" else [("fp32", "1"), ("fp32", None)]
+        saved = os.environ.get("MEDRT_BAND_THREADS")
+        for precision, band_threads in runs:
+            _set_env("MEDRT_BAND_THREADS", saved if band_threads is None else band_threads)
             self.free()
             config = AnalyzerConfig(backend="torch" if s.device == "cuda" else "onnxruntime", device=s.device,
                                     precision=precision, roi_model=self.roi.spec_path.as_posix(),
@@ -303,9 +310,11 @@ class Run:
             # where a frame's time goes: the median of each stage the analysis timed itself
             per_stage = {f"{k}_p50_ms": round(float(np.median([st[k] for st in stages])), 2)
                          for k in ("preprocess", "roi", "segment", "recheck", "postprocess")}
-            rows.append({"precision": precision, "backend": an.backend_name, **_stats(ms), **per_stage,
+            rows.append({"precision": precision, "backend": an.backend_name, "band_threads": bands.threads(),
+                         **_stats(ms), **per_stage,
                          "lesions_per_frame": round(lesions / max(len(ms), 1), 2), "peak_mib": self.peak_mib()})
             del an
+        _set_env("MEDRT_BAND_THREADS", saved)
         return rows
 
     def tensorrt(self) -> dict[str, Any]:
@@ -342,6 +351,13 @@ class Run:
         b = OnnxRuntimeBackend(self.unet, device="cuda")
         b.warmup([(s.crop, s.crop)], repeats=3)
         return {"providers": b.providers, **_stats(_timed(lambda: b.infer(x), s.repeats))}
+
+
+def _set_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 def _table(rows: list[dict[str, Any]]) -> list[str]:

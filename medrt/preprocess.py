@@ -10,15 +10,29 @@ import math
 
 import numpy as np
 
+from medrt.bands import for_bands
+
 __all__ = ["normalize", "thumbnail", "block_mean", "pad_to_multiple"]
 
 
 def normalize(pixels: np.ndarray, center: float, width: float, out: np.ndarray | None = None) -> np.ndarray:
-    """Map the window ``[center - width/2, center + width/2]`` to ``[0, 1]``, clipped, float32."""
+    """Map the window ``[center - width/2, center + width/2]`` to ``[0, 1]``, clipped, float32.
+
+    A large 2-D frame is done in row bands on several threads (:mod:`medrt.bands`)."""
     width = max(float(width), 1e-6)
-    low = float(center) - width / 2.0
-    out = np.subtract(pixels, np.float32(low), out=out, dtype=np.float32)
-    out *= np.float32(1.0 / width)
+    low, scale = np.float32(float(center) - width / 2.0), np.float32(1.0 / width)
+    pixels = np.asarray(pixels)
+    if out is None:
+        out = np.empty(pixels.shape, dtype=np.float32)
+    if pixels.ndim != 2:
+        return _normalize(pixels, low, scale, out)
+    for_bands(lambda a, b: _normalize(pixels[a:b], low, scale, out[a:b]), pixels.shape[0], pixels=pixels.size)
+    return out
+
+
+def _normalize(pixels: np.ndarray, low: np.float32, scale: np.float32, out: np.ndarray) -> np.ndarray:
+    np.subtract(pixels, low, out=out, dtype=np.float32)
+    out *= scale
     np.clip(out, 0.0, 1.0, out=out)
     return out
 
@@ -48,21 +62,29 @@ def block_mean(x: np.ndarray, fr: int, fc: int) -> np.ndarray:
     """
     rows, cols = x.shape
     n_r, n_c = -(-rows // fr), -(-cols // fc)
+    out = np.empty((n_r, n_c), dtype=np.float32)
+    whole = rows % fr == 0 and cols % fc == 0  # one rule for every band: bit-identical to one band
+    for_bands(lambda a, b: _block_mean(x[a:b], fr, fc, out[a // fr : -(-b // fr)], whole), rows,
+              pixels=x.size, multiple=fr)
+    return out
+
+
+def _block_mean(x: np.ndarray, fr: int, fc: int, out: np.ndarray, whole: bool) -> None:
+    rows, cols = x.shape
     acc = np.array(x[0::fr], dtype=np.float32)  # (n_r, cols)
     for k in range(1, fr):
         part = x[k::fr]
         acc[: len(part)] += part
-    out = np.array(acc[:, 0::fc])  # (n_r, n_c)
+    out[:] = acc[:, 0::fc]
     for k in range(1, fc):
         part = acc[:, k::fc]
         out[:, : part.shape[1]] += part
-    if rows % fr == 0 and cols % fc == 0:
+    if whole:
         out *= np.float32(1.0 / (fr * fc))
     else:
-        per_r = np.minimum(fr, rows - np.arange(n_r) * fr)
-        per_c = np.minimum(fc, cols - np.arange(n_c) * fc)
+        per_r = np.minimum(fr, rows - np.arange(out.shape[0]) * fr)
+        per_c = np.minimum(fc, cols - np.arange(out.shape[1]) * fc)
         out /= np.outer(per_r, per_c).astype(np.float32)
-    return out
 
 
 def pad_to_multiple(arr: np.ndarray, multiple: int, value: float = 0.0) -> tuple[np.ndarray, tuple[int, int]]:

@@ -47,6 +47,7 @@ from medrt.analysis.resample import (
     resample_factors,
     upsample_bilinear,
 )
+from medrt.bands import map_bands
 from medrt.engine.backends.base import Backend
 from medrt.preprocess import pad_to_multiple
 
@@ -176,7 +177,10 @@ def segment_crops(
     prob = np.zeros((rows, cols), np.float32)
     factors = model_factors(model, spacing_mm)
     fr, fc = factors
-    for r0, c0, r1, c1 in crops:
+
+    def crop_blocks(crop: tuple[int, int, int, int]) -> list[tuple[int, int, int, int, np.ndarray]]:
+        """The crop's probability blocks in frame coordinates, cut to the crop."""
+        r0, c0, r1, c1 = crop
         up, left = _margin(r0, context, fr), _margin(c0, context, fc)
         down, right = _margin(rows - r1, context, fr), _margin(cols - c1, context, fc)
         e0, f0 = r0 - up, c0 - left  # the run region's origin in frame coordinates
@@ -186,13 +190,21 @@ def segment_crops(
         else:
             blocks = _probability_blocks(_run(model, area_downsample(region, factors)), factors, region.shape[-2:])
         keep = (max(r0, 0), max(c0, 0), min(r1, rows), min(c1, cols))  # the crop, inside the frame
+        out = []
         for (b0, d0, b1, d1), p in blocks:  # region coordinates
             rr0, cc0 = max(e0 + b0, keep[0]), max(f0 + d0, keep[1])
             rr1, cc1 = min(e0 + b1, keep[2]), min(f0 + d1, keep[3])
             if rr1 > rr0 and cc1 > cc0:
-                view = prob[rr0:rr1, cc0:cc1]
                 top, lft = rr0 - e0 - b0, cc0 - f0 - d0
-                np.maximum(view, p[top : top + rr1 - rr0, lft : lft + cc1 - cc0], out=view)
+                out.append((rr0, cc0, rr1, cc1, p[top : top + rr1 - rr0, lft : lft + cc1 - cc0]))
+        return out
+
+    # On a large frame the crops' resampling runs on several threads while the model
+    # (one call at a time) works; the maximum does not depend on the order it is taken in.
+    for blocks in map_bands(crop_blocks, list(crops), pixels=rows * cols):
+        for rr0, cc0, rr1, cc1, p in blocks:
+            view = prob[rr0:rr1, cc0:cc1]
+            np.maximum(view, p, out=view)
     return prob
 
 
