@@ -24,9 +24,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
+import numpy as np
+
 from medrt.engine.backends.onnxrt import default_threads
 
-__all__ = ["MIN_PIXELS", "bands", "for_bands", "map_bands", "threads"]
+__all__ = ["MIN_PIXELS", "at_least", "bands", "for_bands", "map_bands", "threads"]
 
 MIN_PIXELS = 1 << 21  # 2 Mpixel (about 1448²): smaller frames are not worth a hand-off
 _MAX_THREADS = 8
@@ -104,3 +106,14 @@ def map_bands(fn: Callable[[T], R], items: Sequence[T], *, pixels: int) -> list[
     if _serial(pixels, n, len(items)):
         return [fn(x) for x in items]
     return list(_executor(n).map(fn, items))
+
+
+def at_least(values: np.ndarray, threshold: float) -> np.ndarray:
+    """``values >= threshold`` for a 2-D map, by row bands on a large frame."""
+    out = np.empty(values.shape, dtype=bool)
+    if values.ndim != 2:
+        np.greater_equal(values, threshold, out=out)
+        return out
+    for_bands(lambda a, b: np.greater_equal(values[a:b], threshold, out=out[a:b]), values.shape[0],
+              pixels=values.size)
+    return out

@@ -29,6 +29,7 @@ import numpy as np
 
 from medrt.analysis import components
 from medrt.analysis.components import Box
+from medrt.bands import at_least
 from medrt.phantom.shapes import longest_diameter_mm
 from medrt.types import Lesion
 
@@ -103,7 +104,7 @@ def lesions_from_probability(
     if not (spacing[0] > 0.0 and spacing[1] > 0.0):
         raise ValueError(f'Argument "spacing_mm" must be positive, got {spacing_mm}')
 
-    fg = prob >= threshold
+    fg = at_least(prob, threshold)
     found: list[_Component] = []
     for box, comps, keep in _select(_label_boxes(fg, min_area_px), max_lesions, threshold):
         found.extend(_measure(comps, keep, box, prob, spacing, rechecked_mask))

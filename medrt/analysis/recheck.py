@@ -28,6 +28,7 @@ import numpy as np
 from medrt.analysis.components import foreground_boxes, label
 from medrt.analysis.resample import recheck_factors
 from medrt.analysis.segment import _logits_at, _region, _run, _sigmoid
+from medrt.bands import at_least
 from medrt.engine.backends.base import Backend
 from medrt.types import Lesion
 
@@ -52,7 +53,7 @@ def _faint_peaks(prob: np.ndarray, low: float, high: float, labels: np.ndarray) 
     (the XY cut of :mod:`medrt.analysis.components`, which no region crosses) and come
     out in raster order of their first pixel, as one labelling of the whole frame
     would give them."""
-    band = prob >= low
+    band = at_least(prob, low)
     found: list[tuple[int, int, float, float, float]] = []  # first pixel (row, col), row, col, peak
     for r0, c0, r1, c1 in foreground_boxes(band):
         comps = label(band[r0:r1, c0:c1])

@@ -178,17 +178,23 @@ def segment_crops(
     factors = model_factors(model, spacing_mm)
     fr, fc = factors
 
-    def crop_blocks(crop: tuple[int, int, int, int]) -> list[tuple[int, int, int, int, np.ndarray]]:
-        """The crop's probability blocks in frame coordinates, cut to the crop."""
+    def prepare(crop: tuple[int, int, int, int]) -> tuple[int, int, tuple[int, int], np.ndarray]:
+        """The crop's run region with its context, at the model's spacing: (origin row,
+        origin col, the region's source shape, the model's input)."""
         r0, c0, r1, c1 = crop
         up, left = _margin(r0, context, fr), _margin(c0, context, fc)
         down, right = _margin(rows - r1, context, fr), _margin(cols - c1, context, fc)
-        e0, f0 = r0 - up, c0 - left  # the run region's origin in frame coordinates
-        region = _region(norm, e0, f0, r1 + down, c1 + right)
+        region = _region(norm, r0 - up, c0 - left, r1 + down, c1 + right)
+        return r0 - up, c0 - left, region.shape[-2:], region if factors == (1, 1) else area_downsample(region, factors)
+
+    def cut(job: tuple[tuple[int, int, int, int], tuple[int, int, tuple[int, int], np.ndarray], np.ndarray]
+            ) -> list[tuple[int, int, int, int, np.ndarray]]:
+        """The crop's probability blocks from its logits, in frame coordinates, cut to the crop."""
+        (r0, c0, r1, c1), (e0, f0, shape, _), logits = job
         if factors == (1, 1):
-            blocks = [((0, 0, region.shape[-2], region.shape[-1]), _sigmoid(_run(model, region)))]
+            blocks = [((0, 0, shape[0], shape[1]), _sigmoid(logits))]
         else:
-            blocks = _probability_blocks(_run(model, area_downsample(region, factors)), factors, region.shape[-2:])
+            blocks = _probability_blocks(logits, factors, shape)
         keep = (max(r0, 0), max(c0, 0), min(r1, rows), min(c1, cols))  # the crop, inside the frame
         out = []
         for (b0, d0, b1, d1), p in blocks:  # region coordinates
@@ -199,9 +205,15 @@ def segment_crops(
                 out.append((rr0, cc0, rr1, cc1, p[top : top + rr1 - rr0, lft : lft + cc1 - cc0]))
         return out
 
-    # On a large frame the crops' resampling runs on several threads while the model
-    # (one call at a time) works; the maximum does not depend on the order it is taken in.
-    for blocks in map_bands(crop_blocks, list(crops), pixels=rows * cols):
+    # On a large frame the crops' resampling before and after the model runs on the band
+    # pool; the model runs here, one crop after another. (Model calls from the pool's
+    # threads made a torch-on-CUDA frame 4x slower on an H200 host: its eager forward is
+    # Python-heavy and fought the numpy threads for the GIL.) The maximum below does not
+    # depend on the order the crops come in.
+    crops = list(crops)
+    inputs = map_bands(prepare, crops, pixels=rows * cols)
+    logits = [_run(model, x) for *_, x in inputs]
+    for blocks in map_bands(cut, list(zip(crops, inputs, logits, strict=True)), pixels=rows * cols):
         for rr0, cc0, rr1, cc1, p in blocks:
             view = prob[rr0:rr1, cc0:cc1]
             np.maximum(view, p, out=view)
