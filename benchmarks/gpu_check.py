@@ -233,7 +233,8 @@ class Run:
         roi = self.backend(self.roi, precision=precision, cuda_graph=graph)
         unet = self.backend(self.unet, precision=precision, cuda_graph=graph)
         total, t_roi, t_seg, crops = [], [], [], []
-        for i in range(s.warmup + s.frames):
+        warmup = max(s.warmup, len(self.frames))  # every frame's crop sizes seen once: steady state
+        for i in range(warmup + s.frames):
             f = self.frames[i % len(self.frames)]
             t0 = time.perf_counter()
             norm = normalize(f.pixels, *self.unet.input_window(f.window))
@@ -242,7 +243,7 @@ class Run:
             if not result.negative:  # at the model's 0.5 mm, as the analysis runs it
                 segment_crops(unet, norm, result.crops, spacing_mm=f.spacing_mm)
             t2 = time.perf_counter()
-            if i >= s.warmup:
+            if i >= warmup:
                 total.append((t2 - t0) * 1000)
                 t_roi.append((t1 - t0) * 1000)
                 t_seg.append((t2 - t1) * 1000)
@@ -280,41 +281,50 @@ class Run:
         """What a user's run does: ``medrt.load_analyzer`` (the radiograph models, the
         recheck on) and ``Analyzer.analyze`` on each 4096² frame, decode skipped; torch
         on CUDA in fp32 and fp16 (the dry run: onnxruntime on the CPU)."""
+        from medrt import bands
         from medrt.analyzer import AnalyzerConfig, load_analyzer
         from medrt.bench.engine import _frame_from_phantom
 
         s = self.sizes
         frames = [_frame_from_phantom(f, f"gpu{i}") for i, f in enumerate(self.frames)]
-        from medrt import bands
-
+        # Side by side (the band pool on; one band thread was 2.1x slower on the H200 host):
+        # exact input sizes vs sizes padded to x64 buckets (the torch backend's CUDA
+        # default), eager vs CUDA graphs, fp32 vs fp16. The timed frames start after a
+        # pass over every frame, so the rows are steady state; that first pass, where
+        # new input sizes meet cudnn's algorithm search, is reported beside them.
+        graphs = {"cuda_graph": True, "max_graphs": 32}
+        runs = [("fp32", "exact sizes, eager", {"pad_multiple": 1}), ("fp32", "x64 buckets, eager", {}),
+                ("fp32", "x64 buckets, graphs", graphs), ("fp16", "x64 buckets, graphs", graphs)]
+        if s.device != "cuda":
+            runs = [("fp32", "onnxruntime", {})]
+        warmup = max(s.warmup, len(frames))
         rows = []
-        # whole-frame numpy passes and per-crop work on one thread, then on the band pool
-        # (medrt.bands), side by side; then fp16 on the pool
-        runs = [("fp32", "1"), ("fp32", None), ("fp16", None)] if s.device == "cuda" else [("fp32", "1"), ("fp32", None)]
-        saved = os.environ.get("MEDRT_BAND_THREADS")
-        for precision, band_threads in runs:
-            _set_env("MEDRT_BAND_THREADS", saved if band_threads is None else band_threads)
+        for precision, label, options in runs:
             self.free()
             config = AnalyzerConfig(backend="torch" if s.device == "cuda" else "onnxruntime", device=s.device,
                                     precision=precision, roi_model=self.roi.spec_path.as_posix(),
-                                    seg_model=self.unet.spec_path.as_posix(), warmup_shapes=((320, 320), (256, 256)))
+                                    seg_model=self.unet.spec_path.as_posix(), warmup_shapes=((320, 320), (256, 256)),
+                                    backend_options={"torch": options})
             an = load_analyzer(config)
-            ms, lesions, stages = [], 0, []
-            for i in range(s.warmup + s.frames):
+            ms, first, lesions, stages = [], [], 0, []
+            for i in range(warmup + s.frames):
                 t0 = time.perf_counter()
                 result = an.analyze(frames[i % len(frames)])
-                if i >= s.warmup:
-                    ms.append((time.perf_counter() - t0) * 1000.0)
+                took = (time.perf_counter() - t0) * 1000.0
+                if i < len(frames):
+                    first.append(took)
+                if i >= warmup:
+                    ms.append(took)
                     lesions += len(result.lesions)
                     stages.append(result.timings.as_dict())
             # where a frame's time goes: the median of each stage the analysis timed itself
             per_stage = {f"{k}_p50_ms": round(float(np.median([st[k] for st in stages])), 2)
                          for k in ("preprocess", "roi", "segment", "recheck", "postprocess")}
-            rows.append({"precision": precision, "backend": an.backend_name, "band_threads": bands.threads(),
-                         **_stats(ms), **per_stage,
+            rows.append({"precision": precision, "backend": an.backend_name, "setting": label,
+                         "band_threads": bands.threads(), **_stats(ms), **per_stage,
+                         "first_pass_max_ms": round(max(first), 1),
                          "lesions_per_frame": round(lesions / max(len(ms), 1), 2), "peak_mib": self.peak_mib()})
             del an
-        _set_env("MEDRT_BAND_THREADS", saved)
         return rows
 
     def tensorrt(self) -> dict[str, Any]:
@@ -351,13 +361,6 @@ class Run:
         b = OnnxRuntimeBackend(self.unet, device="cuda")
         b.warmup([(s.crop, s.crop)], repeats=3)
         return {"providers": b.providers, **_stats(_timed(lambda: b.infer(x), s.repeats))}
-
-
-def _set_env(name: str, value: str | None) -> None:
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
 
 
 def _table(rows: list[dict[str, Any]]) -> list[str]:

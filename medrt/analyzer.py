@@ -13,8 +13,9 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 from pydicom import uid
@@ -61,9 +62,12 @@ class AnalyzerConfig:
     presence_threshold: float | None = None  # None: the ROI classifier spec's
     heatmap_threshold: float | None = None
     max_crops: int = 8
-    # 1024² crops, 512² CT slices, and 1024² radiograph crops at 1/4 scale (spacing normalisation)
-    warmup_shapes: tuple[tuple[int, int], ...] = ((1024, 1024), (512, 512), (256, 256))
+    # 1024² crops, 512² CT slices, and 1024² radiograph crops at 1/4 scale (spacing
+    # normalisation), without and with their 32-pixel context on each side
+    warmup_shapes: tuple[tuple[int, int], ...] = ((1024, 1024), (512, 512), (320, 320), (256, 256))
     threads: int | None = None
+    # per-backend constructor options, e.g. {"torch": {"cuda_graph": True, "pad_multiple": 64}}
+    backend_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -119,7 +123,7 @@ def _create_as(spec: ModelSpec, config: AnalyzerConfig, precision: str) -> Backe
         create_backend = None
     if create_backend is not None:
         return create_backend(spec, backend=config.backend, device=config.device, precision=precision,
-                              threads=config.threads)
+                              threads=config.threads, options=config.backend_options)
     from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
 
     return OnnxRuntimeBackend(spec, threads=config.threads)

@@ -250,3 +250,17 @@ def test_a_frame_without_pixel_spacing_is_analysed_with_a_warning_once_per_serie
         radiograph_analyzer.analyze(bare, mode="full")
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING" and "no pixel spacing" in r.getMessage()]
     assert len(warned) == 1 and "lesion_unet@" in warned[0] and "0.5 mm" in warned[0] and "1.2.3.4" in warned[0]
+
+
+def test_backend_options_reach_the_chosen_backend_only() -> None:
+    """``AnalyzerConfig.backend_options[name]`` goes to backend ``name`` when it is the
+    one chosen (the GPU check passes the torch backend's shape buckets and CUDA graphs
+    this way); options for a backend not chosen are not passed to another."""
+    plain = load_analyzer(AnalyzerConfig(seg_model="lesion_unet_lite", roi_model="roi_classifier",
+                                         warmup_shapes=((64, 64),)))
+    assert all(m.io_binding for m in (*plain.rois, *plain.segs))
+    off = load_analyzer(AnalyzerConfig(seg_model="lesion_unet_lite", roi_model="roi_classifier",
+                                       warmup_shapes=((64, 64),),
+                                       backend_options={"onnxruntime": {"io_binding": False},
+                                                        "torch": {"pad_multiple": 64, "cuda_graph": True}}))
+    assert not any(m.io_binding for m in (*off.rois, *off.segs))
