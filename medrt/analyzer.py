@@ -66,7 +66,7 @@ class AnalyzerConfig:
     # normalisation), without and with their 32-pixel context on each side
     warmup_shapes: tuple[tuple[int, int], ...] = ((1024, 1024), (512, 512), (320, 320), (256, 256))
     threads: int | None = None
-    # per-backend constructor options, e.g. {"torch": {"cuda_graph": True, "pad_multiple": 64}}
+    # per-backend constructor options, e.g. {"torch": {"cuda_graph": True, "max_graphs": 64}}
     backend_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

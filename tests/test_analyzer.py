@@ -254,7 +254,7 @@ def test_a_frame_without_pixel_spacing_is_analysed_with_a_warning_once_per_serie
 
 def test_backend_options_reach_the_chosen_backend_only() -> None:
     """``AnalyzerConfig.backend_options[name]`` goes to backend ``name`` when it is the
-    one chosen (the GPU check passes the torch backend's shape buckets and CUDA graphs
+    one chosen (the GPU check passes the torch backend's CUDA graph settings
     this way); options for a backend not chosen are not passed to another."""
     plain = load_analyzer(AnalyzerConfig(seg_model="lesion_unet_lite", roi_model="roi_classifier",
                                          warmup_shapes=((64, 64),)))
@@ -262,5 +262,5 @@ def test_backend_options_reach_the_chosen_backend_only() -> None:
     off = load_analyzer(AnalyzerConfig(seg_model="lesion_unet_lite", roi_model="roi_classifier",
                                        warmup_shapes=((64, 64),),
                                        backend_options={"onnxruntime": {"io_binding": False},
-                                                        "torch": {"pad_multiple": 64, "cuda_graph": True}}))
+                                                        "torch": {"cuda_graph": True, "max_graphs": 64}}))
     assert not any(m.io_binding for m in (*off.rois, *off.segs))

@@ -464,25 +464,6 @@ def _cuda_or_skip():  # type: ignore[no-untyped-def]
     return torch
 
 
-def test_torch_backend_pads_segmenter_inputs_to_a_bucket_and_cuts_outputs_back() -> None:
-    """Shape buckets (on by default on CUDA, tried here on the CPU): a 272×304 input is
-    run at 320×320 and its map comes back 272×304, equal to the unpadded run away from
-    the padded bottom and right edges; an ROI classifier is never padded."""
-    require_module("torch")
-    require_module("monai")
-    spec = find_spec("lesion_unet")
-    x = np.random.default_rng(4).random((1, spec.slices, 272, 304), dtype=np.float32)
-    exact = TorchCudaBackend(spec, device="cpu")
-    bucketed = TorchCudaBackend(spec, device="cpu", pad_multiple=64)
-    assert exact.pad_multiple == 1 and bucketed.pad_multiple == 64
-    want, got = exact.infer(x)[0], bucketed.infer(x)[0]
-    assert got.shape == want.shape == (1, 1, 272, 304) and got.flags.c_contiguous
-    np.testing.assert_allclose(got[..., :200, :200], want[..., :200, :200], atol=1e-4)
-    assert list(bucketed._slots) == [(1, spec.slices, 320, 320)]
-    with pytest.raises(ModelError, match="pad_multiple"):
-        TorchCudaBackend(find_spec("roi_classifier_dx"), device="cpu", pad_multiple=64)
-
-
 def _prob(a: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-a.astype(np.float64)))
 

@@ -10,17 +10,6 @@ non-blocking H2D copy, the network, one non-blocking D2H copy per output and
 one stream synchronisation. With ``cuda_graph=True`` the network is captured
 once per input shape (up to ``max_graphs``) and replayed.
 
-Shape buckets: a segmentation input is zero-padded at the bottom and right up to a
-multiple of ``pad_multiple`` (64 on CUDA; outputs are cut back to the input's
-size), as the analysis already pads to the model's multiple. Crops on a 4096²
-radiograph come in ~25 sizes (their context stops at the frame's edges) and the
-recheck windows in more; every new size costs a cudnn algorithm search (or a graph
-capture) of tens to hundreds of milliseconds in the middle of a stream, and
-buckets bound the sizes so that warm-up can cover them. The padding only changes
-outputs within the network's reach of the padded edge, which is crop context
-except where a crop meets the frame's bottom or right edge. ROI classifiers are
-never padded (their presence output pools over the whole input).
-
 ``device="cpu"`` runs the same code without pinned memory, streams or graphs.
 It exists to check this backend's logic (and ``benchmarks/gpu_check.py
 --dry-run``) on machines without a GPU; it is not in the selection allow-list.
@@ -157,7 +146,6 @@ class TorchCudaBackend(Backend):
         max_graphs: int = 8,
         max_shapes: int = 16,
         cudnn_benchmark: bool = True,
-        pad_multiple: int | None = None,
         reuse_outputs: bool = False,
         # onnxruntime's CPU threads: taken (and unused) so that every backend accepts
         # create_backend's common options.
@@ -194,19 +182,13 @@ class TorchCudaBackend(Backend):
         self.max_graphs = max_graphs
         self.max_shapes = max(1, max_shapes)
         self.reuse_outputs = reuse_outputs
-        if pad_multiple is None:  # buckets on CUDA, for segmenters (see the module docstring)
-            pad_multiple = 64 if not on_cpu and spec.task == "segmentation" else 1
-        if pad_multiple < 1 or (pad_multiple > 1 and spec.task != "segmentation"):
-            raise ModelError(f"{spec.ident}: pad_multiple must be >= 1, and 1 for a {spec.task} model "
-                             f"(got {pad_multiple})")
-        self.pad_multiple = pad_multiple
         self._slots: OrderedDict[tuple[int, ...], _Slot] = OrderedDict()
         self._lock = threading.Lock()
         log.info(
             "%s on %s (%s, %s, weights %.1f MiB resident, %s)",
             spec.ident, "CPU" if on_cpu else torch.cuda.get_device_name(self.device), precision,
             "channels_last" if channels_last else "contiguous", self.vram_bytes / 2**20,
-            ("CUDA graphs" if cuda_graph else "eager") + (f", sizes padded to x{pad_multiple}" if pad_multiple > 1 else ""),
+            "CUDA graphs" if cuda_graph else "eager",
         )
 
     def _forward(self, x: Any) -> list[Any]:
@@ -245,16 +227,6 @@ class TorchCudaBackend(Backend):
         return slot
 
     def infer(self, x: np.ndarray) -> list[np.ndarray]:
-        x = np.asarray(x, dtype=np.float32)
-        h, w = x.shape[-2:]
-        m = self.pad_multiple
-        if m == 1 or (h % m == 0 and w % m == 0):
-            return self._infer(x)
-        padded = np.pad(x, [(0, 0)] * (x.ndim - 2) + [(0, -h % m), (0, -w % m)])
-        outs = self._infer(padded)
-        return [np.ascontiguousarray(o[..., :h, :w]) if o.shape[-2:] == padded.shape[-2:] else o for o in outs]
-
-    def _infer(self, x: np.ndarray) -> list[np.ndarray]:
         torch = self._torch
         x = np.ascontiguousarray(x, dtype=np.float32)
         on_stream = torch.cuda.stream(self.stream) if self.stream is not None else contextlib.nullcontext()
