@@ -26,9 +26,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from medrt.engine.backends.onnxrt import default_threads
-
-__all__ = ["MIN_PIXELS", "at_least", "bands", "for_bands", "map_bands", "threads"]
+__all__ = ["MIN_PIXELS", "at_least", "bands", "for_bands", "map_bands", "threads", "usable_cores"]
 
 MIN_PIXELS = 1 << 21  # 2 Mpixel (about 1448²): smaller frames are not worth a hand-off
 _MAX_THREADS = 8
@@ -40,6 +38,14 @@ _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover - not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
 def threads() -> int:
     """Threads for banded passes: ``MEDRT_BAND_THREADS``, else the usable cores (at most 8)."""
     env = os.environ.get("MEDRT_BAND_THREADS", "").strip()
@@ -48,7 +54,7 @@ def threads() -> int:
             return max(1, int(env))
         except ValueError:
             raise ValueError(f"MEDRT_BAND_THREADS must be a whole number, got {env!r}") from None
-    return min(_MAX_THREADS, default_threads())
+    return min(_MAX_THREADS, usable_cores())
 
 
 def bands(rows: int, n: int, multiple: int = 1) -> list[tuple[int, int]]:

@@ -17,7 +17,6 @@ only compete with the pipeline's decode and pre-processing threads).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from medrt.bands import usable_cores
 from medrt.engine.backends.base import Backend, BackendInfo
 from medrt.engine.registry import ModelError, ModelSpec
 
@@ -39,12 +39,7 @@ GPU_HINT = "install onnxruntime-gpu (pip install 'medrt[gpu]') on a machine with
 ProviderArg = str | tuple[str, dict[str, Any]]
 
 
-def default_threads() -> int:
-    """The cores this process may run on (its affinity mask, not the machine's count)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover - not on Linux
-        return max(1, os.cpu_count() or 1)
+default_threads = usable_cores  # ORT's intra-op threads by default: every usable core
 
 
 def providers_for(device: str, precision: str) -> list[ProviderArg]:
