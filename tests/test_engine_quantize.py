@@ -340,3 +340,23 @@ def test_a_model_with_unnamed_nodes_quantizes_with_its_ends_in_fp32(tmp_path: Pa
     q = quantize_int8(spec, tmp_path / "out", calibration=[rng.random((64, 64), dtype=np.float32) for _ in range(4)])
     excluded = q.quantization["excluded_nodes"]
     assert excluded == ["Conv:c0", "Conv:logits"], excluded
+
+
+def test_roi_classifiers_are_calibrated_on_the_modalities_their_specs_list() -> None:
+    """The CT-only ``roi_classifier`` is calibrated on CT thumbnails alone and
+    ``roi_classifier_dx`` on radiograph thumbnails alone (the CT one used to get half
+    radiographs, which widened its INT8 ranges for inputs it never sees); a classifier
+    that lists no modality gets both."""
+    from itertools import islice
+
+    from medrt.engine.calibration import _ct_share, _roi_items, calibration_description
+    from medrt.engine.registry import find_spec
+
+    ct, dx = find_spec("roi_classifier"), find_spec("roi_classifier_dx")
+    assert (_ct_share(ct), _ct_share(dx)) == (1.0, 0.0)
+    assert "radiograph" not in calibration_description(ct) and "CT" not in calibration_description(dx)
+    kinds = {share: {cat.split("-")[0] for cat, _ in islice(_roi_items(64, 7000, 4, ct_share=share), 60)}
+             for share in (1.0, 0.0)}
+    assert kinds == {1.0: {"ct"}, 0.0: {"dx"}}
+    both = [cat.split("-")[0] for cat, _ in _roi_items(64, 7000, 4, ct_share=0.5)]
+    assert set(both) == {"ct", "dx"}

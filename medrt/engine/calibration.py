@@ -101,19 +101,23 @@ def _segmentation_items(seed: int, n_ct: int, n_dx: int, spacing_mm: float | Non
 
 
 def _roi_items(thumb: int, seed: int, n: int, slices: int = 1,
-               window: tuple[float, float] | None = None) -> Iterator[tuple[str, np.ndarray]]:
-    """(category, normalised thumbnail) of CT slices and 4096² radiographs; ``slices=3``:
-    (3, h, w) stacks, a CT slice's thumbnail with its neighbours' and a radiograph's
-    thrice, as :func:`medrt.analysis.roi.classify` feeds a 2.5-D classifier."""
+               window: tuple[float, float] | None = None,
+               ct_share: float = 0.5) -> Iterator[tuple[str, np.ndarray]]:
+    """(category, normalised thumbnail) of CT slices and 4096² radiographs (only those
+    of the kind ``ct_share`` asks for when it is 1 or 0); ``slices=3``: (3, h, w)
+    stacks, a CT slice's thumbnail with its neighbours' and a radiograph's thrice, as
+    :func:`medrt.analysis.roi.classify` feeds a 2.5-D classifier."""
     from medrt.analysis.roi import thumbnail_input
     from medrt.analysis.slices import phantom_sides
     from medrt.phantom import generate_ct_series, generate_radiograph
 
-    series = [generate_ct_series(seed + 100 + s, n_frames=40) for s in range(math.ceil(n / 24))]
+    n_series = math.ceil(n / 24) if ct_share > 0 else 0
+    series = [generate_ct_series(seed + 100 + s, n_frames=40) for s in range(n_series)]
     frames: Iterable[tuple[PhantomFrame, Any]] = ((f, ser) for ser in series for f in ser)
+    n_dx = max(2, n // 4) if ct_share < 1 else 0
     for kind, frame_iter in (("ct", frames), ("dx", (
         (generate_radiograph(seed, size=4096, index=i, border_lesion=i % 2 == 0, n_lesions=i % 3), ())
-        for i in range(max(2, n // 4))
+        for i in range(n_dx)
     ))):  # fmt: skip
         for frame, ser in frame_iter:
             sides = phantom_sides(frame, ser) if slices == 3 else (None, None)
@@ -147,7 +151,7 @@ def _cached_inputs(task: str, thumb: int, mult: int, seed: int, n: int,
                    spacing_mm: float | None, slices: int = 1, ct_share: float = 0.5,
                    window: tuple[float, float] | None = None) -> tuple[np.ndarray, ...]:
     if task == "roi_classifier":
-        items = _roi_items(thumb, seed, n, slices, window)
+        items = _roi_items(thumb, seed, n, slices, window, ct_share)
     else:
         n_ct = round(n * ct_share)
         items = _segmentation_items(seed, n_ct, max(n - n_ct, 0), spacing_mm, slices, window)
@@ -161,8 +165,10 @@ def _cached_inputs(task: str, thumb: int, mult: int, seed: int, n: int,
 
 
 def _ct_share(spec: ModelSpec) -> float:
+    """The share of CT inputs in a model's calibration set, by the modalities its spec
+    lists: 1 for CT only, 0 without CT, else (or none listed) half."""
     modalities = set(getattr(spec, "modalities", ()) or ())
-    if not modalities or spec.task == "roi_classifier":
+    if not modalities:
         return 0.5
     return 1.0 if modalities <= {"CT"} else 0.0 if "CT" not in modalities else 0.5
 
@@ -182,7 +188,9 @@ def calibration_inputs(spec: ModelSpec, seed: int = CALIBRATION_SEED, n: int | N
     frame's VOI window, or by the spec's ``fixed_window``). A CT-only model gets 48 slices from two
     series by default: the 2.5-D ``lesion_unet_lite`` 2.0 calibrated on 24 slices of one
     series lost one of the gate's 29 lesions (refused), on 48 it lost none. An ROI
-    classifier gets the thumbnails of CT slices and radiographs instead. The same
+    classifier gets thumbnails instead, of CT slices and radiographs mixed in the same
+    way by its modalities (the CT-only ``roi_classifier`` had been calibrated half on
+    radiograph thumbnails it never sees). The same
     ``(spec kind, seed, n)`` gives the same arrays (cached, read-only).
     """
     ct_share = _ct_share(spec)
@@ -202,9 +210,9 @@ def calibration_description(spec: ModelSpec, seed: int = CALIBRATION_SEED, n: in
         share, "CT slices 512² + 1024² crops of 4096² radiographs")
     if getattr(spec, "slices", 1) == 3 and share > 0:
         parts += " (each slice with its neighbours)"
+    ct_thumbs = "thumbnails of CT slices" + (" (each with its neighbours')" if getattr(spec, "slices", 1) == 3 else "")
     what = (
-        "thumbnails of CT slices" + (" (each with its neighbours')" if getattr(spec, "slices", 1) == 3 else "")
-        + " and 4096² radiographs"
+        {1.0: ct_thumbs, 0.0: "thumbnails of 4096² radiographs"}.get(share, ct_thumbs + " and 4096² radiographs")
         if spec.task == "roi_classifier"
         else parts + (f" at {spec.spacing_mm:g} mm" if getattr(spec, "spacing_mm", None) else "")
     )

@@ -29,7 +29,8 @@ __all__ = ["CACHE_FORMAT", "cache_folder", "cache_root", "clear", "entries", "ga
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 3  # 2: the gate routes radiograph crops; 3: it scores only the model's modalities
+CACHE_FORMAT = 4  # 2: the gate routes radiograph crops; 3: it scores only the model's modalities;
+# 4: ROI classifiers are calibrated on their modalities' thumbnails only
 VERDICT = "verdict.json"
 
 
