@@ -236,6 +236,33 @@ def test_recheck_runs_at_half_the_first_pass_factor() -> None:
     assert ct.shapes[0][2] % 16 == 0 and ct.shapes[0][2] >= 2 * 8 / 0.7  # 2x the >= 8 mm window
 
 
+def test_recheck_context_is_seen_but_not_written() -> None:
+    """``RecheckConfig.context_mm``: the network sees that much more of the frame around
+    each window, and the recheck still writes the same window. With a pixelwise stand-in
+    model the written values are the same as without context (exactly on a native CT
+    first pass; away from the window's edge where a radiograph's logits are interpolated
+    back), so the context is cut away at the right offsets."""
+    for spacing, shape, centre, radius, exact in (((0.7, 0.7), (400, 400), (200.0, 150.0), 2.5, True),
+                                                  ((0.125, 0.125), (1024, 1024), (500.0, 300.0), 14.0, False)):
+        norm = np.where(disc(shape, centre, radius), 0.9, 0.1).astype(np.float32)
+        runs = {}
+        for ctx in (0.0, 6.0):
+            model = Contrast(spacing_mm=0.5)
+            prob = segment_crops(model, norm, [(0, 0, *shape)], spacing_mm=spacing)
+            labels, lesions = lesions_from_probability(prob, spacing, 0.5)
+            model.shapes.clear()
+            out, touched, n = recheck(model, norm, prob, labels, lesions, spacing, 0.5, RecheckConfig(context_mm=ctx))
+            runs[ctx] = (out, touched, model.shapes[0][2])
+        (plain, t0, side0), (wide, t1, side1) = runs[0.0], runs[6.0]
+        assert n == 1 and side1 > side0, "the network sees more"
+        np.testing.assert_array_equal(t0, t1)  # the same window is written
+        if exact:
+            np.testing.assert_array_equal(wide, plain)
+        else:
+            inner = disc(shape, centre, 3 * radius)
+            np.testing.assert_allclose(wide[inner], plain[inner], atol=1e-5)
+
+
 def test_bilinear_blocks_are_the_whole_grid_values() -> None:
     rng = np.random.default_rng(3)
     for factors, shape in (((4, 4), (203, 150)), ((3, 3), (100, 98)), ((5, 1), (97, 40))):
