@@ -133,3 +133,21 @@ def test_small_large_and_colour_arrays(results):
     finally:
         worker.close()
         parent.close()
+
+
+def test_an_analysis_process_sizes_its_band_pool_to_its_share_of_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ProcessAnalysis worker runs on one core (its ORT session gets one thread), and
+    so does its band pool for large frames; a setting made by the user is kept."""
+    from medrt import bands
+    from medrt.analyzer import AnalyzerConfig
+    from medrt.pipeline import stages
+
+    config = AnalyzerConfig(seg_model="lesion_unet_lite", roi_model="roi_classifier", warmup_shapes=((64, 64),),
+                            threads=1)
+    monkeypatch.delenv("MEDRT_BAND_THREADS", raising=False)
+    monkeypatch.setattr(stages, "_WORKER", {})
+    stages._start_worker(config, None, None)
+    assert bands.threads() == 1
+    monkeypatch.setenv("MEDRT_BAND_THREADS", "3")
+    stages._start_worker(config, None, None)
+    assert bands.threads() == 3

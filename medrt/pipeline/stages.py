@@ -215,6 +215,9 @@ def _start_worker(config: AnalyzerConfig, mode: str | None, recheck: bool | None
                   order: Sequence[str] | None = None) -> None:
     from medrt.analyzer import load_analyzer
 
+    # One core per process (ProcessAnalysis): the band pool of large frames (medrt.bands)
+    # follows, or every process would start a pool as wide as the machine.
+    os.environ.setdefault("MEDRT_BAND_THREADS", str(config.threads or 1))
     analyzer = load_analyzer(config)
     decoder: Callable[[Any], list[Decoded]] = decode
     if order and analyzer.slices > 1:
