@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from medrt.analysis.recheck import RecheckConfig
 from medrt.analysis.resample import RESAMPLE_RATIO
 from medrt.engine.registry import load_spec
 
@@ -148,6 +149,9 @@ def _header(spec: Any) -> list[str]:
     return lines + [""]
 
 
+_RECHECK = RecheckConfig()  # what models/evaluate.py runs: the analysis defaults
+
+
 def _source(results: dict[str, Any]) -> str:
     held = results["held_out"]
     return (f"Held-out phantoms (seeds from {held['seed']}, never used in training): "
@@ -161,7 +165,8 @@ def _source(results: dict[str, Any]) -> str:
             f"*ROI path*: the crops of the ROI classifier the analyzer routes the frame to (`{results['roi_routed']['dx']}` "
             f"for radiographs, `{results['roi_routed']['ct']}` for CT), then this UNet; "
             "*+ recheck*: then the multi-scale "
-            "recheck of components under 5 mm and faint peaks (`medrt.analysis.recheck`, default settings); "
+            f"recheck of components under {_RECHECK.max_diameter_mm:g} mm and faint peaks from "
+            f"p = {_RECHECK.faint_low:g} (`medrt.analysis.recheck`, default settings); "
             "*whole frame*: the UNet over the whole frame (sliding window), no classifier.")
 
 
