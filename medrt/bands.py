@@ -1,10 +1,11 @@
 """Whole-frame array passes split into row bands on a small shared thread pool.
 
 A 4096² radiograph is 16 Mpixel: one pass of numpy over it (normalise, block
-means, a threshold) writes 64 MB, and on the first GPU run (H200 host, 16 cores,
-benchmarks/results/h200_2026-11-30_before.md) the analysis of such a frame spent
-~130 ms in these passes on one core against ~10 ms in the models. numpy releases
-the GIL in its loops, so row bands on threads run side by side.
+means, a threshold) writes 64 MB. On the first GPU run (H200 host, 16 cores,
+benchmarks/results/h200_2026-11-30_before.md) the analysis of such a frame took
+~140 ms, of which ~30 ms were model calls and most of the rest such passes and the
+crops' resampling on one core. numpy releases the GIL in its loops, so row bands on
+threads run side by side.
 
 Only frames of at least :data:`MIN_PIXELS` are split: a 512² CT slice stays on the
 caller's thread, where the streaming pipeline already keeps every core busy with
