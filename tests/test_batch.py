@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pydicom
 import pytest
 
 from conftest import REPO, SAMPLE_DIR, pydicom_test_dir, require_tool
@@ -223,6 +224,21 @@ def test_a_folder_no_model_is_for_fails_and_says_why(tmp_path):
     assert summary.exit_code == EXIT_FAILED and summary.frames == 0 and summary.skipped == 1
     (row,) = csv.DictReader((tmp_path / "out" / "errors.csv").open())
     assert row["file"] == "mr.dcm" and "MR frame" in row["reason"]
+
+
+def test_a_folder_of_unreadable_files_says_so_not_that_no_model_is_for_them(tmp_path, capsys):
+    """CT slices without a Series Instance UID are errors (named in errors.csv), and the
+    closing line says files could not be read, not that no model is for them."""
+    src = tmp_path / "in"
+    src.mkdir()
+    ds = pydicom.dcmread(sorted((SAMPLE_DIR / "ct_stream").glob("*.dcm"))[0])
+    del ds.SeriesInstanceUID
+    ds.save_as(src / "a.dcm")
+    assert main(["batch", str(src), "--out", str(tmp_path / "out")]) == EXIT_FAILED
+    err = capsys.readouterr().err
+    assert "1 file(s) could not be read" in err and "errors.csv" in err and "models are for" not in err
+    (row,) = csv.DictReader((tmp_path / "out" / "errors.csv").open())
+    assert row["file"] == "a.dcm" and "SeriesInstanceUID" in row["reason"]
 
 
 def test_empty_or_missing_input_fails(tmp_path, analyzer):

@@ -94,10 +94,19 @@ def run(args: argparse.Namespace) -> int:
     if summary.interrupted:
         print("medrt batch: interrupted; run the same command again to finish", file=sys.stderr)
     elif summary.exit_code == EXIT_FAILED:
-        print(f"medrt batch: nothing to analyse in {args.input}: no DICOM image that these models are for"
-              + (f" ({c['skipped']} file(s) passed over, see {out / 'errors.csv'})" if c["skipped"] else ""),
-              file=sys.stderr)
+        print(f"medrt batch: nothing analysed in {args.input}: {_why_nothing(c, out / 'errors.csv')}", file=sys.stderr)
     return summary.exit_code
+
+
+def _why_nothing(counts: dict[str, int], errors_csv: Path) -> str:
+    """Why a run analysed no frame: files that could not be read come first (a folder of
+    CT slices without Series UIDs is not "no image these models are for")."""
+    if counts["errors"]:
+        more = f" and {counts['skipped']} passed over" if counts["skipped"] else ""
+        return f"{counts['errors']} file(s) could not be read{more}, see {errors_csv}"
+    if counts["skipped"]:
+        return f"no DICOM image that these models are for ({counts['skipped']} file(s) passed over, see {errors_csv})"
+    return "no DICOM image that these models are for"
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
