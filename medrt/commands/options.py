@@ -53,6 +53,15 @@ def add_pipeline_options(p: argparse.ArgumentParser, *, policy: str | None) -> N
                         "with many cores (see README, Performance); default 0: threads")
 
 
+LOOKAHEAD_MISUSE = "--lookahead takes seconds > 0 and goes with --watch"
+
+
+def lookahead_misused(args: argparse.Namespace) -> bool:
+    """``--lookahead`` holds the files of a watched folder (``medrt stream``, ``medrt
+    view``): a negative value, or one without ``--watch``, is a mistake to report."""
+    return args.lookahead < 0 or bool(args.lookahead and not args.watch)
+
+
 def thread_layout(args: argparse.Namespace) -> tuple[int | None, int]:
     """(threads per model session, inference workers).
 

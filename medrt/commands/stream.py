@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from medrt.commands.options import (
+    LOOKAHEAD_MISUSE,
     add_engine_options,
     add_pipeline_options,
     analyzer_config,
+    lookahead_misused,
     thread_layout,
 )
 from medrt.errors import NoModelForImageError
@@ -51,8 +53,8 @@ def _source(args: argparse.Namespace) -> Any:
     from medrt.io.sources import FileReplay, FolderWatch, Lookahead
 
     src = Path(args.source)
-    if args.lookahead < 0 or (args.lookahead and not args.watch):
-        raise ValueError("--lookahead takes seconds > 0 and goes with --watch (a replay knows its file order)")
+    if lookahead_misused(args):
+        raise ValueError(f"{LOOKAHEAD_MISUSE} (a replay knows its file order)")
     if args.watch:
         watch = FolderWatch(src, idle_timeout=args.idle_exit)
         return Lookahead(watch, args.lookahead) if args.lookahead else watch

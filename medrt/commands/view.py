@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from medrt.commands.options import add_engine_options
+from medrt.commands.options import LOOKAHEAD_MISUSE, add_engine_options, lookahead_misused
 
 __all__ = ["add_view_arguments", "register", "run"]
 
@@ -47,8 +47,8 @@ def add_view_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Start the viewer; exit code 2 with an install hint when PySide6 (or the viewer) is missing."""
-    if args.lookahead < 0 or (args.lookahead and not args.watch):
-        print("medrt view: --lookahead takes seconds > 0 and goes with --watch", file=sys.stderr)
+    if lookahead_misused(args):
+        print(f"medrt view: {LOOKAHEAD_MISUSE}", file=sys.stderr)
         return 2
     try:
         import PySide6.QtWidgets  # noqa: F401  (checked here so the hint beats a traceback)
