@@ -166,8 +166,11 @@ def _source(results: dict[str, Any]) -> str:
             f"for radiographs, `{results['roi_routed']['ct']}` for CT), then this UNet; "
             "*+ recheck*: then the multi-scale "
             f"recheck of components under {_RECHECK.max_diameter_mm:g} mm and faint peaks from "
-            f"p = {_RECHECK.faint_low:g} (`medrt.analysis.recheck`, default settings); "
-            "*whole frame*: the UNet over the whole frame (sliding window), no classifier.")
+            f"p = {_RECHECK.faint_low:g} (`medrt.analysis.recheck`, default settings) and, on radiographs, the "
+            "fine sweep: the UNet again at twice its scale over what the first pass covered, each finding kept "
+            "only if it survives flipped views (`medrt.analysis.sweep`); "
+            "*whole frame*: the UNet over the whole frame (sliding window), no classifier: what the analyzer's "
+            "default `auto` mode runs on radiographs.")
 
 
 def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace) -> None:
@@ -180,7 +183,8 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
         spec = load_spec(models / f"{name}.toml")
         rows: list[tuple[str, dict[str, Any]]] = []
         for key, label in ((name, "DX 4096², ROI path"), (f"{name}+recheck", "DX 4096², ROI path + recheck"),
-                           (f"{name}@full", "DX 4096², whole frame")):
+                           (f"{name}@full", "DX 4096², whole frame"),
+                           (f"{name}@full+recheck", "DX 4096², **whole frame + recheck (default)**")):
             if key in results["dx"]:
                 rows.append((label, results["dx"][key]))
         for key, label in ((name, "CT 512², classifier → whole slice"),
@@ -202,15 +206,15 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
             (models / f"{name}.md").write_text("\n".join(lines), encoding="utf-8")
             continue
         lines += ["## Limitations", "",
-                  "- Radiographs: the figures above include the ROI classifier's misses on the ROI path; the "
-                  "whole-frame row shows the UNet alone. Faint nodules (25–50 of 4095 units, no stronger than the "
-                  "lung texture around them) are the hardest case at every size: see the faint / bright column. "
-                  "From 2.2 an edge channel (a band-pass on the nodule's sharp rim) finds some of them; 2.1 found "
-                  "them only where no lung texture lay (below the diaphragm, behind the heart).",
+                  "- Radiographs: the ROI-path rows include the ROI classifier's misses; the whole-frame rows show "
+                  "the UNet alone, and the analyzer's default (`--mode auto`) runs radiographs over the whole "
+                  "frame. Faint nodules (25–50 of 4095 units, no stronger than the lung texture around them) and "
+                  "2–5 mm nodules are the hardest cases: at 0.5 mm most of them give p = 0, and the fine sweep at "
+                  "0.25 mm is what finds them (compare the whole-frame rows without and with it).",
                   *([f"- The radiograph ROI classifier (`{dx_roi}`) covers {dx_cov['covered']} of "
                      f"{dx_cov['lesions']} radiograph nodules with its crops, so on radiographs the ROI "
                      "path misses part of what this UNet finds over the whole frame (compare the rows above); "
-                     "`--mode full` runs the whole frame."] if dx_cov["coverage"] < 0.9 else []),
+                     "`--mode roi` forces it."] if dx_cov["coverage"] < 0.9 else []),
                   "- Trained within a 30-minute CPU budget; longer training or a larger network would likely "
                   "do better on both modalities.",
                   "- Synthetic anatomy and lesions only; real images differ in texture, noise and artefacts.",

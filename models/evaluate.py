@@ -3,13 +3,14 @@
     python -m medrt.models.evaluate --models models
 
 Held-out frames come from seeds the training never saw (``data.HELDOUT_SEED``).
-Radiographs go through the ROI path (classifier -> 1024² crops -> UNet); CT
+Radiographs go through the ROI path (classifier -> 1024² crops -> UNet) and over
+the whole frame (sliding window, ``@full``: what the analyzer's default ``auto``
+mode runs on them), which separates the classifier's misses from the UNet's; CT
 slices through the classifier and then the UNet on the whole 512² slice. The
 UNet gets the frame's pixel spacing, so a model whose spec names one runs at it
 (radiographs area-averaged, ``medrt.analysis.resample``). Each UNet is scored
-without and with the multi-scale recheck of small lesions (``+recheck``), and on
-radiographs also over the whole frame (sliding window, ``full``), which
-separates the classifier's misses from the UNet's. The figures written into
+without and with the multi-scale recheck of small lesions and, on radiographs,
+the fine sweep at twice the UNet's scale (``+recheck``; ``medrt.analysis.sweep``). The figures written into
 each card are the ones measured here, on this machine.
 """
 
@@ -31,6 +32,7 @@ from medrt.analysis.recheck import RecheckConfig, recheck
 from medrt.analysis.roi import classify
 from medrt.analysis.segment import segment_crops, sliding_window
 from medrt.analysis.slices import phantom_input, phantom_sides
+from medrt.analysis.sweep import SweepConfig, sweep
 from medrt.analyzer import pick_for_modality
 from medrt.bench import interleaved_medians
 from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
@@ -83,12 +85,19 @@ def _inside(bbox: tuple[int, int, int, int], crop: tuple[int, int, int, int]) ->
 
 
 def _predict(col: Collected, key: str, name: str, unet: Any, norm: np.ndarray, prob: np.ndarray, frame: Any,
-             with_recheck: bool) -> None:
+             with_recheck: bool, crops: Any = None) -> None:
+    """The UNet's findings from its first-pass ``prob``, and with ``with_recheck`` also
+    after the recheck and the fine sweep (over ``crops``, or the whole frame for None),
+    as the analyzer runs them."""
     thr = unet.spec.thresholds.get("probability", 0.5)
     labels, lesions = lesions_from_probability(prob, frame.spacing_mm, thr)
     col.preds.setdefault(name, []).append(FramePrediction(key=key, lesions=tuple(lesions), labels=labels))
     if with_recheck:
         prob2, touched, _ = recheck(unet, norm, prob, labels, lesions, frame.spacing_mm, thr, RecheckConfig())
+        swept = sweep(unet, norm, prob2, frame.spacing_mm, thr, SweepConfig(), crops=crops)
+        if swept is not None:
+            prob2, where, _ = swept
+            touched |= where
         labels2, lesions2 = lesions_from_probability(prob2, frame.spacing_mm, thr, rechecked_mask=touched)
         col.preds.setdefault(f"{name}+recheck", []).append(
             FramePrediction(key=key, lesions=tuple(lesions2), labels=labels2))
@@ -134,10 +143,10 @@ def _frame(col: Collected, key: str, frame: Any, rois: dict[str, Any], unets: di
             prob = segment_crops(unet, norm, used.crops, spacing_mm=frame.spacing_mm)
         else:
             prob = np.zeros((rows, cols), np.float32)
-        _predict(col, key, name, unet, norm, prob, frame, with_recheck)
+        _predict(col, key, name, unet, norm, prob, frame, with_recheck, crops=used.crops)
         if full:
             prob = sliding_window(unet, norm, roi=1024, spacing_mm=frame.spacing_mm)
-            _predict(col, key, f"{name}@full", unet, norm, prob, frame, False)
+            _predict(col, key, f"{name}@full", unet, norm, prob, frame, with_recheck)
 
 
 def collect(models: Path, n_dx: int, n_ct: int, *, unets: tuple[str, ...] = ("lesion_unet", "lesion_unet_lite"),

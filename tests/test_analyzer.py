@@ -145,15 +145,18 @@ def test_frames_go_to_the_roi_classifier_for_their_modality(tmp_path, ct_frames)
     assert [r.spec.name for r in both.rois] == ["roi_any", "roi_classifier"]
     assert both.roi_for(ct).spec.name == "roi_classifier" and both.roi_for(dx).spec.name == "roi_any"
     assert both.analyze(ct).models[0].startswith("roi_classifier@")
-    assert both.analyze(dx).models[0].startswith("roi_any@")
+    assert both.analyze(dx, mode="roi").models[0].startswith("roi_any@")
     assert both.analyze(dx, mode="full").models == (both.seg.spec.ident,)  # no classifier ran
+    # auto: a radiograph much finer than lesion_unet's 0.5 mm runs over the whole frame
+    assert both.analyze(dx).mode == "full" and both.analyze(ct).mode == "roi"
 
     only_ct = load_analyzer(AnalyzerConfig(seg_model="lesion_unet", roi_model="roi_classifier",
                                            warmup_shapes=((256, 256),)))
     with pytest.raises(UnsupportedImageError) as info:
-        only_ct.analyze(dx)
+        only_ct.analyze(dx, mode="roi")
     assert "dx0" in str(info.value) and "DX frame" in str(info.value) and "--mode full" in str(info.value)
     assert only_ct.analyze(dx, mode="full").mode == "full"
+    assert only_ct.refusal("DX", mode="roi") and only_ct.refusal("DX") is None  # auto: no classifier, full
 
 
 def test_segmenters_are_routed_by_modality(ct_frames) -> None:  # type: ignore[no-untyped-def]

@@ -95,9 +95,9 @@ def test_a_large_radiograph_gives_the_same_findings_on_one_thread_and_several(
     analyzer = load_analyzer(AnalyzerConfig(roi_model="roi_classifier_dx", seg_model="lesion_unet",
                                             warmup_shapes=((256, 256),)))
     _threads(monkeypatch, 1)
-    one = analyzer.analyze(frame)
+    one = analyzer.analyze(frame, mode="roi")
     _threads(monkeypatch, 3)
-    several = analyzer.analyze(frame)
+    several = analyzer.analyze(frame, mode="roi")
     assert len(one.crops) > 1, "the test needs several crops to hand out"
     assert len(one.lesions) > 0
     np.testing.assert_array_equal(one.labels, several.labels)

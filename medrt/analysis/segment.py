@@ -160,6 +160,7 @@ def segment_crops(
     *,
     spacing_mm: tuple[float, float] | None = None,
     context: int = CROP_CONTEXT,
+    factors: Factors | None = None,
 ) -> np.ndarray:
     """Lesion probability over the frame from the UNet on each crop; 0 outside every
     crop. Where crops overlap, the higher probability wins. ``spacing_mm`` is the
@@ -172,10 +173,13 @@ def segment_crops(
     inside the frame is otherwise an image edge to the network (zero padding beyond it),
     and on radiographs most of the ROI path's false positives sat within 96 px of one
     (36 of 51 on 16 validation frames). Sides at or past the frame's edge get none, so
-    a crop that covers the whole frame (a CT slice) costs nothing extra."""
+    a crop that covers the whole frame (a CT slice) costs nothing extra.
+
+    ``factors`` overrides the area-averaging factors that ``spacing_mm`` gives (the
+    fine sweep, :mod:`medrt.analysis.sweep`, runs at half of them)."""
     rows, cols = norm.shape[-2:]
     prob = np.zeros((rows, cols), np.float32)
-    factors = model_factors(model, spacing_mm)
+    factors = model_factors(model, spacing_mm) if factors is None else factors
     fr, fc = factors
 
     def prepare(crop: tuple[int, int, int, int]) -> tuple[int, int, tuple[int, int], np.ndarray]:
@@ -253,6 +257,7 @@ def sliding_window(
     overlap: float = 0.25,
     *,
     spacing_mm: tuple[float, float] | None = None,
+    factors: Factors | None = None,
 ) -> np.ndarray:
     """Full-frame inference with MONAI ``sliding_window_inference`` semantics: ``roi``²
     windows at stride ``roi·(1-overlap)`` (the last aligned to the edge), logits
@@ -263,8 +268,9 @@ def sliding_window(
     area-averaged to the model's spacing and the windows tile that (``roi`` is then in
     the network's pixels, as after MONAI's ``Spacingd``); the blended logits are brought
     back onto the source grid before the sigmoid, where the probability can reach
-    :data:`PROB_FLOOR` (module docstring)."""
-    factors = model_factors(model, spacing_mm)
+    :data:`PROB_FLOOR` (module docstring). ``factors`` overrides the factors that
+    ``spacing_mm`` gives, as in :func:`segment_crops`."""
+    factors = model_factors(model, spacing_mm) if factors is None else factors
     if factors == (1, 1):
         return _sigmoid(_blended_logits(model, norm, roi, overlap))
     logits = _blended_logits(model, area_downsample(norm, factors), roi, overlap)

@@ -16,9 +16,12 @@ def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_u
     g.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8"),
                    help="int8 on the CPU: each model is quantized and gated on first use (cached); one that loses more"
                         " than 1 point of Dice or sensitivity runs in fp32, with a warning")
-    g.add_argument("--mode", default="roi", choices=("roi", "full"),
-                   help="roi: thumbnail classifier + 1024² crops (default); full: sliding window over the frame")
-    g.add_argument("--no-recheck", action="store_true", help="skip the 2x re-check of small lesions")
+    g.add_argument("--mode", default="auto", choices=("auto", "roi", "full"),
+                   help="roi: thumbnail classifier + 1024² crops; full: sliding window over the frame; auto"
+                        " (default): full for frames much finer than the UNet's spacing (radiographs) or with no"
+                        " ROI classifier for their modality, roi for the rest (CT)")
+    g.add_argument("--no-recheck", action="store_true",
+                   help="skip the 2x re-check of small lesions and the 2x fine sweep of radiographs")
     g.add_argument("--model", default=seg_model,
                    help="segmentation model name or .toml spec; several, comma-separated, route frames by the"
                         f" modalities their specs list, as --roi-model does (default {seg_model}: CT slices to the"
