@@ -182,9 +182,10 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
             continue
         spec = load_spec(models / f"{name}.toml")
         rows: list[tuple[str, dict[str, Any]]] = []
+        default = "" if spec.modalities and "DX" not in spec.modalities else " (the analyzer's default)"
         for key, label in ((name, "DX 4096², ROI path"), (f"{name}+recheck", "DX 4096², ROI path + recheck"),
                            (f"{name}@full", "DX 4096², whole frame"),
-                           (f"{name}@full+recheck", "DX 4096², **whole frame + recheck (default)**")):
+                           (f"{name}@full+recheck", f"DX 4096², whole frame + recheck{default}")):
             if key in results["dx"]:
                 rows.append((label, results["dx"][key]))
         for key, label in ((name, "CT 512², classifier → whole slice"),
