@@ -280,7 +280,10 @@ class Run:
     def analyzer(self) -> list[dict[str, Any]]:
         """What a user's run does: ``medrt.load_analyzer`` (the radiograph models, the
         recheck on) and ``Analyzer.analyze`` on each 4096² frame, decode skipped; torch
-        on CUDA in fp32 and fp16 (the dry run: onnxruntime on the CPU)."""
+        on CUDA in fp32 and fp16 (the dry run: onnxruntime on the CPU). The default
+        ``auto`` mode runs a radiograph over the whole frame with the fine sweep at
+        0.25 mm (tenth session); one more row forces the ROI path (the sweep then covers
+        the crops)."""
         from medrt import bands
         from medrt.analyzer import AnalyzerConfig, load_analyzer
         from medrt.bench.engine import _frame_from_phantom
@@ -295,17 +298,18 @@ class Run:
         # inputs to x64 size buckets cut p99 from 158 to 112 ms but changed the recheck's
         # findings, 3.6 lesions per frame against 1.9: benchmarks/results/h200_2026-11-30.md.)
         graphs = {"cuda_graph": True, "max_graphs": 64}
-        runs = [("fp32", "eager", {}), ("fp32", "CUDA graphs", graphs), ("fp16", "CUDA graphs", graphs)]
+        runs = [("fp32", "eager", {}, "auto"), ("fp32", "CUDA graphs", graphs, "auto"),
+                ("fp16", "CUDA graphs", graphs, "auto"), ("fp32", "CUDA graphs, ROI path", graphs, "roi")]
         if s.device != "cuda":
-            runs = [("fp32", "onnxruntime", {})]
+            runs = [("fp32", "onnxruntime", {}, "auto"), ("fp32", "onnxruntime, ROI path", {}, "roi")]
         warmup = max(s.warmup, len(frames))
         rows = []
-        for precision, label, options in runs:
+        for precision, label, options, mode in runs:
             self.free()
             config = AnalyzerConfig(backend="torch" if s.device == "cuda" else "onnxruntime", device=s.device,
                                     precision=precision, roi_model=self.roi.spec_path.as_posix(),
                                     seg_model=self.unet.spec_path.as_posix(), warmup_shapes=((320, 320), (256, 256)),
-                                    backend_options={"torch": options})
+                                    backend_options={"torch": options}, mode=mode)
             an = load_analyzer(config)
             ms, first, lesions, stages = [], [], 0, []
             for i in range(warmup + s.frames):
@@ -321,7 +325,7 @@ class Run:
             # where a frame's time goes: the median of each stage the analysis timed itself
             per_stage = {f"{k}_p50_ms": round(float(np.median([st[k] for st in stages])), 2)
                          for k in ("preprocess", "roi", "segment", "recheck", "postprocess")}
-            rows.append({"precision": precision, "backend": an.backend_name, "setting": label,
+            rows.append({"precision": precision, "backend": an.backend_name, "setting": label, "mode": result.mode,
                          "band_threads": bands.threads(), **_stats(ms), **per_stage,
                          "first_pass_max_ms": round(max(first), 1),
                          "lesions_per_frame": round(lesions / max(len(ms), 1), 2), "peak_mib": self.peak_mib()})
