@@ -166,9 +166,10 @@ def _source(results: dict[str, Any]) -> str:
             f"for radiographs, `{results['roi_routed']['ct']}` for CT), then this UNet; "
             "*+ recheck*: then the multi-scale "
             f"recheck of components under {_RECHECK.max_diameter_mm:g} mm and faint peaks from "
-            f"p = {_RECHECK.faint_low:g} (`medrt.analysis.recheck`, default settings) and, on radiographs, the "
-            "fine sweep: the UNet again at twice its scale over what the first pass covered, each finding kept "
-            "only if it survives flipped views (`medrt.analysis.sweep`); "
+            f"p = {_RECHECK.faint_low:g} (`medrt.analysis.recheck`, default settings); on radiographs the "
+            "fine sweep instead: the UNet again at twice its scale over what the first pass covered, each finding "
+            "kept only if it survives flipped views, in place of the first pass and the recheck "
+            "(`medrt.analysis.sweep`); "
             "*whole frame*: the UNet over the whole frame (sliding window), no classifier: what the analyzer's "
             "default `auto` mode runs on radiographs.")
 

@@ -9,8 +9,9 @@ mode runs on them), which separates the classifier's misses from the UNet's; CT
 slices through the classifier and then the UNet on the whole 512² slice. The
 UNet gets the frame's pixel spacing, so a model whose spec names one runs at it
 (radiographs area-averaged, ``medrt.analysis.resample``). Each UNet is scored
-without and with the multi-scale recheck of small lesions and, on radiographs,
-the fine sweep at twice the UNet's scale (``+recheck``; ``medrt.analysis.sweep``). The figures written into
+without and with the multi-scale recheck of small lesions (``+recheck``), which on
+radiographs is the fine sweep at twice the UNet's scale in place of the first pass
+and the recheck (``medrt.analysis.sweep``), as the analyzer runs it. The figures written into
 each card are the ones measured here, on this machine.
 """
 
@@ -87,17 +88,19 @@ def _inside(bbox: tuple[int, int, int, int], crop: tuple[int, int, int, int]) ->
 def _predict(col: Collected, key: str, name: str, unet: Any, norm: np.ndarray, prob: np.ndarray, frame: Any,
              with_recheck: bool, crops: Any = None) -> None:
     """The UNet's findings from its first-pass ``prob``, and with ``with_recheck`` also
-    after the recheck and the fine sweep (over ``crops``, or the whole frame for None),
-    as the analyzer runs them."""
+    as the analyzer runs it: the recheck, or for a frame much finer than the UNet (a
+    radiograph) the fine sweep over ``crops`` (None: the whole frame) in its place."""
     thr = unet.spec.thresholds.get("probability", 0.5)
     labels, lesions = lesions_from_probability(prob, frame.spacing_mm, thr)
     col.preds.setdefault(name, []).append(FramePrediction(key=key, lesions=tuple(lesions), labels=labels))
     if with_recheck:
-        prob2, touched, _ = recheck(unet, norm, prob, labels, lesions, frame.spacing_mm, thr, RecheckConfig())
-        swept = sweep(unet, norm, prob2, frame.spacing_mm, thr, SweepConfig(), crops=crops)
+        swept = None  # no crops: nothing to sweep, and the recheck of an empty map is empty
+        if crops is None or crops:
+            swept = sweep(unet, norm, frame.spacing_mm, thr, SweepConfig(), crops=crops)
         if swept is not None:
-            prob2, where, _ = swept
-            touched |= where
+            prob2, touched, _ = swept
+        else:
+            prob2, touched, _ = recheck(unet, norm, prob, labels, lesions, frame.spacing_mm, thr, RecheckConfig())
         labels2, lesions2 = lesions_from_probability(prob2, frame.spacing_mm, thr, rechecked_mask=touched)
         col.preds.setdefault(f"{name}+recheck", []).append(
             FramePrediction(key=key, lesions=tuple(lesions2), labels=labels2))

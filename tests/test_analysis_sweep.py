@@ -62,18 +62,15 @@ def frame_with(*discs: tuple[float, float, float], shape: tuple[int, int] = (102
 
 def test_a_frame_at_the_models_own_scale_is_not_swept() -> None:
     norm = frame_with((200, 200, 5))
-    assert sweep(Pixelwise(), norm, np.zeros_like(norm), (0.7, 0.7), 0.5) is None  # CT
-    assert sweep(Pixelwise(), norm, np.zeros_like(norm), None, 0.5) is None
+    assert sweep(Pixelwise(), norm, (0.7, 0.7), 0.5) is None  # CT
+    assert sweep(Pixelwise(), norm, None, 0.5) is None
 
 
 def test_a_lesion_seen_the_same_in_every_view_is_kept_at_the_fine_scale() -> None:
-    """A 3 mm disc the first pass did not mark (a fine-only component, which must reach
-    confirm_new) and a 6 mm one it did: both kept, masks from the fine map."""
+    """A 3 mm and a 6 mm disc: both kept, masks from the fine map."""
     norm = frame_with((300, 200, 12), (700, 650, 24))
-    first = np.zeros(norm.shape, np.float32)
-    first[disc(norm.shape, (700, 650), 24)] = 1.0
     model = Pixelwise()
-    prob, swept, views = sweep(model, norm, first, SPACING, 0.5)
+    prob, swept, views = sweep(model, norm, SPACING, 0.5)
     assert swept.all() and views == 2 * 2  # two components, flipped two ways
     assert model.shapes[0][2:] == (512, 512)  # the whole frame at 0.25 mm, one window
     _, lesions = lesions_from_probability(prob, SPACING, 0.5)
@@ -85,28 +82,34 @@ def test_components_that_a_flip_changes_are_dropped() -> None:
     model = RisingEdge()
     norm = frame_with((300, 200, 40), (700, 650, 60))
     fine = sliding_window(model, norm, roi=2048, factors=(2, 2))
-    marks = len([les for les in lesions_from_probability(fine, SPACING, 0.5)[1] if les.max_score >= 0.9])
-    assert marks >= 2  # pieces of the left rims that reach SweepConfig.confirm
-    for first in (np.zeros_like(fine), fine):  # fine-only, and marked by the first pass too
-        prob, _, views = sweep(model, norm, first, SPACING, 0.5)
-        assert views > 0 and not (prob >= 0.5).any()
+    strong = [les for les in lesions_from_probability(fine, SPACING, 0.5)[1]
+              if les.max_score >= 0.999 and les.diameter_mm >= 1.5]
+    assert len(strong) >= 2  # pieces of the left rims that could pass
+    prob, _, views = sweep(model, norm, SPACING, 0.5)
+    assert views == 2 * len(strong) and not (prob >= 0.5).any()
     # With only the top-bottom flip, which a left-right edge does not notice, they stay.
-    prob, _, _ = sweep(RisingEdge(), norm, fine, SPACING, 0.5, SweepConfig(flips=("v",)))
-    assert len(lesions_from_probability(prob, SPACING, 0.5)[1]) == marks
+    prob, _, _ = sweep(RisingEdge(), norm, SPACING, 0.5, SweepConfig(flips=("v",)))
+    assert len(lesions_from_probability(prob, SPACING, 0.5)[1]) == len(strong)
 
 
-def test_fine_only_components_need_a_minimum_diameter_and_the_higher_confirmation() -> None:
+def test_components_need_a_minimum_diameter_and_a_confirmed_peak() -> None:
     norm = frame_with((300, 200, 4))  # 1 mm across at 0.125 mm
-    prob, _, views = sweep(Pixelwise(), norm, np.zeros_like(norm), SPACING, 0.5)
+    prob, _, views = sweep(Pixelwise(), norm, SPACING, 0.5)
     assert views == 0 and not (prob >= 0.5).any()
-    prob, _, views = sweep(Pixelwise(), norm, np.zeros_like(norm), SPACING, 0.5, SweepConfig(min_diameter_mm=0.5))
+    prob, _, views = sweep(Pixelwise(), norm, SPACING, 0.5, SweepConfig(min_diameter_mm=0.5))
     assert views == 2 and (prob >= 0.5).any()
-    # A peak under confirm_new is not even checked unless the first pass marked it.
+    # A peak under confirm is not even checked: no view can lift the least above it.
     faint = np.where(disc(norm.shape, (300, 200), 20), 0.6, 0.1).astype(np.float32)  # logit 2: p 0.88
-    prob, _, views = sweep(Pixelwise(), faint, np.zeros_like(faint), SPACING, 0.5)
+    prob, _, views = sweep(Pixelwise(), faint, SPACING, 0.5)
     assert views == 0 and not (prob >= 0.5).any()
-    prob, _, views = sweep(Pixelwise(), faint, (faint > 0.5).astype(np.float32), SPACING, 0.5, SweepConfig(confirm=0.8))
+    prob, _, views = sweep(Pixelwise(), faint, SPACING, 0.5, SweepConfig(confirm=0.8))
     assert views == 2 and (prob >= 0.5).any()
+    # Past max_views, the weakest are dropped unchecked.
+    two = frame_with((300, 200, 20), (700, 650, 20))
+    two[disc(two.shape, (700, 650), 20)] = 0.85  # the weaker one
+    prob, _, views = sweep(Pixelwise(), two, SPACING, 0.5, SweepConfig(max_views=1))
+    _, kept = lesions_from_probability(prob, SPACING, 0.5)
+    assert views == 2 and [les.centroid for les in kept] == [pytest.approx((300.0, 200.0), abs=0.5)]
 
 
 def test_flipped_views_are_aligned_with_the_fine_grid() -> None:
@@ -126,7 +129,7 @@ def test_flipped_views_are_aligned_with_the_fine_grid() -> None:
 def test_on_the_roi_path_only_the_crops_are_swept() -> None:
     norm = frame_with((300, 200, 24), (700, 650, 24))
     crops = [(100, 0, 500, 400)]
-    prob, swept, _ = sweep(Pixelwise(), norm, np.zeros_like(norm), SPACING, 0.5, crops=crops)
+    prob, swept, _ = sweep(Pixelwise(), norm, SPACING, 0.5, crops=crops)
     assert swept[100:500, 0:400].all() and swept.sum() == 400 * 400
     assert not prob[~swept].any()
     _, lesions = lesions_from_probability(prob, SPACING, 0.5)

@@ -10,17 +10,18 @@ but with 5 false positives per frame: lung texture seen twice as large.
 
 Those false marks are not stable under a mirror image of the input; the nodules are.
 So each component of the fine map is run again on a window around it flipped left to
-right and top to bottom (``SweepConfig.flips``), and kept only when the smallest of
-its probabilities over the views reaches ``confirm`` (where the first pass also marked
-it) or ``confirm_new`` (where only the fine map does, which must also be at least
-``min_diameter_mm`` long). What comes out is the fine map with the other components
-taken off: masks at 0.25 mm, not the first pass's 0.5 mm.
+right and top to bottom (``SweepConfig.flips``), and kept only when the least of its
+probabilities over the views reaches ``confirm`` (0.999) at its peak and it is at least
+``min_diameter_mm`` long. What comes out is the fine map with the other components
+taken off, masks at 0.25 mm; it takes the place of the first pass and the recheck,
+which then do not run (:meth:`medrt.analyzer.Analyzer.segment`).
 
-Measured (the same first pass, settings side by side, whole-frame flipped views,
-chosen on the validation frames): 52 of 61 nodules at 0.03 false positives per frame,
-Dice 0.93 (first pass and recheck over the whole frame: 42, 0.25, 0.91). Held out
-(seed 9000, 40 radiographs): 57 of 63 at 0.05, Dice 0.88, 2-5 mm 17 of 20 (first
-pass: 39, 0.225, 0.84).
+Chosen on the validation frames (one run, rules scored side by side, whole-frame
+flipped views): 52 of 61 nodules at 0 false positives per frame, Dice 0.93 (first pass
+and recheck over the whole frame: 42, 0.25, 0.91). Also scored: keeping components the
+first pass marked from 0.9 over the views (52, 0.03), and only the left-right flip
+(51, 0.09-0.31 as the threshold goes). Held out (seed 9000, 40 radiographs): 57 of 63
+at 0.05, Dice 0.88, 2-5 mm 17 of 20 (first pass and recheck: 39, 0.225, 0.84).
 
 Only frames finer than the model's spacing by the resample ratio are swept
 (:func:`medrt.analysis.resample.recheck_factors`): radiographs, not CT slices, which
@@ -46,7 +47,6 @@ from medrt.analysis.segment import (
     segment_crops,
     sliding_window,
 )
-from medrt.bands import at_least
 from medrt.engine.backends.base import Backend
 
 __all__ = ["SweepConfig", "sweep", "FLIPS"]
@@ -60,18 +60,16 @@ FLIPS = {"h": -1, "v": -2}  # the array axis each flip mirrors: left-right, top-
 class SweepConfig:
     """Settings of :func:`sweep`, chosen on validation radiographs (module docstring)."""
 
-    # The flip-consistent peak a component of the fine map needs when the first pass
-    # marked it too, and when only the fine map does.
-    confirm: float = 0.9
-    confirm_new: float = 0.999
-    min_diameter_mm: float = 1.5  # fine-only components shorter than this are dropped
+    # The least probability over the views that a component of the fine map needs at
+    # its peak, and its least length.
+    confirm: float = 0.999
+    min_diameter_mm: float = 1.5
     flips: tuple[str, ...] = ("h", "v")
     # Frame around a component in its flipped views, each side: the network sees
     # what it saw in the sweep around the lesion (its receptive field is ~25 mm here).
     view_margin_mm: float = 32.0
-    # Components checked per frame, first-pass ones first. Past this, fine-only ones
-    # are dropped unchecked and first-pass ones kept unchecked (a broken model's
-    # speckle then costs a bounded time).
+    # Components checked per frame, the strongest first; the rest are dropped unchecked
+    # (a broken model's speckle then costs a bounded time).
     max_views: int = 32
     # Sliding-window side in network pixels over the whole frame: a 4096² radiograph at
     # 0.25 mm is one window (2048: the same findings as 1024 on the validation frames, in
@@ -84,27 +82,25 @@ class SweepConfig:
         unknown = [f for f in self.flips if f not in FLIPS]
         if unknown or not self.flips:
             raise ValueError(f'Argument "flips" must name at least one of {sorted(FLIPS)}, got {self.flips!r}')
-        if not 0.0 < self.confirm <= 1.0 or not 0.0 < self.confirm_new <= 1.0:
-            raise ValueError(f"confirm thresholds must be in (0, 1], got {self.confirm!r}, {self.confirm_new!r}")
+        if not 0.0 < self.confirm <= 1.0:
+            raise ValueError(f'Argument "confirm" must be in (0, 1], got {self.confirm!r}')
 
 
 def sweep(
     model: Backend,
     norm: np.ndarray,
-    first: np.ndarray,
     spacing_mm: tuple[float, float] | None,
     threshold: float,
     cfg: SweepConfig = SweepConfig(),
     crops: tuple[tuple[int, int, int, int], ...] | list[tuple[int, int, int, int]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """The fine sweep of one frame: ``(prob, swept mask, flipped views run)``, or None when the
-    frame is not finer than the model (nothing to do; ``first`` stands).
+    """The fine sweep of one frame: ``(prob, swept mask, flipped views run)``, or None when
+    the frame is not finer than the model (nothing to do: the first pass and the recheck
+    run as for CT).
 
-    ``first`` is the first pass's probability map (after the recheck), read only for
-    which pixels it marks at ``threshold``. ``crops`` (source boxes) limits the sweep to
-    the ROI path's crops; None sweeps the whole frame. The returned map replaces
-    ``first`` inside the swept mask; outside it (ROI path) it is 0, as the first
-    pass is there."""
+    ``crops`` (source boxes) limits the sweep to the ROI path's crops; None sweeps the
+    whole frame. The map is 0 outside the swept mask and takes the place of the first
+    pass and the recheck."""
     factors = recheck_factors(spacing_mm, getattr(model.spec, "spacing_mm", None))
     if factors is None:
         return None
@@ -118,30 +114,24 @@ def sweep(
         for r0, c0, r1, c1 in crops:
             swept[max(r0, 0):r1, max(c0, 0):c1] = True
     labels, lesions = lesions_from_probability(fine, spacing_mm, threshold)
-    marked = at_least(first, threshold)
-    checks: list[tuple[bool, float, int, tuple[int, int, int, int]]] = []  # supported, peak, label, bbox
+    checks: list[tuple[float, int, tuple[int, int, int, int]]] = []  # peak, label, bbox
     drop: list[tuple[int, tuple[int, int, int, int]]] = []
     for les in lesions:
         r0, c0, r1, c1 = les.bbox
-        mask = labels[r0:r1, c0:c1] == les.label
-        supported = bool(marked[r0:r1, c0:c1][mask].any())
-        peak = float(fine[r0:r1, c0:c1][mask].max())
-        if peak < (cfg.confirm if supported else cfg.confirm_new) or (
-                not supported and les.diameter_mm < cfg.min_diameter_mm):
+        peak = float(fine[r0:r1, c0:c1][labels[r0:r1, c0:c1] == les.label].max())
+        if peak < cfg.confirm or les.diameter_mm < cfg.min_diameter_mm:  # no view can lift it
             drop.append((les.label, les.bbox))
         else:
-            checks.append((supported, peak, les.label, les.bbox))
-    checks.sort(key=lambda c: (not c[0], -c[1], c[3]))
-    for supported, _, label, bbox in checks[cfg.max_views:]:
-        if not supported:
-            drop.append((label, bbox))
+            checks.append((peak, les.label, les.bbox))
+    checks.sort(key=lambda c: (-c[0], c[2]))
     if len(checks) > cfg.max_views:
-        log.debug("fine sweep: %d components, %d checked", len(checks), cfg.max_views)
+        log.debug("fine sweep: %d components, the %d strongest checked", len(checks), cfg.max_views)
+        drop += [(label, bbox) for _, label, bbox in checks[cfg.max_views:]]
     views = 0
     sr, sc = spacing_mm if spacing_mm is not None else (1.0, 1.0)
     margin = (int(np.ceil(cfg.view_margin_mm / sr)), int(np.ceil(cfg.view_margin_mm / sc)))
     multiple = max(1, model.spec.multiple_of)
-    for supported, _, label, bbox in checks[: cfg.max_views]:
+    for _, label, bbox in checks[: cfg.max_views]:
         r0, c0, r1, c1 = bbox
         mask = labels[r0:r1, c0:c1] == label
         least = fine[r0:r1, c0:c1][mask]
@@ -149,7 +139,7 @@ def sweep(
             view = _flipped_view(model, norm, bbox, margin, factors, multiple, FLIPS[flip])
             least = np.minimum(least, view[mask])
             views += 1
-        if float(least.max()) < (cfg.confirm if supported else cfg.confirm_new):
+        if float(least.max()) < cfg.confirm:
             drop.append((label, bbox))
     for label, (r0, c0, r1, c1) in drop:
         window = fine[r0:r1, c0:c1]
