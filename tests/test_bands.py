@@ -84,8 +84,9 @@ def test_a_bad_thread_setting_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_a_large_radiograph_gives_the_same_findings_on_one_thread_and_several(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The whole analysis of a 2048² phantom radiograph (ROI path, crops on the pool,
-    recheck): the same label map and lesions with one band thread and with several."""
+    """The whole analysis of a 2048² phantom radiograph (ROI path, crops on the pool, and
+    the whole frame; both with the fine sweep): the same label map and lesions with one
+    band thread and with several."""
     from medrt.analyzer import AnalyzerConfig, load_analyzer
     from medrt.bench.engine import _frame_from_phantom
     from medrt.phantom import generate_radiograph
@@ -94,12 +95,14 @@ def test_a_large_radiograph_gives_the_same_findings_on_one_thread_and_several(
     frame = _frame_from_phantom(phantom, "bands")
     analyzer = load_analyzer(AnalyzerConfig(roi_model="roi_classifier_dx", seg_model="lesion_unet",
                                             warmup_shapes=((256, 256),)))
-    _threads(monkeypatch, 1)
-    one = analyzer.analyze(frame, mode="roi")
-    _threads(monkeypatch, 3)
-    several = analyzer.analyze(frame, mode="roi")
-    assert len(one.crops) > 1, "the test needs several crops to hand out"
-    assert len(one.lesions) > 0
-    np.testing.assert_array_equal(one.labels, several.labels)
-    assert [(les.bbox, les.area_mm2, les.diameter_mm) for les in one.lesions] == \
-        [(les.bbox, les.area_mm2, les.diameter_mm) for les in several.lesions]
+    for mode in ("roi", "full"):
+        _threads(monkeypatch, 1)
+        one = analyzer.analyze(frame, mode=mode)
+        _threads(monkeypatch, 3)
+        several = analyzer.analyze(frame, mode=mode)
+        if mode == "roi":
+            assert len(one.crops) > 1, "the test needs several crops to hand out"
+        assert len(one.lesions) > 0
+        np.testing.assert_array_equal(one.labels, several.labels)
+        assert [(les.bbox, les.area_mm2, les.diameter_mm) for les in one.lesions] == \
+            [(les.bbox, les.area_mm2, les.diameter_mm) for les in several.lesions]

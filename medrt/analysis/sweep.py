@@ -65,8 +65,8 @@ class SweepConfig:
     confirm: float = 0.999
     min_diameter_mm: float = 1.5
     flips: tuple[str, ...] = ("h", "v")
-    # Frame around a component in its flipped views, each side: the network sees
-    # what it saw in the sweep around the lesion (its receptive field is ~25 mm here).
+    # Frame around a component in its flipped views, each side. 16, 32 and 48 mm found
+    # the same nodules with the same false positives on the validation radiographs.
     view_margin_mm: float = 32.0
     # Components checked per frame, the strongest first; the rest are dropped unchecked
     # (a broken model's speckle then costs a bounded time).
