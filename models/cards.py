@@ -167,7 +167,7 @@ def _source(results: dict[str, Any]) -> str:
             "*+ recheck*: then the multi-scale "
             f"recheck of components under {_RECHECK.max_diameter_mm:g} mm and faint peaks from "
             f"p = {_RECHECK.faint_low:g} (`medrt.analysis.recheck`, default settings); on radiographs the "
-            "fine sweep instead: the UNet again at twice its scale over what the first pass covered, each finding "
+            "fine sweep instead: the UNet at twice its scale over the same crops or whole frame, each finding "
             "kept only if it survives flipped views, in place of the first pass and the recheck "
             "(`medrt.analysis.sweep`); "
             "*whole frame*: the UNet over the whole frame (sliding window), no classifier: what the analyzer's "
