@@ -360,7 +360,7 @@ class Analyzer:
         frame = work.frame
         spacing = frame.spacing_mm  # resampled to the model's training spacing where it names one
         crops = None if work.mode == "full" else work.crops
-        if work.recheck and self.config.sweep is not None and (crops is None or crops):
+        if work.recheck and self.config.sweep is not None:
             swept = sweep(seg, work.norm, spacing, threshold, self.config.sweep, crops=crops)
             if swept is not None:
                 prob, rechecked, views = swept

@@ -94,9 +94,7 @@ def _predict(col: Collected, key: str, name: str, unet: Any, norm: np.ndarray, p
     labels, lesions = lesions_from_probability(prob, frame.spacing_mm, thr)
     col.preds.setdefault(name, []).append(FramePrediction(key=key, lesions=tuple(lesions), labels=labels))
     if with_recheck:
-        swept = None  # no crops: nothing to sweep, and the recheck of an empty map is empty
-        if crops is None or crops:
-            swept = sweep(unet, norm, frame.spacing_mm, thr, SweepConfig(), crops=crops)
+        swept = sweep(unet, norm, frame.spacing_mm, thr, SweepConfig(), crops=crops)
         if swept is not None:
             prob2, touched, _ = swept
         else:

@@ -134,6 +134,7 @@ def test_on_the_roi_path_only_the_crops_are_swept() -> None:
     assert not prob[~swept].any()
     _, lesions = lesions_from_probability(prob, SPACING, 0.5)
     assert [les.centroid for les in lesions] == [pytest.approx((300.0, 200.0), abs=0.5)]
+    assert sweep(Pixelwise(), norm, SPACING, 0.5, crops=[]) is None  # a negative frame: nothing to sweep
 
 
 def test_config_is_checked() -> None:

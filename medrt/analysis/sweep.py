@@ -95,14 +95,14 @@ def sweep(
     crops: tuple[tuple[int, int, int, int], ...] | list[tuple[int, int, int, int]] | None = None,
 ) -> tuple[np.ndarray, np.ndarray, int] | None:
     """The fine sweep of one frame: ``(prob, swept mask, flipped views run)``, or None when
-    the frame is not finer than the model (nothing to do: the first pass and the recheck
-    run as for CT).
+    the frame is not finer than the model or ``crops`` is empty (nothing to sweep: the
+    first pass and the recheck run as for CT, on no crops nothing).
 
     ``crops`` (source boxes) limits the sweep to the ROI path's crops; None sweeps the
     whole frame. The map is 0 outside the swept mask and takes the place of the first
     pass and the recheck."""
     factors = recheck_factors(spacing_mm, getattr(model.spec, "spacing_mm", None))
-    if factors is None:
+    if factors is None or (crops is not None and not len(crops)):
         return None
     rows, cols = norm.shape[-2:]
     if crops is None:
