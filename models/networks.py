@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["RoiNet", "LocalContrast", "LocalContrastUNet", "NeighbourDifference", "NEIGHBOUR_GAIN", "build_unet", "network_for", "UNET_VARIANTS",
-           "EDGE_CHANNEL", "EDGE_GAIN"]
+__all__ = ["RoiNet", "LocalContrast", "LocalContrastUNet", "NeighbourDifference", "NEIGHBOUR_GAIN", "TwoWindows",
+           "WIDE_WINDOW", "SOFT_WINDOW", "build_unet", "network_for", "UNET_VARIANTS", "EDGE_CHANNEL", "EDGE_GAIN"]
 
 # MONAI UNet settings per variant: lesion_unet for 1024² crops (≈ 0.8 M parameters),
 # lesion_unet_lite for 512² CT streams at 30 frames/s. Batch norm, not MONAI's default
@@ -110,20 +110,67 @@ class NeighbourDifference(nn.Module):
         return torch.cat([self.contrast(mid), *diffs], dim=1)
 
 
+# CT in two windows (``two_windows``): the input is the slices in one fixed wide window
+# (the spec's ``fixed_window``), and the graph cuts the soft-tissue window out of it for
+# the channels above, and keeps the wide one beside them. In the soft-tissue window
+# (-160..240 HU) a phantom lung nodule (-260..-40 HU in -860 HU lung) is clipped to
+# nothing or nearly so, while the lung vessels it must be told from (40 HU) show; in
+# the wide window (-1000..500 HU) both show, the nodule a third dimmer, and the vessel
+# runs on through the neighbouring slices where the nodule ends.
+WIDE_WINDOW = (-250.0, 1500.0)  # (center, width) HU: -1000..500
+SOFT_WINDOW = (40.0, 400.0)  # the phantom's soft-tissue VOI window, which the 2.x models read
+WIDE_GAIN = 5.0  # a lung nodule's 600-820 HU step is 0.4-0.55 of the wide window: tanh(2-2.7)
+
+
+class TwoWindows(nn.Module):
+    """Input: previous, this and next slice in :data:`WIDE_WINDOW` (0..1). Channels out:
+    :class:`NeighbourDifference`'s on the soft-tissue window cut from it, then this slice
+    in the wide window and the two neighbour differences there (gain :data:`WIDE_GAIN`).
+    The two windows are a buffer, so they travel with the weights."""
+
+    def __init__(self, contrast: LocalContrast, wide: tuple[float, float] = WIDE_WINDOW,
+                 soft: tuple[float, float] = SOFT_WINDOW) -> None:
+        super().__init__()
+        self.inner = NeighbourDifference(contrast)
+        self.register_buffer("windows", torch.tensor([*wide, *soft], dtype=torch.float32))
+        lo_wide, lo_soft = wide[0] - wide[1] / 2.0, soft[0] - soft[1] / 2.0
+        self.offset, self.scale = (lo_soft - lo_wide) / wide[1], wide[1] / soft[1]
+
+    @property
+    def channels(self) -> int:
+        return self.inner.channels + 3
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        soft = torch.clamp((x - self.offset) * self.scale, 0.0, 1.0)
+        mid = x[:, 1:2]
+        smooth = LocalContrast._box(mid, NEIGHBOUR_SMOOTH)
+        diffs = [torch.tanh(WIDE_GAIN * (LocalContrast._box(x[:, k : k + 1], NEIGHBOUR_SMOOTH) - smooth))
+                 for k in (0, 2)]
+        return torch.cat([self.inner(soft), mid, *diffs], dim=1)
+
+
 class LocalContrastUNet(nn.Module):
     """A MONAI UNet fed :class:`LocalContrast` (two channels, three with the edge channel);
-    ``slices=3`` takes three slices and adds :class:`NeighbourDifference`'s two channels."""
+    ``slices=3`` takes three slices and adds :class:`NeighbourDifference`'s two channels;
+    ``two_windows`` (with ``slices=3``) takes them in a wide window (:class:`TwoWindows`)."""
 
-    def __init__(self, variant: str, edge: bool = False, slices: int = 1) -> None:
+    def __init__(self, variant: str, edge: bool = False, slices: int = 1, two_windows: bool = False,
+                 windows: tuple[tuple[float, float], tuple[float, float]] = (WIDE_WINDOW, SOFT_WINDOW)) -> None:
         super().__init__()
         if slices not in (1, 3):
             raise ValueError(f"slices must be 1 or 3, got {slices}")
+        if two_windows and slices != 3:
+            raise ValueError("two_windows needs slices=3")
         edge_gain = EDGE_GAIN if edge else 0.0
         from monai.networks.nets import UNet
 
         self.slices = slices
         self.contrast = LocalContrast(smooth=CONTRAST_SMOOTH.get(variant, 1), edge_gain=edge_gain)
-        front = NeighbourDifference(self.contrast) if slices == 3 else self.contrast
+        front: nn.Module
+        if two_windows:
+            front = TwoWindows(self.contrast, *windows)
+        else:
+            front = NeighbourDifference(self.contrast) if slices == 3 else self.contrast
         self.front = front if slices == 3 else None
         self.unet = UNet(spatial_dims=2, in_channels=front.channels, out_channels=1, **UNET_VARIANTS[variant])
 
@@ -138,12 +185,16 @@ class LocalContrastUNet(nn.Module):
         return self.unet(features.to(_weight_dtype(self.unet)))
 
 
-def build_unet(variant: str, local_contrast: bool = True, edge: bool | None = None, slices: int = 1) -> nn.Module:
+def build_unet(variant: str, local_contrast: bool = True, edge: bool | None = None, slices: int = 1,
+               two_windows: bool = False,
+               windows: tuple[tuple[float, float], tuple[float, float]] = (WIDE_WINDOW, SOFT_WINDOW)) -> nn.Module:
     """The UNet of ``variant``; ``local_contrast=False`` is the plain one-channel MONAI
     UNet of the 1.x models (trained on CT only); ``edge`` adds the edge channel (default:
-    :data:`EDGE_CHANNEL`); ``slices=3`` makes it 2.5-D (:class:`NeighbourDifference`)."""
+    :data:`EDGE_CHANNEL`); ``slices=3`` makes it 2.5-D (:class:`NeighbourDifference`),
+    and ``two_windows`` reads those slices in a wide window (:class:`TwoWindows`)."""
     if local_contrast:
-        return LocalContrastUNet(variant, EDGE_CHANNEL.get(variant, False) if edge is None else edge, slices)
+        return LocalContrastUNet(variant, EDGE_CHANNEL.get(variant, False) if edge is None else edge, slices,
+                                 two_windows, windows)
     from monai.networks.nets import UNet
 
     return UNet(spatial_dims=2, in_channels=1, out_channels=1, **UNET_VARIANTS[variant])
@@ -162,8 +213,12 @@ def network_for(name: str, state: dict[str, torch.Tensor], roi: bool | None = No
                                 pool="mean+max" if both else "max", slices=slices)
     else:
         slices = 3 if channels >= 4 else 1
+        win = state.get("front.windows")  # TwoWindows: its two windows, and three more channels
+        extra = (2 if slices == 3 else 0) + (3 if win is not None else 0)
+        windows = ((float(win[0]), float(win[1])), (float(win[2]), float(win[3]))) if win is not None else None
         net = build_unet(name, local_contrast=any(k.startswith("unet.") for k in state),
-                         edge=channels - (2 if slices == 3 else 0) == 3, slices=slices)
+                         edge=channels - extra == 3, slices=slices, two_windows=win is not None,
+                         **({"windows": windows} if windows else {}))
     net.load_state_dict(state)
     return net.eval()
 

@@ -39,7 +39,14 @@ from torch import nn
 
 from medrt.engine.registry import sha256_file
 from medrt.models import data as phantom_data
-from medrt.models.networks import EDGE_CHANNEL, UNET_VARIANTS, RoiNet, build_unet, network_for
+from medrt.models.networks import (
+    EDGE_CHANNEL,
+    UNET_VARIANTS,
+    WIDE_WINDOW,
+    RoiNet,
+    build_unet,
+    network_for,
+)
 
 log = logging.getLogger("medrt.models.train")
 
@@ -137,7 +144,7 @@ def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
                                             n_ct_series=args.n_ct)
     if args.data != "all":  # e.g. the lite model is for 512² CT streams
         seg = seg.subset(seg.is_ct if args.data == "ct" else ~seg.is_ct)
-    net = build_unet(args.model, slices=args.slices)
+    net = build_unet(args.model, slices=args.slices, two_windows=args.two_windows)
     if args.resume:  # continue from earlier weights (the spec records the total steps)
         net.load_state_dict(torch.load(args.resume, map_location="cpu", weights_only=True))
     # Lesion pixels are a few per thousand: plain BCE settles on "background
@@ -153,7 +160,8 @@ def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
         frac = args.lesion_start + (args.lesion_end - args.lesion_start) * progress
         x, y = phantom_data.seg_batch(rng, seg, args.batch, crop=args.crop, ct_fraction=args.ct_fraction,
                                       lesion_fraction=frac, insert_small=args.insert_small, slices=args.slices,
-                                      neighbour_drop=args.neighbour_drop, window=args.window)
+                                      neighbour_drop=args.neighbour_drop, window=args.window,
+                                      insert_lung=args.insert_lung)
         xt, yt = torch.from_numpy(x), torch.from_numpy(y)
         logits = net(xt).float()  # the losses in fp32 under autocast
         weight = torch.from_numpy(small_lesion_weights(y, args.small_weight)) if args.small_weight > 0 else None
@@ -163,6 +171,7 @@ def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
     final, seconds, steps = _fit(net, args, batch_loss, _seg_monitor(net, seg, args.slices, args.window))
     info = {"steps": steps + args.prior_steps, "batch": args.batch, "crop": args.crop, "amp": args.amp, "data": args.data,
             "small_weight": args.small_weight, "insert_small": args.insert_small, "slices": args.slices,
+            "two_windows": args.two_windows, "insert_lung": args.insert_lung,
             "neighbour_drop": args.neighbour_drop if args.slices == 3 else 0.0,
             "window_jitter": _jitter_note(args), **_window_info(args),
             "lesion_fraction": [args.lesion_start, args.lesion_end], "spacing_mm": phantom_data.SEG_SPACING, "final_loss": final, "patches": int(len(seg.patches)),
@@ -373,12 +382,14 @@ def _seg_args(args: argparse.Namespace) -> str:
     out += f" --amp {args.amp}" if args.amp != "none" else ""
     out += f" --crop {args.crop}" if args.crop != 256 and args.model not in ROI_MODELS else ""
     nb = f" --slices 3 --neighbour-drop {args.neighbour_drop:g}" if args.slices == 3 else ""
-    nb += f" --window={args.window[0]:g},{args.window[1]:g}" if args.window is not None else ""
+    nb += f" --window={args.window[0]:g},{args.window[1]:g}" if args.window is not None and not args.two_windows else ""
     if args.model in ROI_MODELS:
         return out + nb
     out += f" --small-weight {args.small_weight:g}" if args.small_weight > 0 else ""
     out += f" --insert-small {args.insert_small:g}" if args.insert_small > 0 else ""
+    out += f" --insert-lung {args.insert_lung:g}" if args.insert_lung > 0 else ""
     out += nb
+    out += " --two-windows" if args.two_windows else ""
     return out + f" --lesion-start {args.lesion_start} --lesion-end {args.lesion_end}"
 
 
@@ -487,6 +498,13 @@ def main(argv: list[str] | None = None) -> int:
                    help="3 = 2.5-D, the previous and next slice of a CT series as extra input channels")
     p.add_argument("--neighbour-drop", type=float, default=0.15, metavar="P",
                    help="with --slices 3: chance that each neighbour is replaced by the slice itself in training")
+    p.add_argument("--insert-lung", type=float, default=0.0, metavar="P",
+                   help="share of CT crops cut around lung parenchyma with 1-2 lung nodules drawn in across the"
+                        " slices (models/data.py insert_lung_nodules)")
+    p.add_argument("--two-windows", action="store_true",
+                   help="UNets, with --slices 3 --data ct: read CT in the fixed wide window "
+                        f"{WIDE_WINDOW[0]:g},{WIDE_WINDOW[1]:g} and cut the soft-tissue window from it inside the graph"
+                        " (models/networks.py TwoWindows); sets --window to it")
     p.add_argument("--window", type=_window_arg, default=None, metavar="CENTER,WIDTH",
                    help="normalise CT by this fixed window (HU) instead of each slice's VOI window, and say so "
                         "in the spec ([normalization] fixed_window); needs --data ct; write --window=-300,1400")
@@ -494,6 +512,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "medrt" / "train"))
     p.add_argument("--out", default="models")
     args = p.parse_args(argv)
+    if args.two_windows:
+        if args.slices != 3 or args.data != "ct" or args.model in ROI_MODELS:
+            p.error("--two-windows is for a 2.5-D CT UNet: it needs --slices 3 --data ct")
+        if args.window not in (None, WIDE_WINDOW):
+            p.error(f"--two-windows reads the fixed window {WIDE_WINDOW[0]:g},{WIDE_WINDOW[1]:g}; leave --window out")
+        args.window = WIDE_WINDOW
     if args.window is not None and args.data != "ct":
         p.error("--window is a CT window (HU): it needs --data ct")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")

@@ -157,6 +157,7 @@ def test_radiograph_classifier_covers_nodules_the_ct_one_misses() -> None:
 
 
 @pytest.mark.parametrize("name, slices, window", [("lesion_unet_lite", 1, ""), ("lesion_unet_lite", 3, "-300,1400"),
+                                                  ("lesion_unet_lite", 3, "two"),
                                                   ("roi_classifier", 3, "-300,1400")])
 def test_training_smoke(tmp_path: Path, name: str, slices: int, window: str) -> None:
     """A few steps of the real training script, end to end: data (with the CT neighbours
@@ -164,6 +165,11 @@ def test_training_smoke(tmp_path: Path, name: str, slices: int, window: str) -> 
     require_module("torch")
     require_module("monai")
     fixed = [f"--window={window}", "--data", "ct"] if window else []  # "=": the centre may be negative
+    if window == "two":  # the two-window CT UNet (3.x), with lung nodules drawn in
+        fixed = ["--two-windows", "--data", "ct", "--insert-lung", "0.5"]
+        bad = subprocess.run([sys.executable, "-m", "medrt.models.train", name, "--two-windows", "--data", "ct"],
+                             capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert bad.returncode == 2 and "--slices 3" in bad.stderr  # 2.5-D only, said before any work
     out = subprocess.run(
         [sys.executable, "-m", "medrt.models.train", name, "--steps", "3", "--batch", "2",
          "--n-dx", "1", "--n-ct", "1", "--slices", str(slices), "--cache", str(tmp_path / "cache"),
@@ -174,8 +180,13 @@ def test_training_smoke(tmp_path: Path, name: str, slices: int, window: str) -> 
     spec = load_spec(tmp_path / "out" / f"{name}.toml")
     assert spec.training["seconds"] > 0 and spec.slices == slices
     assert ("--slices 3" in spec.training["command"]) == (slices == 3)
-    assert spec.own_window == ((-300.0, 1400.0) if window else None)
-    assert (f"--window={window}" in spec.training["command"]) == bool(window)
+    if window == "two":
+        assert spec.own_window == (-250.0, 1500.0)
+        assert "--two-windows" in spec.training["command"] and "--insert-lung 0.5" in spec.training["command"]
+        assert "--window" not in spec.training["command"]  # implied by --two-windows
+    else:
+        assert spec.own_window == ((-300.0, 1400.0) if window else None)
+        assert (f"--window={window}" in spec.training["command"]) == bool(window)
     y = OnnxRuntimeBackend(spec).infer(np.zeros((1, slices, 64, 64), np.float32))
     assert y[-1].shape == ((1, 1, 8, 8) if name == "roi_classifier" else (1, 1, 64, 64))  # heatmap / logits
 
@@ -487,3 +498,79 @@ def test_two_and_a_half_d_classifier_gets_each_slice_with_its_neighbours() -> No
     with pytest.raises(ValueError, match="slices"):
         RoiNet(slices=3, local_contrast=False)
 
+
+
+def test_lung_nodules_are_drawn_into_lung_across_the_slices() -> None:
+    """The CT training augmentation for lung nodules (``--insert-lung``): nodules land in
+    lung parenchyma clear of vessels, 600-820 HU above it, with this slice's mask; the
+    slices before and after get the same ellipsoid's smaller sections or nothing (a
+    vessel would run on); soft tissue gets none, and the inputs stay as they were."""
+    from scipy import ndimage
+
+    from medrt.models import data as phantom_data
+    from medrt.phantom import generate_ct_series
+
+    series = generate_ct_series(4321, n_frames=40)
+    stack = np.stack([f.pixels for f in series[1:4]])  # lung bases: slices 1-3
+    mask = ((series[2].labels > 0) * 255).astype(np.uint8)
+    before = stack.copy(), mask.copy()
+    rng = np.random.default_rng(0)
+    drawn = 0
+    for _ in range(10):
+        out, m = phantom_data.insert_lung_nodules(rng, stack, mask, 2)
+        added = (m == 255) & (mask == 0)
+        if not added.any():
+            continue
+        lab, n = ndimage.label(added)
+        drawn += n
+        step = out - stack
+        for k in range(1, n + 1):
+            blob = lab == k
+            ring = ndimage.binary_dilation(blob, iterations=4) & ~ndimage.binary_dilation(blob, iterations=2)
+            assert float(np.median(stack[1][ring])) < -700.0, "drawn into lung"
+            assert 600.0 <= float(step[1][blob].max()) <= 820.0
+            near = ndimage.binary_dilation(blob, iterations=3)
+            for side in (0, 2):  # a smaller section, or none, where this slice has the nodule
+                assert (np.abs(step[side]) > 300.0)[near].sum() <= (step[1] > 300.0)[near].sum()
+        assert not np.any(step[:, ~ndimage.binary_dilation(m > 0, iterations=40)]), "only near the nodules"
+    assert drawn > 0
+    assert np.array_equal(stack, before[0]) and np.array_equal(mask, before[1])
+    soft = np.full((3, 128, 128), 60.0, np.float32) + rng.normal(0, 12, (3, 128, 128)).astype(np.float32)
+    out, m = phantom_data.insert_lung_nodules(rng, soft, np.zeros((128, 128), np.uint8), 2)
+    assert not m.any() and np.array_equal(out, soft)
+
+
+def test_two_windows_front_shows_lung_nodules_the_soft_tissue_window_clips() -> None:
+    """lesion_unet_lite 3.x reads CT in one wide window; its front cuts the soft-tissue
+    window out of it (the 2.x channels, exactly), and adds the wide window and its
+    neighbour differences, where a lung nodule on this slice only stands out and a
+    vessel running through the slices does not. The windows travel with the weights."""
+    torch = require_module("torch")
+    require_module("monai")
+    from medrt.models.networks import SOFT_WINDOW, WIDE_WINDOW, TwoWindows, build_unet, network_for
+    from medrt.preprocess import normalize
+
+    net = build_unet("lesion_unet_lite", slices=3, two_windows=True)
+    front = net.front
+    assert isinstance(front, TwoWindows) and front.channels == net.contrast.channels + 2 + 3
+    yy, xx = np.mgrid[:64, :64]
+    spot = ((yy - 32) ** 2 + (xx - 32) ** 2) < 25
+    lung = np.full((64, 64), -860.0, np.float32)
+    nodule, vessel = np.where(spot, -120.0, lung), np.where(spot, 40.0, lung)
+    hu = np.stack([lung, nodule, lung])
+    wide = normalize(hu, *WIDE_WINDOW)
+    with torch.no_grad():
+        out = front(torch.from_numpy(wide[None]))[0].numpy()
+        runs_on = front(torch.from_numpy(normalize(np.stack([vessel] * 3), *WIDE_WINDOW)[None]))[0].numpy()
+    np.testing.assert_allclose(out[0], normalize(nodule, *SOFT_WINDOW), atol=1e-5)  # the 2.x input channel
+    assert out[0][spot].max() < 0.11  # -120 HU: near the soft-tissue window's floor (-160)
+    np.testing.assert_allclose(out[4], wide[1], atol=1e-6)
+    assert out[4][spot].mean() - out[4][~spot].mean() > 0.45  # 740 HU of 1500
+    assert out[5][32, 32] < -0.9 and out[6][32, 32] < -0.9  # neighbours lack it
+    assert np.abs(runs_on[5:]).max() < 1e-5  # a vessel goes on
+    again = network_for("lesion_unet_lite", net.state_dict())
+    assert isinstance(again.front, TwoWindows) and again.front.offset == front.offset
+    odd = build_unet("lesion_unet_lite", slices=3, two_windows=True, windows=((-500.0, 2000.0), (50.0, 350.0)))
+    assert network_for("lesion_unet_lite", odd.state_dict()).front.windows.tolist() == [-500.0, 2000.0, 50.0, 350.0]
+    with pytest.raises(ValueError, match="slices=3"):
+        build_unet("lesion_unet_lite", slices=1, two_windows=True)
