@@ -65,6 +65,14 @@ class RoiData:
         return RoiData([self.thumbs[i] for i in idx], self.windows[idx], [self.targets[i] for i in idx],
                        self.presence[idx], self.is_ct[idx], nb)
 
+    @property
+    def lung_rows(self) -> np.ndarray:
+        """Indices of the CT thumbnails with room for a lung nodule (:func:`lung_room`)."""
+        if getattr(self, "_lung", None) is None or len(self._lung_n) != len(self.is_ct):
+            self._lung_n = self.is_ct.copy()
+            self._lung = np.array([i for i in np.flatnonzero(self.is_ct) if lung_room(self.thumbs[i]).any()], int)
+        return self._lung
+
     def slices(self, i: int) -> np.ndarray:
         """(3, rows, cols) float32 raw values: the previous, this and the next slice's
         thumbnail (the thumbnail itself where there is none)."""
@@ -624,6 +632,7 @@ def seg_batch(
 def roi_batch(
     rng: np.random.Generator, data: RoiData, batch: int, crop: int = 256, ct_fraction: float = 0.5,
     slices: int = 1, neighbour_drop: float = 0.15, window: tuple[float, float] | None = None,
+    insert_lung: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Random ``crop``² windows of the thumbnails (a multiple of STRIDE), their heatmap
     targets and presence (any lesion cell in the window). The network is fully
@@ -632,7 +641,11 @@ def roi_batch(
     windows come from CT slices when both kinds are there. ``slices=3``: channels
     previous, this and next slice's thumbnail (``data.neighbours``), each neighbour
     replaced by the slice itself with probability ``neighbour_drop`` (as at a series'
-    ends, or for a lone image), as :func:`seg_batch` does; ``window`` as there."""
+    ends, or for a lone image), as :func:`seg_batch` does; ``window`` as there.
+    ``insert_lung``: that share of the CT windows comes from slices with lung (at the
+    thumbnail's own spacing, CT slices being their own thumbnails), with one or two lung
+    nodules drawn in (:func:`insert_lung_nodules`) and their cells marked, and is centred
+    on one of them."""
     if slices not in (1, 3):
         raise ValueError(f"slices must be 1 or 3, got {slices}")
     cells = crop // STRIDE
@@ -642,12 +655,21 @@ def roi_batch(
     ct_idx, dx_idx = np.flatnonzero(data.is_ct), np.flatnonzero(~data.is_ct)
     for b in range(batch):
         pool = ct_idx if (len(ct_idx) and (not len(dx_idx) or rng.random() < ct_fraction)) else dx_idx
-        i = int(pool[rng.integers(len(pool))])
-        thumb, target = augment_pair(rng, data.slices(i) if slices == 3 else data.thumbs[i], data.targets[i])
+        lung = bool(pool is ct_idx and insert_lung > 0 and len(data.lung_rows) and rng.random() < insert_lung)
+        i = int((data.lung_rows if lung else pool)[rng.integers(len(data.lung_rows) if lung else len(pool))])
+        thumb, target = (data.slices(i) if slices == 3 else data.thumbs[i]), data.targets[i]
+        drawn = np.zeros_like(target)
+        if lung:
+            thumb, mask = insert_lung_nodules(rng, thumb, np.zeros(thumb.shape[-2:], np.uint8), int(rng.integers(1, 3)))
+            drawn = heatmap_target(mask, 1, STRIDE)[: target.shape[0], : target.shape[1]]
+            target = np.maximum(target, drawn)
+        thumb, both = augment_pair(rng, thumb, np.stack([target, drawn]))
+        target, drawn = both
         tr, tc = target.shape
-        # Half of the windows are centred on a lesion cell when the frame has one.
-        hits = np.argwhere(target > 0)
-        if len(hits) and rng.random() < 0.5:
+        # Half of the windows are centred on a lesion cell when the frame has one; a
+        # window with lung nodules drawn in, on one of them.
+        hits = np.argwhere(drawn > 0) if drawn.any() else np.argwhere(target > 0)
+        if len(hits) and (drawn.any() or rng.random() < 0.5):
             r, c = hits[rng.integers(len(hits))] - cells // 2 + rng.integers(-cells // 4, cells // 4 + 1, size=2)
         else:
             r, c = rng.integers(0, max(tr - cells, 0) + 1), rng.integers(0, max(tc - cells, 0) + 1)

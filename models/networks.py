@@ -123,25 +123,31 @@ WIDE_GAIN = 5.0  # a lung nodule's 600-820 HU step is 0.4-0.55 of the wide windo
 
 
 class TwoWindows(nn.Module):
-    """Input: previous, this and next slice in :data:`WIDE_WINDOW` (0..1). Channels out:
-    :class:`NeighbourDifference`'s on the soft-tissue window cut from it, then this slice
-    in the wide window and the two neighbour differences there (gain :data:`WIDE_GAIN`).
-    The two windows are a buffer, so they travel with the weights."""
+    """Input: the slice, or previous, this and next slice (``slices=3``), in
+    :data:`WIDE_WINDOW` (0..1). Channels out: :class:`LocalContrast`'s (with ``slices=3``
+    :class:`NeighbourDifference`'s) on the soft-tissue window cut from it, then this slice
+    in the wide window (and with ``slices=3`` the two neighbour differences there, gain
+    :data:`WIDE_GAIN`). The two windows are a buffer, so they travel with the weights."""
 
     def __init__(self, contrast: LocalContrast, wide: tuple[float, float] = WIDE_WINDOW,
-                 soft: tuple[float, float] = SOFT_WINDOW) -> None:
+                 soft: tuple[float, float] = SOFT_WINDOW, slices: int = 3) -> None:
         super().__init__()
-        self.inner = NeighbourDifference(contrast)
+        if slices not in (1, 3):
+            raise ValueError(f"slices must be 1 or 3, got {slices}")
+        self.slices = slices
+        self.inner: nn.Module = NeighbourDifference(contrast) if slices == 3 else contrast
         self.register_buffer("windows", torch.tensor([*wide, *soft], dtype=torch.float32))
         lo_wide, lo_soft = wide[0] - wide[1] / 2.0, soft[0] - soft[1] / 2.0
         self.offset, self.scale = (lo_soft - lo_wide) / wide[1], wide[1] / soft[1]
 
     @property
     def channels(self) -> int:
-        return self.inner.channels + 3
+        return self.inner.channels + (3 if self.slices == 3 else 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         soft = torch.clamp((x - self.offset) * self.scale, 0.0, 1.0)
+        if self.slices == 1:
+            return torch.cat([self.inner(soft), x], dim=1)
         mid = x[:, 1:2]
         smooth = LocalContrast._box(mid, NEIGHBOUR_SMOOTH)
         diffs = [torch.tanh(WIDE_GAIN * (LocalContrast._box(x[:, k : k + 1], NEIGHBOUR_SMOOTH) - smooth))
@@ -159,8 +165,6 @@ class LocalContrastUNet(nn.Module):
         super().__init__()
         if slices not in (1, 3):
             raise ValueError(f"slices must be 1 or 3, got {slices}")
-        if two_windows and slices != 3:
-            raise ValueError("two_windows needs slices=3")
         edge_gain = EDGE_GAIN if edge else 0.0
         from monai.networks.nets import UNet
 
@@ -168,10 +172,10 @@ class LocalContrastUNet(nn.Module):
         self.contrast = LocalContrast(smooth=CONTRAST_SMOOTH.get(variant, 1), edge_gain=edge_gain)
         front: nn.Module
         if two_windows:
-            front = TwoWindows(self.contrast, *windows)
+            front = TwoWindows(self.contrast, *windows, slices=slices)
         else:
             front = NeighbourDifference(self.contrast) if slices == 3 else self.contrast
-        self.front = front if slices == 3 else None
+        self.front = front if slices == 3 or two_windows else None
         self.unet = UNet(spatial_dims=2, in_channels=front.channels, out_channels=1, **UNET_VARIANTS[variant])
 
     # The fixed front (box means, tanh(gain · difference)) amplifies differences of a few
@@ -208,13 +212,20 @@ def network_for(name: str, state: dict[str, torch.Tensor], roi: bool | None = No
     channels = first.shape[1]  # 1: the frame; 2: + local contrast; 3: + edge; 2.5-D: two more
     if name.startswith("roi_classifier") if roi is None else roi:
         both = state["presence.weight"].shape[1] == 2 * state["heatmap.weight"].shape[1]
-        slices = 3 if channels >= 4 else 1
-        net: nn.Module = RoiNet(local_contrast=channels >= 2, edge=channels - (2 if slices == 3 else 0) == 3,
-                                pool="mean+max" if both else "max", slices=slices)
+        win = state.get("features.0.windows")  # TwoWindows
+        if win is not None:  # 2-D: 2 contrast channels + 1 wide; 2.5-D: 4 + 3
+            slices = 3 if channels >= 7 else 1
+            windows = ((float(win[0]), float(win[1])), (float(win[2]), float(win[3])))
+            net: nn.Module = RoiNet(pool="mean+max" if both else "max", slices=slices, two_windows=True,
+                                    windows=windows)
+        else:
+            slices = 3 if channels >= 4 else 1
+            net = RoiNet(local_contrast=channels >= 2, edge=channels - (2 if slices == 3 else 0) == 3,
+                         pool="mean+max" if both else "max", slices=slices)
     else:
-        slices = 3 if channels >= 4 else 1
-        win = state.get("front.windows")  # TwoWindows: its two windows, and three more channels
-        extra = (2 if slices == 3 else 0) + (3 if win is not None else 0)
+        win = state.get("front.windows")  # TwoWindows: its two windows, and more channels
+        slices = (3 if channels >= 7 else 1) if win is not None else (3 if channels >= 4 else 1)
+        extra = (2 if slices == 3 else 0) + ((3 if slices == 3 else 1) if win is not None else 0)
         windows = ((float(win[0]), float(win[1])), (float(win[2]), float(win[3]))) if win is not None else None
         net = build_unet(name, local_contrast=any(k.startswith("unet.") for k in state),
                          edge=channels - extra == 3, slices=slices, two_windows=win is not None,
@@ -256,7 +267,8 @@ class RoiNet(nn.Module):
     """
 
     def __init__(self, width: int = 32, local_contrast: bool = True, edge: bool = False,
-                 pool: str = "mean+max", slices: int = 1) -> None:
+                 pool: str = "mean+max", slices: int = 1, two_windows: bool = False,
+                 windows: tuple[tuple[float, float], tuple[float, float]] = (WIDE_WINDOW, SOFT_WINDOW)) -> None:
         super().__init__()
         if pool not in ("max", "mean+max"):
             raise ValueError(f'pool must be "max" or "mean+max", got {pool!r}')
@@ -269,6 +281,8 @@ class RoiNet(nn.Module):
             # 2.5-D (2.0): the neighbouring slices' difference channels, as in the UNets;
             # no parameters, so the layer numbering (and older weights) stay as they were
             first: nn.Module = NeighbourDifference(contrast) if slices == 3 else contrast
+            if two_windows:  # CT in one wide window, the soft-tissue one cut from it (3.x)
+                first = TwoWindows(contrast, *windows, slices=slices)
             front = [first, _conv_bn(first.channels, 16, 3, 2)]
         else:
             front = [_conv_bn(1, 16, 3, 2)]
@@ -289,7 +303,7 @@ class RoiNet(nn.Module):
     def fp32_input(self) -> bool:
         """True when the first layer is the fixed local-contrast front, which stays in
         float32 under a half-precision copy (see :class:`LocalContrastUNet`)."""
-        return isinstance(self.features[0], (LocalContrast, NeighbourDifference))
+        return isinstance(self.features[0], (LocalContrast, NeighbourDifference, TwoWindows))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.fp32_input:

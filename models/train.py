@@ -52,8 +52,10 @@ log = logging.getLogger("medrt.models.train")
 
 # The version this script writes per model: the minor goes up with the recipe (2.1:
 # bf16 steps, the radiograph window jitter), the major with the network or its inputs.
-VERSIONS = {"lesion_unet": "2.2.0", "lesion_unet_lite": "2.0.0", "roi_classifier": "1.1.0", "roi_classifier_dx": "1.1.0"}
+VERSIONS = {"lesion_unet": "2.2.0", "lesion_unet_lite": "3.0.0", "roi_classifier": "1.1.0", "roi_classifier_dx": "1.1.0"}
 ROI_MODELS = phantom_data.ROI_MODELS
+TWO_WINDOWS_NOTE = ("; CT comes in one wide window, and the graph cuts the soft-tissue window (40/400) from it and"
+                    " keeps the wide one beside it (models/networks.py TwoWindows)")
 # The DICOM Modality values each --data choice trains for (the phantoms' CT and DX; CR
 # radiographs are the same picture from a storage-phosphor plate).
 MODALITIES = {"all": ("CT", "DX", "CR"), "ct": ("CT",), "dx": ("DX", "CR")}
@@ -256,7 +258,7 @@ def train_roi(args: argparse.Namespace) -> tuple[nn.Module, dict]:
         net: nn.Module = network_for(args.model, torch.load(args.resume, map_location="cpu", weights_only=True))
         net.train()
     else:
-        net = RoiNet(edge=EDGE_CHANNEL.get(args.model, False), slices=args.slices)
+        net = RoiNet(edge=EDGE_CHANNEL.get(args.model, False), slices=args.slices, two_windows=args.two_windows)
     rng = np.random.default_rng(args.seed)
     pos_weight = torch.tensor(8.0)
     # Lesion cells are rare (a few in a thousand): batch Dice keeps the heatmap from
@@ -265,7 +267,8 @@ def train_roi(args: argparse.Namespace) -> tuple[nn.Module, dict]:
 
     def batch_loss(progress: float) -> torch.Tensor:
         x, y, p = phantom_data.roi_batch(rng, roi, args.batch, ct_fraction=args.ct_fraction, slices=args.slices,
-                                         neighbour_drop=args.neighbour_drop, window=args.window)
+                                         neighbour_drop=args.neighbour_drop, window=args.window,
+                                         insert_lung=args.insert_lung)
         presence, heat = (t.float() for t in net(torch.from_numpy(x)))  # the losses in fp32 under autocast
         target, valid = torch.from_numpy(y[:, :1]), torch.from_numpy(y[:, 1:])
         per_cell = nn.functional.binary_cross_entropy_with_logits(heat, target, pos_weight=pos_weight, reduction="none")
@@ -279,6 +282,7 @@ def train_roi(args: argparse.Namespace) -> tuple[nn.Module, dict]:
     info = {"steps": steps + args.prior_steps, "batch": args.batch, "thumbnails": len(roi.thumbs),
             "amp": args.amp, "window_jitter": _jitter_note(args), **_window_info(args), "slices": args.slices,
             "neighbour_drop": args.neighbour_drop if args.slices == 3 else 0.0,
+            "two_windows": args.two_windows, "insert_lung": args.insert_lung,
             "data": args.data, "final_loss": final, "seconds": round(seconds + args.prior_seconds, 1)}
     return net, info
 
@@ -383,13 +387,13 @@ def _seg_args(args: argparse.Namespace) -> str:
     out += f" --crop {args.crop}" if args.crop != 256 and args.model not in ROI_MODELS else ""
     nb = f" --slices 3 --neighbour-drop {args.neighbour_drop:g}" if args.slices == 3 else ""
     nb += f" --window={args.window[0]:g},{args.window[1]:g}" if args.window is not None and not args.two_windows else ""
+    lung = f" --insert-lung {args.insert_lung:g}" if args.insert_lung > 0 else ""
+    lung += " --two-windows" if args.two_windows else ""
     if args.model in ROI_MODELS:
-        return out + nb
+        return out + nb + lung
     out += f" --small-weight {args.small_weight:g}" if args.small_weight > 0 else ""
     out += f" --insert-small {args.insert_small:g}" if args.insert_small > 0 else ""
-    out += f" --insert-lung {args.insert_lung:g}" if args.insert_lung > 0 else ""
-    out += nb
-    out += " --two-windows" if args.two_windows else ""
+    out += nb + lung
     return out + f" --lesion-start {args.lesion_start} --lesion-end {args.lesion_end}"
 
 
@@ -420,14 +424,16 @@ def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace)
     if roi:
         lines += [f"slices = {args.slices}"] if args.slices == 3 else []
         lines += [f"thumbnail = {phantom_data.THUMB}", f"stride = {phantom_data.STRIDE}",
-                  'description = "MobileNet-style ROI classifier on the frame thumbnail: frame-level lesion presence and a per-cell lesion heatmap."']
+                  'description = "MobileNet-style ROI classifier on the frame thumbnail: frame-level lesion presence and a'
+                  f' per-cell lesion heatmap{TWO_WINDOWS_NOTE if args.two_windows else ""}."']
     else:
         cfg = UNET_VARIANTS[name]
         lines += [f"slices = {args.slices}"] if args.slices == 3 else []
         lines += [f"spacing_mm = {phantom_data.SEG_SPACING}",
                   f'description = "MONAI UNet channels {list(cfg["channels"])}, strides {list(cfg["strides"])}, '
                   f'{cfg["num_res_units"]} residual unit(s): lesion probability per pixel at '
-                  f'{phantom_data.SEG_SPACING} mm (finer frames are area-averaged to it)."']
+                  f'{phantom_data.SEG_SPACING} mm (finer frames are area-averaged to it)'
+                  f'{TWO_WINDOWS_NOTE if args.two_windows else ""}."']
     if args.window is None:
         lines += ["", "[normalization]", 'method = "window"']
         by = "this frame's VOI window" if args.slices == 3 else "its VOI window"
@@ -499,10 +505,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--neighbour-drop", type=float, default=0.15, metavar="P",
                    help="with --slices 3: chance that each neighbour is replaced by the slice itself in training")
     p.add_argument("--insert-lung", type=float, default=0.0, metavar="P",
-                   help="share of CT crops cut around lung parenchyma with 1-2 lung nodules drawn in across the"
-                        " slices (models/data.py insert_lung_nodules)")
+                   help="share of CT crops (classifiers: CT windows) cut around lung parenchyma with 1-2 lung"
+                        " nodules drawn in across the slices (models/data.py insert_lung_nodules)")
     p.add_argument("--two-windows", action="store_true",
-                   help="UNets, with --slices 3 --data ct: read CT in the fixed wide window "
+                   help="with --data ct: read CT in the fixed wide window "
                         f"{WIDE_WINDOW[0]:g},{WIDE_WINDOW[1]:g} and cut the soft-tissue window from it inside the graph"
                         " (models/networks.py TwoWindows); sets --window to it")
     p.add_argument("--window", type=_window_arg, default=None, metavar="CENTER,WIDTH",
@@ -513,8 +519,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="models")
     args = p.parse_args(argv)
     if args.two_windows:
-        if args.slices != 3 or args.data != "ct" or args.model in ROI_MODELS:
-            p.error("--two-windows is for a 2.5-D CT UNet: it needs --slices 3 --data ct")
+        if args.data != "ct":
+            p.error("--two-windows reads CT in a fixed window (HU): it needs --data ct")
         if args.window not in (None, WIDE_WINDOW):
             p.error(f"--two-windows reads the fixed window {WIDE_WINDOW[0]:g},{WIDE_WINDOW[1]:g}; leave --window out")
         args.window = WIDE_WINDOW

@@ -62,8 +62,9 @@ def test_ct_lesions_found_where_the_truth_says_and_blank_frames_give_none(analyz
 
 
 def test_negative_frames_skip_the_unet(ct_frames) -> None:  # type: ignore[no-untyped-def]
-    """Conditional compute: when the classifier calls a frame negative, no UNet runs."""
-    strict = load_analyzer(AnalyzerConfig(seg_model="lesion_unet_lite", presence_threshold=1.01,
+    """Conditional compute: when the classifier calls a frame negative, no UNet runs (on
+    the ROI path: auto mode runs a CT slice whole, see Analyzer.mode_for)."""
+    strict = load_analyzer(AnalyzerConfig(seg_model="lesion_unet_lite", presence_threshold=1.01, mode="roi",
                                           heatmap_threshold=1.01, warmup_shapes=((512, 512),)))
     res = strict.analyze(_frame_from_phantom(ct_frames[0], "neg"))
     assert res.skipped and not res.crops and not res.lesions
@@ -144,11 +145,17 @@ def test_frames_go_to_the_roi_classifier_for_their_modality(tmp_path, ct_frames)
                                         warmup_shapes=((256, 256),)))
     assert [r.spec.name for r in both.rois] == ["roi_any", "roi_classifier"]
     assert both.roi_for(ct).spec.name == "roi_classifier" and both.roi_for(dx).spec.name == "roi_any"
-    assert both.analyze(ct).models[0].startswith("roi_classifier@")
+    assert both.analyze(ct, mode="roi").models[0].startswith("roi_classifier@")
     assert both.analyze(dx, mode="roi").models[0].startswith("roi_any@")
     assert both.analyze(dx, mode="full").models == (both.seg.spec.ident,)  # no classifier ran
-    # auto: a radiograph much finer than lesion_unet's 0.5 mm runs over the whole frame
-    assert both.analyze(dx).mode == "full" and both.analyze(ct).mode == "roi"
+    # auto: a radiograph much finer than lesion_unet's 0.5 mm runs over the whole frame, and
+    # so does a CT slice, which fits in one crop (the ROI path could only skip it); a frame
+    # larger than a crop at the UNet's own spacing takes the ROI path
+    assert both.analyze(dx).mode == "full" and both.analyze(ct).mode == "full"
+    assert both.analyze(ct).models == (both.seg.spec.ident,)  # no classifier ran
+    small_crops = load_analyzer(AnalyzerConfig(seg_model="lesion_unet", roi_model=f"{spec},roi_classifier",
+                                               crop=256, warmup_shapes=((256, 256),)))
+    assert small_crops.analyze(ct).mode == "roi" and small_crops.analyze(dx).mode == "full"
 
     only_ct = load_analyzer(AnalyzerConfig(seg_model="lesion_unet", roi_model="roi_classifier",
                                            warmup_shapes=((256, 256),)))
@@ -197,14 +204,16 @@ def test_segmenters_are_routed_by_modality(ct_frames) -> None:  # type: ignore[n
 
 
 def test_a_slice_reaches_the_two_and_a_half_d_model_with_its_neighbours(analyzer, ct_frames) -> None:  # type: ignore[no-untyped-def]
-    """lesion_unet_lite 2.x is 2.5-D: the slices before and after go in as channels, head
-    side first whichever order they are given in; without them the slice stands in."""
+    """lesion_unet_lite 2.x and 3.x are 2.5-D: the slices before and after go in as channels,
+    head side first whichever order they are given in, each in the model's window (3.x:
+    its own fixed one); without them the slice stands in."""
     from medrt.preprocess import normalize
 
     assert analyzer.seg.spec.slices == 3
     p = ct_frames[20]
     frame, (before, after) = _with_neighbours(ct_frames, p, "nb")
-    w = (frame.window.center, frame.window.width)
+    w = analyzer.seg.spec.input_window(frame.window)
+    assert w == (-250.0, 1500.0)  # 3.x reads CT in one wide window (models/networks.py TwoWindows)
     for given in ((before, after), (after, before)):
         work = analyzer.prepare(frame, neighbours=given)
         assert work.norm.shape == (3, *frame.shape)

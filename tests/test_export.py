@@ -365,8 +365,8 @@ def test_real_analyzer_on_sample_ct_exports_seg_sr_sc(sample_dir, tmp_path) -> N
     picks = sorted(truth.values(), key=lambda t: (-clear(t), t.file.name))[:3]
     analyzer = load_analyzer(seg_model="lesion_unet_lite", warmup_shapes=((512, 512),))
     results = [analyzer.analyze(read_frames(t.file)[0]) for t in picks]
-    # the models that ran: CT slices go to the general ROI classifier
-    assert all(r.models == (analyzer.roi.spec.ident, analyzer.seg.spec.ident) for r in results)
+    # the models that ran: a CT slice fits in one crop, so auto runs it whole, without a classifier
+    assert all(r.models == (analyzer.seg.spec.ident,) and r.mode == "full" for r in results)
     seg = build_seg(results)
     assert seg is not None, "the analyzer found no lesion on the three clearest slices"
     back = check_seg_round_trip(dciodvfy(seg, tmp_path / "seg.dcm"), results)

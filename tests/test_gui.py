@@ -312,17 +312,53 @@ def test_overlay_toggles_opacity_and_crop_boxes(bot, analysed) -> None:  # type:
     spread = lambda a: np.abs(a[:, :, 0] - a[:, :, 1])[labels].mean()  # noqa: E731
     assert 0 < spread(half) < spread(full.astype(np.int16))
     w.controls.opacity.setValue(100)
-    # Crop boxes: the UNet's crops, drawn only when asked.
-    crops = w.current_slot().result.crops
-    assert crops and len(w.view.crop_items) == len(crops)
-    top = lambda: rendered(w)[:3]  # noqa: E731  (a 512² CT crop is the whole frame: its box runs along the top)
-    yellow = lambda a: ((a[:, :, 0] > 150) & (a[:, :, 1] > 150) & (a[:, :, 2] < 100)).sum()  # noqa: E731
-    assert yellow(top()) == 0
+    # The default (auto) runs a CT slice whole, without the classifier: no crops to draw.
+    assert w.current_slot().result.mode == "full" and not w.current_slot().result.crops
     w.controls.crops.setChecked(True)
-    assert all(item.isVisible() for item in w.view.crop_items)
-    assert yellow(top()) > 20
+    assert not w.view.crop_items and yellow(rendered(w)[:3]) == 0
     w.controls.crops.setChecked(False)
-    assert yellow(top()) == 0
+
+
+def yellow(a: np.ndarray) -> int:
+    """Pixels of the crop boxes' colour."""
+    return int(((a[:, :, 0] > 150) & (a[:, :, 1] > 150) & (a[:, :, 2] < 100)).sum())
+
+
+def test_crop_boxes_show_the_roi_path_crops(bot) -> None:  # type: ignore[no-untyped-def]
+    """Crop boxes: the UNet's crops on the ROI path (``--mode roi``), drawn only when asked."""
+    require_module("PySide6.QtWidgets")
+    require_module("pytestqt")
+    from medrt_gui.bridge import AnalyzerProvider
+    from medrt_gui.window import MainWindow
+    from PySide6.QtWidgets import QApplication
+
+    from medrt.analyzer import AnalyzerConfig
+
+    app = QApplication.instance() or QApplication([])
+    w = MainWindow(AnalyzerProvider(AnalyzerConfig(threads=1, mode="roi")), workers=2)
+    try:
+        w.resize(1100, 760)
+        w.show()
+        w.open_path(CT)
+        deadline = time.monotonic() + 180
+        while not (w.session is not None and w.session_finished == w.session.sid and w.results_received == 40):
+            app.processEvents()
+            time.sleep(0.01)
+            assert time.monotonic() < deadline, f"analysis did not finish: {w.results_received}/40"
+        w.show_image(slot_index_of(w, "ct_0015.dcm"))
+        wait_shown(bot, w)
+        crops = w.current_slot().result.crops
+        assert w.current_slot().result.mode == "roi"
+        assert crops and len(w.view.crop_items) == len(crops)
+        top = lambda: rendered(w)[:3]  # noqa: E731  (a 512² CT crop is the whole frame: its box runs along the top)
+        assert yellow(top()) == 0
+        w.controls.crops.setChecked(True)
+        assert all(item.isVisible() for item in w.view.crop_items)
+        assert yellow(top()) > 20
+        w.controls.crops.setChecked(False)
+        assert yellow(top()) == 0
+    finally:
+        w.close()
 
 
 def test_lesion_list_click_centres_and_zooms(bot, analysed) -> None:  # type: ignore[no-untyped-def]

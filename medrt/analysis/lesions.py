@@ -69,6 +69,7 @@ def lesions_from_probability(
     min_area_px: int = 1,
     rechecked_mask: np.ndarray | None = None,
     max_lesions: int = MAX_LESIONS,
+    min_diameter_mm: float = 0.0,
 ) -> tuple[np.ndarray, list[Lesion]]:
     """Label the components of ``prob >= threshold`` and measure each as a Lesion.
 
@@ -78,7 +79,9 @@ def lesions_from_probability(
     ``min_area_px`` pixels are dropped, and only the ``max_lesions`` largest are
     kept (a warning is logged): an untrained or broken model's speckle map then
     costs a second, not minutes. A lesion is ``rechecked`` when any of its pixels
-    is set in ``rechecked_mask`` (same shape as ``prob``).
+    is set in ``rechecked_mask`` (same shape as ``prob``). Components whose longest
+    diameter is under ``min_diameter_mm`` are dropped too (the analyzer's
+    ``AnalyzerConfig.min_diameter_mm``: a speck of a pixel or two is not a lesion).
 
     Returns ``(labels, lesions)``: a uint16 label map (0 = background) and the
     lesions, labelled 1..n by area, largest first (ties: top-most, then
@@ -98,6 +101,8 @@ def lesions_from_probability(
         raise ValueError(f'Argument "threshold" must be > 0, got {threshold}')
     if min_area_px < 1:
         raise ValueError(f'Argument "min_area_px" must be >= 1, got {min_area_px}')
+    if not min_diameter_mm >= 0.0:
+        raise ValueError(f'Argument "min_diameter_mm" must be >= 0, got {min_diameter_mm}')
     if not 1 <= max_lesions <= _MAX_LABEL:
         raise ValueError(f'Argument "max_lesions" must be in 1..{_MAX_LABEL}, got {max_lesions}')
     spacing = (1.0, 1.0) if spacing_mm is None else (float(spacing_mm[0]), float(spacing_mm[1]))
@@ -108,6 +113,7 @@ def lesions_from_probability(
     found: list[_Component] = []
     for box, comps, keep in _select(_label_boxes(fg, min_area_px), max_lesions, threshold):
         found.extend(_measure(comps, keep, box, prob, spacing, rechecked_mask))
+    found = [c for c in found if c.diameter_mm >= min_diameter_mm]
     found.sort(key=lambda c: c.order)
 
     labels = np.zeros(prob.shape, dtype=np.uint16)

@@ -18,10 +18,13 @@ def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_u
                         " than 1 point of Dice or sensitivity runs in fp32, with a warning")
     g.add_argument("--mode", default="auto", choices=("auto", "roi", "full"),
                    help="roi: thumbnail classifier + 1024² crops; full: sliding window over the frame; auto"
-                        " (default): full for frames much finer than the UNet's spacing (radiographs) or with no"
-                        " ROI classifier for their modality, roi for the rest (CT)")
+                        " (default): full for frames much finer than the UNet's spacing (radiographs), frames that"
+                        " fit in one crop (CT slices) or with no ROI classifier for their modality, roi for the rest")
     g.add_argument("--no-recheck", action="store_true",
                    help="skip the 2x re-check of small lesions and the 2x fine sweep of radiographs")
+    g.add_argument("--min-diameter", type=float, default=1.5, metavar="MM",
+                   help="report no lesion shorter than this (longest diameter, mm; default 1.5: the smallest"
+                        " lesions the models are scored on are 2 mm, and most 1-2 pixel CT marks are noise; 0: all)")
     g.add_argument("--model", default=seg_model,
                    help="segmentation model name or .toml spec; several, comma-separated, route frames by the"
                         f" modalities their specs list, as --roi-model does (default {seg_model}: CT slices to the"
@@ -93,6 +96,7 @@ def analyzer_config(args: argparse.Namespace, **overrides: Any) -> Any:
     fields: dict[str, Any] = dict(
         mode=args.mode, backend=args.backend, device=args.device, precision=args.precision,
         seg_model=args.model, recheck=not args.no_recheck, threads=threads,
+        min_diameter_mm=getattr(args, "min_diameter", 1.5),
     )
     if args.roi_model:
         fields["roi_model"] = args.roi_model
