@@ -9,6 +9,7 @@ from typing import Any
 
 from medrt.analysis.recheck import RecheckConfig
 from medrt.analysis.resample import RESAMPLE_RATIO
+from medrt.analyzer import AnalyzerConfig
 from medrt.engine.registry import load_spec
 
 INTENDED_USE = (
@@ -80,6 +81,10 @@ def _training(spec: Any, roi: bool) -> list[str]:
         aug += (f"; {details['insert_small']:.0%} of the CT crops get one to three small (2–6 mm) soft-tissue "
                 "lesions drawn in like the phantom's (`models/data.py` `insert_small_lesions`: a small lesion shows "
                 "on one slice, so the training series hold few of them)")
+    if details.get("insert_lung"):
+        aug += (f"; {details['insert_lung']:.0%} of the CT crops are cut around lung parenchyma and get one or two "
+                "3–20 mm lung nodules drawn in across the three slices, as the phantom draws them (`models/data.py` "
+                "`insert_lung_nodules`: lung nodules are 8 % of the training slices' lesions)")
     return [
         "## Training",
         "",
@@ -102,7 +107,17 @@ def _contrast_channels(spec: Any) -> int:
     if not any(node.op_type == "AveragePool" for node in nodes):
         return 0
     neighbour_channels = 2 if getattr(spec, "slices", 1) == 3 else 0  # NeighbourDifference's tanh
+    if _two_windows(spec):  # and TwoWindows' own on the wide window
+        neighbour_channels *= 2
     return sum(node.op_type == "Tanh" for node in nodes) - neighbour_channels
+
+
+def _two_windows(spec: Any) -> bool:
+    """Whether the graph cuts the soft-tissue window out of a wide fixed one (TwoWindows: a Clip
+    on the input; the 2.x models have none)."""
+    import onnx
+
+    return spec.own_window is not None and any(n.op_type == "Clip" for n in onnx.load(str(spec.path)).graph.node)
 
 
 def _contrast_note(channels: int) -> str:
@@ -118,7 +133,7 @@ def _contrast_note(channels: int) -> str:
 
 _NEIGHBOURS = (
     " **2.5-D** (`[model] slices = 3`): the input has three channels, the slice on the head side, this slice and "
-    "the one on the feet side of its series, all normalised by this frame's window "
+    "the one on the feet side of its series, all normalised alike (by this frame's window, or the model's fixed one) "
     "(`medrt.analysis.slices.slice_stack`; an ROI classifier gets the three slices' thumbnails, "
     "`medrt.analysis.roi.classify`; a missing or non-adjacent neighbour, as for a radiograph, the first "
     "and last slice or a lone image, is this slice again, which training does for 15 % of neighbours). Inside "
@@ -129,12 +144,26 @@ _NEIGHBOURS = (
     "(a watched folder, a queue) gives each slice the one that arrived before it.")
 
 
+_TWO_WINDOWS = (
+    " **Two windows** (3.x): the slices come in one wide fixed window (−1000..500 HU), and the graph cuts the "
+    "soft-tissue window (40/400) out of it for the channels above, keeping the wide slice and its two neighbour "
+    "differences (tanh(5 · ...)) beside them (`models/networks.py` `TwoWindows`). In the soft-tissue window a "
+    "lung nodule (−260..−40 HU in −860 HU lung) is clipped to nothing or nearly so, while the lung vessels it "
+    "must be told from (40 HU) show; in the wide one both show, and a vessel runs on through the neighbouring "
+    "slices where a nodule ends. A fixed window also means a frame's own VOI window (a lung preset, say) does "
+    "not change what the model sees.")
+
+
 def _header(spec: Any) -> list[str]:
     lines = [f"# {spec.name} {spec.version}", "", INTENDED_USE, "", spec.description, "",
              f"ONNX opset 17, dynamic height and width; file `{spec.path.name}`, sha256 `{spec.sha256}`.",
-             "Input: the frame normalised by its VOI window to 0..1 (`medrt.preprocess.normalize`)"
+             "Input: the frame normalised by "
+             + (f"the fixed window {spec.own_window[0]:g}/{spec.own_window[1]:g} HU" if spec.own_window
+                else "its VOI window")
+             + " to 0..1 (`medrt.preprocess.normalize`)"
              + _contrast_note(_contrast_channels(spec))
-             + (_NEIGHBOURS if getattr(spec, "slices", 1) == 3 else ""),
+             + (_NEIGHBOURS if getattr(spec, "slices", 1) == 3 else "")
+             + (_TWO_WINDOWS if _two_windows(spec) else ""),
              "Thresholds: " + ", ".join(f"{k} {v:g}" for k, v in spec.thresholds.items())
              + (f" ({spec.training['thresholds']})" if spec.training.get("thresholds") else "") + "."]
     if getattr(spec, "spacing_mm", None):
@@ -170,8 +199,20 @@ def _source(results: dict[str, Any]) -> str:
             "fine sweep instead: the UNet at twice its scale over the same crops or whole frame, each finding "
             "kept only if it survives flipped views, in place of the first pass and the recheck "
             "(`medrt.analysis.sweep`); "
-            "*whole frame*: the UNet over the whole frame (sliding window), no classifier: what the analyzer's "
-            "default `auto` mode runs on radiographs.")
+            "*whole frame* / *whole slice*: the UNet over the whole frame (sliding window), no classifier: what "
+            "the analyzer's default `auto` mode runs on radiographs and CT slices; *classifier → slice*: a CT "
+            "slice the classifier calls negative gets no UNet (`--mode roi`). Reported lesions are at least "
+            f"{AnalyzerConfig().min_diameter_mm:g} mm long in the rows with the recheck, as the analyzer "
+            "reports them (`min_diameter_mm`).")
+
+
+def _default_for(models: Path, modality: str) -> str | None:
+    """The segmenter the analyzer's default ``seg_model`` routes ``modality`` to."""
+    names = AnalyzerConfig().seg_model.split(",")
+    specs = [load_spec(models / f"{n}.toml") for n in names if (models / f"{n}.toml").is_file()]
+    chosen = next((sp for sp in specs if modality in sp.modalities), None) or next(
+        (sp for sp in specs if not sp.modalities), None)
+    return chosen.name if chosen else None
 
 
 def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace) -> None:
@@ -183,14 +224,16 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
             continue
         spec = load_spec(models / f"{name}.toml")
         rows: list[tuple[str, dict[str, Any]]] = []
-        default = "" if spec.modalities and "DX" not in spec.modalities else " (the analyzer's default)"
+        default = " (the analyzer's default)" if _default_for(models, "DX") == name else ""
         for key, label in ((name, "DX 4096², ROI path"), (f"{name}+recheck", "DX 4096², ROI path + recheck"),
                            (f"{name}@full", "DX 4096², whole frame"),
                            (f"{name}@full+recheck", f"DX 4096², whole frame + recheck{default}")):
             if key in results["dx"]:
                 rows.append((label, results["dx"][key]))
-        for key, label in ((name, "CT 512², classifier → whole slice"),
-                           (f"{name}+recheck", "CT 512², + recheck")):
+        ct_default = " (the analyzer's default)" if _default_for(models, "CT") == name else ""
+        for key, label in ((name, "CT 512², whole slice"), (f"{name}+recheck", f"CT 512², + recheck{ct_default}"),
+                           (f"{name}@roi", "CT 512², classifier → slice"),
+                           (f"{name}@roi+recheck", "CT 512², classifier → slice + recheck")):
             if key in results["ct"]:
                 rows.append((label, results["ct"][key]))
         lines = _header(spec) + ["## Metrics", "", source, "", TARGETS, ""] + _summary_table(rows)
@@ -243,7 +286,10 @@ def _roi_card(models: Path, name: str, results: dict[str, Any], source: str) -> 
         "Routing: " + (f"its spec lists `modalities = {json.dumps(list(spec.modalities))}`; " if spec.modalities else
                        "its spec lists no modalities, so it takes every frame no other classifier lists; ")
         + "with the default `--roi-model roi_classifier,roi_classifier_dx` the analyzer sends it "
-        + (" and ".join(used_for) if used_for else "no held-out frames") + ". Both modalities are scored below.", "",
+        + (" and ".join(used_for) if used_for else "no held-out frames") + ". Both modalities are scored below. "
+        "With the default `--mode auto` it runs on neither: radiographs (much finer than the UNet's spacing) and "
+        "CT slices (which fit in one crop, so the ROI path could only skip them) are segmented whole "
+        "(`Analyzer.mode_for`; README, Models); `--mode roi` runs it.", "",
         "## Metrics", "", source, "", TARGETS, "",
         "| data | lesions | covered by crops | coverage | lesion-free frames | called negative (specificity) | frame-level sensitivity (frames with lesions called positive) | crops per frame |",
         "|---|---|---|---|---|---|---|---|",

@@ -6,7 +6,8 @@ Held-out frames come from seeds the training never saw (``data.HELDOUT_SEED``).
 Radiographs go through the ROI path (classifier -> 1024² crops -> UNet) and over
 the whole frame (sliding window, ``@full``: what the analyzer's default ``auto``
 mode runs on them), which separates the classifier's misses from the UNet's; CT
-slices through the classifier and then the UNet on the whole 512² slice. The
+slices whole (what ``auto`` runs on a frame that fits in one crop) and through the
+classifier first (``@roi``: a slice it calls negative gets no UNet). The
 UNet gets the frame's pixel spacing, so a model whose spec names one runs at it
 (radiographs area-averaged, ``medrt.analysis.resample``). Each UNet is scored
 without and with the multi-scale recheck of small lesions (``+recheck``), which on
@@ -34,7 +35,7 @@ from medrt.analysis.roi import classify
 from medrt.analysis.segment import segment_crops, sliding_window
 from medrt.analysis.slices import phantom_input, phantom_sides
 from medrt.analysis.sweep import SweepConfig, sweep
-from medrt.analyzer import pick_for_modality
+from medrt.analyzer import AnalyzerConfig, pick_for_modality
 from medrt.bench import interleaved_medians
 from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
 from medrt.engine.registry import load_spec
@@ -44,6 +45,7 @@ from medrt.phantom import generate_ct_series, generate_radiograph
 from medrt.phantom.truth import FrameTruth
 
 log = logging.getLogger("medrt.models.evaluate")
+_CROP = AnalyzerConfig().crop
 
 
 @dataclass
@@ -99,7 +101,8 @@ def _predict(col: Collected, key: str, name: str, unet: Any, norm: np.ndarray, p
             prob2, touched, _ = swept
         else:
             prob2, touched, _ = recheck(unet, norm, prob, labels, lesions, frame.spacing_mm, thr, RecheckConfig())
-        labels2, lesions2 = lesions_from_probability(prob2, frame.spacing_mm, thr, rechecked_mask=touched)
+        labels2, lesions2 = lesions_from_probability(prob2, frame.spacing_mm, thr, rechecked_mask=touched,
+                                                     min_diameter_mm=AnalyzerConfig().min_diameter_mm)
         col.preds.setdefault(f"{name}+recheck", []).append(
             FramePrediction(key=key, lesions=tuple(lesions2), labels=labels2))
 
@@ -144,6 +147,13 @@ def _frame(col: Collected, key: str, frame: Any, rois: dict[str, Any], unets: di
             prob = segment_crops(unet, norm, used.crops, spacing_mm=frame.spacing_mm)
         else:
             prob = np.zeros((rows, cols), np.float32)
+        if rows <= _CROP and cols <= _CROP:
+            # A frame that fits in one crop (a CT slice): the analyzer's auto mode runs it
+            # whole (Analyzer.mode_for); the classifier's path is scored beside it (@roi).
+            _predict(col, key, f"{name}@roi", unet, norm, prob, frame, with_recheck)
+            prob = segment_crops(unet, norm, ((0, 0, rows, cols),), spacing_mm=frame.spacing_mm)
+            _predict(col, key, name, unet, norm, prob, frame, with_recheck)
+            continue
         _predict(col, key, name, unet, norm, prob, frame, with_recheck, crops=used.crops)
         if full:
             prob = sliding_window(unet, norm, roi=1024, spacing_mm=frame.spacing_mm)
