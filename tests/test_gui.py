@@ -253,7 +253,13 @@ def analysed():  # type: ignore[no-untyped-def]
     from PySide6.QtWidgets import QApplication
 
     app = QApplication.instance() or QApplication([])
-    w = MainWindow(workers=2)
+    w = _analysed_window(app, MainWindow(workers=2))
+    yield w
+    w.close()
+
+
+def _analysed_window(app, w):  # type: ignore[no-untyped-def]
+    """``w`` shown with the CT sample open, once the AI has run over all 40 slices."""
     w.resize(1100, 760)
     w.show()
     w.open_path(CT)
@@ -262,8 +268,7 @@ def analysed():  # type: ignore[no-untyped-def]
         app.processEvents()
         time.sleep(0.01)
         assert time.monotonic() < deadline, f"analysis did not finish: {w.results_received}/40"
-    yield w
-    w.close()
+    return w
 
 
 def test_overlay_appears_at_the_ground_truth_lesion(bot, analysed) -> None:  # type: ignore[no-untyped-def]
@@ -337,14 +342,7 @@ def test_crop_boxes_show_the_roi_path_crops(bot) -> None:  # type: ignore[no-unt
     app = QApplication.instance() or QApplication([])
     w = MainWindow(AnalyzerProvider(AnalyzerConfig(threads=1, mode="roi")), workers=2)
     try:
-        w.resize(1100, 760)
-        w.show()
-        w.open_path(CT)
-        deadline = time.monotonic() + 180
-        while not (w.session is not None and w.session_finished == w.session.sid and w.results_received == 40):
-            app.processEvents()
-            time.sleep(0.01)
-            assert time.monotonic() < deadline, f"analysis did not finish: {w.results_received}/40"
+        _analysed_window(app, w)
         w.show_image(slot_index_of(w, "ct_0015.dcm"))
         wait_shown(bot, w)
         crops = w.current_slot().result.crops
