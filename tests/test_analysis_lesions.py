@@ -70,6 +70,22 @@ def test_threshold_is_inclusive_and_min_area_drops_specks() -> None:
     assert labels[2, 2] == 0
 
 
+def test_min_diameter_drops_short_components_and_relabels() -> None:
+    """``min_diameter_mm`` (the analyzer's default 1.5 mm): a speck of a pixel or two is
+    not reported, what is left is labelled 1..n, and 0 keeps everything."""
+    prob = np.zeros((40, 40), np.float32)
+    prob[2, 2] = prob[2, 3] = 0.9  # 2 px along the 0.8 mm columns: 1.6 mm longest diameter
+    prob[10, 20] = 0.9  # one pixel
+    prob[20:26, 20:26] = 0.9
+    labels, lesions = lesions_from_probability(prob, SPACING, min_diameter_mm=1.5)
+    assert [les.label for les in lesions] == [1, 2] and [les.bbox for les in lesions] == [(20, 20, 26, 26), (2, 2, 3, 4)]
+    assert labels[10, 20] == 0 and set(np.unique(labels)) == {0, 1, 2}
+    assert len(lesions_from_probability(prob, SPACING)[1]) == 3
+    assert len(lesions_from_probability(prob, SPACING, min_diameter_mm=2.0)[1]) == 1
+    with pytest.raises(ValueError, match='"min_diameter_mm"'):
+        lesions_from_probability(prob, SPACING, min_diameter_mm=-1.0)
+
+
 def test_eight_connectivity_joins_diagonal_pixels() -> None:
     prob = np.zeros((10, 10), np.float32)
     prob[2, 2] = prob[3, 3] = prob[4, 4] = 1.0

@@ -276,3 +276,20 @@ def test_backend_options_reach_the_chosen_backend_only() -> None:
                                        backend_options={"onnxruntime": {"io_binding": False},
                                                         "torch": {"cuda_graph": True, "max_graphs": 64}}))
     assert not any(m.io_binding for m in (*off.rois, *off.segs))
+
+
+def test_lesions_under_the_minimum_diameter_are_not_reported(analyzer, ct_frames) -> None:  # type: ignore[no-untyped-def]
+    """AnalyzerConfig.min_diameter_mm (default 1.5): the same analysis, minus what is shorter."""
+    assert analyzer.config.min_diameter_mm == 1.5
+    # a low threshold and no recheck (the CT false-positive filter): specks to drop
+    everything = load_analyzer(replace(analyzer.config, min_diameter_mm=0.0, threshold=0.1, recheck=False))
+    strict = load_analyzer(replace(analyzer.config, threshold=0.1, recheck=False))
+    dropped = 0
+    for p in ct_frames[::2]:
+        frame, nbs = _with_neighbours(ct_frames, p, "md")
+        kept, allof = strict.analyze(frame, neighbours=nbs), everything.analyze(frame, neighbours=nbs)
+        assert all(les.diameter_mm >= 1.5 for les in kept.lesions)
+        assert sorted(les.bbox for les in kept.lesions) == sorted(
+            les.bbox for les in allof.lesions if les.diameter_mm >= 1.5)
+        dropped += sum(les.diameter_mm < 1.5 for les in allof.lesions)
+    assert dropped > 0, "nothing under 1.5 mm to drop: the test tests nothing"

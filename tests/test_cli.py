@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, pydicom_test_dir
+from conftest import REPO, SAMPLE_DIR, pydicom_test_dir
 
 
 def medrt(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
@@ -75,6 +75,8 @@ def test_info_on_the_samples_succeeds(sample_dir: Path) -> None:
 def test_usage_error_exit_code() -> None:
     out = medrt("no-such-command")
     assert out.returncode == 2
+    out = medrt("batch", str(SAMPLE_DIR / "radiographs"), "--out", "unused", "--min-diameter", "-1")
+    assert out.returncode == 2 and "--min-diameter: must be >= 0 mm" in out.stderr
 
 
 def test_a_corrupt_compressed_frame_is_one_line_not_a_traceback(tmp_path: Path) -> None:

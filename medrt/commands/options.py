@@ -8,6 +8,17 @@ from typing import Any
 __all__ = ["add_engine_options", "add_pipeline_options", "analyzer_config", "thread_layout"]
 
 
+def _millimetres(text: str) -> float:
+    """A length in mm, >= 0 (``--min-diameter``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a length in mm, got {text!r}") from None
+    if not value >= 0.0:
+        raise argparse.ArgumentTypeError(f"must be >= 0 mm, got {text}")
+    return value
+
+
 def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_unet_lite,lesion_unet") -> None:
     g = p.add_argument_group("inference engine")
     g.add_argument("--backend", default="auto", choices=("auto", "onnxruntime", "tensorrt", "torch"),
@@ -22,7 +33,7 @@ def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_u
                         " fit in one crop (CT slices) or with no ROI classifier for their modality, roi for the rest")
     g.add_argument("--no-recheck", action="store_true",
                    help="skip the 2x re-check of small lesions and the 2x fine sweep of radiographs")
-    g.add_argument("--min-diameter", type=float, default=1.5, metavar="MM",
+    g.add_argument("--min-diameter", type=_millimetres, default=1.5, metavar="MM",
                    help="report no lesion shorter than this (longest diameter, mm; default 1.5: the smallest"
                         " lesions the models are scored on are 2 mm, and most 1-2 pixel CT marks are noise; 0: all)")
     g.add_argument("--model", default=seg_model,
