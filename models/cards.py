@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -98,26 +99,30 @@ def _training(spec: Any, roi: bool) -> list[str]:
     ]
 
 
+@lru_cache(maxsize=8)
+def _op_types(path: Path) -> tuple[str, ...]:
+    """The op type of each node of the ONNX graph at ``path`` (read once per card run)."""
+    import onnx
+
+    return tuple(node.op_type for node in onnx.load(str(path)).graph.node)
+
+
 def _contrast_channels(spec: Any) -> int:
     """How many fixed LocalContrast channels the graph computes: 0 (1.x models), 1 (local
     contrast) or 2 (and the edge channel: lesion_unet from 2.2)."""
-    import onnx
-
-    nodes = onnx.load(str(spec.path)).graph.node
-    if not any(node.op_type == "AveragePool" for node in nodes):
+    ops = _op_types(spec.path)
+    if "AveragePool" not in ops:
         return 0
     neighbour_channels = 2 if getattr(spec, "slices", 1) == 3 else 0  # NeighbourDifference's tanh
     if _two_windows(spec):  # and TwoWindows' own on the wide window
         neighbour_channels *= 2
-    return sum(node.op_type == "Tanh" for node in nodes) - neighbour_channels
+    return ops.count("Tanh") - neighbour_channels
 
 
 def _two_windows(spec: Any) -> bool:
     """Whether the graph cuts the soft-tissue window out of a wide fixed one (TwoWindows: a Clip
     on the input; the 2.x models have none)."""
-    import onnx
-
-    return spec.own_window is not None and any(n.op_type == "Clip" for n in onnx.load(str(spec.path)).graph.node)
+    return spec.own_window is not None and "Clip" in _op_types(spec.path)
 
 
 def _contrast_note(channels: int) -> str:
