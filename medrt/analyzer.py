@@ -127,6 +127,12 @@ def pick_for_modality(backends: Sequence[Backend], modality: str) -> Backend | N
     return next((b for b in backends if not b.spec.modalities), None)
 
 
+def fits_one_crop(shape: tuple[int, int], crop: int) -> bool:
+    """Whether a frame of ``shape`` fits in one ``crop``² window (a 512² CT slice): the ROI
+    path can then only skip it, and ``auto`` runs it whole (:meth:`Analyzer.mode_for`)."""
+    return shape[0] <= crop and shape[1] <= crop
+
+
 def _create(spec: ModelSpec, config: AnalyzerConfig) -> Backend:
     """The backend for ``spec``. With ``precision="int8"``, a model whose INT8 twin fails
     the accuracy gate runs in FP32 instead (one WARNING with the figures): the other
@@ -296,8 +302,7 @@ class Analyzer:
             return mode
         if resample_factors(frame.spacing_mm, seg.spec.spacing_mm) != (1, 1):
             return "full"
-        rows, cols = frame.shape
-        if rows <= self.config.crop and cols <= self.config.crop:
+        if fits_one_crop(frame.shape, self.config.crop):
             return "full"
         routed = routing_modality(frame.modality, frame.sop_class_uid)
         return "roi" if pick_for_modality(self.rois, routed) is not None else "full"

@@ -35,7 +35,7 @@ from medrt.analysis.roi import classify
 from medrt.analysis.segment import segment_crops, sliding_window
 from medrt.analysis.slices import phantom_input, phantom_sides
 from medrt.analysis.sweep import SweepConfig, sweep
-from medrt.analyzer import AnalyzerConfig, pick_for_modality
+from medrt.analyzer import AnalyzerConfig, fits_one_crop, pick_for_modality
 from medrt.bench import interleaved_medians
 from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
 from medrt.engine.registry import load_spec
@@ -45,7 +45,7 @@ from medrt.phantom import generate_ct_series, generate_radiograph
 from medrt.phantom.truth import FrameTruth
 
 log = logging.getLogger("medrt.models.evaluate")
-_CROP = AnalyzerConfig().crop
+_DEFAULTS = AnalyzerConfig()  # the crop size and the reported lesions' least length
 
 
 @dataclass
@@ -102,7 +102,7 @@ def _predict(col: Collected, key: str, name: str, unet: Any, norm: np.ndarray, p
         else:
             prob2, touched, _ = recheck(unet, norm, prob, labels, lesions, frame.spacing_mm, thr, RecheckConfig())
         labels2, lesions2 = lesions_from_probability(prob2, frame.spacing_mm, thr, rechecked_mask=touched,
-                                                     min_diameter_mm=AnalyzerConfig().min_diameter_mm)
+                                                     min_diameter_mm=_DEFAULTS.min_diameter_mm)
         col.preds.setdefault(f"{name}+recheck", []).append(
             FramePrediction(key=key, lesions=tuple(lesions2), labels=labels2))
 
@@ -147,7 +147,7 @@ def _frame(col: Collected, key: str, frame: Any, rois: dict[str, Any], unets: di
             prob = segment_crops(unet, norm, used.crops, spacing_mm=frame.spacing_mm)
         else:
             prob = np.zeros((rows, cols), np.float32)
-        if rows <= _CROP and cols <= _CROP:
+        if fits_one_crop((rows, cols), _DEFAULTS.crop):
             # A frame that fits in one crop (a CT slice): the analyzer's auto mode runs it
             # whole (Analyzer.mode_for); the classifier's path is scored beside it (@roi).
             _predict(col, key, f"{name}@roi", unet, norm, prob, frame, with_recheck)
