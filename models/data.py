@@ -68,8 +68,8 @@ class RoiData:
     @property
     def lung_rows(self) -> np.ndarray:
         """Indices of the CT thumbnails with room for a lung nodule (:func:`lung_room`)."""
-        if getattr(self, "_lung", None) is None or len(self._lung_n) != len(self.is_ct):
-            self._lung_n = self.is_ct.copy()
+        if getattr(self, "_lung", None) is None or self._lung_n != len(self.is_ct):
+            self._lung_n = len(self.is_ct)  # the rows it was computed for
             self._lung = np.array([i for i in np.flatnonzero(self.is_ct) if lung_room(self.thumbs[i]).any()], int)
         return self._lung
 
@@ -112,8 +112,8 @@ class SegData:
     @property
     def lung_rows(self) -> np.ndarray:
         """Indices of the CT patches with room for a lung nodule (:func:`lung_room`)."""
-        if getattr(self, "_lung", None) is None or len(self._lung_n) != len(self.is_ct):
-            self._lung_n = self.is_ct.copy()
+        if getattr(self, "_lung", None) is None or self._lung_n != len(self.is_ct):
+            self._lung_n = len(self.is_ct)  # the rows it was computed for
             rooms = {int(i): lung_room(self.patches[i]) for i in np.flatnonzero(self.is_ct)}
             self._lung_room = {i: room.astype(np.uint8) * 255 for i, room in rooms.items() if room.any()}
             self._lung = np.array(sorted(self._lung_room), int)
