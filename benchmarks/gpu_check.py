@@ -285,6 +285,7 @@ class Run:
         0.25 mm (tenth session); one more row forces the ROI path (the sweep then covers
         the crops)."""
         from medrt import bands
+        from medrt.analysis.sweep import SweepConfig
         from medrt.analyzer import AnalyzerConfig, load_analyzer
         from medrt.bench.engine import _frame_from_phantom
 
@@ -297,20 +298,28 @@ class Run:
         # graph captures), is reported beside them. (A try that zero-padded the UNet's
         # inputs to x64 size buckets cut p99 from 158 to 112 ms but changed the recheck's
         # findings, 3.6 lesions per frame against 1.9: benchmarks/results/h200_2026-11-30.md.)
+        # The fine sweep's flipped views go as one batch per component, in a few bucket
+        # sizes that warm-up covers (twelfth session); one row runs them as before, one
+        # call per view, each window its own size.
         graphs = {"cuda_graph": True, "max_graphs": 64}
-        runs = [("fp32", "eager", {}, "auto"), ("fp32", "CUDA graphs", graphs, "auto"),
-                ("fp16", "CUDA graphs", graphs, "auto"), ("fp32", "CUDA graphs, ROI path", graphs, "roi")]
+        unbatched = ({**graphs, "max_batch": 1}, SweepConfig(view_bucket=0))
+        runs = [("fp32", "eager", {}, "auto", None), ("fp32", "CUDA graphs", graphs, "auto", None),
+                ("fp32", "CUDA graphs, views one by one, unbucketed", *unbatched[:1], "auto", unbatched[1]),
+                ("fp16", "CUDA graphs", graphs, "auto", None), ("fp32", "CUDA graphs, ROI path", graphs, "roi", None)]
         if s.device != "cuda":
-            runs = [("fp32", "onnxruntime", {}, "auto"), ("fp32", "onnxruntime, ROI path", {}, "roi")]
+            runs = [("fp32", "onnxruntime", {}, "auto", None), ("fp32", "onnxruntime, ROI path", {}, "roi", None)]
         warmup = max(s.warmup, len(frames))
         rows = []
-        for precision, label, options, mode in runs:
+        for precision, label, options, mode, sweep in runs:
             self.free()
             config = AnalyzerConfig(backend="torch" if s.device == "cuda" else "onnxruntime", device=s.device,
                                     precision=precision, roi_model=self.roi.spec_path.as_posix(),
                                     seg_model=self.unet.spec_path.as_posix(), warmup_shapes=((320, 320), (256, 256)),
-                                    backend_options={"torch": options}, mode=mode)
+                                    backend_options={"torch": options}, mode=mode,
+                                    **({"sweep": sweep} if sweep is not None else {}))
+            t_load = time.perf_counter()
             an = load_analyzer(config)
+            load_s = time.perf_counter() - t_load
             ms, first, lesions, stages = [], [], 0, []
             for i in range(warmup + s.frames):
                 t0 = time.perf_counter()
@@ -327,10 +336,47 @@ class Run:
                          for k in ("preprocess", "roi", "segment", "recheck", "postprocess")}
             rows.append({"precision": precision, "backend": an.backend_name, "setting": label, "mode": result.mode,
                          "band_threads": bands.threads(), **_stats(ms), **per_stage,
-                         "first_pass_max_ms": round(max(first), 1),
+                         "first_pass_max_ms": round(max(first), 1), "load_and_warmup_s": round(load_s, 1),
                          "lesions_per_frame": round(lesions / max(len(ms), 1), 2), "peak_mib": self.peak_mib()})
             del an
         return rows
+
+    def profile(self) -> dict[str, Any]:
+        """Where the host's time goes in the default run (fp32, CUDA graphs, auto mode):
+        cProfile over ``frames`` frames after a warm-up pass, the top functions by own
+        time and by cumulative time (the GPU's share shows in the synchronising copies)."""
+        import cProfile
+        import io
+        import pstats
+
+        from medrt.analyzer import AnalyzerConfig, load_analyzer
+        from medrt.bench.engine import _frame_from_phantom
+
+        s = self.sizes
+        frames = [_frame_from_phantom(f, f"prof{i}") for i, f in enumerate(self.frames)]
+        self.free()
+        options = {"cuda_graph": True, "max_graphs": 64} if s.device == "cuda" else {}
+        config = AnalyzerConfig(backend="torch" if s.device == "cuda" else "onnxruntime", device=s.device,
+                                precision="fp32", roi_model=self.roi.spec_path.as_posix(),
+                                seg_model=self.unet.spec_path.as_posix(), backend_options={"torch": options})
+        an = load_analyzer(config)
+        for f in frames:
+            an.analyze(f)
+        n = min(s.frames, 2 * len(frames))
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        prof.enable()
+        for i in range(n):
+            an.analyze(frames[i % len(frames)])
+        prof.disable()
+        took = (time.perf_counter() - t0) * 1000.0 / n
+        out: dict[str, Any] = {"frames": n, "mean_ms": round(took, 2)}
+        for key in ("tottime", "cumulative"):
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).strip_dirs().sort_stats(key).print_stats(35)
+            out[key] = text.getvalue()
+        del an
+        return out
 
     def tensorrt(self) -> dict[str, Any]:
         try:
@@ -368,6 +414,11 @@ class Run:
         return {"providers": b.providers, **_stats(_timed(lambda: b.infer(x), s.repeats))}
 
 
+# The sections after the phantoms, in order, with the seconds each needs of the budget.
+SECTIONS = {"unet_crop": 40, "roi_path": 40, "sliding": 20, "analyzer": 40, "profile": 20, "tensorrt": 90,
+            "ort_cuda": 20}
+
+
 def _table(rows: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
@@ -390,6 +441,10 @@ def markdown(doc: dict[str, Any]) -> str:
         if key in doc:
             rows = doc[key] if isinstance(doc[key], list) else [doc[key]]
             lines += [f"## {title}", "", *_table(rows), ""]
+    if isinstance(doc.get("profile"), dict) and "tottime" in doc["profile"]:
+        prof = doc["profile"]
+        lines += [f"## Host profile, default run ({prof['frames']} frames, {prof['mean_ms']} ms each under cProfile)",
+                  "", "```", prof["tottime"].strip(), "```", "", "```", prof["cumulative"].strip(), "```", ""]
     if doc["skipped"]:
         lines += ["## Skipped", "", *[f"- {s}" for s in doc["skipped"]], ""]
     lines.append(f"Total {doc.get('seconds', '?')} s.")
@@ -403,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", help="folder with lesion_unet and roi_classifier .onnx/.toml/.pt (default: shipped)")
     p.add_argument("--frames", type=int, help="timed frames for the ROI path (default 50; dry run 4)")
     p.add_argument("--budget-s", type=float, default=270.0, help="skip sections that would end past this")
+    p.add_argument("--only", help=f"comma-separated sections to run (default all: {','.join(SECTIONS)})")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
@@ -423,15 +479,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.dry_run:
         torch.set_num_threads(min(2, torch.get_num_threads()))
+    only = set(args.only.split(",")) if args.only else set(SECTIONS)
+    if only - set(SECTIONS):
+        print(f"unknown sections: {', '.join(sorted(only - set(SECTIONS)))} (known: {', '.join(SECTIONS)})",
+              file=sys.stderr)
+        return 2
     run = Run(args)
     run.section("env", run.env, 0)
     run.section("phantoms", run.make_frames, 30)
-    run.section("unet_crop", run.unet_crop, 40)
-    run.section("roi_path", run.roi_path, 40)
-    run.section("sliding", run.sliding, 20)
-    run.section("analyzer", run.analyzer, 40)
-    run.section("tensorrt", run.tensorrt, 90)
-    run.section("ort_cuda", run.ort_cuda, 20)
+    for name, needs_s in SECTIONS.items():
+        if name in only:
+            run.section(name, getattr(run, name), needs_s)
     run.doc["seconds"] = round(time.perf_counter() - run.t0, 1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -326,9 +326,23 @@ class Analyzer:
         t0 = time.perf_counter()
         for s in self.segs:
             s.warmup(list(self.config.warmup_shapes))
+            self._warmup_sweep(s)
         for r in self.rois:
             r.warmup([(r.spec.thumbnail, r.spec.thumbnail)])
         log.info("warm-up took %.0f ms", (time.perf_counter() - t0) * 1000)
+
+    def _warmup_sweep(self, seg: Backend) -> None:
+        """Where a new input shape is costly (a GPU: ``Backend.few_shapes``), the fine
+        sweep's shapes too: its whole-frame window and its flipped views (batched, in
+        their bucket sizes), each of which would cost the first radiograph cudnn's
+        algorithm search and a graph capture. Not on the CPU, where a new shape costs
+        little and a 2048² warm-up call ~0.3 s per model."""
+        cfg, spacing = self.config.sweep, getattr(seg.spec, "spacing_mm", None)
+        if cfg is None or spacing is None or not self.config.recheck or not seg.few_shapes:
+            return
+        sides = cfg.view_sides(spacing, max(1, seg.spec.multiple_of))
+        seg.warmup([(cfg.window, cfg.window)], repeats=1)
+        seg.warmup([(h, w) for h in sides for w in sides], repeats=1, batch=len(cfg.flips))
 
     # -- stages -------------------------------------------------------------
 

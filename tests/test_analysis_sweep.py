@@ -15,7 +15,7 @@ import pytest
 
 from medrt.analysis.lesions import lesions_from_probability
 from medrt.analysis.segment import sliding_window
-from medrt.analysis.sweep import SweepConfig, _flipped_view, sweep
+from medrt.analysis.sweep import SweepConfig, _flipped_views, sweep, view_window
 from medrt.analyzer import AnalyzerConfig, load_analyzer
 from medrt.bench.engine import _frame_from_phantom
 from medrt.evaluation import FramePrediction, evaluate
@@ -112,18 +112,57 @@ def test_components_need_a_minimum_diameter_and_a_confirmed_peak() -> None:
     assert views == 2 and [les.centroid for les in kept] == [pytest.approx((300.0, 200.0), abs=0.5)]
 
 
-def test_flipped_views_are_aligned_with_the_fine_grid() -> None:
+@pytest.mark.parametrize("bucket", [0, 64])
+def test_flipped_views_are_aligned_with_the_fine_grid(bucket: int) -> None:
     """A pixelwise network sees in a mirrored window exactly the blocks it saw in the
     sweep, so the view mirrored back is the fine map there, up to float rounding, for
-    any box, at the frame's edges too."""
+    any box, at the frame's edges too, with the window in buckets or not."""
     rng = np.random.default_rng(3)
     norm = rng.random((1000, 1000), dtype=np.float32)
     fine = sliding_window(Pixelwise(), norm, roi=2048, factors=(2, 2))
     for box in ((0, 0, 37, 51), (421, 13, 470, 90), (950, 977, 1000, 1000), (500, 500, 501, 501)):
         r0, c0, r1, c1 = box
-        for axis in (-1, -2):
-            view = _flipped_view(Pixelwise(), norm, box, (40, 40), (2, 2), 16, axis)
+        window = view_window(box, (40, 40), (2, 2), 16, bucket, norm.shape)
+        for view in _flipped_views(Pixelwise(), norm, box, window, (2, 2), [-1, -2]):
             np.testing.assert_allclose(view, fine[r0:r1, c0:c1], atol=1e-5)
+
+
+@pytest.mark.parametrize("box", [(0, 0, 37, 51), (421, 13, 470, 90), (3950, 3977, 4000, 4000),
+                                 (2000, 4090, 2300, 4096), (1, 1, 2, 2)])
+def test_views_come_in_whole_buckets_inside_the_frame(box: tuple[int, int, int, int]) -> None:
+    """Bucketed windows hold the margin around the box, start on the model's grid, are
+    whole buckets, and lie inside the frame (moved, not cut, at its edges): the sides a
+    GPU backend warms up cover them."""
+    cfg = SweepConfig()
+    margin = (256, 256)  # 32 mm at 0.125 mm
+    w0, v0, w1, v1 = view_window(box, margin, (2, 2), 16, 64, (4000, 4096))
+    r0, c0, r1, c1 = box
+    assert w0 <= max(r0 - margin[0], 0) and v0 <= max(c0 - margin[1], 0)
+    assert w1 >= min(r1 + margin[0], 4000) and v1 >= min(c1 + margin[1], 4096)
+    assert w0 % 32 == 0 and v0 % 32 == 0 and 0 <= w0 and w1 <= 4000 and 0 <= v0 and v1 <= 4096
+    sides = ((w1 - w0) // 2, (v1 - v0) // 2)  # network pixels at the fine scale
+    assert all(side % 64 == 0 and side in cfg.view_sides(0.5, 16) for side in sides)
+
+
+class Batching(Pixelwise):
+    """Pixelwise, taking up to 8 inputs per call and keeping to few input shapes, as the
+    torch backend on a GPU does."""
+
+    max_batch = 8
+    few_shapes = True
+
+
+def test_flipped_views_go_as_one_batch_where_the_backend_takes_one() -> None:
+    norm = frame_with((300, 200, 24), (700, 650, 24))
+    single, batched = Pixelwise(), Batching()
+    one, _, views = sweep(single, norm, SPACING, 0.5)
+    two, _, views2 = sweep(batched, norm, SPACING, 0.5)
+    assert views == views2 == 4
+    np.testing.assert_array_equal(one, two)
+    assert [s[0] for s in single.shapes] == [1] * 5  # the sweep's window, then 4 views
+    assert [s[0] for s in batched.shapes] == [1, 2, 2]  # the two flips of each component together
+    assert {s[-2:] for s in batched.shapes[1:]} == {(320, 320)}  # one bucket size, warmed up on a GPU
+    assert (320, 320) not in {s[-2:] for s in single.shapes[1:]}  # on the CPU: the margin alone
 
 
 def test_on_the_roi_path_only_the_crops_are_swept() -> None:
@@ -144,6 +183,8 @@ def test_config_is_checked() -> None:
         SweepConfig(flips=())
     with pytest.raises(ValueError, match="confirm"):
         SweepConfig(confirm=0.0)
+    with pytest.raises(ValueError, match="view_bucket"):
+        SweepConfig(view_bucket=-1)
 
 
 @pytest.fixture(scope="module")

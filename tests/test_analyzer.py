@@ -293,3 +293,20 @@ def test_lesions_under_the_minimum_diameter_are_not_reported(analyzer, ct_frames
             les.bbox for les in allof.lesions if les.diameter_mm >= 1.5)
         dropped += sum(les.diameter_mm < 1.5 for les in allof.lesions)
     assert dropped > 0, "nothing under 1.5 mm to drop: the test tests nothing"
+
+
+def test_a_gpu_backend_is_warmed_up_on_the_fine_sweeps_shapes(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Where a new input shape is costly (``Backend.few_shapes``: a GPU), warm-up runs the
+    fine sweep's whole-frame window and its batched views in every bucket size, so the
+    first radiograph meets no new shape; on the CPU it runs only the configured shapes."""
+    an = load_analyzer(AnalyzerConfig(seg_model="lesion_unet", warmup_shapes=((64, 64),)))
+    seg, calls = an.segs[0], []
+    monkeypatch.setattr(seg, "warmup", lambda shapes, repeats=2, batch=1: calls.append((shapes, batch)))
+    an.warmup()
+    assert calls == [([(64, 64)], 1)]
+    calls.clear()
+    monkeypatch.setattr(seg, "few_shapes", True, raising=False)
+    an.warmup()
+    sides = an.config.sweep.view_sides(seg.spec.spacing_mm, seg.spec.multiple_of)
+    assert sides == [320, 384, 448]
+    assert calls == [([(64, 64)], 1), ([(2048, 2048)], 1), ([(h, w) for h in sides for w in sides], 2)]

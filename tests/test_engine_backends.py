@@ -302,6 +302,14 @@ def test_torch_backend_logic_on_cpu_matches_onnxruntime(name: str, random_models
     torch_backend.infer(_x((1, 1, 64, 64), seed=5))
     for g, k in zip(got, kept, strict=True):
         np.testing.assert_array_equal(g, k)  # returned arrays are the caller's
+    # A batch (the fine sweep's flipped views go as one, up to max_batch) gives each
+    # input's own answer: onnxruntime's, whose graph takes one at a time.
+    assert torch_backend.max_batch > 1 and ort_backend.max_batch == 1 and not torch_backend.few_shapes
+    xs = [_x((1, 1, 64, 96), seed=k) for k in (1, 2, 3)]
+    batch = torch_backend.infer(np.concatenate(xs))
+    for k, x in enumerate(xs):
+        for g, w in zip(batch, ort_backend.infer(x), strict=True):
+            np.testing.assert_allclose(g[k : k + 1], w, atol=1e-4, rtol=1e-4)
 
 
 # ---- TensorRT engine cache ---------------------------------------------------------------

@@ -81,9 +81,9 @@ def as_logits(values: np.ndarray, activation: str) -> np.ndarray:
     return np.log(p) - np.log1p(-p)
 
 
-def _run(model: Backend, region: np.ndarray) -> np.ndarray:
-    """Logits for one region (2-D, or a stack of slices), padded to the model's multiple
-    and cut back."""
+def _model_input(model: Backend, region: np.ndarray) -> tuple[np.ndarray, tuple[int, int]]:
+    """One region (2-D, or a stack of slices) as the model's (1, C, H, W) input, padded to
+    its multiple, and the region's own (rows, cols) to cut the output back to."""
     slices = getattr(model.spec, "slices", 1)
     if region.ndim == 3 and slices == 1:
         region = region[region.shape[0] // 2]
@@ -92,8 +92,37 @@ def _run(model: Backend, region: np.ndarray) -> np.ndarray:
         x = x[None, None] if slices == 1 else np.broadcast_to(x, (1, slices, *x.shape))
     else:
         x = x[None]
+    return x, (h, w)
+
+
+def _activation(model: Backend) -> str:
     outputs = getattr(model.spec, "outputs", None)  # a stand-in model without a spec: logits
-    return as_logits(model.infer(x)[0][0, 0, :h, :w], outputs[0].activation if outputs else "sigmoid")
+    return outputs[0].activation if outputs else "sigmoid"
+
+
+def _run(model: Backend, region: np.ndarray) -> np.ndarray:
+    """Logits for one region (2-D, or a stack of slices), padded to the model's multiple
+    and cut back."""
+    x, (h, w) = _model_input(model, region)
+    return as_logits(model.infer(x)[0][0, 0, :h, :w], _activation(model))
+
+
+def _run_many(model: Backend, regions: list[np.ndarray]) -> list[np.ndarray]:
+    """:func:`_run` on each region, in batches of up to ``model.max_batch`` where the
+    regions have one shape: on a GPU backend each call costs a copy in, a copy out and a
+    synchronisation whatever its size, so the fine sweep's flipped views go as one
+    batch. A backend with ``max_batch`` 1 (onnxruntime, whose shipped graphs have a
+    batch of 1) gets one call per region."""
+    batch = max(1, int(getattr(model, "max_batch", 1)))
+    if batch == 1 or len(regions) < 2 or len({r.shape for r in regions}) != 1:
+        return [_run(model, r) for r in regions]
+    inputs = [_model_input(model, r) for r in regions]
+    (h, w), activation, out = inputs[0][1], _activation(model), []
+    for i in range(0, len(inputs), batch):
+        x = np.concatenate([xi for xi, _ in inputs[i : i + batch]])
+        logits = model.infer(x)[0]
+        out += [as_logits(logits[j, 0, :h, :w], activation) for j in range(x.shape[0])]
+    return out
 
 
 def model_factors(model: Backend, spacing_mm: tuple[float, float] | None) -> Factors:
@@ -104,9 +133,15 @@ def model_factors(model: Backend, spacing_mm: tuple[float, float] | None) -> Fac
 def _logits_at(model: Backend, region: np.ndarray, factors: Factors) -> np.ndarray:
     """Logits for a source-resolution region, the UNet run at ``factors`` coarser and its
     logits brought back onto the region's grid."""
+    return _logits_many(model, [region], factors)[0]
+
+
+def _logits_many(model: Backend, regions: list[np.ndarray], factors: Factors) -> list[np.ndarray]:
+    """:func:`_logits_at` for several regions, the model run on them in batches (:func:`_run_many`)."""
     if factors == (1, 1):
-        return _run(model, region)
-    return upsample_bilinear(_run(model, area_downsample(region, factors)), factors, region.shape[-2:])
+        return _run_many(model, regions)
+    logits = _run_many(model, [area_downsample(r, factors) for r in regions])
+    return [upsample_bilinear(lg, factors, r.shape[-2:]) for lg, r in zip(logits, regions, strict=True)]
 
 
 def _dilate(mask: np.ndarray) -> np.ndarray:
@@ -284,11 +319,17 @@ def _blended_logits(model: Backend, norm: np.ndarray, roi: int, overlap: float) 
     rows, cols = norm.shape[-2:]
     step = max(1, int(roi * (1.0 - overlap)))
     wr, wc = min(roi, rows), min(roi, cols)
+    starts_r, starts_c = _starts(rows, roi, step), _starts(cols, roi, step)
+    if len(starts_r) == len(starts_c) == 1:
+        # One window over the whole frame: sum(w·x) / sum(w) is x, so skip the blend (a
+        # 4096² radiograph's fine sweep is one 2048² window; its blend was ~15 ms of host
+        # time per frame on a GPU machine).
+        return _run(model, norm)
     weight = gaussian_importance(roi)[:wr, :wc]
     acc = np.zeros((rows, cols), np.float32)
     norm_w = np.zeros((rows, cols), np.float32)
-    for r0 in _starts(rows, roi, step):
-        for c0 in _starts(cols, roi, step):
+    for r0 in starts_r:
+        for c0 in starts_c:
             logits = _run(model, norm[..., r0 : r0 + wr, c0 : c0 + wc])
             acc[r0 : r0 + wr, c0 : c0 + wc] += logits * weight
             norm_w[r0 : r0 + wr, c0 : c0 + wc] += weight

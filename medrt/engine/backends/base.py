@@ -25,6 +25,15 @@ class Backend(abc.ABC):
     """A loaded model on one device. Created once per process; serves every frame."""
 
     name = "base"
+    # The most inputs of one shape that one ``infer`` call takes stacked on the batch axis
+    # (the analysis batches the fine sweep's views up to it). 1: one input per call, as
+    # the shipped ONNX graphs (batch fixed at 1) need.
+    max_batch = 1
+    # True where a new input shape is costly (cudnn's algorithm search, a CUDA graph
+    # capture, a TensorRT profile): the analysis then keeps its inputs to a few sizes
+    # and warms them up (the fine sweep's views, medrt.analysis.sweep). On the CPU a new
+    # shape costs little, and larger inputs cost time.
+    few_shapes = False
 
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
@@ -38,9 +47,10 @@ class Backend(abc.ABC):
     @abc.abstractmethod
     def info(self) -> BackendInfo: ...
 
-    def warmup(self, shapes: list[tuple[int, int]], repeats: int = 2) -> None:
-        """Run the real input shapes before the first real frame (no cold start)."""
+    def warmup(self, shapes: list[tuple[int, int]], repeats: int = 2, batch: int = 1) -> None:
+        """Run the real input shapes before the first real frame (no cold start); ``batch``
+        inputs per call (at most ``max_batch``)."""
         for h, w in shapes:
-            x = np.zeros((1, getattr(self.spec, "slices", 1), h, w), np.float32)
+            x = np.zeros((min(batch, self.max_batch), getattr(self.spec, "slices", 1), h, w), np.float32)
             for _ in range(repeats):
                 self.infer(x)

@@ -146,6 +146,7 @@ class OnnxRuntimeBackend(Backend):
         except Exception as exc:  # onnxruntime raises its own exception types
             raise ModelError(f"{spec.path}: onnxruntime cannot load the model ({exc})") from exc
         self.providers = list(self.session.get_providers())
+        self.few_shapes = self.providers[0] != "CPUExecutionProvider"
         if _name(chosen[0]) not in self.providers:  # ORT falls back silently when a provider fails to start
             raise ModelError(
                 f"{spec.ident}: onnxruntime could not start {_name(chosen[0])} (active: {self.providers}); "

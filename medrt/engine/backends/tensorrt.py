@@ -118,6 +118,7 @@ class TensorRTBackend(Backend):
         self._logger = trt.Logger(trt.Logger.WARNING)
         self._runtime = trt.Runtime(self._logger)  # kept: it must outlive the engines it made
         self.precision = precision
+        self.few_shapes = True  # a shape outside the engine's profile is refused
         self.keep_io_layers_fp32 = keep_io_layers_fp32
         self.workspace_bytes = workspace_bytes
         major, minor = torch.cuda.get_device_capability(self.device)

@@ -144,7 +144,8 @@ class TorchCudaBackend(Backend):
         channels_last: bool = True,
         cuda_graph: bool = False,
         max_graphs: int = 8,
-        max_shapes: int = 16,
+        max_shapes: int = 32,
+        max_batch: int = 8,
         cudnn_benchmark: bool = True,
         reuse_outputs: bool = False,
         # onnxruntime's CPU threads: taken (and unused) so that every backend accepts
@@ -181,6 +182,8 @@ class TorchCudaBackend(Backend):
         self.cuda_graph = cuda_graph
         self.max_graphs = max_graphs
         self.max_shapes = max(1, max_shapes)
+        self.max_batch = max(1, max_batch)  # the network takes any batch; the analysis stacks views
+        self.few_shapes = not on_cpu
         self.reuse_outputs = reuse_outputs
         self._slots: OrderedDict[tuple[int, ...], _Slot] = OrderedDict()
         self._lock = threading.Lock()
