@@ -397,6 +397,18 @@ def test_sparse_resampling_and_recheck_match_the_whole_frame(radiograph, mode, m
     ref_labels, ref_lesions = lesions_from_probability(dense, spacing, thr)
     assert np.array_equal(labels, ref_labels) and lesions == ref_lesions
 
+    # A caller that reads the map only from its threshold up (the fine sweep) moves the
+    # floor there: exact from it up, fewer pixels resampled, the same lesions.
+    if mode == "full":
+        at_thr = sliding_window(seg, norm, roi=1024, overlap=0.25, spacing_mm=spacing, floor=thr)
+    else:
+        at_thr = segment_crops(seg, norm, work.crops, spacing_mm=spacing, floor=thr)
+    high = (at_thr >= thr) | (dense >= thr)
+    assert np.array_equal(at_thr[high], dense[high]) and (at_thr <= dense).all()
+    assert np.count_nonzero(at_thr) < np.count_nonzero(prob)
+    thr_labels, thr_lesions = lesions_from_probability(at_thr, spacing, thr)
+    assert np.array_equal(thr_labels, ref_labels) and thr_lesions == ref_lesions
+
     ref_out, ref_touched, ref_runs = recheck_reference(seg, norm, dense, ref_labels, ref_lesions, spacing, thr,
                                                        monkeypatch)
     out, touched, runs = recheck(seg, norm, prob, labels, lesions, spacing, thr)

@@ -155,13 +155,23 @@ def _dilate(mask: np.ndarray) -> np.ndarray:
     return out
 
 
+def _floor_logit(floor: float) -> float:
+    """``floor`` as a logit, a hair lower: rounding in the interpolation (an ulp or so)
+    cannot then lift a source pixel across it next to no model pixel that reaches it."""
+    if floor == PROB_FLOOR:
+        return _FLOOR_LOGIT
+    if not 0.0 < floor < 1.0:
+        raise ValueError(f'Argument "floor" must be in (0, 1), got {floor!r}')
+    return math.log(floor / (1.0 - floor)) - 1e-3
+
+
 def _probability_blocks(
-    logits: np.ndarray, factors: Factors, shape: tuple[int, int]
+    logits: np.ndarray, factors: Factors, shape: tuple[int, int], floor: float = PROB_FLOOR
 ) -> list[tuple[Box, np.ndarray]]:
     """``sigmoid(upsample_bilinear(logits, factors, shape))`` on disjoint blocks of the
-    ``shape`` grid that hold every pixel >= :data:`PROB_FLOOR`: ``((r0, c0, r1, c1),
-    values)``, each value exactly the whole-grid one (module docstring)."""
-    hot = logits >= _FLOOR_LOGIT
+    ``shape`` grid that hold every pixel >= ``floor``: ``((r0, c0, r1, c1), values)``,
+    each value exactly the whole-grid one (module docstring)."""
+    hot = logits >= _floor_logit(floor)
     if not hot.any():
         return []
     up = Bilinear(logits, factors, shape)
@@ -196,6 +206,7 @@ def segment_crops(
     spacing_mm: tuple[float, float] | None = None,
     context: int = CROP_CONTEXT,
     factors: Factors | None = None,
+    floor: float = PROB_FLOOR,
 ) -> np.ndarray:
     """Lesion probability over the frame from the UNet on each crop; 0 outside every
     crop. Where crops overlap, the higher probability wins. ``spacing_mm`` is the
@@ -211,7 +222,9 @@ def segment_crops(
     a crop that covers the whole frame (a CT slice) costs nothing extra.
 
     ``factors`` overrides the area-averaging factors that ``spacing_mm`` gives (the
-    fine sweep, :mod:`medrt.analysis.sweep`, runs at half of them)."""
+    fine sweep, :mod:`medrt.analysis.sweep`, runs at half of them), and ``floor`` the
+    probability from which resampled values are exact (a caller that reads the map only
+    from its threshold up, as the fine sweep does, saves the blocks below it)."""
     rows, cols = norm.shape[-2:]
     prob = np.zeros((rows, cols), np.float32)
     factors = model_factors(model, spacing_mm) if factors is None else factors
@@ -233,7 +246,7 @@ def segment_crops(
         if factors == (1, 1):
             blocks = [((0, 0, shape[0], shape[1]), _sigmoid(logits))]
         else:
-            blocks = _probability_blocks(logits, factors, shape)
+            blocks = _probability_blocks(logits, factors, shape, floor)
         keep = (max(r0, 0), max(c0, 0), min(r1, rows), min(c1, cols))  # the crop, inside the frame
         out = []
         for (b0, d0, b1, d1), p in blocks:  # region coordinates
@@ -293,6 +306,7 @@ def sliding_window(
     *,
     spacing_mm: tuple[float, float] | None = None,
     factors: Factors | None = None,
+    floor: float = PROB_FLOOR,
 ) -> np.ndarray:
     """Full-frame inference with MONAI ``sliding_window_inference`` semantics: ``roi``²
     windows at stride ``roi·(1-overlap)`` (the last aligned to the edge), logits
@@ -304,13 +318,14 @@ def sliding_window(
     the network's pixels, as after MONAI's ``Spacingd``); the blended logits are brought
     back onto the source grid before the sigmoid, where the probability can reach
     :data:`PROB_FLOOR` (module docstring). ``factors`` overrides the factors that
-    ``spacing_mm`` gives, as in :func:`segment_crops`."""
+    ``spacing_mm`` gives, and ``floor`` the probability from which resampled values are
+    exact, as in :func:`segment_crops`."""
     factors = model_factors(model, spacing_mm) if factors is None else factors
     if factors == (1, 1):
         return _sigmoid(_blended_logits(model, norm, roi, overlap))
     logits = _blended_logits(model, area_downsample(norm, factors), roi, overlap)
     prob = np.zeros(norm.shape[-2:], np.float32)
-    for (r0, c0, r1, c1), p in _probability_blocks(logits, factors, norm.shape[-2:]):
+    for (r0, c0, r1, c1), p in _probability_blocks(logits, factors, norm.shape[-2:], floor):
         prob[r0:r1, c0:c1] = p
     return prob
 
