@@ -177,6 +177,9 @@ class Work:
     crops: tuple[tuple[int, int, int, int], ...] = ()
     prob: np.ndarray | None = None
     rechecked: np.ndarray | None = None
+    # boxes holding every pixel of prob at or above the threshold, where the segment
+    # stage knows them (the fine sweep's kept components): finish scans only those
+    hot: tuple[tuple[int, int, int, int], ...] | None = None
 
 
 class Analyzer:
@@ -402,10 +405,9 @@ class Analyzer:
         if work.recheck and self.config.sweep is not None:
             swept = sweep(seg, work.norm, spacing, threshold, self.config.sweep, crops=crops)
             if swept is not None:
-                prob, rechecked, views = swept
-                log.debug("%s: fine sweep, %d flipped views", frame.key, views)
+                log.debug("%s: fine sweep, %d flipped views", frame.key, swept.views)
                 ms = (time.perf_counter() - t0) * 1000.0
-                return replace(work, prob=prob, rechecked=rechecked,
+                return replace(work, prob=swept.prob, rechecked=swept.swept, hot=swept.kept,
                                timings=replace(work.timings, segment=ms, recheck=0.0))
         if crops is None:
             prob = sliding_window(seg, work.norm, roi=self.config.crop, overlap=self.config.overlap,
@@ -435,7 +437,7 @@ class Analyzer:
         else:
             labels, lesions = lesions_from_probability(work.prob, frame.spacing_mm, self.threshold_for(seg),
                                                        rechecked_mask=work.rechecked,
-                                                       min_diameter_mm=self.config.min_diameter_mm)
+                                                       min_diameter_mm=self.config.min_diameter_mm, within=work.hot)
         labels.flags.writeable = False
         t = replace(work.timings, postprocess=(time.perf_counter() - t0) * 1000.0)
         t = replace(t, total=t.decode + t.preprocess + t.roi + t.segment + t.recheck + t.postprocess)

@@ -97,12 +97,13 @@ def _predict(col: Collected, key: str, name: str, unet: Any, norm: np.ndarray, p
     col.preds.setdefault(name, []).append(FramePrediction(key=key, lesions=tuple(lesions), labels=labels))
     if with_recheck:
         swept = sweep(unet, norm, frame.spacing_mm, thr, SweepConfig(), crops=crops)
+        within = None
         if swept is not None:
-            prob2, touched, _ = swept
+            prob2, touched, within = swept.prob, swept.swept, swept.kept
         else:
             prob2, touched, _ = recheck(unet, norm, prob, labels, lesions, frame.spacing_mm, thr, RecheckConfig())
         labels2, lesions2 = lesions_from_probability(prob2, frame.spacing_mm, thr, rechecked_mask=touched,
-                                                     min_diameter_mm=_DEFAULTS.min_diameter_mm)
+                                                     min_diameter_mm=_DEFAULTS.min_diameter_mm, within=within)
         col.preds.setdefault(f"{name}+recheck", []).append(
             FramePrediction(key=key, lesions=tuple(lesions2), labels=labels2))
 

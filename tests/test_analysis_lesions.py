@@ -277,3 +277,23 @@ def test_components_match_simpleitk(seed: int) -> None:
         assert np.unique(want[got.labels == k]).size == 1
         assert (got.labels == k).sum() == got.sizes[k - 1]
     assert ((got.labels > 0) == (want > 0)).all()
+
+
+def test_scanning_only_boxes_known_to_hold_the_foreground_gives_the_same_lesions() -> None:
+    """``within`` (the fine sweep's kept components) skips the whole-frame scan: boxes
+    that overlap are merged, and the lesions and label map are the whole scan's."""
+    prob = np.zeros((600, 700), np.float32)
+    rr, cc = np.ogrid[:600, :700]
+    for r, c, rad, p in [(100, 100, 20, 0.9), (125, 125, 12, 0.8), (400, 600, 40, 0.95), (590, 5, 12, 0.7)]:
+        prob[(rr - r) ** 2 + (cc - c) ** 2 <= rad**2] = p
+    prob[300:303, 300:303] = 0.4  # under the threshold: in no box, and not needed
+    labels, lesions = lesions_from_probability(prob, (0.5, 0.5), 0.5)
+    assert len(lesions) == 4
+    boxes = [les.bbox for les in lesions]
+    a, b = sorted(boxes)[:2]  # two separate discs whose boxes overlap
+    assert a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+    for within in (boxes, boxes[::-1], [(-5, -5, 700, 800)], [*boxes, (90, 90, 140, 150)]):
+        got_labels, got = lesions_from_probability(prob, (0.5, 0.5), 0.5, within=within)
+        assert got == lesions
+        np.testing.assert_array_equal(got_labels, labels)
+    assert lesions_from_probability(prob, (0.5, 0.5), 0.5, within=[])[1] == []

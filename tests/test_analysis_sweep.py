@@ -70,11 +70,12 @@ def test_a_lesion_seen_the_same_in_every_view_is_kept_at_the_fine_scale() -> Non
     """A 3 mm and a 6 mm disc: both kept, masks from the fine map."""
     norm = frame_with((300, 200, 12), (700, 650, 24))
     model = Pixelwise()
-    prob, swept, views = sweep(model, norm, SPACING, 0.5)
+    prob, swept, views, kept = sweep(model, norm, SPACING, 0.5)
     assert swept.all() and views == 2 * 2  # two components, flipped two ways
     assert model.shapes[0][2:] == (512, 512)  # the whole frame at 0.25 mm, one window
     _, lesions = lesions_from_probability(prob, SPACING, 0.5)
     assert sorted(round(les.diameter_mm) for les in lesions) == [3, 6]
+    assert sorted(kept) == sorted(les.bbox for les in lesions)  # every pixel >= threshold lies in one
     # the fine map, exact from the threshold up (the sweep reads nothing below it)
     ref = sliding_window(Pixelwise(), norm, roi=2048, factors=(2, 2))
     np.testing.assert_array_equal(prob[ref >= 0.5], ref[ref >= 0.5])
@@ -88,29 +89,29 @@ def test_components_that_a_flip_changes_are_dropped() -> None:
     strong = [les for les in lesions_from_probability(fine, SPACING, 0.5)[1]
               if les.max_score >= 0.999 and les.diameter_mm >= 1.5]
     assert len(strong) >= 2  # pieces of the left rims that could pass
-    prob, _, views = sweep(model, norm, SPACING, 0.5)
-    assert views == 2 * len(strong) and not (prob >= 0.5).any()
+    prob, _, views, kept = sweep(model, norm, SPACING, 0.5)
+    assert views == 2 * len(strong) and not (prob >= 0.5).any() and kept == ()
     # With only the top-bottom flip, which a left-right edge does not notice, they stay.
-    prob, _, _ = sweep(RisingEdge(), norm, SPACING, 0.5, SweepConfig(flips=("v",)))
+    prob, _, _, _ = sweep(RisingEdge(), norm, SPACING, 0.5, SweepConfig(flips=("v",)))
     assert len(lesions_from_probability(prob, SPACING, 0.5)[1]) == len(strong)
 
 
 def test_components_need_a_minimum_diameter_and_a_confirmed_peak() -> None:
     norm = frame_with((300, 200, 4))  # 1 mm across at 0.125 mm
-    prob, _, views = sweep(Pixelwise(), norm, SPACING, 0.5)
+    prob, _, views, _ = sweep(Pixelwise(), norm, SPACING, 0.5)
     assert views == 0 and not (prob >= 0.5).any()
-    prob, _, views = sweep(Pixelwise(), norm, SPACING, 0.5, SweepConfig(min_diameter_mm=0.5))
+    prob, _, views, _ = sweep(Pixelwise(), norm, SPACING, 0.5, SweepConfig(min_diameter_mm=0.5))
     assert views == 2 and (prob >= 0.5).any()
     # A peak under confirm is not even checked: no view can lift the least above it.
     faint = np.where(disc(norm.shape, (300, 200), 20), 0.6, 0.1).astype(np.float32)  # logit 2: p 0.88
-    prob, _, views = sweep(Pixelwise(), faint, SPACING, 0.5)
+    prob, _, views, _ = sweep(Pixelwise(), faint, SPACING, 0.5)
     assert views == 0 and not (prob >= 0.5).any()
-    prob, _, views = sweep(Pixelwise(), faint, SPACING, 0.5, SweepConfig(confirm=0.8))
+    prob, _, views, _ = sweep(Pixelwise(), faint, SPACING, 0.5, SweepConfig(confirm=0.8))
     assert views == 2 and (prob >= 0.5).any()
     # Past max_views, the weakest are dropped unchecked.
     two = frame_with((300, 200, 20), (700, 650, 20))
     two[disc(two.shape, (700, 650), 20)] = 0.85  # the weaker one
-    prob, _, views = sweep(Pixelwise(), two, SPACING, 0.5, SweepConfig(max_views=1))
+    prob, _, views, _ = sweep(Pixelwise(), two, SPACING, 0.5, SweepConfig(max_views=1))
     _, kept = lesions_from_probability(prob, SPACING, 0.5)
     assert views == 2 and [les.centroid for les in kept] == [pytest.approx((300.0, 200.0), abs=0.5)]
 
@@ -158,8 +159,8 @@ class Batching(Pixelwise):
 def test_flipped_views_go_as_one_batch_where_the_backend_takes_one() -> None:
     norm = frame_with((300, 200, 24), (700, 650, 24))
     single, batched = Pixelwise(), Batching()
-    one, _, views = sweep(single, norm, SPACING, 0.5)
-    two, _, views2 = sweep(batched, norm, SPACING, 0.5)
+    one, _, views, _ = sweep(single, norm, SPACING, 0.5)
+    two, _, views2, _ = sweep(batched, norm, SPACING, 0.5)
     assert views == views2 == 4
     np.testing.assert_array_equal(one, two)
     assert [s[0] for s in single.shapes] == [1] * 5  # the sweep's window, then 4 views
@@ -171,7 +172,7 @@ def test_flipped_views_go_as_one_batch_where_the_backend_takes_one() -> None:
 def test_on_the_roi_path_only_the_crops_are_swept() -> None:
     norm = frame_with((300, 200, 24), (700, 650, 24))
     crops = [(100, 0, 500, 400)]
-    prob, swept, _ = sweep(Pixelwise(), norm, SPACING, 0.5, crops=crops)
+    prob, swept, _, kept = sweep(Pixelwise(), norm, SPACING, 0.5, crops=crops)
     assert swept[100:500, 0:400].all() and swept.sum() == 400 * 400
     assert not prob[~swept].any()
     _, lesions = lesions_from_probability(prob, SPACING, 0.5)

@@ -70,6 +70,7 @@ def lesions_from_probability(
     rechecked_mask: np.ndarray | None = None,
     max_lesions: int = MAX_LESIONS,
     min_diameter_mm: float = 0.0,
+    within: list[Box] | tuple[Box, ...] | None = None,
 ) -> tuple[np.ndarray, list[Lesion]]:
     """Label the components of ``prob >= threshold`` and measure each as a Lesion.
 
@@ -82,6 +83,12 @@ def lesions_from_probability(
     is set in ``rechecked_mask`` (same shape as ``prob``). Components whose longest
     diameter is under ``min_diameter_mm`` are dropped too (the analyzer's
     ``AnalyzerConfig.min_diameter_mm``: a speck of a pixel or two is not a lesion).
+
+    ``within``: boxes that the caller knows hold every pixel ``>= threshold`` (the fine
+    sweep's kept components, whose map is 0 elsewhere above the floor); only they are
+    scanned, not the whole frame (a 4096² map: two 16 M-pixel passes). Overlapping boxes
+    are merged. The lesions are those of the whole-frame scan, except which of equal-
+    sized components ``max_lesions`` keeps.
 
     Returns ``(labels, lesions)``: a uint16 label map (0 = background) and the
     lesions, labelled 1..n by area, largest first (ties: top-most, then
@@ -109,9 +116,15 @@ def lesions_from_probability(
     if not (spacing[0] > 0.0 and spacing[1] > 0.0):
         raise ValueError(f'Argument "spacing_mm" must be positive, got {spacing_mm}')
 
-    fg = at_least(prob, threshold)
+    if within is None:
+        boxes = _label_boxes(at_least(prob, threshold), min_area_px)
+    else:
+        boxes = []
+        for r0, c0, r1, c1 in _disjoint(within, prob.shape):
+            for (b0, d0, b1, d1), comps in _label_boxes(prob[r0:r1, c0:c1] >= threshold, min_area_px):
+                boxes.append(((r0 + b0, c0 + d0, r0 + b1, c0 + d1), comps))
     found: list[_Component] = []
-    for box, comps, keep in _select(_label_boxes(fg, min_area_px), max_lesions, threshold):
+    for box, comps, keep in _select(boxes, max_lesions, threshold):
         found.extend(_measure(comps, keep, box, prob, spacing, rechecked_mask))
     found = [c for c in found if c.diameter_mm >= min_diameter_mm]
     found.sort(key=lambda c: c.order)
@@ -174,6 +187,28 @@ def lesion_from_json(record: dict[str, Any]) -> Lesion:
         max_score=score,
         rechecked=bool(record.get("rechecked", False)),
     )
+
+
+def _disjoint(boxes: list[Box] | tuple[Box, ...], shape: tuple[int, ...]) -> list[Box]:
+    """``boxes`` cut to the frame, overlapping ones merged into their union until none
+    overlap: a component inside one of the given boxes is then inside exactly one."""
+    rows, cols = shape[-2:]
+    out = [(max(r0, 0), max(c0, 0), min(r1, rows), min(c1, cols)) for r0, c0, r1, c1 in boxes]
+    out = [b for b in out if b[2] > b[0] and b[3] > b[1]]
+    merged = True
+    while merged:
+        merged = False
+        for i in range(len(out)):
+            for j in range(i + 1, len(out)):
+                a, b = out[i], out[j]
+                if a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]:
+                    out[i] = (min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]))
+                    del out[j]
+                    merged = True
+                    break
+            if merged:
+                break
+    return sorted(out)
 
 
 def _label_boxes(fg: np.ndarray, min_area_px: int) -> list[tuple[Box, components.Components]]:

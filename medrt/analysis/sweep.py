@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from medrt.analysis.lesions import lesions_from_probability
+from medrt.analysis.lesions import MAX_LESIONS, lesions_from_probability
 from medrt.analysis.resample import Bilinear, Factors, area_downsample, recheck_factors
 from medrt.analysis.segment import (
     CROP_CONTEXT,
@@ -49,7 +50,7 @@ from medrt.analysis.segment import (
 )
 from medrt.engine.backends.base import Backend
 
-__all__ = ["SweepConfig", "sweep", "view_window", "FLIPS"]
+__all__ = ["SweepConfig", "Swept", "sweep", "view_window", "FLIPS"]
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,19 @@ def _bucket(view_bucket: int, multiple: int) -> int:
     return -(-view_bucket // multiple) * multiple if view_bucket else 0
 
 
+class Swept(NamedTuple):
+    """What :func:`sweep` gives: the fine map (0 outside the swept area and where a
+    component was dropped; exact from the threshold up), the swept mask, the flipped
+    views run, and the boxes of the components kept (every pixel of ``prob`` at or
+    above the threshold lies in one: :func:`lesions_from_probability`'s ``within``;
+    None past ``MAX_LESIONS`` components, when the unlisted ones were not checked)."""
+
+    prob: np.ndarray
+    swept: np.ndarray
+    views: int
+    kept: tuple[tuple[int, int, int, int], ...] | None
+
+
 def sweep(
     model: Backend,
     norm: np.ndarray,
@@ -122,8 +136,8 @@ def sweep(
     threshold: float,
     cfg: SweepConfig = SweepConfig(),
     crops: tuple[tuple[int, int, int, int], ...] | list[tuple[int, int, int, int]] | None = None,
-) -> tuple[np.ndarray, np.ndarray, int] | None:
-    """The fine sweep of one frame: ``(prob, swept mask, flipped views run)``, or None when
+) -> Swept | None:
+    """The fine sweep of one frame (:class:`Swept`), or None when
     the frame is not finer than the model or ``crops`` is empty (nothing to sweep: the
     first pass and the recheck run as for CT, on no crops nothing).
 
@@ -179,7 +193,10 @@ def sweep(
     for label, (r0, c0, r1, c1) in drop:
         window = fine[r0:r1, c0:c1]
         window[labels[r0:r1, c0:c1] == label] = 0.0
-    return fine, swept, views
+    dropped = {label for label, _ in drop}
+    # (past MAX_LESIONS components the smallest were never listed, nor dropped: unknown)
+    kept = None if len(lesions) >= MAX_LESIONS else tuple(les.bbox for les in lesions if les.label not in dropped)
+    return Swept(fine, swept, views, kept)
 
 
 def view_window(
