@@ -195,19 +195,19 @@ def _disjoint(boxes: list[Box] | tuple[Box, ...], shape: tuple[int, ...]) -> lis
     rows, cols = shape[-2:]
     out = [(max(r0, 0), max(c0, 0), min(r1, rows), min(c1, cols)) for r0, c0, r1, c1 in boxes]
     out = [b for b in out if b[2] > b[0] and b[3] > b[1]]
-    merged = True
-    while merged:
-        merged = False
-        for i in range(len(out)):
-            for j in range(i + 1, len(out)):
-                a, b = out[i], out[j]
-                if a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]:
-                    out[i] = (min(a[0], b[0]), min(a[1], b[1]), max(a[2], b[2]), max(a[3], b[3]))
-                    del out[j]
-                    merged = True
+    changed = True
+    while changed:  # a pass merges each box into the first it overlaps; unions may overlap anew
+        changed = False
+        merged: list[Box] = []
+        for b in sorted(out):
+            for k, m in enumerate(merged):
+                if m[0] < b[2] and b[0] < m[2] and m[1] < b[3] and b[1] < m[3]:
+                    merged[k] = (min(m[0], b[0]), min(m[1], b[1]), max(m[2], b[2]), max(m[3], b[3]))
+                    changed = True
                     break
-            if merged:
-                break
+            else:
+                merged.append(b)
+        out = merged
     return sorted(out)
 
 

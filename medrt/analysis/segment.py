@@ -144,17 +144,6 @@ def _logits_many(model: Backend, regions: list[np.ndarray], factors: Factors) ->
     return [upsample_bilinear(lg, factors, r.shape[-2:]) for lg, r in zip(logits, regions, strict=True)]
 
 
-def _dilate(mask: np.ndarray) -> np.ndarray:
-    """``mask`` grown by one pixel in all eight directions (a 3×3 dilation)."""
-    out = mask.copy()
-    out[1:] |= mask[:-1]
-    out[:-1] |= mask[1:]
-    rows = out.copy()
-    out[:, 1:] |= rows[:, :-1]
-    out[:, :-1] |= rows[:, 1:]
-    return out
-
-
 def _floor_logit(floor: float) -> float:
     """``floor`` as a logit, a hair lower: rounding in the interpolation (an ulp or so)
     cannot then lift a source pixel across it next to no model pixel that reaches it."""
@@ -168,17 +157,21 @@ def _floor_logit(floor: float) -> float:
 def _probability_blocks(
     logits: np.ndarray, factors: Factors, shape: tuple[int, int], floor: float = PROB_FLOOR
 ) -> list[tuple[Box, np.ndarray]]:
-    """``sigmoid(upsample_bilinear(logits, factors, shape))`` on disjoint blocks of the
-    ``shape`` grid that hold every pixel >= ``floor``: ``((r0, c0, r1, c1), values)``,
-    each value exactly the whole-grid one (module docstring)."""
+    """``sigmoid(upsample_bilinear(logits, factors, shape))`` on blocks of the ``shape``
+    grid that hold every pixel >= ``floor``: ``((r0, c0, r1, c1), values)``, each value
+    exactly the whole-grid one (module docstring). Blocks are the boxes around the model
+    pixels that reach the floor, grown by one model pixel (the interpolation's reach);
+    two of them may overlap by a line or two, holding the same values there."""
     hot = logits >= _floor_logit(floor)
     if not hot.any():
         return []
     up = Bilinear(logits, factors, shape)
     fr, fc = factors
     rows, cols = shape
+    hr, hc = hot.shape
     out = []
-    for r0, c0, r1, c1 in foreground_boxes(_dilate(hot)):
+    for r0, c0, r1, c1 in foreground_boxes(hot):
+        r0, c0, r1, c1 = max(r0 - 1, 0), max(c0 - 1, 0), min(r1 + 1, hr), min(c1 + 1, hc)
         box = (r0 * fr, c0 * fc, min(r1 * fr, rows), min(c1 * fc, cols))
         out.append((box, _sigmoid(up.block(*box))))
     return out
@@ -225,6 +218,23 @@ def segment_crops(
     fine sweep, :mod:`medrt.analysis.sweep`, runs at half of them), and ``floor`` the
     probability from which resampled values are exact (a caller that reads the map only
     from its threshold up, as the fine sweep does, saves the blocks below it)."""
+    return _segment_crops(model, norm, crops, spacing_mm=spacing_mm, context=context, factors=factors,
+                          floor=floor)[0]
+
+
+def _segment_crops(
+    model: Backend,
+    norm: np.ndarray,
+    crops: tuple[tuple[int, int, int, int], ...] | list[tuple[int, int, int, int]],
+    *,
+    spacing_mm: tuple[float, float] | None = None,
+    context: int = CROP_CONTEXT,
+    factors: Factors | None = None,
+    floor: float = PROB_FLOOR,
+) -> tuple[np.ndarray, list[Box] | None]:
+    """:func:`segment_crops`, and the boxes of the blocks it resampled (every pixel of
+    the map at or above ``floor`` lies in one; None at the model's own scale, where the
+    map is whole)."""
     rows, cols = norm.shape[-2:]
     prob = np.zeros((rows, cols), np.float32)
     factors = model_factors(model, spacing_mm) if factors is None else factors
@@ -265,11 +275,14 @@ def segment_crops(
     crops = list(crops)
     inputs = map_bands(prepare, crops, pixels=rows * cols)
     logits = [_run(model, x) for *_, x in inputs]
+    boxes: list[Box] | None = [] if factors != (1, 1) else None
     for blocks in map_bands(cut, list(zip(crops, inputs, logits, strict=True)), pixels=rows * cols):
         for rr0, cc0, rr1, cc1, p in blocks:
             view = prob[rr0:rr1, cc0:cc1]
             np.maximum(view, p, out=view)
-    return prob
+            if boxes is not None:
+                boxes.append((rr0, cc0, rr1, cc1))
+    return prob, boxes
 
 
 def _margin(room: int, context: int, factor: int) -> int:
@@ -320,14 +333,31 @@ def sliding_window(
     :data:`PROB_FLOOR` (module docstring). ``factors`` overrides the factors that
     ``spacing_mm`` gives, and ``floor`` the probability from which resampled values are
     exact, as in :func:`segment_crops`."""
+    return _sliding_window(model, norm, roi, overlap, spacing_mm=spacing_mm, factors=factors, floor=floor)[0]
+
+
+def _sliding_window(
+    model: Backend,
+    norm: np.ndarray,
+    roi: int,
+    overlap: float,
+    *,
+    spacing_mm: tuple[float, float] | None,
+    factors: Factors | None,
+    floor: float,
+) -> tuple[np.ndarray, list[Box] | None]:
+    """:func:`sliding_window`, and the boxes of the blocks it resampled (as
+    :func:`_segment_crops`)."""
     factors = model_factors(model, spacing_mm) if factors is None else factors
     if factors == (1, 1):
-        return _sigmoid(_blended_logits(model, norm, roi, overlap))
+        return _sigmoid(_blended_logits(model, norm, roi, overlap)), None
     logits = _blended_logits(model, area_downsample(norm, factors), roi, overlap)
     prob = np.zeros(norm.shape[-2:], np.float32)
+    boxes = []
     for (r0, c0, r1, c1), p in _probability_blocks(logits, factors, norm.shape[-2:], floor):
         prob[r0:r1, c0:c1] = p
-    return prob
+        boxes.append((r0, c0, r1, c1))
+    return prob, boxes
 
 
 def _blended_logits(model: Backend, norm: np.ndarray, roi: int, overlap: float) -> np.ndarray:

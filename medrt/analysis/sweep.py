@@ -44,9 +44,9 @@ from medrt.analysis.segment import (
     CROP_CONTEXT,
     _region,
     _run_many,
+    _segment_crops,
     _sigmoid,
-    segment_crops,
-    sliding_window,
+    _sliding_window,
 )
 from medrt.engine.backends.base import Backend
 
@@ -153,14 +153,16 @@ def sweep(
     # lung texture reaches 1 % in ~130 places, the threshold in a few.
     floor = min(threshold, PROB_FLOOR_MAX)
     if crops is None:
-        fine = sliding_window(model, norm, roi=cfg.window, overlap=cfg.overlap, factors=factors, floor=floor)
+        fine, blocks = _sliding_window(model, norm, cfg.window, cfg.overlap, spacing_mm=None, factors=factors,
+                                       floor=floor)
         swept = np.broadcast_to(np.True_, (rows, cols))  # all of it, read-only, no 16 MB to fill
     else:
-        fine = segment_crops(model, norm, crops, factors=factors, context=cfg.context, floor=floor)
+        fine, blocks = _segment_crops(model, norm, crops, factors=factors, context=cfg.context, floor=floor)
         swept = np.zeros((rows, cols), bool)
         for r0, c0, r1, c1 in crops:
             swept[max(r0, 0):r1, max(c0, 0):c1] = True
-    labels, lesions = lesions_from_probability(fine, spacing_mm, threshold)
+    # every pixel at or above the floor, so the threshold, lies in one of the blocks
+    labels, lesions = lesions_from_probability(fine, spacing_mm, threshold, within=blocks)
     checks: list[tuple[float, int, tuple[int, int, int, int]]] = []  # peak, label, bbox
     drop: list[tuple[int, tuple[int, int, int, int]]] = []
     for les in lesions:
