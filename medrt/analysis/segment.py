@@ -133,15 +133,9 @@ def model_factors(model: Backend, spacing_mm: tuple[float, float] | None) -> Fac
 def _logits_at(model: Backend, region: np.ndarray, factors: Factors) -> np.ndarray:
     """Logits for a source-resolution region, the UNet run at ``factors`` coarser and its
     logits brought back onto the region's grid."""
-    return _logits_many(model, [region], factors)[0]
-
-
-def _logits_many(model: Backend, regions: list[np.ndarray], factors: Factors) -> list[np.ndarray]:
-    """:func:`_logits_at` for several regions, the model run on them in batches (:func:`_run_many`)."""
     if factors == (1, 1):
-        return _run_many(model, regions)
-    logits = _run_many(model, [area_downsample(r, factors) for r in regions])
-    return [upsample_bilinear(lg, factors, r.shape[-2:]) for lg, r in zip(logits, regions, strict=True)]
+        return _run(model, region)
+    return upsample_bilinear(_run(model, area_downsample(region, factors)), factors, region.shape[-2:])
 
 
 def _floor_logit(floor: float) -> float:

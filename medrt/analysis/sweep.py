@@ -54,8 +54,8 @@ __all__ = ["SweepConfig", "Swept", "sweep", "view_window", "FLIPS"]
 
 log = logging.getLogger(__name__)
 
-FLIPS = {"h": -1, "v": -2}
-PROB_FLOOR_MAX = 0.99  # the fine map's exactness floor: its threshold, below 1  # the array axis each flip mirrors: left-right, top-bottom
+FLIPS = {"h": -1, "v": -2}  # the array axis each flip mirrors: left-right, top-bottom
+PROB_FLOOR_MAX = 0.99  # the fine map is exact from its threshold up, at most from here
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +236,8 @@ def _span(a0: int, a1: int, margin: int, factor: int, multiple: int, bucket: int
             w0 = -(-(length - size) // unit) * unit
         w0 = max(w0, 0)
         w1 = w0 + size
-    w0 = max(w0, 0)
+    else:
+        w0 = max(w0, 0)
     return w0, min(w1, length) if whole else w1
 
 
