@@ -81,7 +81,9 @@ def _serial(pixels: int, n: int, items: int) -> bool:
 def _executor(n: int) -> ThreadPoolExecutor:
     global _pool
     with _pool_lock:
-        if _pool is None or _pool._max_workers != n:  # the setting changed (tests); old tasks finish
+        if _pool is None or _pool._max_workers != n:  # the setting changed (tests)
+            if _pool is not None:
+                _pool.shutdown(wait=False)  # its queued tasks still run; then its threads exit
             _pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix=_PREFIX)
         return _pool
 
