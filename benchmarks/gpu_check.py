@@ -27,6 +27,9 @@ What it measures:
    (a 0.125 mm radiograph area-averaged 4×), as the analysis does.
 3b. What a user's run does: ``load_analyzer`` and ``Analyzer.analyze`` per 4096²
    frame (roi_classifier_dx, lesion_unet, the recheck), torch on CUDA, fp32 and fp16.
+3c. The same on a 512² CT series (the 2.5-D lite UNet with its neighbours), torch on
+   CUDA against onnxruntime on the CPU, with the slices whose lesions differ; and a
+   cProfile of the host during 3b's default run (``profile``).
 4. TensorRT fp16 on 1024² crops, if ``import tensorrt`` works; onnxruntime's
    CUDA provider, if present.
 
@@ -341,6 +344,54 @@ class Run:
             del an
         return rows
 
+    def ct(self) -> list[dict[str, Any]]:
+        """A 512² CT series as a user's stream or batch runs it: ``load_analyzer`` with the
+        default models (the 2.5-D ``lesion_unet_lite`` on whole slices with the recheck),
+        each slice with its neighbours; torch on CUDA in fp32 and fp16 (CUDA graphs)
+        against onnxruntime on the host's CPU. Per slice p50/p99 over two passes after a
+        warm-up pass, lesions found, and the slices whose lesions differ from
+        onnxruntime's (count or a centroid more than a pixel away)."""
+        from medrt.analyzer import AnalyzerConfig, load_analyzer
+        from medrt.bench.engine import _frame_from_phantom
+        from medrt.phantom import generate_ct_series
+
+        s = self.sizes
+        series = generate_ct_series(9902, n_frames=40 if s.device == "cuda" else 6)
+        frames = [_frame_from_phantom(p, f"ct{p.index}") for p in series]
+        around = [(frames[i - 1] if i else None, frames[i + 1] if i + 1 < len(frames) else None)
+                  for i in range(len(frames))]
+        graphs = {"cuda_graph": True, "max_graphs": 64}
+        runs = [("onnxruntime", "cpu", "fp32", {})]
+        if s.device == "cuda":
+            runs += [("torch", "cuda", "fp32", graphs), ("torch", "cuda", "fp16", graphs)]
+        rows, reference = [], None
+        for backend, device, precision, options in runs:
+            self.free()
+            an = load_analyzer(AnalyzerConfig(backend=backend, device=device, precision=precision,
+                                              backend_options={"torch": options}))
+            ms, found = [], []
+            for rep in range(3):
+                for frame, sides in zip(frames, around, strict=True):
+                    t0 = time.perf_counter()
+                    result = an.analyze(frame, neighbours=sides)
+                    took = (time.perf_counter() - t0) * 1000.0
+                    if rep:
+                        ms.append(took)
+                    else:
+                        found.append(sorted(les.centroid for les in result.lesions))
+            row: dict[str, Any] = {"backend": an.backend_name, "device": device, "precision": precision,
+                                   "model": an.seg.spec.ident, **_stats(ms),
+                                   "lesions": sum(len(f) for f in found), "peak_mib": self.peak_mib()}
+            if reference is None:
+                reference = found
+            else:
+                row["slices_differing_from_onnxruntime"] = sum(
+                    len(a) != len(b) or any(abs(p[0] - q[0]) > 1 or abs(p[1] - q[1]) > 1 for p, q in zip(a, b))
+                    for a, b in zip(found, reference, strict=True))
+            rows.append(row)
+            del an
+        return rows
+
     def profile(self) -> dict[str, Any]:
         """Where the host's time goes in the default run (fp32, CUDA graphs, auto mode):
         cProfile over ``frames`` frames after a warm-up pass, the top functions by own
@@ -415,8 +466,8 @@ class Run:
 
 
 # The sections after the phantoms, in order, with the seconds each needs of the budget.
-SECTIONS = {"unet_crop": 40, "roi_path": 40, "sliding": 20, "analyzer": 40, "profile": 20, "tensorrt": 90,
-            "ort_cuda": 20}
+SECTIONS = {"unet_crop": 40, "roi_path": 40, "sliding": 20, "analyzer": 40, "profile": 20, "ct": 30,
+            "tensorrt": 90, "ort_cuda": 20}
 
 
 def _table(rows: list[dict[str, Any]]) -> list[str]:
@@ -435,7 +486,9 @@ def markdown(doc: dict[str, Any]) -> str:
     titles = {"unet_crop": "UNet on one crop (torch backend, per call incl. H2D/D2H)",
               "roi_path": "ROI path per frame, models only (normalise, classifier, UNet on the crops at 0.5 mm)",
               "analyzer": "End to end per frame: load_analyzer + analyze (recheck included, decode skipped)",
-              "sliding": "Full-frame sliding window (reference)", "tensorrt": "TensorRT",
+              "sliding": "Full-frame sliding window (reference)",
+              "ct": "512² CT series, per slice: load_analyzer + analyze with neighbours (default models)",
+              "tensorrt": "TensorRT",
               "ort_cuda": "onnxruntime CUDA provider"}
     for key, title in titles.items():
         if key in doc:
