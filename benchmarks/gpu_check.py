@@ -386,7 +386,7 @@ class Run:
                 reference = found
             else:
                 row["slices_differing_from_onnxruntime"] = sum(
-                    len(a) != len(b) or any(abs(p[0] - q[0]) > 1 or abs(p[1] - q[1]) > 1 for p, q in zip(a, b))
+                    len(a) != len(b) or any(abs(p[0] - q[0]) > 1 or abs(p[1] - q[1]) > 1 for p, q in zip(a, b, strict=False))
                     for a, b in zip(found, reference, strict=True))
             rows.append(row)
             del an
