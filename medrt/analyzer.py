@@ -79,7 +79,9 @@ class AnalyzerConfig:
     # scored from 2 mm; on the validation CT series (seeds 5100-5107) most false marks
     # under 1.5 mm were specks of one or two pixels: 0.172 -> 0.144 false positives per
     # slice for lesion_unet_lite 2.0 at 0.8 (one 2-5 mm lesion fewer), 0.241 -> 0.150
-    # for 3.0 at 0.9 (no lesion fewer). Radiographs: the fine sweep keeps >= 1.5 mm too.
+    # for 3.0 at 0.9 (no lesion fewer). Radiographs: the fine sweep views and keeps
+    # components from this length too (it replaces SweepConfig.min_diameter_mm here, so a
+    # lower setting does reach the radiographs' smaller components).
     min_diameter_mm: float = 1.5
     presence_threshold: float | None = None  # None: the ROI classifier spec's
     heatmap_threshold: float | None = None
@@ -211,6 +213,10 @@ class Analyzer:
         self.models = (*(r.spec.ident for r in self.rois), *(s.spec.ident for s in self.segs))
         self._unscaled: OrderedDict[str, None] = OrderedDict()  # series already warned: no pixel spacing
         self._warned = threading.Lock()
+        sweep_cfg = config.sweep
+        if sweep_cfg is not None and sweep_cfg.min_diameter_mm != config.min_diameter_mm:
+            sweep_cfg = replace(sweep_cfg, min_diameter_mm=config.min_diameter_mm)
+        self.sweep_config = sweep_cfg  # the fine sweep as this analyzer runs it
 
     @property
     def roi(self) -> Backend:
@@ -403,7 +409,7 @@ class Analyzer:
         spacing = frame.spacing_mm  # resampled to the model's training spacing where it names one
         crops = None if work.mode == "full" else work.crops
         if work.recheck and self.config.sweep is not None:
-            swept = sweep(seg, work.norm, spacing, threshold, self.config.sweep, crops=crops)
+            swept = sweep(seg, work.norm, spacing, threshold, self.sweep_config, crops=crops)
             if swept is not None:
                 log.debug("%s: fine sweep, %d flipped views", frame.key, swept.views)
                 ms = (time.perf_counter() - t0) * 1000.0

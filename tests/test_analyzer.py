@@ -310,3 +310,16 @@ def test_a_gpu_backend_is_warmed_up_on_the_fine_sweeps_shapes(monkeypatch) -> No
     sides = an.config.sweep.view_sides(seg.spec.spacing_mm, seg.spec.multiple_of)
     assert sides == [320, 384, 448]
     assert calls == [([(64, 64)], 1), ([(2048, 2048)], 1), ([(h, w) for h in sides for w in sides], 2)]
+
+
+def test_the_minimum_diameter_reaches_the_fine_sweep() -> None:
+    """``min_diameter_mm`` is also the length from which the radiographs' fine sweep views
+    and keeps a component (its own SweepConfig.min_diameter_mm is for direct callers), so
+    a lower setting is not undone there before the lesion step sees it."""
+    lower = load_analyzer(AnalyzerConfig(seg_model="lesion_unet", min_diameter_mm=0.5, warmup_shapes=((64, 64),)))
+    assert lower.sweep_config is not None and lower.sweep_config.min_diameter_mm == 0.5
+    assert lower.sweep_config.confirm == lower.config.sweep.confirm  # the rest as configured
+    default = load_analyzer(AnalyzerConfig(seg_model="lesion_unet", warmup_shapes=((64, 64),)))
+    assert default.sweep_config == default.config.sweep and default.sweep_config.min_diameter_mm == 1.5
+    off = load_analyzer(AnalyzerConfig(seg_model="lesion_unet", sweep=None, warmup_shapes=((64, 64),)))
+    assert off.sweep_config is None
