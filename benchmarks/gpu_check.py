@@ -306,7 +306,12 @@ class Run:
         # call per view, each window its own size.
         graphs = {"cuda_graph": True, "max_graphs": 64}
         unbatched = ({**graphs, "max_batch": 1}, SweepConfig(view_bucket=0))
+        # And one whose backend hands back its pinned output buffers instead of copies
+        # (reuse_outputs): what the copy of the 2048² map costs. Safe for the sweep, which
+        # reads each output before the next call; not for the ROI path or the recheck,
+        # which keep several, so it is a measurement, not a setting to ship.
         runs = [("fp32", "eager", {}, "auto", None), ("fp32", "CUDA graphs", graphs, "auto", None),
+                ("fp32", "CUDA graphs, outputs not copied", {**graphs, "reuse_outputs": True}, "auto", None),
                 ("fp32", "CUDA graphs, views one by one, unbucketed", *unbatched[:1], "auto", unbatched[1]),
                 ("fp16", "CUDA graphs", graphs, "auto", None), ("fp32", "CUDA graphs, ROI path", graphs, "roi", None)]
         if s.device != "cuda":
