@@ -135,6 +135,14 @@ def fits_one_crop(shape: tuple[int, int], crop: int) -> bool:
     return shape[0] <= crop and shape[1] <= crop
 
 
+def sweep_config(config: AnalyzerConfig) -> SweepConfig | None:
+    """The fine sweep as an analyzer of ``config`` runs it: ``config.sweep`` with the
+    analyzer's ``min_diameter_mm`` (None: no sweep)."""
+    if config.sweep is None:
+        return None
+    return replace(config.sweep, min_diameter_mm=config.min_diameter_mm)
+
+
 def _create(spec: ModelSpec, config: AnalyzerConfig) -> Backend:
     """The backend for ``spec``. With ``precision="int8"``, a model whose INT8 twin fails
     the accuracy gate runs in FP32 instead (one WARNING with the figures): the other
@@ -213,10 +221,7 @@ class Analyzer:
         self.models = (*(r.spec.ident for r in self.rois), *(s.spec.ident for s in self.segs))
         self._unscaled: OrderedDict[str, None] = OrderedDict()  # series already warned: no pixel spacing
         self._warned = threading.Lock()
-        sweep_cfg = config.sweep
-        if sweep_cfg is not None and sweep_cfg.min_diameter_mm != config.min_diameter_mm:
-            sweep_cfg = replace(sweep_cfg, min_diameter_mm=config.min_diameter_mm)
-        self.sweep_config = sweep_cfg  # the fine sweep as this analyzer runs it
+        self.sweep_config = sweep_config(config)  # the fine sweep as this analyzer runs it
 
     @property
     def roi(self) -> Backend:
@@ -346,7 +351,7 @@ class Analyzer:
         their bucket sizes), each of which would cost the first radiograph cudnn's
         algorithm search and a graph capture. Not on the CPU, where a new shape costs
         little and a 2048² warm-up call ~0.3 s per model."""
-        cfg, spacing = self.config.sweep, getattr(seg.spec, "spacing_mm", None)
+        cfg, spacing = self.sweep_config, getattr(seg.spec, "spacing_mm", None)
         if cfg is None or spacing is None or not self.config.recheck or not seg.few_shapes:
             return
         sides = cfg.view_sides(spacing, max(1, seg.spec.multiple_of))
@@ -408,7 +413,7 @@ class Analyzer:
         frame = work.frame
         spacing = frame.spacing_mm  # resampled to the model's training spacing where it names one
         crops = None if work.mode == "full" else work.crops
-        if work.recheck and self.config.sweep is not None:
+        if work.recheck and self.sweep_config is not None:
             swept = sweep(seg, work.norm, spacing, threshold, self.sweep_config, crops=crops)
             if swept is not None:
                 log.debug("%s: fine sweep, %d flipped views", frame.key, swept.views)

@@ -34,8 +34,8 @@ from medrt.analysis.recheck import RecheckConfig, recheck
 from medrt.analysis.roi import classify
 from medrt.analysis.segment import segment_crops, sliding_window
 from medrt.analysis.slices import phantom_input, phantom_sides
-from medrt.analysis.sweep import SweepConfig, sweep
-from medrt.analyzer import AnalyzerConfig, fits_one_crop, pick_for_modality
+from medrt.analysis.sweep import sweep
+from medrt.analyzer import AnalyzerConfig, fits_one_crop, pick_for_modality, sweep_config
 from medrt.bench import interleaved_medians
 from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
 from medrt.engine.registry import load_spec
@@ -46,6 +46,7 @@ from medrt.phantom.truth import FrameTruth
 
 log = logging.getLogger("medrt.models.evaluate")
 _DEFAULTS = AnalyzerConfig()  # the crop size and the reported lesions' least length
+_SWEEP = sweep_config(_DEFAULTS)  # the fine sweep as the default analyzer runs it
 
 
 @dataclass
@@ -96,7 +97,7 @@ def _predict(col: Collected, key: str, name: str, unet: Any, norm: np.ndarray, p
     labels, lesions = lesions_from_probability(prob, frame.spacing_mm, thr)
     col.preds.setdefault(name, []).append(FramePrediction(key=key, lesions=tuple(lesions), labels=labels))
     if with_recheck:
-        swept = sweep(unet, norm, frame.spacing_mm, thr, SweepConfig(), crops=crops)
+        swept = sweep(unet, norm, frame.spacing_mm, thr, _SWEEP, crops=crops)
         within = None
         if swept is not None:
             prob2, touched, within = swept.prob, swept.swept, swept.kept
