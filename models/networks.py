@@ -102,12 +102,15 @@ class NeighbourDifference(nn.Module):
     def channels(self) -> int:
         return self.contrast.channels + 2
 
+    @staticmethod
+    def differences(x: torch.Tensor, gain: float) -> list[torch.Tensor]:
+        """tanh(gain · (box3(neighbour) − box3(slice))) for the previous and the next slice
+        of a (previous, this, next) input."""
+        smooth = LocalContrast._box(x[:, 1:2], NEIGHBOUR_SMOOTH)
+        return [torch.tanh(gain * (LocalContrast._box(x[:, k : k + 1], NEIGHBOUR_SMOOTH) - smooth)) for k in (0, 2)]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        mid = x[:, 1:2]
-        smooth = LocalContrast._box(mid, NEIGHBOUR_SMOOTH)
-        diffs = [torch.tanh(NEIGHBOUR_GAIN * (LocalContrast._box(x[:, k : k + 1], NEIGHBOUR_SMOOTH) - smooth))
-                 for k in (0, 2)]
-        return torch.cat([self.contrast(mid), *diffs], dim=1)
+        return torch.cat([self.contrast(x[:, 1:2]), *self.differences(x, NEIGHBOUR_GAIN)], dim=1)
 
 
 # CT in two windows (``two_windows``): the input is the slices in one fixed wide window
@@ -148,11 +151,7 @@ class TwoWindows(nn.Module):
         soft = torch.clamp((x - self.offset) * self.scale, 0.0, 1.0)
         if self.slices == 1:
             return torch.cat([self.inner(soft), x], dim=1)
-        mid = x[:, 1:2]
-        smooth = LocalContrast._box(mid, NEIGHBOUR_SMOOTH)
-        diffs = [torch.tanh(WIDE_GAIN * (LocalContrast._box(x[:, k : k + 1], NEIGHBOUR_SMOOTH) - smooth))
-                 for k in (0, 2)]
-        return torch.cat([self.inner(soft), mid, *diffs], dim=1)
+        return torch.cat([self.inner(soft), x[:, 1:2], *NeighbourDifference.differences(x, WIDE_GAIN)], dim=1)
 
 
 class LocalContrastUNet(nn.Module):
@@ -204,6 +203,11 @@ def build_unet(variant: str, local_contrast: bool = True, edge: bool | None = No
     return UNet(spatial_dims=2, in_channels=1, out_channels=1, **UNET_VARIANTS[variant])
 
 
+def _windows(buffer: torch.Tensor) -> tuple[tuple[float, float], tuple[float, float]]:
+    """A TwoWindows ``windows`` buffer as its ((wide centre, width), (soft centre, width))."""
+    return (float(buffer[0]), float(buffer[1])), (float(buffer[2]), float(buffer[3]))
+
+
 def network_for(name: str, state: dict[str, torch.Tensor], roi: bool | None = None) -> nn.Module:
     """The network that saved ``state`` (a shipped ``.pt``), with the weights loaded:
     with or without the local-contrast and edge inputs, as the weights say. ``roi``: a
@@ -215,9 +219,8 @@ def network_for(name: str, state: dict[str, torch.Tensor], roi: bool | None = No
         win = state.get("features.0.windows")  # TwoWindows
         if win is not None:  # 2-D: 2 contrast channels + 1 wide; 2.5-D: 4 + 3
             slices = 3 if channels >= 7 else 1
-            windows = ((float(win[0]), float(win[1])), (float(win[2]), float(win[3])))
             net: nn.Module = RoiNet(pool="mean+max" if both else "max", slices=slices, two_windows=True,
-                                    windows=windows)
+                                    windows=_windows(win))
         else:
             slices = 3 if channels >= 4 else 1
             net = RoiNet(local_contrast=channels >= 2, edge=channels - (2 if slices == 3 else 0) == 3,
@@ -226,10 +229,9 @@ def network_for(name: str, state: dict[str, torch.Tensor], roi: bool | None = No
         win = state.get("front.windows")  # TwoWindows: its two windows, and more channels
         slices = (3 if channels >= 7 else 1) if win is not None else (3 if channels >= 4 else 1)
         extra = (2 if slices == 3 else 0) + ((3 if slices == 3 else 1) if win is not None else 0)
-        windows = ((float(win[0]), float(win[1])), (float(win[2]), float(win[3]))) if win is not None else None
         net = build_unet(name, local_contrast=any(k.startswith("unet.") for k in state),
                          edge=channels - extra == 3, slices=slices, two_windows=win is not None,
-                         **({"windows": windows} if windows else {}))
+                         **({"windows": _windows(win)} if win is not None else {}))
     net.load_state_dict(state)
     return net.eval()
 
