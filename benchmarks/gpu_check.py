@@ -280,6 +280,16 @@ class Run:
             out["ratio_vs_roi_path"] = round(out["p50_ms"] / roi_rows[0]["p50_ms"], 2)
         return out
 
+    def dx_config(self, precision: str, options: dict[str, Any], **fields: Any) -> Any:
+        """The analyzer settings of the radiograph rows: the radiograph models, torch on
+        CUDA with ``options`` (the dry run: onnxruntime on the CPU), ``fields`` on top."""
+        from medrt.analyzer import AnalyzerConfig
+
+        cuda = self.sizes.device == "cuda"
+        return AnalyzerConfig(backend="torch" if cuda else "onnxruntime", device=self.sizes.device,
+                              precision=precision, roi_model=self.roi.spec_path.as_posix(),
+                              seg_model=self.unet.spec_path.as_posix(), backend_options={"torch": options}, **fields)
+
     def analyzer(self) -> list[dict[str, Any]]:
         """What a user's run does: ``medrt.load_analyzer`` (the radiograph models, the
         recheck on) and ``Analyzer.analyze`` on each 4096² frame, decode skipped; torch
@@ -289,7 +299,7 @@ class Run:
         the crops)."""
         from medrt import bands
         from medrt.analysis.sweep import SweepConfig
-        from medrt.analyzer import AnalyzerConfig, load_analyzer
+        from medrt.analyzer import load_analyzer
         from medrt.bench.engine import _frame_from_phantom
 
         s = self.sizes
@@ -320,10 +330,7 @@ class Run:
         rows = []
         for precision, label, options, mode, sweep in runs:
             self.free()
-            config = AnalyzerConfig(backend="torch" if s.device == "cuda" else "onnxruntime", device=s.device,
-                                    precision=precision, roi_model=self.roi.spec_path.as_posix(),
-                                    seg_model=self.unet.spec_path.as_posix(), warmup_shapes=((320, 320), (256, 256)),
-                                    backend_options={"torch": options}, mode=mode,
+            config = self.dx_config(precision, options, warmup_shapes=((320, 320), (256, 256)), mode=mode,
                                     **({"sweep": sweep} if sweep is not None else {}))
             t_load = time.perf_counter()
             an = load_analyzer(config)
@@ -405,17 +412,14 @@ class Run:
         import io
         import pstats
 
-        from medrt.analyzer import AnalyzerConfig, load_analyzer
+        from medrt.analyzer import load_analyzer
         from medrt.bench.engine import _frame_from_phantom
 
         s = self.sizes
         frames = [_frame_from_phantom(f, f"prof{i}") for i, f in enumerate(self.frames)]
         self.free()
         options = {"cuda_graph": True, "max_graphs": 64} if s.device == "cuda" else {}
-        config = AnalyzerConfig(backend="torch" if s.device == "cuda" else "onnxruntime", device=s.device,
-                                precision="fp32", roi_model=self.roi.spec_path.as_posix(),
-                                seg_model=self.unet.spec_path.as_posix(), backend_options={"torch": options})
-        an = load_analyzer(config)
+        an = load_analyzer(self.dx_config("fp32", options))
         for f in frames:
             an.analyze(f)
         n = min(s.frames, 2 * len(frames))
