@@ -169,6 +169,23 @@ def test_diameter_equals_the_ground_truth_measure_on_irregular_masks(seed: int) 
         assert les.diameter_mm == pytest.approx(longest_diameter_mm(mask, spacing), abs=1e-9)
 
 
+@pytest.mark.parametrize("line", ["row", "column", "diagonal"])
+def test_diameter_of_a_component_that_is_one_line(line: str) -> None:
+    """A long thin component has no 2-D convex hull (Qhull refuses it); it is measured on
+    all its points and still equals the ground-truth measure."""
+    mask = np.zeros((120, 120), bool)
+    if line == "row":
+        mask[60, 10:110] = True
+    elif line == "column":
+        mask[10:110, 60] = True
+    else:
+        mask[np.arange(10, 110), np.arange(10, 110)] = True
+    spacing = (0.7, 0.5)
+    labels, lesions = lesions_from_probability(mask.astype(np.float32), spacing)
+    assert len(lesions) == 1
+    assert lesions[0].diameter_mm == pytest.approx(longest_diameter_mm(mask, spacing), abs=1e-9)
+
+
 def test_sample_ground_truth_masks_measure_like_their_truth() -> None:
     """Turned into probabilities, the committed masks give back their recorded truth."""
     checked = 0

@@ -30,7 +30,7 @@ import numpy as np
 from medrt.analysis import components
 from medrt.analysis.components import Box
 from medrt.bands import at_least
-from medrt.phantom.shapes import longest_diameter_mm
+from medrt.phantom.shapes import longest_chord_mm, longest_diameter_mm
 from medrt.types import Lesion
 
 __all__ = ["MAX_LESIONS", "lesions_from_probability", "lesion_to_json", "lesion_from_json"]
@@ -285,42 +285,24 @@ def _diameter_mm(mask: np.ndarray, spacing: tuple[float, float]) -> float:
     """:func:`longest_diameter_mm` of ``mask``, computed on its convex-hull vertices.
 
     The longest chord always joins two hull vertices, so the result is the same;
-    the pairwise search then runs on tens of points, not thousands.
+    the pairwise search then runs on tens of points, not thousands. The hull of each
+    row's first and last pixel is Qhull's (``scipy.spatial.ConvexHull``); it replaced a
+    monotone chain in Python that took ~2 ms of a radiograph's measuring here, and ~3x
+    that on a GPU machine's host.
     """
     if int(np.count_nonzero(mask)) < _HULL_MIN_PIXELS:
         return longest_diameter_mm(mask, spacing)
+    from scipy.spatial import ConvexHull, QhullError
+
     rows = np.flatnonzero(mask.any(axis=1))
     sub = mask[rows]
     first = sub.argmax(axis=1)
     last = sub.shape[1] - 1 - sub[:, ::-1].argmax(axis=1)
-    points: list[tuple[int, int]] = []
-    for r, a, b in zip(rows.tolist(), first.tolist(), last.tolist(), strict=True):
-        points.append((r, a))
-        if b != a:
-            points.append((r, b))
-    hull = _convex_hull(points)
-    sparse = np.zeros_like(mask, dtype=bool)
-    hr, hc = zip(*hull, strict=True)
-    sparse[list(hr), list(hc)] = True
-    return longest_diameter_mm(sparse, spacing)
-
-
-def _convex_hull(points: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Strict vertices of the convex hull of lexicographically sorted points (monotone chain)."""
-    if len(points) <= 2:
-        return points
-
-    def turn(o: tuple[int, int], a: tuple[int, int], b: tuple[int, int]) -> int:
-        return (a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0])
-
-    lower: list[tuple[int, int]] = []
-    for p in points:
-        while len(lower) >= 2 and turn(lower[-2], lower[-1], p) <= 0:
-            lower.pop()
-        lower.append(p)
-    upper: list[tuple[int, int]] = []
-    for p in reversed(points):
-        while len(upper) >= 2 and turn(upper[-2], upper[-1], p) <= 0:
-            upper.pop()
-        upper.append(p)
-    return lower[:-1] + upper[:-1]
+    two = last != first
+    points = np.concatenate([np.stack([rows, first], axis=1), np.stack([rows[two], last[two]], axis=1)])
+    try:
+        points = points[ConvexHull(points).vertices]
+    except QhullError:  # all on one line (one row or column, or a diagonal): no 2-D hull
+        pass
+    # distinct points, in np.unique's order (rows, then columns), as longest_diameter_mm's
+    return longest_chord_mm(points[np.lexsort((points[:, 1], points[:, 0]))].astype(np.float64), spacing)

@@ -166,7 +166,12 @@ def longest_diameter_mm(mask: np.ndarray, spacing_mm: tuple[float, float]) -> fl
     extent along that chord (a single pixel measures one pixel spacing). Spacing is
     ``(row, col)`` in mm, as in DICOM PixelSpacing.
     """
-    pts = _extreme_points(mask)
+    return longest_chord_mm(_extreme_points(mask), spacing_mm)
+
+
+def longest_chord_mm(pts: np.ndarray, spacing_mm: tuple[float, float]) -> float:
+    """:func:`longest_diameter_mm` of a mask given as points ``(row, col)`` (float64, in
+    ``np.unique``'s order) that include its convex hull's vertices."""
     if pts.shape[0] == 0:
         return 0.0
     sr, sc = float(spacing_mm[0]), float(spacing_mm[1])
