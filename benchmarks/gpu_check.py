@@ -300,10 +300,9 @@ class Run:
         from medrt import bands
         from medrt.analysis.sweep import SweepConfig
         from medrt.analyzer import load_analyzer
-        from medrt.bench.engine import _frame_from_phantom
 
         s = self.sizes
-        frames = [_frame_from_phantom(f, f"gpu{i}") for i, f in enumerate(self.frames)]
+        frames = [f.as_frame(f"gpu{i}") for i, f in enumerate(self.frames)]
         # Side by side (the band pool on; one band thread was 2.1x slower on the H200 host):
         # eager vs CUDA graphs (captured per input size, up to max_graphs), fp32 vs fp16.
         # The timed frames start after a pass over every frame, so the rows are steady
@@ -364,12 +363,11 @@ class Run:
         warm-up pass, lesions found, and the slices whose lesions differ from
         onnxruntime's (count or a centroid more than a pixel away)."""
         from medrt.analyzer import AnalyzerConfig, load_analyzer
-        from medrt.bench.engine import _frame_from_phantom
         from medrt.phantom import generate_ct_series
 
         s = self.sizes
         series = generate_ct_series(9902, n_frames=40 if s.device == "cuda" else 6)
-        frames = [_frame_from_phantom(p, f"ct{p.index}") for p in series]
+        frames = [p.as_frame(f"ct{p.index}") for p in series]
         around = [(frames[i - 1] if i else None, frames[i + 1] if i + 1 < len(frames) else None)
                   for i in range(len(frames))]
         graphs = {"cuda_graph": True, "max_graphs": 64}
@@ -413,10 +411,9 @@ class Run:
         import pstats
 
         from medrt.analyzer import load_analyzer
-        from medrt.bench.engine import _frame_from_phantom
 
         s = self.sizes
-        frames = [_frame_from_phantom(f, f"prof{i}") for i, f in enumerate(self.frames)]
+        frames = [f.as_frame(f"prof{i}") for i, f in enumerate(self.frames)]
         self.free()
         options = {"cuda_graph": True, "max_graphs": 64} if s.device == "cuda" else {}
         an = load_analyzer(self.dx_config("fp32", options))

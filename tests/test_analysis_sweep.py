@@ -17,7 +17,6 @@ from medrt.analysis.lesions import lesions_from_probability
 from medrt.analysis.segment import sliding_window
 from medrt.analysis.sweep import SweepConfig, _flipped_views, sweep, view_window
 from medrt.analyzer import AnalyzerConfig, load_analyzer
-from medrt.bench.engine import _frame_from_phantom
 from medrt.evaluation import FramePrediction, evaluate
 from medrt.phantom import generate_radiograph
 from medrt.phantom.truth import FrameTruth
@@ -206,7 +205,7 @@ def test_the_shipped_unet_finds_more_and_marks_less_with_the_sweep(analyzers, in
     """Validation radiographs (seed 5000) through the analyzer over the whole frame, without
     and with the sweep: (nodules found, nodules, false positives)."""
     phantom = generate_radiograph(5000, size=4096, index=index)
-    frame = _frame_from_phantom(phantom, f"dx{index}")
+    frame = phantom.as_frame(f"dx{index}")
     truth = {frame.sop_instance_uid: FrameTruth.from_phantom(phantom, frame.sop_instance_uid)}
     scores = []
     for analyzer in analyzers:

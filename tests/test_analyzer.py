@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from medrt.analyzer import AnalyzerConfig, load_analyzer
-from medrt.bench.engine import _frame_from_phantom, phantom_frames
+from medrt.bench.engine import phantom_frames
 from medrt.evaluation import FramePrediction, evaluate
 from medrt.phantom import generate_ct_series
 
@@ -25,7 +25,7 @@ def ct_frames():  # type: ignore[no-untyped-def]
 
 def _with_neighbours(ct_frames, p, key: str):  # type: ignore[no-untyped-def]
     """The medrt Frame of phantom slice ``p`` and its (head, feet) neighbours in the series."""
-    around = [_frame_from_phantom(q, f"{key}{q.index}") for q in ct_frames[max(p.index - 1, 0) : p.index + 2]]
+    around = [q.as_frame(f"{key}{q.index}") for q in ct_frames[max(p.index - 1, 0) : p.index + 2]]
     frame = next(f for f in around if f.sop_instance_uid == f"{key}{p.index}")
     others = [f for f in around if f is not frame]
     before = next((f for f in others if f.geometry.position[2] > frame.geometry.position[2]), None)
@@ -66,7 +66,7 @@ def test_negative_frames_skip_the_unet(ct_frames) -> None:  # type: ignore[no-un
     the ROI path: auto mode runs a CT slice whole, see Analyzer.mode_for)."""
     strict = load_analyzer(AnalyzerConfig(seg_model="lesion_unet_lite", presence_threshold=1.01, mode="roi",
                                           heatmap_threshold=1.01, warmup_shapes=((512, 512),)))
-    res = strict.analyze(_frame_from_phantom(ct_frames[0], "neg"))
+    res = strict.analyze(ct_frames[0].as_frame("neg"))
     assert res.skipped and not res.crops and not res.lesions
     assert not res.labels.any()
     assert res.timings.roi > 0 and res.timings.segment < 1.0
@@ -139,8 +139,8 @@ def test_frames_go_to_the_roi_classifier_for_their_modality(tmp_path, ct_frames)
     spec = tmp_path / "roi_any.toml"  # the same network, for any modality
     spec.write_text(text.replace('name = "roi_classifier"', 'name = "roi_any"', 1).replace('modalities = ["CT"]\n', ""),
                     encoding="utf-8")
-    ct = _frame_from_phantom(ct_frames[5], "ct5")
-    dx = _frame_from_phantom(generate_radiograph(77, size=1024, index=0), "dx0")
+    ct = ct_frames[5].as_frame("ct5")
+    dx = generate_radiograph(77, size=1024, index=0).as_frame("dx0")
     both = load_analyzer(AnalyzerConfig(seg_model="lesion_unet", roi_model=f"{spec},roi_classifier",
                                         warmup_shapes=((256, 256),)))
     assert [r.spec.name for r in both.rois] == ["roi_any", "roi_classifier"]
@@ -174,8 +174,8 @@ def test_segmenters_are_routed_by_modality(ct_frames) -> None:  # type: ignore[n
 
     both = load_analyzer(AnalyzerConfig(warmup_shapes=((256, 256),)))
     assert [s.spec.name for s in both.segs] == ["lesion_unet_lite", "lesion_unet"] and both.slices == 3
-    ct = _frame_from_phantom(ct_frames[5], "ct5")
-    dx = _frame_from_phantom(generate_radiograph(77, size=1024, index=0), "dx0")
+    ct = ct_frames[5].as_frame("ct5")
+    dx = generate_radiograph(77, size=1024, index=0).as_frame("dx0")
     assert both.seg_for(ct).spec.name == "lesion_unet_lite" and both.seg_for(dx).spec.name == "lesion_unet"
     assert both.analyze(ct).models[-1].startswith("lesion_unet_lite@")
     assert both.analyze(dx).models[-1].startswith("lesion_unet@")
@@ -242,7 +242,7 @@ def test_a_fixed_window_model_is_fed_its_own_window_not_the_frames(tmp_path, ct_
     analyzer = load_analyzer(AnalyzerConfig(seg_model=str(spec), mode="full", recheck=False,
                                             warmup_shapes=((512, 512),)))
     p = next(f for f in ct_frames if f.index == 20)
-    frame = replace(_frame_from_phantom(p, "fixed"), window=Window(-600.0, 1500.0))
+    frame = replace(p.as_frame("fixed"), window=Window(-600.0, 1500.0))
     found = analyzer.analyze(frame).labels > 0
     # sigmoid(x) >= 0.7 where x = (HU + 160) / 400 >= logit(0.7): above ~179 HU (bone, kidney)
     want = frame.pixels >= -160.0 + 400.0 * np.log(0.7 / 0.3)
@@ -256,7 +256,7 @@ def test_a_frame_without_pixel_spacing_is_analysed_with_a_warning_once_per_serie
     says so once for the series."""
     from medrt.phantom import generate_radiograph
 
-    dx = _frame_from_phantom(generate_radiograph(78, size=1024, index=0), "nospacing")
+    dx = generate_radiograph(78, size=1024, index=0).as_frame("nospacing")
     bare = replace(dx, spacing_mm=None, series_instance_uid="1.2.3.4")
     for _ in range(2):
         radiograph_analyzer.analyze(bare, mode="full")

@@ -88,11 +88,10 @@ def test_a_large_radiograph_gives_the_same_findings_on_one_thread_and_several(
     the whole frame; both with the fine sweep): the same label map and lesions with one
     band thread and with several."""
     from medrt.analyzer import AnalyzerConfig, load_analyzer
-    from medrt.bench.engine import _frame_from_phantom
     from medrt.phantom import generate_radiograph
 
     phantom = generate_radiograph(1000, size=2048, index=0)
-    frame = _frame_from_phantom(phantom, "bands")
+    frame = phantom.as_frame("bands")
     analyzer = load_analyzer(AnalyzerConfig(roi_model="roi_classifier_dx", seg_model="lesion_unet",
                                             warmup_shapes=((256, 256),)))
     for mode in ("roi", "full"):

@@ -118,7 +118,6 @@ def test_an_imported_bundle_gives_its_own_probabilities_through_the_analysis(tmp
     from dataclasses import replace
 
     from medrt.analyzer import AnalyzerConfig, load_analyzer
-    from medrt.bench.engine import _frame_from_phantom
     from medrt.phantom import generate_ct_series
     from medrt.types import Window
 
@@ -128,7 +127,7 @@ def test_an_imported_bundle_gives_its_own_probabilities_through_the_analysis(tmp
     analyzer = load_analyzer(AnalyzerConfig(seg_model=str(spec.spec_path), mode="full", recheck=False,
                                             warmup_shapes=((128, 128),)))
     ct = generate_ct_series(4242, n_frames=1, size=128)[0]
-    frame = replace(_frame_from_phantom(ct, "bundle0"), window=Window(-600.0, 1500.0), spacing_mm=None)
+    frame = replace(ct.as_frame("bundle0"), window=Window(-600.0, 1500.0), spacing_mm=None)
     prob = analyzer.segment(analyzer.prepare(frame)).prob
     x = np.clip((frame.pixels - -100.0) / 400.0, 0.0, 1.0).astype(np.float32)  # the bundle's a_min/a_max
     with torch.no_grad():

@@ -22,24 +22,6 @@ log = logging.getLogger(__name__)
 BENCH_SEED = 9500  # held out from training (1000+) and calibration (5000+)
 
 
-def _frame_from_phantom(p: Any, key: str) -> Any:
-    """A medrt Frame for an in-memory phantom frame (no DICOM round trip); a CT slice
-    keeps its position in its series (axial), so its neighbours are found as in a file."""
-    from pydicom.dataset import Dataset
-
-    from medrt.types import Frame, Geometry, SourceRef, SpacingSource, Window
-
-    ct = p.kind == "ct"
-    return Frame(
-        pixels=p.pixels, spacing_mm=p.spacing_mm,
-        spacing_source=SpacingSource.PIXEL_SPACING if ct else SpacingSource.IMAGER_PIXEL_SPACING,
-        window=Window(*p.window), photometric="MONOCHROME2", sop_class_uid="", sop_instance_uid=key,
-        series_instance_uid=f"phantom-ct-{p.seed}" if ct else "", study_instance_uid="",
-        frame_of_reference_uid=None, modality=p.modality, frame_index=0, source=SourceRef(Dataset()),
-        geometry=Geometry(tuple(p.position), (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)) if ct and p.position else None,
-    )
-
-
 def phantom_frames(n: int, size: int = 4096) -> list[tuple[Any, Any]]:
     """``n`` held-out radiographs with at least one nodule: (Frame, FrameTruth)."""
     from medrt.phantom import generate_radiograph
@@ -49,7 +31,7 @@ def phantom_frames(n: int, size: int = 4096) -> list[tuple[Any, Any]]:
     for i in range(n):
         p = generate_radiograph(BENCH_SEED, size=size, index=i, n_lesions=2, border_lesion=(i % 2 == 1))
         key = f"bench{i}"
-        out.append((_frame_from_phantom(p, key), FrameTruth.from_phantom(p, key)))
+        out.append((p.as_frame(key), FrameTruth.from_phantom(p, key)))
     return out
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from medrt.types import LesionTruth
+from medrt.types import Frame, LesionTruth
 
 __all__ = ["PhantomFrame", "CT", "XRAY"]
 
@@ -48,6 +48,24 @@ class PhantomFrame:
     @property
     def modality(self) -> str:
         return "CT" if self.kind == CT else "DX"
+
+    def as_frame(self, key: str) -> Frame:
+        """The medrt :class:`~medrt.types.Frame` that reading this frame's DICOM file would
+        give, without the round trip, named ``key`` (its SOP Instance UID). A CT slice keeps
+        its position in its series (axial), so its neighbours are found as in a file."""
+        from pydicom.dataset import Dataset
+
+        from medrt.types import Geometry, SourceRef, SpacingSource, Window
+
+        ct = self.kind == CT
+        return Frame(
+            pixels=self.pixels, spacing_mm=self.spacing_mm,
+            spacing_source=SpacingSource.PIXEL_SPACING if ct else SpacingSource.IMAGER_PIXEL_SPACING,
+            window=Window(*self.window), photometric="MONOCHROME2", sop_class_uid="", sop_instance_uid=key,
+            series_instance_uid=f"phantom-ct-{self.seed}" if ct else "", study_instance_uid="",
+            frame_of_reference_uid=None, modality=self.modality, frame_index=0, source=SourceRef(Dataset()),
+            geometry=Geometry(tuple(self.position), (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)) if ct and self.position else None,
+        )
 
 
 def freeze(arr: np.ndarray) -> np.ndarray:
