@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -495,7 +496,7 @@ def insert_lung_nodules(rng: np.random.Generator, img: np.ndarray, mask: np.ndar
     """
     from scipy import ndimage
 
-    from medrt.phantom.shapes import Blob, log_uniform, random_harmonics, render_blob
+    from medrt.phantom.shapes import log_uniform
 
     img, mask = img.astype(np.float32, copy=True), mask.copy()
     stack = img if img.ndim == 3 else img[None]
@@ -518,34 +519,92 @@ def insert_lung_nodules(rng: np.random.Generator, img: np.ndarray, mask: np.ndar
         if not len(pts):
             continue
         r, c = (int(v) for v in pts[rng.integers(len(pts))])
-        irregular = bool(rng.random() < 0.5)
-        harm = random_harmonics(rng, irregular)
-        a = d_px / 2.0 / (1.0 + sum(abs(h[1]) for h in harm))
-        radii = (a, a * float(rng.uniform(0.75, 1.0)))
-        angle = float(rng.uniform(0.0, math.pi))
-        twist = float(rng.uniform(-0.08, 0.08)) if irregular else 0.0
-        half_z = d_mm / 2.0 * float(rng.uniform(0.6, 1.0))
-        thickness = float(rng.choice([3.0, 5.0]))
-        dz = float(rng.uniform(-0.5, 0.5)) * min(thickness, half_z)
-        centre = (r + float(rng.uniform(-0.5, 0.5)), c + float(rng.uniform(-0.5, 0.5)))
-        contrast = np.float32(rng.uniform(*_LUNG_CONTRAST))
-        offsets = (-thickness, 0.0, thickness) if len(stack) == 3 else (0.0,)
-        for k, z in enumerate(offsets):
-            rel = z - dz
-            if abs(rel) >= half_z:
-                continue
-            f = math.sqrt(1.0 - (rel / half_z) ** 2)
-            blob = Blob(center=centre, radii=(radii[0] * f, radii[1] * f), angle=angle,
-                        harmonics=tuple((h, amp, ph + twist * rel) for h, amp, ph in harm), edge_px=1.0)
-            hit = render_blob(blob, mid.shape)
-            if hit is None:
-                continue
-            sl, weight, inside = hit
-            stack[k][sl] += contrast * weight.astype(np.float32)
-            if z == 0.0:
-                mask[sl][inside] = 255
+        _draw_ellipsoid(rng, stack, mask, (r, c), d_mm, spacing_mm, lambda: np.float32(rng.uniform(*_LUNG_CONTRAST)))
         rr, cc = np.ogrid[:rows, :cols]
         clear[(rr - r) ** 2 + (cc - c) ** 2 <= (2 * reach) ** 2] = 0  # apart from the next one
+        placed += 1
+    return img, mask
+
+
+def _draw_ellipsoid(rng: np.random.Generator, stack: np.ndarray, mask: np.ndarray, at: tuple[int, int], d_mm: float,
+                    spacing_mm: float, contrast: Callable[[], np.float32]) -> None:
+    """Draw one lesion as the phantom draws a 3-D one (:mod:`medrt.phantom.ct`) into
+    ``stack`` (1 or 3 slices: this one, or the previous, this and next) in place, centred
+    near pixel ``at`` of the middle slice, ``d_mm`` across in-plane; ``mask`` (255 inside)
+    is the middle slice's. An irregular ellipsoid, its half-length 0.6-1 × the radius, the
+    slices 3 or 5 mm thick and centred within half a slice of the middle one, so the
+    neighbours show smaller sections of it or nothing. ``contrast()`` draws its value."""
+    from medrt.phantom.shapes import Blob, random_harmonics, render_blob
+
+    r, c = at
+    d_px = d_mm / spacing_mm
+    irregular = bool(rng.random() < 0.5)
+    harm = random_harmonics(rng, irregular)
+    a = d_px / 2.0 / (1.0 + sum(abs(h[1]) for h in harm))
+    radii = (a, a * float(rng.uniform(0.75, 1.0)))
+    angle = float(rng.uniform(0.0, math.pi))
+    twist = float(rng.uniform(-0.08, 0.08)) if irregular else 0.0
+    half_z = d_mm / 2.0 * float(rng.uniform(0.6, 1.0))
+    thickness = float(rng.choice([3.0, 5.0]))
+    dz = float(rng.uniform(-0.5, 0.5)) * min(thickness, half_z)
+    centre = (r + float(rng.uniform(-0.5, 0.5)), c + float(rng.uniform(-0.5, 0.5)))
+    value = contrast()
+    offsets = (-thickness, 0.0, thickness) if len(stack) == 3 else (0.0,)
+    for k, z in enumerate(offsets):
+        rel = z - dz
+        if abs(rel) >= half_z:
+            continue
+        f = math.sqrt(1.0 - (rel / half_z) ** 2)
+        blob = Blob(center=centre, radii=(radii[0] * f, radii[1] * f), angle=angle,
+                    harmonics=tuple((h, amp, ph + twist * rel) for h, amp, ph in harm), edge_px=1.0)
+        hit = render_blob(blob, stack.shape[-2:])
+        if hit is None:
+            continue
+        sl, weight, inside = hit
+        stack[k][sl] += value * weight.astype(np.float32)
+        if z == 0.0:
+            mask[sl][inside] = 255
+
+
+# Faint soft-tissue lesions (CT crops, ``insert_faint``): the lesions >= 5 mm that the CT
+# models miss on the validation series are mostly these, hypodense at 1.5-2.5x the noise.
+_FAINT_MM = (5.0, 15.0)
+_FAINT_NOISE = (1.5, 3.0)  # contrast in units of the noise, as the phantom's faint class
+
+
+def insert_faint_lesions(rng: np.random.Generator, img: np.ndarray, mask: np.ndarray, count: int,
+                         spacing_mm: float = _INSERT_SPACING_MM) -> tuple[np.ndarray, np.ndarray]:
+    """Up to ``count`` faint soft-tissue lesions (5-15 mm, 1.5-3x the noise, mostly
+    hypodense) drawn into homogeneous parenchyma of a raw-HU CT region, ``img`` (H, W) or
+    the 2.5-D stack (3, H, W), as 3-D ellipsoids across the slices (:func:`_draw_ellipsoid`);
+    the mask (255 inside) is this slice's. Returns new arrays; the inputs are untouched.
+
+    Why: of the lesions >= 5 mm that ``lesion_unet_lite`` 3.0 misses on the validation
+    series, most are faint hypodense soft-tissue lesions that its first pass gives p < 0.4,
+    and the phantom's 24 training series hold few of them."""
+    from medrt.phantom.shapes import log_uniform
+
+    img, mask = img.astype(np.float32, copy=True), mask.copy()
+    stack = img if img.ndim == 3 else img[None]
+    mid = stack[stack.shape[0] // 2]
+    rows, cols = mid.shape
+    placed = 0
+    for _ in range(12 * count):
+        if placed >= count:
+            break
+        d_mm = log_uniform(rng, *_FAINT_MM)
+        reach = int(d_mm / spacing_mm / 2 + 4)
+        if min(rows, cols) <= 2 * reach + 1:
+            break
+        r, c = int(rng.integers(reach, rows - reach)), int(rng.integers(reach, cols - reach))
+        box = (slice(r - reach, r + reach + 1), slice(c - reach, c + reach + 1))
+        level, spread = float(mid[box].mean()), float(mid[box].std())
+        if spread > 25.0 or mask[box].any() or not any(lo <= level <= hi for lo, hi in _PARENCHYMA_HU):
+            continue
+        sigma = float(rng.uniform(10.0, 14.0))
+        sign = -1.0 if rng.random() < _INSERT_NEGATIVE_P else 1.0
+        _draw_ellipsoid(rng, stack, mask, (r, c), d_mm, spacing_mm,
+                        lambda sign=sign, sigma=sigma: np.float32(sign * rng.uniform(*_FAINT_NOISE) * sigma))
         placed += 1
     return img, mask
 
@@ -553,7 +612,7 @@ def insert_lung_nodules(rng: np.random.Generator, img: np.ndarray, mask: np.ndar
 def seg_batch(
     rng: np.random.Generator, data: SegData, batch: int, crop: int = 256, ct_fraction: float = 0.5,
     lesion_fraction: float = 0.6, insert_small: float = 0.0, slices: int = 1, neighbour_drop: float = 0.15,
-    window: tuple[float, float] | None = None, insert_lung: float = 0.0,
+    window: tuple[float, float] | None = None, insert_lung: float = 0.0, insert_faint: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Normalised crops with augmentation: window jitter, extra noise, flips, and a 2×
     zoom now and then (the multi-scale recheck feeds the UNet 2× finer crops).
@@ -578,7 +637,10 @@ def seg_batch(
 
     ``insert_lung``: that share of the CT crops is cut around lung parenchyma (from the
     patches that have room for a nodule) and gets one or two lung nodules drawn in, across
-    the three slices (:func:`insert_lung_nodules`)."""
+    the three slices (:func:`insert_lung_nodules`).
+
+    ``insert_faint``: that share of the CT crops gets one or two faint 5-15 mm soft-tissue
+    lesions drawn in, across the three slices (:func:`insert_faint_lesions`)."""
     if slices not in (1, 3):
         raise ValueError(f"slices must be 1 or 3, got {slices}")
     if slices == 3 and data.neighbours is None:
@@ -611,6 +673,8 @@ def seg_batch(
                 img[1] = mid
             else:
                 img, mask = insert_small_lesions(rng, img, mask, int(rng.integers(1, 4)))
+        if insert_faint > 0 and data.is_ct[i] and rng.random() < insert_faint:
+            img, mask = insert_faint_lesions(rng, img, mask, int(rng.integers(1, 3)))
         if zoom:
             img = np.repeat(np.repeat(img, 2, axis=-2), 2, axis=-1)
             mask = np.repeat(np.repeat(mask, 2, axis=-2), 2, axis=-1)

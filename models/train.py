@@ -163,7 +163,7 @@ def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
         x, y = phantom_data.seg_batch(rng, seg, args.batch, crop=args.crop, ct_fraction=args.ct_fraction,
                                       lesion_fraction=frac, insert_small=args.insert_small, slices=args.slices,
                                       neighbour_drop=args.neighbour_drop, window=args.window,
-                                      insert_lung=args.insert_lung)
+                                      insert_lung=args.insert_lung, insert_faint=args.insert_faint)
         xt, yt = torch.from_numpy(x), torch.from_numpy(y)
         logits = net(xt).float()  # the losses in fp32 under autocast
         weight = torch.from_numpy(small_lesion_weights(y, args.small_weight)) if args.small_weight > 0 else None
@@ -173,7 +173,7 @@ def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
     final, seconds, steps = _fit(net, args, batch_loss, _seg_monitor(net, seg, args.slices, args.window))
     info = {"steps": steps + args.prior_steps, "batch": args.batch, "crop": args.crop, "amp": args.amp, "data": args.data,
             "small_weight": args.small_weight, "insert_small": args.insert_small, "slices": args.slices,
-            "two_windows": args.two_windows, "insert_lung": args.insert_lung,
+            "two_windows": args.two_windows, "insert_lung": args.insert_lung, "insert_faint": args.insert_faint,
             "neighbour_drop": args.neighbour_drop if args.slices == 3 else 0.0,
             "window_jitter": _jitter_note(args), **_window_info(args),
             "lesion_fraction": [args.lesion_start, args.lesion_end], "spacing_mm": phantom_data.SEG_SPACING, "final_loss": final, "patches": int(len(seg.patches)),
@@ -393,6 +393,7 @@ def _seg_args(args: argparse.Namespace) -> str:
         return out + nb + lung
     out += f" --small-weight {args.small_weight:g}" if args.small_weight > 0 else ""
     out += f" --insert-small {args.insert_small:g}" if args.insert_small > 0 else ""
+    out += f" --insert-faint {args.insert_faint:g}" if args.insert_faint > 0 else ""
     out += nb + lung
     return out + f" --lesion-start {args.lesion_start} --lesion-end {args.lesion_end}"
 
@@ -507,6 +508,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--insert-lung", type=float, default=0.0, metavar="P",
                    help="share of CT crops (classifiers: CT windows) cut around lung parenchyma with 1-2 lung"
                         " nodules drawn in across the slices (models/data.py insert_lung_nodules)")
+    p.add_argument("--insert-faint", type=float, default=0.0, metavar="P",
+                   help="UNets: share of CT crops that get 1-2 faint (1.5-3x the noise) 5-15 mm soft-tissue lesions"
+                        " drawn in across the slices (models/data.py insert_faint_lesions)")
     p.add_argument("--two-windows", action="store_true",
                    help="with --data ct: read CT in the fixed wide window "
                         f"{WIDE_WINDOW[0]:g},{WIDE_WINDOW[1]:g} and cut the soft-tissue window from it inside the graph"

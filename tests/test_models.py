@@ -504,6 +504,58 @@ def test_two_and_a_half_d_classifier_gets_each_slice_with_its_neighbours() -> No
 
 
 
+def test_faint_lesions_are_drawn_into_parenchyma_across_the_slices() -> None:
+    """The CT training augmentation for faint lesions (``--insert-faint``): 5-15 mm lesions
+    (this slice shows a section of each) land in homogeneous parenchyma at 1.5-3x the noise (15-42 HU), with this slice's mask;
+    the neighbouring slices get the same ellipsoid's smaller sections or nothing; lung
+    gets none; the inputs stay as they were, and training batches get them on CT crops."""
+    from scipy import ndimage
+
+    from medrt.models import data as phantom_data
+    from medrt.phantom import generate_ct_series
+    from medrt.phantom.ct_anatomy import TISSUE_HU, Tissue
+
+    series = generate_ct_series(4321, n_frames=40)
+    stack = np.stack([f.pixels[96:416, 96:416] for f in series[19:22]])
+    mask = ((series[20].labels[96:416, 96:416] > 0) * 255).astype(np.uint8)
+    before = stack.copy(), mask.copy()
+    rng = np.random.default_rng(0)
+    drawn = 0
+    for _ in range(20):
+        out, m = phantom_data.insert_faint_lesions(rng, stack, mask, 2)
+        added = (m == 255) & (mask == 0)
+        if not added.any():
+            continue
+        step = out - stack
+        lab, n = ndimage.label(added)
+        drawn += n
+        for k in range(1, n + 1):
+            blob = lab == k
+            ring = ndimage.binary_dilation(blob, iterations=3) & ~ndimage.binary_dilation(blob)
+            assert 25.0 <= float(np.median(stack[1][ring])) <= 175.0, "drawn into parenchyma"
+            assert 15.0 <= float(np.abs(step[1][blob]).max()) <= 42.0, "faint: 1.5-3x the noise"
+            assert blob.sum() * 0.73**2 <= np.pi * 7.5**2, "at most 15 mm across (a section of it, maybe less)"
+            near = ndimage.binary_dilation(blob, iterations=3)
+            for side in (0, 2):  # a smaller section, or none
+                assert (np.abs(step[side]) > 5.0)[near].sum() <= (np.abs(step[1]) > 5.0)[near].sum()
+        assert not np.any(step[:, ~ndimage.binary_dilation(m > 0, iterations=30)]), "only at the lesions"
+    assert drawn > 0
+    assert np.array_equal(stack, before[0]) and np.array_equal(mask, before[1])
+    lung = np.full((3, 128, 128), TISSUE_HU[Tissue.LUNG], np.float32)
+    lung += rng.normal(0, 12, lung.shape).astype(np.float32)
+    out, m = phantom_data.insert_faint_lesions(rng, lung, np.zeros((128, 128), np.uint8), 2)
+    assert not m.any() and np.array_equal(out, lung)
+    # seg_batch: every CT crop gets them with insert_faint=1 (flat 60 HU parenchyma here)
+    n = 4
+    patches = (60.0 + rng.normal(0, 12, (n, phantom_data.PATCH, phantom_data.PATCH))).astype(np.float32)
+    seg = phantom_data.SegData(patches, np.tile([[40.0, 400.0]], (n, 1)).astype(np.float32),
+                               np.zeros((n, phantom_data.PATCH, phantom_data.PATCH), np.uint8), np.ones(n, bool))
+    _, y = phantom_data.seg_batch(rng, seg, 6, crop=128, insert_faint=1.0)
+    assert all(y[b].max() > 0.5 for b in range(6))
+    _, y = phantom_data.seg_batch(rng, seg, 6, crop=128)
+    assert y.max() == 0.0
+
+
 def test_lung_nodules_are_drawn_into_lung_across_the_slices() -> None:
     """The CT training augmentation for lung nodules (``--insert-lung``): nodules land in
     lung parenchyma clear of vessels, 600-820 HU above it, with this slice's mask; the
