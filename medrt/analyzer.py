@@ -408,35 +408,57 @@ class Analyzer:
         twice its scale instead of both (:mod:`medrt.analysis.sweep`; its time counts as
         segment)."""
         t0 = time.perf_counter()
+        swept = self._sweep(work)
+        if swept is not None:
+            ms = (time.perf_counter() - t0) * 1000.0
+            return replace(swept, timings=replace(work.timings, segment=ms, recheck=0.0))
         seg = work.seg or self.seg
-        threshold = self.threshold_for(seg)
-        frame = work.frame
-        spacing = frame.spacing_mm  # resampled to the model's training spacing where it names one
-        crops = None if work.mode == "full" else work.crops
-        if work.recheck and self.sweep_config is not None:
-            swept = sweep(seg, work.norm, spacing, threshold, self.sweep_config, crops=crops)
-            if swept is not None:
-                log.debug("%s: fine sweep, %d flipped views", frame.key, swept.views)
-                ms = (time.perf_counter() - t0) * 1000.0
-                return replace(work, prob=swept.prob, rechecked=swept.swept, hot=swept.kept,
-                               timings=replace(work.timings, segment=ms, recheck=0.0))
-        if crops is None:
+        spacing = work.frame.spacing_mm  # resampled to the model's training spacing where it names one
+        if work.mode == "full":
             prob = sliding_window(seg, work.norm, roi=self.config.crop, overlap=self.config.overlap,
                                   spacing_mm=spacing)
-        elif crops:
-            prob = segment_crops(seg, work.norm, crops, spacing_mm=spacing)
+        elif work.crops:
+            prob = segment_crops(seg, work.norm, work.crops, spacing_mm=spacing)
         else:
             prob = None
         t1 = time.perf_counter()
-        rechecked = None
-        if prob is not None and work.recheck:
-            labels0, lesions0 = lesions_from_probability(prob, frame.spacing_mm, threshold)
-            prob, rechecked, runs = recheck(seg, work.norm, prob, labels0, lesions0, frame.spacing_mm,
-                                            threshold, self.config.recheck_config)
-            log.debug("%s: %d recheck windows", frame.key, runs)
+        work = self._recheck(replace(work, prob=prob))
         t2 = time.perf_counter()
-        return replace(work, prob=prob, rechecked=rechecked,
-                       timings=replace(work.timings, segment=(t1 - t0) * 1000.0, recheck=(t2 - t1) * 1000.0))
+        return replace(work, timings=replace(work.timings, segment=(t1 - t0) * 1000.0, recheck=(t2 - t1) * 1000.0))
+
+    def refine(self, work: Work) -> Work:
+        """What :meth:`segment` does after its first pass, from ``work.prob`` (that pass's
+        map): the fine sweep where it runs (it takes the first pass's place, so ignores
+        it), else the 2× recheck. For scoring the first pass apart from what the product
+        makes of it (``models/evaluate.py``, whose figures are the model cards')."""
+        swept = self._sweep(work)
+        return swept if swept is not None else self._recheck(work)
+
+    def _sweep(self, work: Work) -> Work | None:
+        """``work`` with the fine sweep's map, or None where the sweep does not run (no
+        recheck, no sweep configured, or a frame not finer than the segmenter)."""
+        if not work.recheck or self.sweep_config is None:
+            return None
+        seg = work.seg or self.seg
+        crops = None if work.mode == "full" else work.crops
+        swept = sweep(seg, work.norm, work.frame.spacing_mm, self.threshold_for(seg), self.sweep_config, crops=crops)
+        if swept is None:
+            return None
+        log.debug("%s: fine sweep, %d flipped views", work.frame.key, swept.views)
+        return replace(work, prob=swept.prob, rechecked=swept.swept, hot=swept.kept)
+
+    def _recheck(self, work: Work) -> Work:
+        """``work`` with its first-pass map rechecked at 2× (when it has a map and asks
+        for the recheck)."""
+        if work.prob is None or not work.recheck:
+            return work
+        seg = work.seg or self.seg
+        threshold, spacing = self.threshold_for(seg), work.frame.spacing_mm
+        labels0, lesions0 = lesions_from_probability(work.prob, spacing, threshold)
+        prob, rechecked, runs = recheck(seg, work.norm, work.prob, labels0, lesions0, spacing, threshold,
+                                        self.config.recheck_config)
+        log.debug("%s: %d recheck windows", work.frame.key, runs)
+        return replace(work, prob=prob, rechecked=rechecked)
 
     def finish(self, work: Work) -> FrameResult:
         """Stage 4: connected components → lesions measured in mm."""

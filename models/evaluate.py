@@ -30,12 +30,10 @@ from typing import Any
 import numpy as np
 
 from medrt.analysis.lesions import lesions_from_probability
-from medrt.analysis.recheck import RecheckConfig, recheck
 from medrt.analysis.roi import classify
 from medrt.analysis.segment import segment_crops, sliding_window
 from medrt.analysis.slices import phantom_input, phantom_sides
-from medrt.analysis.sweep import sweep
-from medrt.analyzer import AnalyzerConfig, fits_one_crop, pick_for_modality, sweep_config
+from medrt.analyzer import Analyzer, AnalyzerConfig, Work, fits_one_crop, pick_for_modality
 from medrt.bench import interleaved_medians
 from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
 from medrt.engine.registry import load_spec
@@ -43,10 +41,10 @@ from medrt.evaluation import FramePrediction, evaluate
 from medrt.models import data as phantom_data
 from medrt.phantom import generate_ct_series, generate_radiograph
 from medrt.phantom.truth import FrameTruth
+from medrt.types import StageTimings
 
 log = logging.getLogger("medrt.models.evaluate")
-_DEFAULTS = AnalyzerConfig()  # the crop size and the reported lesions' least length
-_SWEEP = sweep_config(_DEFAULTS)  # the fine sweep as the default analyzer runs it
+_DEFAULTS = AnalyzerConfig()  # the analyzer as shipped: its crop size, recheck, sweep and least length
 
 
 @dataclass
@@ -88,29 +86,25 @@ def _inside(bbox: tuple[int, int, int, int], crop: tuple[int, int, int, int]) ->
     return bbox[0] >= crop[0] and bbox[1] >= crop[1] and bbox[2] <= crop[2] and bbox[3] <= crop[3]
 
 
-def _predict(col: Collected, key: str, name: str, unet: Any, norm: np.ndarray, prob: np.ndarray, frame: Any,
-             with_recheck: bool, crops: Any = None) -> None:
+def _predict(col: Collected, analyzer: Analyzer, key: str, name: str, unet: Any, norm: np.ndarray, prob: np.ndarray,
+             frame: Any, with_recheck: bool, crops: Any = None) -> None:
     """The UNet's findings from its first-pass ``prob``, and with ``with_recheck`` also
-    as the analyzer runs it: the recheck, or for a frame much finer than the UNet (a
-    radiograph) the fine sweep over ``crops`` (None: the whole frame) in its place."""
-    thr = unet.spec.thresholds.get("probability", 0.5)
-    labels, lesions = lesions_from_probability(prob, frame.spacing_mm, thr)
+    what the analyzer makes of that pass (:meth:`medrt.analyzer.Analyzer.refine` and
+    ``finish``: the recheck, or for a frame much finer than the UNet, a radiograph, the
+    fine sweep over ``crops`` (None: the whole frame) in its place; lesions from the
+    analyzer's least length)."""
+    labels, lesions = lesions_from_probability(prob, frame.spacing_mm, analyzer.threshold_for(unet))
     col.preds.setdefault(name, []).append(FramePrediction(key=key, lesions=tuple(lesions), labels=labels))
     if with_recheck:
-        swept = sweep(unet, norm, frame.spacing_mm, thr, _SWEEP, crops=crops)
-        within = None
-        if swept is not None:
-            prob2, touched, within = swept.prob, swept.swept, swept.kept
-        else:
-            prob2, touched, _ = recheck(unet, norm, prob, labels, lesions, frame.spacing_mm, thr, RecheckConfig())
-        labels2, lesions2 = lesions_from_probability(prob2, frame.spacing_mm, thr, rechecked_mask=touched,
-                                                     min_diameter_mm=_DEFAULTS.min_diameter_mm, within=within)
+        work = Work(frame=frame.as_frame(key), norm=norm, mode="full" if crops is None else "roi", recheck=True,
+                    timings=StageTimings(), seg=unet, crops=tuple(crops or ()), prob=prob)
+        result = analyzer.finish(analyzer.refine(work))
         col.preds.setdefault(f"{name}+recheck", []).append(
-            FramePrediction(key=key, lesions=tuple(lesions2), labels=labels2))
+            FramePrediction(key=key, lesions=result.lesions, labels=result.labels))
 
 
-def _frame(col: Collected, key: str, frame: Any, rois: dict[str, Any], unets: dict[str, Any], full: bool = False,
-           with_recheck: bool = True, series: Any = ()) -> None:
+def _frame(col: Collected, analyzer: Analyzer, key: str, frame: Any, rois: dict[str, Any], unets: dict[str, Any],
+           full: bool = False, with_recheck: bool = True, series: Any = ()) -> None:
     """Every ROI classifier scored on the frame; the UNets run on the crops of the one
     the analyzer routes this modality to (:func:`medrt.analyzer.pick_for_modality`).
     A 2.5-D UNet gets the frame's neighbours in ``series`` (its CT series, in order)."""
@@ -152,14 +146,14 @@ def _frame(col: Collected, key: str, frame: Any, rois: dict[str, Any], unets: di
         if fits_one_crop((rows, cols), _DEFAULTS.crop):
             # A frame that fits in one crop (a CT slice): the analyzer's auto mode runs it
             # whole (Analyzer.mode_for); the classifier's path is scored beside it (@roi).
-            _predict(col, key, f"{name}@roi", unet, norm, prob, frame, with_recheck)
+            _predict(col, analyzer, key, f"{name}@roi", unet, norm, prob, frame, with_recheck)
             prob = segment_crops(unet, norm, ((0, 0, rows, cols),), spacing_mm=frame.spacing_mm)
-            _predict(col, key, name, unet, norm, prob, frame, with_recheck)
+            _predict(col, analyzer, key, name, unet, norm, prob, frame, with_recheck)
             continue
-        _predict(col, key, name, unet, norm, prob, frame, with_recheck, crops=used.crops)
+        _predict(col, analyzer, key, name, unet, norm, prob, frame, with_recheck, crops=used.crops)
         if full:
             prob = sliding_window(unet, norm, roi=1024, spacing_mm=frame.spacing_mm)
-            _predict(col, key, f"{name}@full", unet, norm, prob, frame, with_recheck)
+            _predict(col, analyzer, key, f"{name}@full", unet, norm, prob, frame, with_recheck)
 
 
 def collect(models: Path, n_dx: int, n_ct: int, *, unets: tuple[str, ...] = ("lesion_unet", "lesion_unet_lite"),
@@ -167,15 +161,17 @@ def collect(models: Path, n_dx: int, n_ct: int, *, unets: tuple[str, ...] = ("le
             seed: int = phantom_data.HELDOUT_SEED) -> tuple[Collected, Collected, dict[str, Any]]:
     roi_models = {name: OnnxRuntimeBackend(load_spec(models / f"{name}.toml")) for name in rois}
     nets = {name: OnnxRuntimeBackend(load_spec(models / f"{name}.toml")) for name in unets}
+    # the shipped analyzer's stages over these backends (each frame names its UNet)
+    analyzer = Analyzer(_DEFAULTS, list(roi_models.values()), list(nets.values()))
     dx, ct = Collected(), Collected()
     t0 = time.perf_counter()
     for i in range(n_dx):
         frame = generate_radiograph(seed, size=4096, index=i)
-        _frame(dx, f"dx{i}", frame, roi_models, nets, full=True)
+        _frame(dx, analyzer, f"dx{i}", frame, roi_models, nets, full=True)
     for s in range(n_ct):
         series = generate_ct_series(seed + 100 + s, n_frames=40)
         for frame in series:
-            _frame(ct, f"ct{s}_{frame.index}", frame, roi_models, nets, series=series)
+            _frame(ct, analyzer, f"ct{s}_{frame.index}", frame, roi_models, nets, series=series)
     log.info("inference on seeds from %d took %.0f s", seed, time.perf_counter() - t0)
     return dx, ct, {**roi_models, **nets}
 

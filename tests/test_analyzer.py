@@ -10,7 +10,7 @@ import pytest
 from medrt.analyzer import AnalyzerConfig, load_analyzer
 from medrt.bench.engine import phantom_frames
 from medrt.evaluation import FramePrediction, evaluate
-from medrt.phantom import generate_ct_series
+from medrt.phantom import generate_ct_series, generate_radiograph
 
 
 @pytest.fixture(scope="module")
@@ -123,6 +123,27 @@ def test_recheck_changes_only_small_or_faint_candidates(analyzer, ct_frames) -> 
                 assert les.rechecked or les.diameter_mm < 5.0
 
 
+def test_refine_is_what_segment_does_after_its_first_pass(analyzer, radiograph_analyzer, ct_frames) -> None:  # type: ignore[no-untyped-def]
+    """``Analyzer.refine`` on the first pass gives the findings ``analyze`` gives: the 2x
+    recheck on a CT slice, the fine sweep (which takes the first pass's place) on a
+    radiograph. ``models/evaluate.py`` scores both steps apart this way, so the model
+    cards' figures are the product's."""
+    cases = [(analyzer, *_with_neighbours(ct_frames, p, "refine")) for p in [f for f in ct_frames if f.lesions][:6]]
+    dx = generate_radiograph(5000, size=4096, index=29).as_frame("refine-dx")  # a sweep-found nodule
+    found = 0
+    for an, frame, neighbours in (*cases, (radiograph_analyzer, dx, None)):
+        work = an.propose(an.prepare(frame, neighbours=neighbours))
+        direct = an.analyze(frame, neighbours=neighbours)
+        first = an.segment(replace(work, recheck=False))
+        assert first.rechecked is None and first.prob is not None
+        refined = an.finish(an.refine(replace(first, recheck=True)))
+        assert refined.lesions == direct.lesions
+        assert np.array_equal(refined.labels, direct.labels)
+        found += bool(direct.lesions)
+    assert found >= 3 and direct.lesions
+    assert all(les.rechecked for les in direct.lesions)  # the radiograph was swept
+
+
 def test_frames_go_to_the_roi_classifier_for_their_modality(tmp_path, ct_frames) -> None:  # type: ignore[no-untyped-def]
     """Several ROI classifiers: a frame goes to the first whose spec lists its modality,
     else to the first that lists none; with none for it, the error names the file."""
@@ -130,8 +151,6 @@ def test_frames_go_to_the_roi_classifier_for_their_modality(tmp_path, ct_frames)
 
     from medrt.engine.registry import find_spec
     from medrt.errors import UnsupportedImageError
-    from medrt.phantom import generate_radiograph
-
     shipped = find_spec("roi_classifier")
     assert shipped.modalities == ("CT",)
     shutil.copy(shipped.path, tmp_path / shipped.path.name)
@@ -170,8 +189,6 @@ def test_segmenters_are_routed_by_modality(ct_frames) -> None:  # type: ignore[n
     """The default: CT slices to the 2.5-D lesion_unet_lite (its spec lists CT), radiographs
     to lesion_unet; each with its own threshold; a modality none is for is refused."""
     from medrt.errors import UnsupportedImageError
-    from medrt.phantom import generate_radiograph
-
     both = load_analyzer(AnalyzerConfig(warmup_shapes=((256, 256),)))
     assert [s.spec.name for s in both.segs] == ["lesion_unet_lite", "lesion_unet"] and both.slices == 3
     ct = ct_frames[5].as_frame("ct5")
@@ -254,8 +271,6 @@ def test_a_frame_without_pixel_spacing_is_analysed_with_a_warning_once_per_serie
     """lesion_unet works at 0.5 mm: a radiograph without (Imager)PixelSpacing cannot be
     brought there, so it runs at its own resolution, its sizes are in pixels, and the log
     says so once for the series."""
-    from medrt.phantom import generate_radiograph
-
     dx = generate_radiograph(78, size=1024, index=0).as_frame("nospacing")
     bare = replace(dx, spacing_mm=None, series_instance_uid="1.2.3.4")
     for _ in range(2):
