@@ -414,6 +414,19 @@ _PARENCHYMA_HU = ((35.0, 75.0), (120.0, 160.0))  # muscle, spleen, liver; kidney
 _INSERT_NEGATIVE_P = 0.65  # hypodense, as most of the phantom's soft-tissue lesions
 
 
+def _parenchyma_at(rng: np.random.Generator, img: np.ndarray, mask: np.ndarray, reach: int) -> tuple[int, int] | None:
+    """A random pixel of the raw-HU ``img`` whose box of ``reach`` pixels each side is
+    homogeneous soft-tissue parenchyma (:data:`_PARENCHYMA_HU`, spread <= 25 HU) with no
+    lesion in ``mask``; None when the drawn pixel's box is not."""
+    rows, cols = img.shape
+    r, c = int(rng.integers(reach, rows - reach)), int(rng.integers(reach, cols - reach))
+    box = (slice(r - reach, r + reach + 1), slice(c - reach, c + reach + 1))
+    level, spread = float(img[box].mean()), float(img[box].std())
+    if spread > 25.0 or mask[box].any() or not any(lo <= level <= hi for lo, hi in _PARENCHYMA_HU):
+        return None
+    return r, c
+
+
 def insert_small_lesions(rng: np.random.Generator, img: np.ndarray, mask: np.ndarray, count: int,
                          spacing_mm: float = _INSERT_SPACING_MM) -> tuple[np.ndarray, np.ndarray]:
     """Up to ``count`` small lesions (2-6 mm) drawn into homogeneous soft tissue of a raw-HU
@@ -440,11 +453,10 @@ def insert_small_lesions(rng: np.random.Generator, img: np.ndarray, mask: np.nda
         reach = int(d_px / 2 + 4)
         if min(rows, cols) <= 2 * reach + 1:
             break
-        r, c = int(rng.integers(reach, rows - reach)), int(rng.integers(reach, cols - reach))
-        box = (slice(r - reach, r + reach + 1), slice(c - reach, c + reach + 1))
-        level, spread = float(img[box].mean()), float(img[box].std())
-        if spread > 25.0 or mask[box].any() or not any(lo <= level <= hi for lo, hi in _PARENCHYMA_HU):
+        spot = _parenchyma_at(rng, img, mask, reach)
+        if spot is None:
             continue
+        r, c = spot
         irregular = bool(rng.random() < 0.5)
         harm = random_harmonics(rng, irregular)
         a = d_px / 2.0 / (1.0 + sum(abs(h[1]) for h in harm))
@@ -596,14 +608,12 @@ def insert_faint_lesions(rng: np.random.Generator, img: np.ndarray, mask: np.nda
         reach = int(d_mm / spacing_mm / 2 + 4)
         if min(rows, cols) <= 2 * reach + 1:
             break
-        r, c = int(rng.integers(reach, rows - reach)), int(rng.integers(reach, cols - reach))
-        box = (slice(r - reach, r + reach + 1), slice(c - reach, c + reach + 1))
-        level, spread = float(mid[box].mean()), float(mid[box].std())
-        if spread > 25.0 or mask[box].any() or not any(lo <= level <= hi for lo, hi in _PARENCHYMA_HU):
+        spot = _parenchyma_at(rng, mid, mask, reach)
+        if spot is None:
             continue
         sigma = float(rng.uniform(10.0, 14.0))
         sign = -1.0 if rng.random() < _INSERT_NEGATIVE_P else 1.0
-        _draw_ellipsoid(rng, stack, mask, (r, c), d_mm, spacing_mm,
+        _draw_ellipsoid(rng, stack, mask, spot, d_mm, spacing_mm,
                         lambda sign=sign, sigma=sigma: np.float32(sign * rng.uniform(*_FAINT_NOISE) * sigma))
         placed += 1
     return img, mask
