@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from medrt.types import Frame, LesionTruth
+from medrt.types import Frame, Geometry, LesionTruth, SourceRef, SpacingSource, Window
 
 __all__ = ["PhantomFrame", "CT", "XRAY"]
 
@@ -54,8 +54,6 @@ class PhantomFrame:
         give, without the round trip, named ``key`` (its SOP Instance UID). A CT slice keeps
         its position in its series (axial), so its neighbours are found as in a file."""
         from pydicom.dataset import Dataset
-
-        from medrt.types import Geometry, SourceRef, SpacingSource, Window
 
         ct = self.kind == CT
         return Frame(
