@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
     from medrt.commands.view import add_view_arguments, run
+    from medrt.privacy import install_log_redaction
 
     parser = argparse.ArgumentParser(prog="medrt-viewer", description="medrt's desktop viewer (research use only).")
     add_view_arguments(parser)
@@ -17,6 +18,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING - 10 * min(args.verbose, 2),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_log_redaction()  # no header values (names, dates) from pydicom/highdicom in the log
     return run(args)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from medrt.overlay import overlay_rgba
+from medrt.privacy import describe_exception
 from medrt.types import Frame, FrameResult, StageTimings
 
 __all__ = ["SegMasks", "read_seg", "seg_overlay", "SEG_COLOR"]
@@ -47,7 +48,7 @@ def read_seg(path: str | os.PathLike[str]) -> SegMasks:
     try:
         seg = hd.seg.segread(path)
     except Exception as exc:  # pydicom / highdicom raise many kinds for a bad file
-        raise ValueError(f"{path.name}: not a readable DICOM SEG ({type(exc).__name__}: {exc})") from exc
+        raise ValueError(f"{path.name}: not a readable DICOM SEG ({describe_exception(exc)})") from exc
     labels = tuple(str(d.SegmentLabel) for d in seg.SegmentSequence)
     masks: dict[str, np.ndarray] = {}
     sources = [uid for _, _, uid in seg.get_source_image_uids()]

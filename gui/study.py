@@ -21,6 +21,7 @@ from medrt_gui.imaging import DisplayIndex, Layer
 from medrt.errors import InputError
 from medrt.io.scan import iter_files
 from medrt.io.series import group_series
+from medrt.privacy import describe_exception
 from medrt.types import Frame, FrameResult
 
 __all__ = ["Slot", "SeriesEntry", "Problem", "Study", "SEG_SOP_CLASSES", "describe_error"]
@@ -35,7 +36,7 @@ def describe_error(exc: BaseException) -> str:
     """A reason for people: for medrt's input errors what is wrong (the file is named apart)."""
     if isinstance(exc, InputError):
         return f"{exc.kind}: {exc.reason}"
-    return f"{type(exc).__name__}: {exc}"
+    return describe_exception(exc)
 
 
 def frame_key(sop_instance_uid: str, frames: int, index: int) -> str:

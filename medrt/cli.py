@@ -15,6 +15,7 @@ from importlib import import_module
 
 from medrt import __version__
 from medrt.errors import MedrtError
+from medrt.privacy import install_log_redaction
 
 # Exit codes, documented in the README.
 EXIT_OK = 0
@@ -53,6 +54,9 @@ def _setup_logging(verbosity: int) -> None:
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
+    # pydicom and highdicom quote header values (a patient's name, a birth date) in their
+    # warnings; those go through logging, with the values taken out (medrt.privacy).
+    install_log_redaction()
     if verbosity < 2:
         # pydicom logs every decoder plugin's traceback at ERROR before it gives up on a
         # frame; medrt then reports the file and the reason in one line (and goes on), so

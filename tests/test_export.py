@@ -473,3 +473,25 @@ def test_algorithm_identification_names_the_models() -> None:
     long = tuple(f"model_with_a_rather_long_name_{i}@1" for i in range(4))
     name, _, params = algorithm_parts(long)
     assert name == "medrt" and len(params) == 4
+
+
+def test_unreadable_header_dates_are_left_empty_in_a_copy() -> None:
+    """readable_header: a header whose dates and times pydicom reads comes back as it is;
+    one with an unreadable date comes back as a copy with that value empty (Type 2), and
+    the source header is not changed."""
+    import warnings
+
+    from pydicom.dataset import Dataset
+
+    from medrt.export.common import readable_header
+
+    good = Dataset()
+    good.SOPInstanceUID, good.PatientBirthDate, good.StudyTime = "1.2.3", "19700101", "101500"
+    assert readable_header(good) is good
+    bad = Dataset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bad.SOPInstanceUID, bad.PatientBirthDate, bad.StudyDate, bad.StudyTime = "1.2.4", "1970-01-01", "20260101", "1o:15"
+    fixed = readable_header(bad)
+    assert fixed is not bad and fixed.PatientBirthDate == "" and fixed.StudyTime == ""
+    assert fixed.StudyDate == "20260101" and bad.PatientBirthDate == "1970-01-01"

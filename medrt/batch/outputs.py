@@ -27,6 +27,7 @@ import numpy as np
 from medrt.analysis.lesions import lesion_to_json
 from medrt.batch.plan import MANIFEST, Note, SeriesPlan
 from medrt.export.write import atomic_write, write_dataset
+from medrt.privacy import describe_exception
 from medrt.types import FrameResult
 
 __all__ = ["frame_record", "SeriesOutput", "OutputOptions", "strip_pixels"]
@@ -170,9 +171,10 @@ class SeriesOutput:
         try:
             return build()
         except Exception as exc:  # an object we cannot build must not lose the rest of the series
-            log.error("series %s: %s export failed: %s: %s", self.plan.uid, what, type(exc).__name__, exc)
+            reason = describe_exception(exc)  # a library's message may quote a header value
+            log.error("series %s: %s export failed: %s", self.plan.uid, what, reason)
             self.notes.append(Note(self.rel(str(self.plan.paths[0])) if self.plan.paths else self.plan.uid,
-                                   "error", f"export-{what}", f"{type(exc).__name__}: {exc}"))
+                                   "error", f"export-{what}", reason))
             return None
 
     def _seg(self, results: list[FrameResult]) -> Any:

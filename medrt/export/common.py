@@ -8,10 +8,15 @@ same algorithm: the models of the results (``FrameResult.models``, strings
 
 from __future__ import annotations
 
+import copy
+import logging
 from collections.abc import Callable, Sequence
 
+from pydicom.dataelem import DataElement
+from pydicom.dataset import Dataset
 from pydicom.sr.codedict import codes
 from pydicom.uid import generate_uid
+from pydicom.valuerep import DA, DT, TM
 
 import medrt
 from medrt.errors import MedrtError
@@ -33,7 +38,10 @@ __all__ = [
     "check_results",
     "single_value",
     "frame_number",
+    "readable_header",
 ]
+
+log = logging.getLogger(__name__)
 
 MANUFACTURER = "medrt"
 MODEL_NAME = "medrt"
@@ -140,4 +148,38 @@ def check_results(results: Sequence[FrameResult]) -> list[FrameResult]:
         seen.add(key)
     single_value(out, "study", lambda r: r.frame.study_instance_uid)
     single_value(out, "set of models", lambda r: " ".join(r.models))
+    return out
+
+
+_DATES_TIMES = {"DA": DA, "DT": DT, "TM": TM}
+
+
+def readable_header(ds: Dataset) -> Dataset:
+    """``ds``, or a copy of it whose top-level dates and times that pydicom cannot read
+    (a PatientBirthDate written ``1970-01-01``, a StudyTime with letters) are left empty.
+
+    highdicom copies the source's patient and study attributes into every SEG, SR and SC
+    and parses the dates and times among them; one unreadable value made the whole
+    object fail, and its message quoted the value (a birth date) into the run's report.
+    Empty is what DICOM allows for these Type 2 attributes when the value is unknown.
+    The log names the attribute and the object's UID, never the value."""
+    bad = []
+    for elem in ds:
+        parse = _DATES_TIMES.get(str(elem.VR))
+        if parse is None or elem.value in (None, ""):
+            continue
+        values = elem.value if elem.VM > 1 else [elem.value]
+        try:
+            for value in values:
+                parse(value)
+        except (TypeError, ValueError):
+            bad.append(elem)
+    if not bad:
+        return ds
+    out = copy.deepcopy(ds)
+    for elem in bad:
+        out[elem.tag] = DataElement(elem.tag, elem.VR, "")
+    log.warning("%s: %s not a valid DICOM %s; left empty in the objects medrt derives from it",
+                ds.get("SOPInstanceUID", "an image"), ", ".join(e.keyword or str(e.tag) for e in bad),
+                "/".join(sorted({str(e.VR) for e in bad})))
     return out

@@ -24,6 +24,7 @@ from medrt.export.common import (
     SC_SERIES_NUMBER,
     check_results,
     frame_number,
+    readable_header,
     single_value,
     software_versions,
 )
@@ -115,7 +116,7 @@ def build_sc(
     single = orientation is not None and all(len(v) == 1 for v in orientation)
     spacing = frame.spacing_mm if frame.spacing_source == SpacingSource.PIXEL_SPACING else None
     sc = hd.sc.SCImage.from_ref_dataset(
-        ref_dataset=frame.source.dataset,
+        ref_dataset=readable_header(frame.source.dataset),
         pixel_array=pixels,
         photometric_interpretation=hd.PhotometricInterpretationValues.RGB,
         bits_allocated=8,

@@ -45,6 +45,7 @@ from medrt.export.common import (
     algorithm_parts,
     check_results,
     device_identity,
+    readable_header,
     single_value,
     software_versions,
 )
@@ -106,7 +107,7 @@ def _layout(results: list[FrameResult]) -> tuple[list[Dataset], np.ndarray]:
     multi = [uid for uid, src in objects.items() if src.number_of_frames > 1]
     if not multi:
         _check_planes(results)
-        return ([r.frame.source.dataset for r in results],
+        return ([readable_header(r.frame.source.dataset) for r in results],
                 np.stack([np.asarray(r.labels) > 0 for r in results]))
     if len(objects) > 1:
         raise ExportError(
@@ -128,7 +129,7 @@ def _layout(results: list[FrameResult]) -> tuple[list[Dataset], np.ndarray]:
             f'Argument "results" must cover every frame of the multi-frame source {multi[0]}: '
             f"{len(missing)} of {src.number_of_frames} missing (first: frame index {missing[0]})."
         )
-    return [src.dataset], np.stack([np.asarray(by_index[i].labels) > 0
+    return [readable_header(src.dataset)], np.stack([np.asarray(by_index[i].labels) > 0
                                     for i in range(src.number_of_frames)])
 
 

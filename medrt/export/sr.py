@@ -46,6 +46,7 @@ from medrt.export.common import (
     check_results,
     device_identity,
     frame_number,
+    readable_header,
 )
 from medrt.export.seg import SEGMENT_NUMBER, seg_frame_numbers
 from medrt.types import Frame, FrameResult, Lesion
@@ -251,7 +252,7 @@ def build_sr(
                                         unit=COUNT, algorithm_id=algorithm)],
         source_images=_evaluated(items),
     ))
-    headers = list({r.frame.sop_instance_uid: r.frame.source.dataset for r in items}.values())
+    headers = list({r.frame.sop_instance_uid: readable_header(r.frame.source.dataset) for r in items}.values())
     modality = items[0].frame.modality
     report = hd.sr.MeasurementReport(
         observation_context=_observation_context(),

@@ -58,6 +58,7 @@ from medrt.io.header import (
     percentile_window,
     pixel_spacing,
 )
+from medrt.privacy import redact
 from medrt.types import Frame, SourceRef, Window, WindowSource
 
 __all__ = [
@@ -218,8 +219,10 @@ def _looks_like_dicom(ds: Dataset) -> bool:
 
 
 def _exc_text(exc: BaseException) -> str:
+    """A library's exception as a reason: its type and first line, quoted values taken
+    out (:func:`medrt.privacy.redact`: pydicom quotes the header value it cannot read)."""
     text = str(exc).strip().splitlines()
-    first = text[0] if text else ""
+    first = redact(text[0]) if text else ""
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 

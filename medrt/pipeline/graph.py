@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from medrt.pipeline import gcfreeze
 from medrt.pipeline.queues import END, BoundedQueue, Policy, QueueClosed
+from medrt.privacy import describe_exception
 
 __all__ = [
     "Stage",
@@ -89,7 +90,7 @@ class FrameError:
 
     @property
     def reason(self) -> str:
-        return f"{type(self.error).__name__}: {self.error}"
+        return describe_exception(self.error)
 
     @property
     def skippable(self) -> bool:

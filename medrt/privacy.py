@@ -1,0 +1,64 @@
+"""Keeping patient data out of what medrt prints and logs.
+
+medrt's own messages name files by path and objects by UID, never by a patient's
+name or ID. The libraries it calls are not so careful: highdicom warns with the
+patient's name when it looks like a single-component person name (``The string
+"DOE" is unlikely to represent ...``), and pydicom warns and raises with the bad
+value itself (``Invalid value for VR DA: '1970-01-01'``, a birth date). Those
+messages reach the console, the run's log and ``errors.csv``.
+
+:func:`redact` takes every quoted value out of such a message; :class:`RedactFilter`
+applies it to the log records of pydicom, highdicom and pynetdicom and to Python
+warnings, which :func:`install_log_redaction` routes into logging (the command line
+and the viewer call it at start-up). :func:`describe_exception` is the one way to
+turn a library's exception into a reason for a report.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+__all__ = ["redact", "RedactFilter", "install_log_redaction", "describe_exception"]
+
+# A value between single or double quotes, on one line: how pydicom and highdicom quote
+# the values they complain about (repr() of a string, or an f-string's "...").
+_QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
+# Loggers whose messages may carry header values: the DICOM libraries, and Python
+# warnings once logging.captureWarnings routes them to "py.warnings".
+THIRD_PARTY = ("pydicom", "highdicom", "pynetdicom", "py.warnings")
+
+
+def redact(text: str) -> str:
+    """``text`` with every quoted value replaced by an ellipsis in the same quotes."""
+    return _QUOTED.sub(lambda m: f"{m.group(0)[0]}…{m.group(0)[0]}", text)
+
+
+class RedactFilter(logging.Filter):
+    """Redacts (:func:`redact`) the records of the :data:`THIRD_PARTY` loggers; medrt's
+    own records pass unchanged. Put it on a handler: a logger's filters do not see its
+    children's records (``highdicom.base``, ``highdicom.sr.sop``, ...)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if any(record.name == name or record.name.startswith(name + ".") for name in THIRD_PARTY):
+            record.msg, record.args = redact(record.getMessage()), None
+        return True
+
+
+def install_log_redaction(handlers: list[logging.Handler] | None = None) -> None:
+    """Route Python warnings into logging and redact third-party records on ``handlers``
+    (default: the root logger's, so call it after ``logging.basicConfig``). Idempotent."""
+    logging.captureWarnings(True)
+    for handler in handlers if handlers is not None else logging.getLogger().handlers:
+        if not any(isinstance(f, RedactFilter) for f in handler.filters):
+            handler.addFilter(RedactFilter())
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``"Type: message"`` for a report, the message's quoted values redacted: a library's
+    exception may quote a header value (pydicom: ``Unable to convert '1970-01-01' to 'DA'
+    object``). medrt's own errors carry no header values and are kept whole."""
+    from medrt.errors import MedrtError
+
+    text = str(exc) if isinstance(exc, MedrtError) else redact(str(exc))
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
