@@ -41,6 +41,9 @@ def test_third_party_records_are_redacted_and_medrt_records_are_not() -> None:
 
 
 def test_warnings_go_through_the_redacting_handler(caplog: pytest.LogCaptureFixture) -> None:
+    # An in-process CLI run earlier in the session may have left logging believing it
+    # captures warnings while pytest has since put its own showwarning back: start afresh.
+    logging.captureWarnings(False)
     install_log_redaction([caplog.handler])
     try:
         with warnings.catch_warnings():
