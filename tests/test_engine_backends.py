@@ -22,9 +22,10 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import require_module
+from medrt.bands import usable_cores
 from medrt.engine import cache
 from medrt.engine.backends import BACKENDS, create
-from medrt.engine.backends.onnxrt import OnnxRuntimeBackend, default_threads
+from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
 from medrt.engine.backends.tensorrt import TensorRTBackend
 from medrt.engine.backends.torch_cuda import TorchCudaBackend
 from medrt.engine.registry import ModelError, ModelSpec, find_spec, load_spec, sha256_file
@@ -155,9 +156,9 @@ def test_threads_and_precision_are_reported(tiny: ModelSpec) -> None:
     # (precision="int8" swaps in the gated INT8 twin: test_engine_quantize covers it)
     backend = OnnxRuntimeBackend(tiny)
     info = backend.info()
-    assert (info.backend, info.device, info.precision, info.threads) == ("onnxruntime", "cpu", "fp32", default_threads())
+    assert (info.backend, info.device, info.precision, info.threads) == ("onnxruntime", "cpu", "fp32", usable_cores())
     opts = backend.session.get_session_options()
-    assert (opts.intra_op_num_threads, opts.inter_op_num_threads) == (default_threads(), 1)
+    assert (opts.intra_op_num_threads, opts.inter_op_num_threads) == (usable_cores(), 1)
 
 
 def test_unavailable_provider_is_a_clear_error(tiny: ModelSpec) -> None:

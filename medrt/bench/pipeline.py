@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from medrt.bands import usable_cores
 from medrt.bench import SETTLE_S
 
 __all__ = ["pipelined_vs_serial", "stream_replay", "TimedBackend", "default_stream"]
@@ -22,12 +23,6 @@ __all__ = ["pipelined_vs_serial", "stream_replay", "TimedBackend", "default_stre
 def default_stream() -> Path:
     """The sample CT stream shipped in the repository (40 × 512² JPEG-LS)."""
     return Path(__file__).resolve().parents[2] / "sample_dicom" / "ct_stream"
-
-
-def _cores() -> int:
-    from medrt.engine.backends.onnxrt import default_threads
-
-    return default_threads()
 
 
 class TimedBackend:
@@ -86,7 +81,7 @@ def pipelined_vs_serial(
     from medrt.pipeline.stages import analysis_stages
 
     paths = _dicom_paths(folder or default_stream())
-    cores = _cores()
+    cores = usable_cores()
     workers = workers or cores
     processes = cores if processes is None else processes
     one = load_analyzer(seg_model=model, threads=1, precision=precision)
@@ -167,7 +162,7 @@ def stream_replay(
     from medrt.pipeline.stages import analysis_stages
 
     paths = _dicom_paths(folder or default_stream())
-    workers = workers or _cores()
+    workers = workers or usable_cores()
     analyzer = load_analyzer(seg_model=model, threads=1, precision=precision)
     source = FileReplay(paths, fps=fps, loop=max(1, math.ceil(frames / len(paths))))
     stages = analysis_stages(analyzer, infer_workers=workers, order=paths)

@@ -42,7 +42,7 @@ def profile_layers(
     """
     import onnxruntime as ort
 
-    from medrt.engine.backends.onnxrt import default_threads
+    from medrt.bands import usable_cores
     from medrt.engine.registry import ModelError, find_spec
 
     if runs < 1:
@@ -58,7 +58,7 @@ def profile_layers(
     x = np.random.default_rng(0).random((1, spec.slices, *shape), dtype=np.float32)
     with tempfile.TemporaryDirectory(prefix="medrt-profile-") as tmp:
         opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads or default_threads()
+        opts.intra_op_num_threads = threads or usable_cores()
         opts.inter_op_num_threads = 1
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.enable_profiling = True

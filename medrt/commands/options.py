@@ -87,9 +87,9 @@ def thread_layout(args: argparse.Namespace) -> tuple[int | None, int]:
     512² frame over both cores (the per-op thread hand-off costs more than it
     gains on small frames). On a GPU one worker feeds the device.
     """
-    from medrt.engine.backends.onnxrt import default_threads
+    from medrt.bands import usable_cores
 
-    cores = default_threads()  # the cores this process may use (affinity mask)
+    cores = usable_cores()  # the cores this process may use (affinity mask)
     workers = getattr(args, "workers", None)
     on_gpu = getattr(args, "device", "auto") == "cuda" or getattr(args, "backend", "auto") in ("tensorrt", "torch")
     if workers is None:

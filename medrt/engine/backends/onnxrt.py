@@ -34,7 +34,7 @@ from medrt.bands import usable_cores
 from medrt.engine.backends.base import Backend, BackendInfo
 from medrt.engine.registry import ModelError, ModelSpec
 
-__all__ = ["OnnxRuntimeBackend", "providers_for", "default_threads"]
+__all__ = ["OnnxRuntimeBackend", "providers_for"]
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,6 @@ GPU_HINT = "install onnxruntime-gpu (pip install 'medrt[gpu]') on a machine with
 ProviderArg = str | tuple[str, dict[str, Any]]
 
 
-default_threads = usable_cores  # ORT's intra-op threads by default: every usable core
 
 
 def providers_for(device: str, precision: str) -> list[ProviderArg]:
@@ -135,7 +134,7 @@ class OnnxRuntimeBackend(Backend):
         if precision == "fp16" and not any(_name(p) == TRT for p in chosen):
             raise ModelError("fp16 with onnxruntime needs the TensorrtExecutionProvider (the model file is fp32)")
         opts = ort.SessionOptions()
-        self.threads = threads or default_threads()
+        self.threads = threads or usable_cores()  # ORT's intra-op threads by default: every usable core
         opts.intra_op_num_threads = self.threads
         opts.inter_op_num_threads = 1
         if spec.task == "roi_classifier":  # another session runs right after it (module docstring)
