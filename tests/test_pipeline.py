@@ -130,6 +130,22 @@ def test_an_exception_is_reported_with_its_item_and_the_pipeline_goes_on():
     assert all(e.stage == "fragile" and "bad item" in e.reason for e in sink.errors)
 
 
+def test_an_input_error_is_logged_naming_its_file_once(caplog):
+    """The warning line names the item (its file) once; the error's own message, which
+    names the file too, is not repeated in it."""
+    from medrt.errors import NoPixelDataError
+
+    def decode(path):
+        raise NoPixelDataError(path, "CT Image Storage has no (7FE0,0010) Pixel Data")
+
+    sink = Collect()
+    with caplog.at_level("WARNING", logger="medrt.pipeline.graph"):
+        assert Pipeline(["/data/a.dcm"], [Stage("decode", decode)], [sink]).run(timeout=30)
+    (line,) = [r.getMessage() for r in caplog.records if "failed on" in r.getMessage()]
+    assert line.count("/data/a.dcm") == 1 and "NoPixelDataError: no pixel data: CT Image Storage" in line
+    assert "/data/a.dcm" in sink.errors[0].reason  # the report's reason keeps the whole message
+
+
 def test_a_broken_sink_does_not_stop_the_pipeline():
     class Broken(Collect):
         def on_result(self, payload, env):

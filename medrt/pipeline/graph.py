@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Protocol, runtime_checkable
 
+from medrt.errors import InputError
 from medrt.pipeline import gcfreeze
 from medrt.pipeline.queues import END, BoundedQueue, Policy, QueueClosed
 from medrt.privacy import describe_exception
@@ -91,6 +92,15 @@ class FrameError:
     @property
     def reason(self) -> str:
         return describe_exception(self.error)
+
+    @property
+    def why(self) -> str:
+        """:attr:`reason` without the file an input error names (for a log line that names
+        ``key`` already)."""
+        err = self.error
+        if isinstance(err, InputError):
+            return f"{type(err).__name__}: {err.kind}: {err.reason}"
+        return self.reason
 
     @property
     def skippable(self) -> bool:
@@ -384,9 +394,9 @@ class Pipeline:
         except Exception as exc:
             err = FrameError(key=env.key, stage=stage.name, error=exc)
             if getattr(exc, "skippable", False):  # e.g. a non-DICOM file in an image folder
-                log.info("%s: skipping %s: %s", self.name, env.key, err.reason)
+                log.info("%s: skipping %s: %s", self.name, env.key, err.why)
             else:
-                log.warning("%s: %s failed on %s: %s", self.name, stage.name, env.key, err.reason)
+                log.warning("%s: %s failed on %s: %s", self.name, stage.name, env.key, err.why)
                 if self.telemetry is not None:
                     self.telemetry.count_error(stage.name)
             return [replace(env, payload=err)]
