@@ -41,7 +41,11 @@ class RedactFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if any(record.name == name or record.name.startswith(name + ".") for name in THIRD_PARTY):
-            record.msg, record.args = redact(record.getMessage()), None
+            try:
+                text = record.getMessage()
+            except Exception:  # a library's bad format string must not raise from its log call
+                text = str(record.msg)
+            record.msg, record.args = redact(text), None
         return True
 
 

@@ -35,6 +35,7 @@ def test_third_party_records_are_redacted_and_medrt_records_are_not() -> None:
     assert NAME not in message("highdicom.base", 'value of argument "patient_name" is invalid: "%s"', NAME)
     assert BIRTH_DATE not in message("pydicom", "Invalid value for VR DA: %r.", BIRTH_DATE)
     assert NAME not in message("py.warnings", f'highdicom/base.py:199: UserWarning: The string "{NAME}" ...')
+    assert message("pydicom", "%d bad %s", "x") == "%d bad %s"  # a bad format string does not raise
     kept = "series 1.2.3: 'roi' mode"
     assert message("medrt.batch", kept) == kept
     assert message("pydicomish", kept) == kept  # a prefix is not a parent logger
