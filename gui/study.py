@@ -35,7 +35,7 @@ SEG_SOP_CLASSES = ("1.2.840.10008.5.1.4.1.1.66.4", "1.2.840.10008.5.1.4.1.1.66.7
 def describe_error(exc: BaseException) -> str:
     """A reason for people: for medrt's input errors what is wrong (the file is named apart)."""
     if isinstance(exc, InputError):
-        return f"{exc.kind}: {exc.reason}"
+        return exc.why
     return describe_exception(exc)
 
 

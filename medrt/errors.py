@@ -64,6 +64,11 @@ class InputError(MedrtError):
         self.reason = reason
         super().__init__(f"{self.source}: {self.kind}: {reason}")
 
+    @property
+    def why(self) -> str:
+        """What is wrong, without the source (for a report or log line that names it)."""
+        return f"{self.kind}: {self.reason}"
+
     def __reduce__(self) -> tuple[object, ...]:
         # Picklable with its fields, so an error raised in a decode process arrives whole.
         state = {k: v for k, v in self.__dict__.items() if k not in ("source", "reason")}

@@ -103,7 +103,7 @@ def scan(root: Path, *, exclude: Path | None = None, follow_links: bool = False)
         error = bad.error
         skippable = bool(getattr(error, "skippable", False))
         notes.append(Note(relative(Path(bad.source), base), "skipped" if skippable else "error", "scan",
-                          f"{error.kind}: {error.reason}"))
+                          error.why))
     for ni in grouped.non_images:
         notes.append(Note(relative(Path(ni.source), base), "skipped", "scan", f"not an image ({ni.kind})",
                           ni.sop_instance_uid))

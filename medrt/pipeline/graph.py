@@ -99,7 +99,7 @@ class FrameError:
         ``key`` already)."""
         err = self.error
         if isinstance(err, InputError):
-            return f"{type(err).__name__}: {err.kind}: {err.reason}"
+            return f"{type(err).__name__}: {err.why}"
         return self.reason
 
     @property

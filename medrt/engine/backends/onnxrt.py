@@ -45,8 +45,6 @@ GPU_HINT = "install onnxruntime-gpu (pip install 'medrt[gpu]') on a machine with
 ProviderArg = str | tuple[str, dict[str, Any]]
 
 
-
-
 def providers_for(device: str, precision: str) -> list[ProviderArg]:
     """The provider list for a device and precision.
 
