@@ -313,16 +313,15 @@ class Run:
         # The fine sweep's flipped views go as one batch per component, in a few bucket
         # sizes that warm-up covers (twelfth session); one row runs them as before, one
         # call per view, each window its own size.
-        graphs = {"cuda_graph": True, "max_graphs": 64}
-        unbatched = ({**graphs, "max_batch": 1}, SweepConfig(view_bucket=0))
         # And one whose backend hands back its pinned output buffers instead of copies
         # (reuse_outputs): what the copy of the 2048² map costs. Safe for the sweep, which
         # reads each output before the next call; not for the ROI path or the recheck,
         # which keep several, so it is a measurement, not a setting to ship.
-        runs = [("fp32", "eager", {}, "auto", None), ("fp32", "CUDA graphs", graphs, "auto", None),
-                ("fp32", "CUDA graphs, outputs not copied", {**graphs, "reuse_outputs": True}, "auto", None),
-                ("fp32", "CUDA graphs, views one by one, unbucketed", *unbatched[:1], "auto", unbatched[1]),
-                ("fp16", "CUDA graphs", graphs, "auto", None), ("fp32", "CUDA graphs, ROI path", graphs, "roi", None)]
+        runs = [("fp32", "eager", {}, "auto", None), ("fp32", "CUDA graphs", GRAPHS, "auto", None),
+                ("fp32", "CUDA graphs, outputs not copied", {**GRAPHS, "reuse_outputs": True}, "auto", None),
+                ("fp32", "CUDA graphs, views one by one, unbucketed", {**GRAPHS, "max_batch": 1}, "auto",
+                 SweepConfig(view_bucket=0)),
+                ("fp16", "CUDA graphs", GRAPHS, "auto", None), ("fp32", "CUDA graphs, ROI path", GRAPHS, "roi", None)]
         if s.device != "cuda":
             runs = [("fp32", "onnxruntime", {}, "auto", None), ("fp32", "onnxruntime, ROI path", {}, "roi", None)]
         warmup = max(s.warmup, len(frames))
@@ -370,10 +369,9 @@ class Run:
         frames = [p.as_frame(f"ct{p.index}") for p in series]
         around = [(frames[i - 1] if i else None, frames[i + 1] if i + 1 < len(frames) else None)
                   for i in range(len(frames))]
-        graphs = {"cuda_graph": True, "max_graphs": 64}
         runs = [("onnxruntime", "cpu", "fp32", {})]
         if s.device == "cuda":
-            runs += [("torch", "cuda", "fp32", graphs), ("torch", "cuda", "fp16", graphs)]
+            runs += [("torch", "cuda", "fp32", GRAPHS), ("torch", "cuda", "fp16", GRAPHS)]
         rows, reference = [], None
         for backend, device, precision, options in runs:
             self.free()
@@ -415,7 +413,7 @@ class Run:
         s = self.sizes
         frames = [f.as_frame(f"prof{i}") for i, f in enumerate(self.frames)]
         self.free()
-        options = {"cuda_graph": True, "max_graphs": 64} if s.device == "cuda" else {}
+        options = GRAPHS if s.device == "cuda" else {}
         an = load_analyzer(self.dx_config("fp32", options))
         for f in frames:
             an.analyze(f)
@@ -470,6 +468,9 @@ class Run:
         b.warmup([(s.crop, s.crop)], repeats=3)
         return {"providers": b.providers, **_stats(_timed(lambda: b.infer(x), s.repeats))}
 
+
+# CUDA graphs, captured per input size: room for the sweep's window and its view buckets
+GRAPHS = {"cuda_graph": True, "max_graphs": 64}
 
 # The sections after the phantoms, in order, with the seconds each needs of the budget.
 SECTIONS = {"unet_crop": 40, "roi_path": 40, "sliding": 20, "analyzer": 40, "profile": 20, "ct": 30,
