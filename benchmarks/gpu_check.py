@@ -361,14 +361,14 @@ class Run:
         against onnxruntime on the host's CPU. Per slice p50/p99 over two passes after a
         warm-up pass, lesions found, and the slices whose lesions differ from
         onnxruntime's (count or a centroid more than a pixel away)."""
+        from medrt.analysis.slices import series_neighbours
         from medrt.analyzer import AnalyzerConfig, load_analyzer
         from medrt.phantom import generate_ct_series
 
         s = self.sizes
         series = generate_ct_series(9902, n_frames=40 if s.device == "cuda" else 6)
         frames = [p.as_frame(f"ct{p.index}") for p in series]
-        around = [(frames[i - 1] if i else None, frames[i + 1] if i + 1 < len(frames) else None)
-                  for i in range(len(frames))]
+        around = series_neighbours(frames)  # the slice before and after each, as a series is read
         runs = [("onnxruntime", "cpu", "fp32", {})]
         if s.device == "cuda":
             runs += [("torch", "cuda", "fp32", GRAPHS), ("torch", "cuda", "fp16", GRAPHS)]
