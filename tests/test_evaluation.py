@@ -22,6 +22,7 @@ from medrt.evaluation import (
     evaluate,
     iter_predictions,
     load_predictions,
+    proportion_interval,
 )
 from medrt.phantom import FrameTruth, load_ground_truth
 from medrt.types import Lesion, LesionTruth
@@ -288,6 +289,12 @@ def test_cli_eval_json(tmp_path: Path, truth: dict[str, FrameTruth]) -> None:
     assert doc["gt_lesions"] == 25 and doc["detected"] == 23
     assert doc["sensitivity"] == pytest.approx(23 / 25)
     assert doc["false_positives"] == 0 and doc["specificity"] == 1.0
+    lo, hi = doc["sensitivity_interval"]
+    assert lo < 23 / 25 < hi <= 1.0
+    groups = {g["name"]: g for g in doc["groups"]}
+    large = [b for b in doc["buckets"] if b["name"] in ("5-10", "10-30")]
+    assert groups[">=5"]["gt"] == sum(b["gt"] for b in large) and groups["2-5"]["gt"] == doc["buckets"][0]["gt"]
+    assert groups[">=5"]["detected"] == sum(b["detected"] for b in large)
     assert doc["dice"]["mean"] == 1.0 and doc["dice"]["n"] == 17 - 2 * (
         truth[positive].file.parent.name == "ct_stream"
     )
@@ -300,6 +307,7 @@ def test_cli_eval_table_and_bad_inputs(
     assert main(["eval", str(tmp_path / "run" / "results.jsonl"), str(SAMPLE_DIR)]) == 0
     table = capsys.readouterr().out
     assert "sensitivity" in table and "all" in table and "100.0%" in table
+    assert "95% interval" in table and ">=5" in table
 
     assert main(["eval", str(tmp_path / "nothing"), str(SAMPLE_DIR)]) == 2
     assert "no results.jsonl" in capsys.readouterr().err
@@ -330,3 +338,21 @@ def test_a_lesion_segmented_in_pieces_is_one_hit_and_no_false_positive(truth: di
     assert report.sensitivity == 1.0
     assert report.false_positives == 0
     assert report.ignored_predictions == len(lesions) - len(t.scored_lesions)
+
+
+def test_proportion_interval_is_wilsons() -> None:
+    """Checked against the Wilson score formula written out, and its edges: a rate of 0
+    or 1 keeps an interval on one side, and no trials give none."""
+    for k, n in ((40, 43), (17, 20), (6, 11), (0, 6), (12, 12)):
+        lo, hi = proportion_interval(k, n)
+        z, p = 1.959963984540054, k / n
+        centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+        half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+        assert lo == pytest.approx(centre - half, abs=1e-9) and hi == pytest.approx(centre + half, abs=1e-9)
+        assert 0.0 <= lo <= p <= hi <= 1.0
+    assert proportion_interval(0, 6)[0] == 0.0 and proportion_interval(0, 6)[1] > 0.3
+    assert proportion_interval(12, 12)[1] == pytest.approx(1.0) and proportion_interval(12, 12)[0] < 0.8
+    assert proportion_interval(0, 0) is None
+    # more lesions, the same rate: a narrower interval
+    small, large = proportion_interval(17, 20), proportion_interval(170, 200)
+    assert large[1] - large[0] < (small[1] - small[0]) / 2

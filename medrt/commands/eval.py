@@ -7,7 +7,14 @@ import json
 from pathlib import Path
 
 from medrt.errors import InputError
-from medrt.evaluation import RESULTS_JSONL, EvalReport, evaluate, iter_predictions
+from medrt.evaluation import (
+    RESULTS_JSONL,
+    TARGET_GROUPS,
+    BucketStats,
+    EvalReport,
+    evaluate,
+    iter_predictions,
+)
 from medrt.phantom.truth import TRUTH_JSON, FrameTruth, load_ground_truth
 
 __all__ = ["load_truth_tree", "format_report", "register"]
@@ -45,12 +52,18 @@ def _num(v: float | None, fmt: str = ".3f") -> str:
     return "-" if v is None else format(v, fmt)
 
 
+def _interval(ci: tuple[float, float] | None) -> str:
+    return "-" if ci is None else f"{100.0 * ci[0]:.0f}-{100.0 * ci[1]:.0f}%"
+
+
 def format_report(r: EvalReport) -> str:
-    """The report as a table for people."""
-    lines = [f"{'size (mm)':<10} {'GT':>5} {'detected':>9} {'sensitivity':>12}"]
-    for b in r.buckets:
-        lines.append(f"{b.name:<10} {b.gt:>5} {b.detected:>9} {_pct(b.sensitivity):>12}")
-    lines.append(f"{'all':<10} {r.gt_lesions:>5} {r.detected:>9} {_pct(r.sensitivity):>12}")
+    """The report as a table for people: each rate with its 95 % Wilson interval, and the
+    buckets pooled as the targets are set (from 5 mm)."""
+    lines = [f"{'size (mm)':<10} {'GT':>5} {'detected':>9} {'sensitivity':>12} {'95% interval':>13}"]
+    rows = [*r.buckets, *(g for g in r.groups if len(TARGET_GROUPS[g.name]) > 1),
+            BucketStats("all", r.gt_lesions, r.detected)]
+    for b in rows:
+        lines.append(f"{b.name:<10} {b.gt:>5} {b.detected:>9} {_pct(b.sensitivity):>12} {_interval(b.interval):>13}")
     lines += [
         "",
         f"false positives: {r.false_positives} ({_num(r.fp_per_frame)} per frame; "
@@ -58,7 +71,7 @@ def format_report(r: EvalReport) -> str:
         f"Dice of detected lesions ({len(r.dices)} with masks): "
         f"mean {_num(r.dice_mean)}, median {_num(r.dice_median)}",
         f"specificity: {_pct(r.specificity)} of {r.negative_frames} negative frames "
-        f"have no false positive",
+        f"have no false positive (95% interval {_interval(r.specificity_interval)})",
         f"frames: {r.frames}, {r.frames_without_prediction} without a prediction "
         f"(counted as predicted empty); {r.unknown_prediction_keys} predicted frames "
         f"not in the ground truth (skipped)",
@@ -98,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         print(format_report(report))
         for name, part in parts.items():
             print(f"\n{name} ({part.frames} frames)")
-            print("\n".join(format_report(part).splitlines()[:9]))  # the table, FPs, Dice, specificity
+            print("\n".join(format_report(part).splitlines()[:-1]))  # all but the frame counts
         if args.per_lesion:
             for m in report.matches:
                 print(
