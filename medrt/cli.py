@@ -49,8 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup_logging(verbosity: int) -> None:
-    level = logging.WARNING - 10 * min(verbosity, 2)
+def _setup_logging(verbosity: int, quiet: bool = False) -> None:
+    # --quiet (batch, stream): errors only; a batch's per-file warnings are in its errors.csv.
+    # -v wins over it.
+    level = logging.ERROR if quiet and not verbosity else logging.WARNING - 10 * min(verbosity, 2)
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
@@ -67,7 +69,7 @@ def _setup_logging(verbosity: int) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    _setup_logging(args.verbose)
+    _setup_logging(args.verbose, quiet=bool(getattr(args, "quiet", False)))
     try:
         return int(args.func(args))
     except MedrtError as exc:

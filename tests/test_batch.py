@@ -215,6 +215,27 @@ def test_bad_files_are_listed_and_the_run_completes(tmp_path, analyzer, capsys):
     assert "errors.csv" in capsys.readouterr().out
 
 
+def test_quiet_prints_errors_and_the_summary_but_no_warnings(tmp_path):
+    """--quiet is for cron jobs: the per-file warnings (here, one slice given twice) stay
+    out of the console, where without it they show; errors.csv keeps every file passed over."""
+    src = _small_input(tmp_path, n=2)
+    first = sorted((src / "ct").glob("*.dcm"))[0]
+    shutil.copy(first, src / "copy_of_a_slice.dcm")
+    (src / "random.dcm").write_bytes(np.random.default_rng(1).bytes(3000))
+    runs = {}
+    for flags in ((), ("--quiet",)):
+        runs[flags] = subprocess.run(
+            [sys.executable, "-m", "medrt", "batch", str(src), "--out", str(tmp_path / f"out{len(flags)}"),
+             "--workers", "1", *flags], cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert runs[flags].returncode in (EXIT_OK, EXIT_ERRORS), runs[flags].stderr
+        assert "errors.csv" in runs[flags].stdout  # the summary line
+    assert "given twice" in runs[()].stderr and "WARNING" in runs[()].stderr
+    assert "WARNING" not in runs[("--quiet",)].stderr and "given twice" not in runs[("--quiet",)].stderr
+    rows = list(csv.DictReader((tmp_path / "out1" / "errors.csv").open()))
+    files = {Path(r["file"]).name for r in rows}
+    assert "random.dcm" in files and len(files & {first.name, "copy_of_a_slice.dcm"}) == 1  # the copy passed over
+
+
 def test_a_folder_no_model_is_for_fails_and_says_why(tmp_path):
     """Only images of a modality none of the models lists (MR, with the CT and radiograph
     models): nothing to analyse, so the run fails (exit 2), and errors.csv says why."""

@@ -125,7 +125,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="leave frames without lesions out of the SEG (some viewers misplace such SEGs)")
     p.add_argument("--follow-links", action="store_true", help="follow symbolic links that lead outside INPUT")
     p.add_argument("--json", action="store_true", help="print the run report as JSON (no progress bar)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar or table")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress bar, table or warnings (errors.csv lists every file passed over, and why); "
+                        "errors and the summary line still print")
     add_engine_options(p)
     add_pipeline_options(p, policy=None)
     p.set_defaults(func=run)

@@ -169,7 +169,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--jsonl", type=Path, default=None, help="write per-frame telemetry as JSON lines here")
     p.add_argument("--histogram", type=Path, default=None, help="write the end-to-end latency histogram PNG here")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    p.add_argument("--quiet", action="store_true", help="no status line")
+    p.add_argument("--quiet", action="store_true", help="no status line and no warnings (errors still print)")
     add_engine_options(p)
     add_pipeline_options(p, policy="latest (replay) / block (--watch, --fps 0)")
     p.set_defaults(func=run)
