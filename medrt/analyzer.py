@@ -26,7 +26,7 @@ from pydicom import uid
 
 from medrt.analysis.lesions import lesions_from_probability
 from medrt.analysis.recheck import RecheckConfig, recheck
-from medrt.analysis.resample import resample_factors
+from medrt.analysis.resample import recheck_factors, resample_factors
 from medrt.analysis.roi import classify
 from medrt.analysis.segment import segment_crops, sliding_window
 from medrt.analysis.slices import Neighbours, Sides, ordered_sides, slice_stack
@@ -34,7 +34,7 @@ from medrt.analysis.sweep import SweepConfig, sweep
 from medrt.engine.backends.base import Backend
 from medrt.engine.registry import ModelSpec, find_spec
 from medrt.errors import NoModelForImageError
-from medrt.preprocess import normalize
+from medrt.preprocess import Windowed, normalize
 from medrt.types import Frame, FrameResult, RoiProposal, StageTimings
 
 __all__ = ["AnalyzerConfig", "Analyzer", "Work", "load_analyzer"]
@@ -174,7 +174,9 @@ class Work:
     """One frame between the analyzer's stages: what each stage has added so far."""
 
     frame: Frame
-    norm: np.ndarray
+    # the frame normalised by its window (for a 2.5-D model, the stack of its slices); a
+    # Windowed frame, normalised only where read, for the whole-frame fine sweep
+    norm: np.ndarray | Windowed
     mode: str
     recheck: bool
     timings: StageTimings
@@ -321,6 +323,15 @@ class Analyzer:
         routed = routing_modality(frame.modality, frame.sop_class_uid)
         return "roi" if pick_for_modality(self.rois, routed) is not None else "full"
 
+    def sweeps_whole(self, frame: Frame, seg: Backend, mode: str, recheck: bool) -> bool:
+        """Whether :meth:`segment` will run the fine sweep over the whole of ``frame`` (a
+        radiograph in ``full`` mode, ``mode`` resolved): it then reads the normalised
+        frame only as block means at its scale and as windows around its components, so
+        :meth:`prepare` hands it a :class:`~medrt.preprocess.Windowed` frame rather than
+        normalising all of it (16 Mpixel, 64 MB for a 4096² radiograph)."""
+        return (mode == "full" and recheck and self.sweep_config is not None and seg.spec.slices == 1
+                and recheck_factors(frame.spacing_mm, getattr(seg.spec, "spacing_mm", None)) is not None)
+
     def _warn_unscaled(self, frame: Frame, seg: Backend) -> None:
         """Once per series: a frame without pixel spacing cannot be brought to the spacing
         the model was trained at, and its sizes are in pixels."""
@@ -382,7 +393,9 @@ class Analyzer:
             self._warn_unscaled(frame, seg)
         window = seg.spec.input_window(frame.window)  # the VOI window, or the spec's fixed one
         if seg.spec.slices > 1:
-            norm = slice_stack(frame, sides=sides, window=window)
+            norm: np.ndarray | Windowed = slice_stack(frame, sides=sides, window=window)
+        elif self.sweeps_whole(frame, seg, mode, do_recheck):
+            norm = Windowed(frame.pixels, *window)  # normalised where the sweep reads it
         else:
             norm = normalize(frame.pixels, *window)
         ms = (time.perf_counter() - t0) * 1000.0

@@ -20,6 +20,7 @@ from medrt.analyzer import AnalyzerConfig, load_analyzer
 from medrt.evaluation import FramePrediction, evaluate
 from medrt.phantom import generate_radiograph
 from medrt.phantom.truth import FrameTruth
+from medrt.preprocess import Windowed, normalize
 
 SPACING = (0.125, 0.125)  # a radiograph against a 0.5 mm model: first pass /4, sweep /2
 
@@ -128,6 +129,57 @@ def test_flipped_views_are_aligned_with_the_fine_grid(bucket: int) -> None:
         window = view_window(box, (40, 40), (2, 2), 16, bucket, norm.shape)
         for view in _flipped_views(Pixelwise(), norm, box, window, (2, 2), [-1, -2]):
             np.testing.assert_allclose(view, fine[r0:r1, c0:c1], atol=1e-5)
+
+
+@pytest.mark.parametrize(("shape", "spacing", "fast"), [
+    ((1024, 1024), SPACING, True),  # on whole (2, 2) blocks: views cut from the sweep's block means
+    ((1001, 999), SPACING, False),  # ragged edge blocks: views normalised and averaged again
+    ((1020, 1020), (0.083, 0.083), False),  # (3, 3): three values summed in another order when mirrored
+])
+def test_a_windowed_frame_sweeps_as_the_normalised_one_bit_for_bit(
+    shape: tuple[int, int], spacing: tuple[float, float], fast: bool
+) -> None:
+    """What the analyzer hands the whole-frame sweep (medrt.preprocess.Windowed: the pixels
+    and their window, normalised only where read) gives the very map, views and kept boxes
+    of the normalised frame; the network sees the same inputs. Where the views can be cut
+    from the block means, no region is normalised again; nowhere is the whole frame."""
+    window = (500.0, 1000.0)
+    pixels = np.full(shape, 100.0, np.float32)
+    for r, c, radius in ((300, 200, 12), (700, 650, 24), (60, 900, 9), (990, 15, 30)):
+        pixels[disc(shape, (r, c), radius)] = 900.0
+    pixels += np.random.default_rng(5).normal(0.0, 20.0, shape).astype(np.float32)
+    runs = []
+    for norm in (normalize(pixels, *window), Counting(pixels, *window)):
+        model = Recording()
+        runs.append((sweep(model, norm, spacing, 0.5), model.inputs))
+    (want, want_inputs), (got, got_inputs) = runs
+    np.testing.assert_array_equal(got.prob, want.prob)
+    assert got.views == want.views > 0 and got.kept == want.kept
+    assert len(got_inputs) == len(want_inputs)
+    for a, b in zip(got_inputs, want_inputs, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert norm._whole is None  # type: ignore[attr-defined]
+    assert (norm.regions == 0) is fast  # type: ignore[attr-defined]
+
+
+class Counting(Windowed):
+    """Counts the regions normalised again."""
+
+    regions = 0
+
+    def region(self, r0: int, c0: int, r1: int, c1: int) -> np.ndarray:
+        self.regions += 1
+        return super().region(r0, c0, r1, c1)
+
+
+class Recording(Pixelwise):
+    def __init__(self) -> None:
+        super().__init__()
+        self.inputs: list[np.ndarray] = []
+
+    def infer(self, x: np.ndarray) -> list[np.ndarray]:
+        self.inputs.append(np.array(x))
+        return super().infer(x)
 
 
 @pytest.mark.parametrize("box", [(0, 0, 37, 51), (421, 13, 470, 90), (3950, 3977, 4000, 4000),

@@ -11,6 +11,7 @@ from medrt.analyzer import AnalyzerConfig, load_analyzer
 from medrt.bench.engine import phantom_frames
 from medrt.evaluation import FramePrediction, evaluate
 from medrt.phantom import generate_ct_series, generate_radiograph
+from medrt.preprocess import Windowed, normalize
 
 
 @pytest.fixture(scope="module")
@@ -338,3 +339,20 @@ def test_the_minimum_diameter_reaches_the_fine_sweep() -> None:
     assert default.sweep_config == default.config.sweep and default.sweep_config.min_diameter_mm == 1.5
     off = load_analyzer(AnalyzerConfig(seg_model="lesion_unet", sweep=None, warmup_shapes=((64, 64),)))
     assert off.sweep_config is None
+
+
+def test_a_radiograph_swept_whole_is_normalised_only_where_read(radiograph_analyzer) -> None:  # type: ignore[no-untyped-def]
+    """A radiograph in full mode with the fine sweep reaches it as a Windowed frame: its
+    findings are those of the frame normalised whole, which is never made. The ROI path
+    and a frame without the recheck get the normalised frame as before."""
+    an = radiograph_analyzer
+    frame = generate_radiograph(5000, size=4096, index=29).as_frame("windowed-dx")
+    work = an.prepare(frame)
+    assert work.mode == "full" and isinstance(work.norm, Windowed)
+    assert not isinstance(an.prepare(frame, mode="roi").norm, Windowed)
+    assert not isinstance(an.prepare(frame, recheck_small=False).norm, Windowed)
+    lazy = an.finish(an.segment(work))
+    whole = an.finish(an.segment(replace(work, norm=normalize(frame.pixels, *work.norm.window))))
+    assert lazy.lesions == whole.lesions and lazy.lesions
+    assert np.array_equal(lazy.labels, whole.labels)
+    assert work.norm._whole is None

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from medrt.preprocess import block_mean
+from medrt.preprocess import Windowed, block_mean
 
 __all__ = [
     "RESAMPLE_RATIO", "resample_factors", "recheck_factors", "area_downsample", "upsample_bilinear", "Bilinear",
@@ -83,11 +83,14 @@ def area_downsample(x: np.ndarray, factors: Factors) -> np.ndarray:
     Output pixel ``(i, j)`` is the mean of ``x[i*fr:(i+1)*fr, j*fc:(j+1)*fc]``;
     blocks at the bottom or right edge that do not fill are averaged over the
     pixels they have (as :func:`medrt.preprocess.thumbnail` does). A 3-D array (a
-    stack of slices, :mod:`medrt.analysis.slices`) is averaged slice by slice.
+    stack of slices, :mod:`medrt.analysis.slices`) is averaged slice by slice; a
+    :class:`~medrt.preprocess.Windowed` frame is normalised and averaged in one pass.
     """
     fr, fc = int(factors[0]), int(factors[1])
     if fr < 1 or fc < 1:
         raise ValueError(f'Argument "factors" must be positive integers, got {factors!r}')
+    if isinstance(x, Windowed) and (fr, fc) != (1, 1):  # a frame normalised only where read
+        return x.block_mean(fr, fc)
     x = np.asarray(x)
     if x.ndim == 3:
         return np.stack([area_downsample(s, factors) for s in x])

@@ -49,7 +49,7 @@ from medrt.analysis.resample import (
 )
 from medrt.bands import map_bands
 from medrt.engine.backends.base import Backend
-from medrt.preprocess import pad_to_multiple
+from medrt.preprocess import Windowed, pad_to_multiple
 
 __all__ = ["PROB_FLOOR", "CROP_CONTEXT", "segment_crops", "sliding_window", "gaussian_importance", "model_factors"]
 
@@ -174,8 +174,11 @@ def _probability_blocks(
 def _region(norm: np.ndarray, r0: int, c0: int, r1: int, c1: int) -> np.ndarray:
     """``norm[..., r0:r1, c0:c1]``, zero-padded where it reaches past the frame; the frame
     itself (not a copy: callers only read it) when the region is exactly the frame, as a
-    CT slice's whole-slice crop is."""
+    CT slice's whole-slice crop is. ``norm`` may be a :class:`~medrt.preprocess.Windowed`
+    frame, normalised here only over the region."""
     rows, cols = norm.shape[-2:]
+    if isinstance(norm, Windowed):  # normalised only where read: this region, unless it is all of it
+        return np.asarray(norm) if (r0, c0, r1, c1) == (0, 0, rows, cols) else norm.region(r0, c0, r1, c1)
     if (r0, c0, r1, c1) == (0, 0, rows, cols) and norm.dtype == np.float32:
         return norm
     out = np.zeros((*norm.shape[:-2], r1 - r0, c1 - c0), np.float32)
