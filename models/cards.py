@@ -12,6 +12,7 @@ from medrt.analysis.recheck import RecheckConfig
 from medrt.analysis.resample import RESAMPLE_RATIO
 from medrt.analyzer import AnalyzerConfig
 from medrt.engine.registry import load_spec
+from medrt.evaluation import TARGET_GROUPS, proportion_interval
 
 INTENDED_USE = (
     "**Research and demonstration only. Not for clinical use.** Trained on synthetic "
@@ -28,12 +29,22 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return "n/a" if v is None else f"{v:.{digits}f}"
 
 
+def _rate(k: int, n: int, digits: int = 2) -> str:
+    """``k`` of ``n`` as a rate with the counts and its 95 % Wilson interval: "0.85 (17/20; 0.64–0.95)"."""
+    ci = proportion_interval(k, n)
+    if ci is None:
+        return f"n/a ({k}/{n})"
+    return f"{k / n:.{digits}f} ({k}/{n}; {ci[0]:.{digits}f}–{ci[1]:.{digits}f})"
+
+
 def _summary_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
-    lines = ["| path | frames | 2–5 mm | 5–10 mm | 10–30 mm | faint / bright found | FP / frame | Dice (mean, median) "
-             "| lesion-free frames clean |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| path | frames | 2–5 mm | 5–10 mm | 10–30 mm | ≥ 5 mm | faint / bright found | FP / frame "
+             "| Dice (mean, median) | lesion-free frames clean |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for label, r in rows:
-        cells = [f"{_fmt(b['sensitivity'], 2)} ({b['detected']}/{b['gt']})" for b in r["buckets"]]
+        cells = [_rate(b["detected"], b["gt"]) for b in r["buckets"]]
+        large = [b for b in r["buckets"] if b["name"] in TARGET_GROUPS[">=5"]]
+        cells.append(_rate(sum(b["detected"] for b in large), sum(b["gt"] for b in large)))
         kinds = r.get("by_kind", {})
         kind = " / ".join(f"{kinds[k]['detected']}/{kinds[k]['gt']}" if k in kinds else "–" for k in ("faint", "bright"))
         d = r["dice"]
@@ -41,7 +52,9 @@ def _summary_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
                      f" | **{_fmt(r['fp_per_frame'], 2)}** ({r['false_positives']}) | "
                      f"**{_fmt(d['mean'], 3)}**, {_fmt(d['median'], 3)} (n = {d['n']}) | "
                      f"{r['negative_frames_clean']}/{r['negative_frames']} |")
-    return lines + [""]
+    return lines + ["", "Rates are given with their 95 % Wilson interval (`medrt.evaluation.proportion_interval`): "
+                    "where the rate on many more phantoms may lie. It takes lesions as independent; on CT the "
+                    "sections of one lesion on neighbouring slices are not, so there it is too narrow.", ""]
 
 
 def _latency(results: dict[str, Any], name: str) -> list[str]:
@@ -301,9 +314,12 @@ def _roi_card(models: Path, name: str, results: dict[str, Any], source: str) -> 
     ]
     for key, label in (("dx", "DX 4096²"), ("ct", "CT 512²")):
         r = roi[key]
-        lines.append(f"| {label} | {r['lesions']} | {r['covered']} | **{_fmt(r['coverage'])}** | {r['negative_frames']} | "
-                     f"**{_fmt(r['specificity'])}** | {_fmt(r['frame_sensitivity'])} | {r['mean_crops']:.2f} |")
-    lines += ["", "## Latency", ""] + _latency(results, name) + _training(spec, roi=True)
+        clean = r.get("negatives_called_negative", round(r["specificity"] * r["negative_frames"]))
+        lines.append(f"| {label} | {r['lesions']} | {r['covered']} | **{_rate(r['covered'], r['lesions'], 3)}** | "
+                     f"{r['negative_frames']} | **{_rate(clean, r['negative_frames'], 3)}** | "
+                     f"{_fmt(r['frame_sensitivity'])} | {r['mean_crops']:.2f} |")
+    lines += ["", "Coverage and specificity with their 95 % Wilson interval (`medrt.evaluation.proportion_interval`).",
+              "", "## Latency", ""] + _latency(results, name) + _training(spec, roi=True)
     trained_on = {"--data ct": "CT thumbnails only (`--data ct`)", "--data dx": "radiograph thumbnails only (`--data dx`)"}
     only = next((v for k, v in trained_on.items() if k in str(spec.training.get("command", ""))), None)
     lines += ["## Limitations", "",

@@ -654,3 +654,24 @@ def test_two_windows_front_shows_lung_nodules_the_soft_tissue_window_clips() -> 
     with torch.no_grad():
         presence, heat = again(torch.from_numpy(wide[1:2][None]))
     assert presence.shape == (1, 1) and heat.shape == (1, 1, 8, 8)
+
+
+def test_cards_are_what_metrics_json_says(tmp_path: Path) -> None:
+    """Every shipped model card is rendered from ``models/metrics.json`` (the raw figures of
+    the held-out run that wrote them): rendering it again gives the same bytes, so no card
+    holds a figure that was not measured or was edited by hand. Rates carry their 95 %
+    Wilson interval."""
+    for path in MODELS.iterdir():
+        if path.suffix in (".toml", ".onnx"):
+            shutil.copy(path, tmp_path)
+    out = subprocess.run(
+        [sys.executable, "-m", "medrt.models.evaluate", "--models", str(tmp_path),
+         "--cards-from", str(MODELS / "metrics.json")],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    assert (tmp_path / "metrics.json").read_text() == (MODELS / "metrics.json").read_text()
+    for name in SHIPPED:
+        card = (tmp_path / f"{name}.md").read_text(encoding="utf-8")
+        assert card == (MODELS / f"{name}.md").read_text(encoding="utf-8"), f"{name}.md differs from metrics.json"
+        assert "95 % Wilson interval" in card
