@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from dataclasses import replace
 
 import numpy as np
@@ -356,3 +358,16 @@ def test_a_radiograph_swept_whole_is_normalised_only_where_read(radiograph_analy
     assert lazy.lesions == whole.lesions and lazy.lesions
     assert np.array_equal(lazy.labels, whole.labels)
     assert work.norm._whole is None
+
+
+def test_warm_up_loads_what_measuring_a_lesion_loads_on_first_use() -> None:
+    """The first frame after load_analyzer must not import Qhull (scipy.spatial, ~0.2 s
+    here: the first radiograph took 1.3-1.6x the steady state's time); importing
+    medrt.analyzer alone still does not."""
+    code = ("import sys; from medrt.analyzer import AnalyzerConfig, load_analyzer; "
+            "before = 'scipy.spatial' in sys.modules; "
+            "load_analyzer(AnalyzerConfig(seg_model='lesion_unet_lite', warmup_shapes=((64, 64),))); "
+            "print(before, 'scipy.spatial' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "True"]
