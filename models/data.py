@@ -410,6 +410,7 @@ def _crop_start(rng: np.random.Generator, mask: np.ndarray, size: int) -> tuple[
 # sizes, at the mean CT pixel spacing (0.68-0.78 mm: sizes within ±7 %).
 _INSERT_SPACING_MM = 0.73
 _INSERT_MM = (2.0, 6.0)
+INSERT_SMALL_MM = _INSERT_MM  # the inserted small lesions' diameters unless train.py --insert-small-mm says
 _PARENCHYMA_HU = ((35.0, 75.0), (120.0, 160.0))  # muscle, spleen, liver; kidney
 _INSERT_NEGATIVE_P = 0.65  # hypodense, as most of the phantom's soft-tissue lesions
 
@@ -428,9 +429,11 @@ def _parenchyma_at(rng: np.random.Generator, img: np.ndarray, mask: np.ndarray, 
 
 
 def insert_small_lesions(rng: np.random.Generator, img: np.ndarray, mask: np.ndarray, count: int,
-                         spacing_mm: float = _INSERT_SPACING_MM) -> tuple[np.ndarray, np.ndarray]:
-    """Up to ``count`` small lesions (2-6 mm) drawn into homogeneous soft tissue of a raw-HU
-    CT region, with their masks (255 inside). Returns new arrays; the inputs are untouched.
+                         spacing_mm: float = _INSERT_SPACING_MM,
+                         sizes_mm: tuple[float, float] = _INSERT_MM) -> tuple[np.ndarray, np.ndarray]:
+    """Up to ``count`` small lesions (``sizes_mm``, log-uniform: 2-6 mm) drawn into homogeneous
+    soft tissue of a raw-HU CT region, with their masks (255 inside). Returns new arrays; the
+    inputs are untouched.
 
     Why: a small soft-tissue lesion shows on one slice, so the 24 training series hold some
     sixty of them against thousands of slices of large ones, and both UNets learnt them not
@@ -449,7 +452,7 @@ def insert_small_lesions(rng: np.random.Generator, img: np.ndarray, mask: np.nda
     for _ in range(12 * count):
         if placed >= count:
             break
-        d_px = log_uniform(rng, *_INSERT_MM) / spacing_mm
+        d_px = log_uniform(rng, *sizes_mm) / spacing_mm
         reach = int(d_px / 2 + 4)
         if min(rows, cols) <= 2 * reach + 1:
             break
@@ -623,6 +626,7 @@ def seg_batch(
     rng: np.random.Generator, data: SegData, batch: int, crop: int = 256, ct_fraction: float = 0.5,
     lesion_fraction: float = 0.6, insert_small: float = 0.0, slices: int = 1, neighbour_drop: float = 0.15,
     window: tuple[float, float] | None = None, insert_lung: float = 0.0, insert_faint: float = 0.0,
+    small_mm: tuple[float, float] = _INSERT_MM,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Normalised crops with augmentation: window jitter, extra noise, flips, and a 2×
     zoom now and then (the multi-scale recheck feeds the UNet 2× finer crops).
@@ -634,7 +638,7 @@ def seg_batch(
     radiographs). Targets are the lesion fraction of each pixel (0..1). Extra noise
     is scaled to each modality: a few HU on CT, a few units of the 12-bit range on
     radiographs (whose faint nodules are 25 units). ``insert_small`` of the CT crops get
-    one to three small lesions drawn in (:func:`insert_small_lesions`).
+    one to three small lesions drawn in (:func:`insert_small_lesions`), ``small_mm`` across.
 
     ``slices=3`` gives 2.5-D inputs: channels previous, this and next slice (needs
     ``data.neighbours``; a radiograph stands in for its own neighbours), cropped, zoomed,
@@ -678,11 +682,11 @@ def seg_batch(
             img, mask = insert_lung_nodules(rng, img, mask, int(rng.integers(1, 3)))
         if insert_small > 0 and data.is_ct[i] and rng.random() < insert_small:
             if slices == 3:
-                mid, mask = insert_small_lesions(rng, img[1], mask, int(rng.integers(1, 4)))
+                mid, mask = insert_small_lesions(rng, img[1], mask, int(rng.integers(1, 4)), sizes_mm=small_mm)
                 img = img.copy()
                 img[1] = mid
             else:
-                img, mask = insert_small_lesions(rng, img, mask, int(rng.integers(1, 4)))
+                img, mask = insert_small_lesions(rng, img, mask, int(rng.integers(1, 4)), sizes_mm=small_mm)
         if insert_faint > 0 and data.is_ct[i] and rng.random() < insert_faint:
             img, mask = insert_faint_lesions(rng, img, mask, int(rng.integers(1, 3)))
         if zoom:

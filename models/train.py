@@ -163,7 +163,8 @@ def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
         x, y = phantom_data.seg_batch(rng, seg, args.batch, crop=args.crop, ct_fraction=args.ct_fraction,
                                       lesion_fraction=frac, insert_small=args.insert_small, slices=args.slices,
                                       neighbour_drop=args.neighbour_drop, window=args.window,
-                                      insert_lung=args.insert_lung, insert_faint=args.insert_faint)
+                                      insert_lung=args.insert_lung, insert_faint=args.insert_faint,
+                                      small_mm=args.insert_small_mm)
         xt, yt = torch.from_numpy(x), torch.from_numpy(y)
         logits = net(xt).float()  # the losses in fp32 under autocast
         weight = torch.from_numpy(small_lesion_weights(y, args.small_weight)) if args.small_weight > 0 else None
@@ -172,7 +173,10 @@ def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
 
     final, seconds, steps = _fit(net, args, batch_loss, _seg_monitor(net, seg, args.slices, args.window))
     info = {"steps": steps + args.prior_steps, "batch": args.batch, "crop": args.crop, "amp": args.amp, "data": args.data,
-            "small_weight": args.small_weight, "insert_small": args.insert_small, "slices": args.slices,
+            "small_weight": args.small_weight, "insert_small": args.insert_small,
+            **({"insert_small_mm": list(args.insert_small_mm)} if args.insert_small_mm != phantom_data.INSERT_SMALL_MM
+               else {}),
+            "slices": args.slices,
             "two_windows": args.two_windows, "insert_lung": args.insert_lung, "insert_faint": args.insert_faint,
             "neighbour_drop": args.neighbour_drop if args.slices == 3 else 0.0,
             "window_jitter": _jitter_note(args), **_window_info(args),
@@ -377,6 +381,17 @@ def _window_arg(text: str) -> tuple[float, float]:
     return center, width
 
 
+def _size_range(text: str) -> tuple[float, float]:
+    """``--insert-small-mm LO,HI`` in mm."""
+    try:
+        lo, hi = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO,HI in mm (e.g. 2,10), got {text!r}") from None
+    if not 0 < lo <= hi:
+        raise argparse.ArgumentTypeError(f"expected 0 < LO <= HI, got {text!r}")
+    return lo, hi
+
+
 def _minutes(args: argparse.Namespace) -> str:
     return f" --minutes {args.minutes:g}" if args.minutes > 0 else ""
 
@@ -393,6 +408,8 @@ def _seg_args(args: argparse.Namespace) -> str:
         return out + nb + lung
     out += f" --small-weight {args.small_weight:g}" if args.small_weight > 0 else ""
     out += f" --insert-small {args.insert_small:g}" if args.insert_small > 0 else ""
+    if args.insert_small > 0 and args.insert_small_mm != phantom_data.INSERT_SMALL_MM:
+        out += f" --insert-small-mm {args.insert_small_mm[0]:g},{args.insert_small_mm[1]:g}"
     out += f" --insert-faint {args.insert_faint:g}" if args.insert_faint > 0 else ""
     out += nb + lung
     return out + f" --lesion-start {args.lesion_start} --lesion-end {args.lesion_end}"
@@ -501,6 +518,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--insert-small", type=float, default=0.0, metavar="P",
                    help="share of CT crops that get 1-3 small (2-6 mm) soft-tissue lesions drawn in "
                         "(models/data.py insert_small_lesions)")
+    p.add_argument("--insert-small-mm", type=_size_range, default=phantom_data.INSERT_SMALL_MM, metavar="LO,HI",
+                   help="with --insert-small: the inserted lesions' diameters, log-uniform (default 2,6); each shows "
+                        "on one slice")
     p.add_argument("--slices", type=int, choices=[1, 3], default=1,
                    help="3 = 2.5-D, the previous and next slice of a CT series as extra input channels")
     p.add_argument("--neighbour-drop", type=float, default=0.15, metavar="P",

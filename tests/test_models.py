@@ -169,7 +169,8 @@ def test_training_smoke(tmp_path: Path, name: str, slices: int, window: str) -> 
     require_module("monai")
     fixed = [f"--window={window}", "--data", "ct"] if window else []  # "=": the centre may be negative
     if window == "two":  # the two-window CT UNet (3.x), with lung nodules drawn in
-        fixed = ["--two-windows", "--data", "ct", "--insert-lung", "0.5"]
+        fixed = ["--two-windows", "--data", "ct", "--insert-lung", "0.5", "--insert-small", "0.5",
+                 "--insert-small-mm", "5,10"]
         bad = subprocess.run([sys.executable, "-m", "medrt.models.train", name, "--two-windows", "--data", "all",
                               "--steps", "1", "--out", str(tmp_path / "bad")],
                              capture_output=True, text=True, timeout=600, cwd=tmp_path)
@@ -187,6 +188,7 @@ def test_training_smoke(tmp_path: Path, name: str, slices: int, window: str) -> 
     if window == "two":
         assert spec.own_window == (-250.0, 1500.0)
         assert "--two-windows" in spec.training["command"] and "--insert-lung 0.5" in spec.training["command"]
+        assert "--insert-small 0.5 --insert-small-mm 5,10" in spec.training["command"]
         assert "--window" not in spec.training["command"]  # implied by --two-windows
     else:
         assert spec.own_window == ((-300.0, 1400.0) if window else None)
@@ -373,6 +375,13 @@ def test_small_lesions_are_drawn_into_soft_tissue_only() -> None:
     tiny = np.full((10, 10), 60.0, np.float32)  # smaller than any lesion's box: left alone
     out, m = phantom_data.insert_small_lesions(rng, tiny, np.zeros((10, 10), np.uint8), 3)
     assert not m.any()
+    # train.py --insert-small-mm 6,10: larger one-slice lesions, as the phantom's faint CT misses are
+    areas = []
+    for _ in range(10):
+        _, m = phantom_data.insert_small_lesions(rng, img, mask, 3, sizes_mm=(6.0, 10.0))
+        lab, n = ndimage.label((m == 255) & (mask == 0))
+        areas += [float((lab == k).sum()) * 0.73**2 for k in range(1, n + 1)]
+    assert areas and all(8.0 <= a <= 80.0 for a in areas) and max(areas) > 30.0
 
 
 @pytest.mark.parametrize("name", SHIPPED)
