@@ -409,8 +409,7 @@ def _crop_start(rng: np.random.Generator, mask: np.ndarray, size: int) -> tuple[
 # Small-lesion insertion (CT crops): the phantom's organ parenchyma, its lesion contrasts and
 # sizes, at the mean CT pixel spacing (0.68-0.78 mm: sizes within ±7 %).
 _INSERT_SPACING_MM = 0.73
-_INSERT_MM = (2.0, 6.0)
-INSERT_SMALL_MM = _INSERT_MM  # the inserted small lesions' diameters unless train.py --insert-small-mm says
+INSERT_SMALL_MM = (2.0, 6.0)  # the inserted small lesions' diameters unless train.py --insert-small-mm says
 _PARENCHYMA_HU = ((35.0, 75.0), (120.0, 160.0))  # muscle, spleen, liver; kidney
 _INSERT_NEGATIVE_P = 0.65  # hypodense, as most of the phantom's soft-tissue lesions
 
@@ -430,7 +429,7 @@ def _parenchyma_at(rng: np.random.Generator, img: np.ndarray, mask: np.ndarray, 
 
 def insert_small_lesions(rng: np.random.Generator, img: np.ndarray, mask: np.ndarray, count: int,
                          spacing_mm: float = _INSERT_SPACING_MM,
-                         sizes_mm: tuple[float, float] = _INSERT_MM) -> tuple[np.ndarray, np.ndarray]:
+                         sizes_mm: tuple[float, float] = INSERT_SMALL_MM) -> tuple[np.ndarray, np.ndarray]:
     """Up to ``count`` small lesions (``sizes_mm``, log-uniform: 2-6 mm) drawn into homogeneous
     soft tissue of a raw-HU CT region, with their masks (255 inside). Returns new arrays; the
     inputs are untouched.
@@ -626,7 +625,7 @@ def seg_batch(
     rng: np.random.Generator, data: SegData, batch: int, crop: int = 256, ct_fraction: float = 0.5,
     lesion_fraction: float = 0.6, insert_small: float = 0.0, slices: int = 1, neighbour_drop: float = 0.15,
     window: tuple[float, float] | None = None, insert_lung: float = 0.0, insert_faint: float = 0.0,
-    small_mm: tuple[float, float] = _INSERT_MM,
+    small_mm: tuple[float, float] = INSERT_SMALL_MM,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Normalised crops with augmentation: window jitter, extra noise, flips, and a 2×
     zoom now and then (the multi-scale recheck feeds the UNet 2× finer crops).
