@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from importlib import import_module
@@ -21,6 +22,7 @@ from medrt.privacy import install_log_redaction
 EXIT_OK = 0
 EXIT_PARTIAL = 1  # completed, but some inputs had errors
 EXIT_FAILED = 2  # nothing useful done: bad usage or a fatal error
+EXIT_BROKEN_PIPE = 141  # the reader went away (``medrt eval ... | head``): 128 + SIGPIPE, as a shell reports it
 
 COMMANDS = (
     "medrt.commands.info",
@@ -78,6 +80,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("medrt: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader of our output closed the pipe. Point stdout at /dev/null so that
+        # Python's flush at exit does not raise again, and stop quietly (Python docs,
+        # "Note on SIGPIPE").
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -96,3 +96,19 @@ def test_a_corrupt_compressed_frame_is_one_line_not_a_traceback(tmp_path: Path) 
     assert "Traceback" not in out.stderr, out.stderr[-2000:]
     loud = medrt("-vv", "info", str(bad))
     assert "Traceback" in loud.stderr  # still there for whoever debugs a codec
+
+
+def test_a_reader_that_stops_early_gets_no_traceback() -> None:
+    """``medrt info ... | head -1``: the pipe closes while medrt still writes; it stops
+    quietly with 141 (128 + SIGPIPE, as a shell reports it), not with a traceback."""
+    import fcntl
+
+    proc = subprocess.Popen([sys.executable, "-m", "medrt", "info", str(SAMPLE_DIR), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO)
+    assert proc.stdout is not None and proc.stderr is not None
+    fcntl.fcntl(proc.stdout.fileno(), 1031, 4096)  # F_SETPIPE_SZ: ~40 KB of JSON will not fit
+    assert proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err
