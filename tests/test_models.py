@@ -335,6 +335,19 @@ def test_network_for_reads_the_input_channels_from_the_weights() -> None:
         assert unet(torch.zeros(1, 1, 64, 64)).shape == (1, 1, 64, 64)
 
 
+def _drawn(insert, rng, stack, mask, tries):  # type: ignore[no-untyped-def]
+    """The tries of a three-slice insertion (``insert(rng, stack, mask, 2)``) that drew
+    something: (its mask, what it added to the stack, the new lesions labelled, how many)."""
+    from scipy import ndimage
+
+    for _ in range(tries):
+        out, m = insert(rng, stack, mask, 2)
+        added = (m == 255) & (mask == 0)
+        if added.any():
+            lab, n = ndimage.label(added)
+            yield m, out - stack, lab, n
+
+
 def test_small_lesions_are_drawn_into_soft_tissue_only() -> None:
     """The CT training augmentation: 2-6 mm lesions land in homogeneous parenchyma (never in
     lung, fat or air), their masks come with them, and the cached patch is not modified."""
@@ -530,13 +543,7 @@ def test_faint_lesions_are_drawn_into_parenchyma_across_the_slices() -> None:
     before = stack.copy(), mask.copy()
     rng = np.random.default_rng(0)
     drawn = 0
-    for _ in range(20):
-        out, m = phantom_data.insert_faint_lesions(rng, stack, mask, 2)
-        added = (m == 255) & (mask == 0)
-        if not added.any():
-            continue
-        step = out - stack
-        lab, n = ndimage.label(added)
+    for m, step, lab, n in _drawn(phantom_data.insert_faint_lesions, rng, stack, mask, tries=20):
         drawn += n
         for k in range(1, n + 1):
             blob = lab == k
@@ -581,14 +588,8 @@ def test_lung_nodules_are_drawn_into_lung_across_the_slices() -> None:
     before = stack.copy(), mask.copy()
     rng = np.random.default_rng(0)
     drawn = 0
-    for _ in range(10):
-        out, m = phantom_data.insert_lung_nodules(rng, stack, mask, 2)
-        added = (m == 255) & (mask == 0)
-        if not added.any():
-            continue
-        lab, n = ndimage.label(added)
+    for m, step, lab, n in _drawn(phantom_data.insert_lung_nodules, rng, stack, mask, tries=10):
         drawn += n
-        step = out - stack
         for k in range(1, n + 1):
             blob = lab == k
             ring = ndimage.binary_dilation(blob, iterations=4) & ~ndimage.binary_dilation(blob, iterations=2)
