@@ -75,14 +75,10 @@ def _ct_only(spec: Any) -> bool:
     return "--data ct" in str(spec.training.get("command", ""))
 
 
-def _training(spec: Any, roi: bool) -> list[str]:
-    t = spec.training
-    minutes = float(t.get("seconds", 0)) / 60.0
-    ct_only = _ct_only(spec)
-    details = json.loads(str(t.get("details", "{}")) or "{}")
+def _augmentation(details: dict[str, Any], command: str, roi: bool, ct_only: bool) -> str:
     aug = f"window shifts ({details.get('window_jitter', '±12 % centre, ×0.78–1.28 width')}), flips and 90° turns"
     if roi:
-        both = "--data all" in str(t.get("command", ""))
+        both = "--data all" in command
         aug += ", half the windows centred on a lesion cell" + (", half the batch from radiographs" if both else "")
     elif ct_only:
         aug += ", extra noise, and a 2× zoom for one patch in five (the recheck's scale)"
@@ -92,24 +88,56 @@ def _training(spec: Any, roi: bool) -> list[str]:
                 f"half the batch from each modality, crops that hold a lesion going from {lo_hi[0]:.0%} to "
                 f"{lo_hi[1]:.0%} of them over the run (lesions learnt first, then the hard negatives)")
     if not roi and details.get("insert_small"):
-        aug += (f"; {details['insert_small']:.0%} of the CT crops get one to three small (2–6 mm) soft-tissue "
+        lo, hi = details.get("insert_small_mm", [2, 6])
+        aug += (f"; {details['insert_small']:.0%} of the CT crops get one to three small ({lo:g}–{hi:g} mm) soft-tissue "
                 "lesions drawn in like the phantom's (`models/data.py` `insert_small_lesions`: a small lesion shows "
                 "on one slice, so the training series hold few of them)")
     if details.get("insert_lung"):
         aug += (f"; {details['insert_lung']:.0%} of the CT crops are cut around lung parenchyma and get one or two "
                 "3–20 mm lung nodules drawn in across the three slices, as the phantom draws them (`models/data.py` "
                 "`insert_lung_nodules`: lung nodules are 8 % of the training slices' lesions)")
-    return [
-        "## Training",
-        "",
-        f"- data: {t.get('data', '?')}",
-        f"- augmentation: {aug}",
-        f"- command: `{t.get('command', '?')}` (CPU, {t.get('machine', '?')})",
-        f"- measured training time: **{minutes:.1f} min** on this 2-core machine (the cache of phantom arrays is "
-        "built once beforehand and not counted)",
-        f"- details: `{t.get('details', '')}`",
-        "",
-    ]
+    if details.get("insert_faint"):
+        aug += (f"; {details['insert_faint']:.0%} of the CT crops get one or two faint (1.5–3 times the noise) "
+                "5–15 mm soft-tissue lesions drawn in across the three slices (`models/data.py` "
+                "`insert_faint_lesions`)")
+    return aug
+
+
+def _training(spec: Any, roi: bool) -> list[str]:
+    t = spec.training
+    minutes = float(t.get("seconds", 0)) / 60.0
+    ct_only = _ct_only(spec)
+    commands = [str(c) for c in t.get("member_commands", [])]
+    time_line = (f"- measured training time: **{minutes:.1f} min** on this 2-core machine (the cache of phantom arrays "
+                 "is built once beforehand and not counted)")
+    if not commands:
+        details = json.loads(str(t.get("details", "{}")) or "{}")
+        return [
+            "## Training",
+            "",
+            f"- data: {t.get('data', '?')}",
+            f"- augmentation: {_augmentation(details, str(t.get('command', '')), roi, ct_only)}",
+            f"- command: `{t.get('command', '?')}` (CPU, {t.get('machine', '?')})",
+            time_line,
+            f"- details: `{t.get('details', '')}`",
+            "",
+        ]
+    lines = ["## Training", "",
+             f"{len(commands)} networks, trained side by side on this machine's two cores (one thread each) and "
+             "combined into one graph that averages their logits (`python -m medrt.models.ensemble`; "
+             "`models/networks.py` `Ensemble`).", "",
+             f"- data: {t.get('data', '?')}",
+             f"- command: `{t.get('command', '?')}` (CPU, {t.get('machine', '?')})",
+             time_line + (": the members side by side, "
+                          + ", ".join(f"{float(s) / 60:.1f}" for s in t.get("member_seconds", [])) + " min each")]
+    for i, (command, raw) in enumerate(zip(commands, t.get("member_details", []), strict=True)):
+        details = json.loads(str(raw) or "{}")
+        sha = list(t.get("member_sha256", []))
+        lines += [f"- member {i} ({details.get('steps', '?')} steps"
+                  + (f"; alone, sha256 `{sha[i][:12]}…`" if i < len(sha) else "") + f"): `{command}`",
+                  f"  - augmentation: {_augmentation(details, command, roi, ct_only)}",
+                  f"  - details: `{raw}`"]
+    return lines + [""]
 
 
 @lru_cache(maxsize=8)
@@ -129,7 +157,8 @@ def _contrast_channels(spec: Any) -> int:
     neighbour_channels = 2 if getattr(spec, "slices", 1) == 3 else 0  # NeighbourDifference's tanh
     if _two_windows(spec):  # and TwoWindows' own on the wide window
         neighbour_channels *= 2
-    return ops.count("Tanh") - neighbour_channels
+    members = max(1, len(spec.training.get("member_commands", [])))  # an Ensemble: each member has its own
+    return ops.count("Tanh") // members - neighbour_channels
 
 
 def _two_windows(spec: Any) -> bool:

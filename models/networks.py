@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-__all__ = ["RoiNet", "LocalContrast", "LocalContrastUNet", "NeighbourDifference", "NEIGHBOUR_GAIN", "TwoWindows",
+__all__ = ["RoiNet", "Ensemble", "LocalContrast", "LocalContrastUNet", "NeighbourDifference", "NEIGHBOUR_GAIN", "TwoWindows",
            "WIDE_WINDOW", "SOFT_WINDOW", "build_unet", "network_for", "UNET_VARIANTS", "EDGE_CHANNEL", "EDGE_GAIN"]
 
 # MONAI UNet settings per variant: lesion_unet for 1024² crops (≈ 0.8 M parameters),
@@ -203,6 +203,34 @@ def build_unet(variant: str, local_contrast: bool = True, edge: bool | None = No
     return UNet(spatial_dims=2, in_channels=1, out_channels=1, **UNET_VARIANTS[variant])
 
 
+class Ensemble(nn.Module):
+    """Segmentation networks with the same input in one graph, their logits averaged.
+
+    lesion_unet_lite 4.0 is two of them: members trained with different recipes mark
+    partly different false lesions and mostly the same true ones, so their mean logit
+    moves the operating curve, where every single-network change (thresholds, losses,
+    drawn-in lesions) only moved along it (docs/models-log.md, fifteenth session). The
+    state dict is the members' under ``members.<i>.``; :func:`network_for` rebuilds it."""
+
+    def __init__(self, members: list[nn.Module]) -> None:
+        super().__init__()
+        if not members:
+            raise ValueError("an ensemble needs at least one member")
+        slices = {getattr(m, "slices", 1) for m in members}
+        if len(slices) != 1:
+            raise ValueError(f"the members take different numbers of slices: {sorted(slices)}")
+        self.members = nn.ModuleList(members)
+        self.slices = slices.pop()
+        # each member casts to its weights' precision after its own fixed front
+        self.fp32_input = all(getattr(m, "fp32_input", False) for m in members)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.members[0](x)
+        for member in self.members[1:]:
+            out = out + member(x)
+        return out / len(self.members)
+
+
 def _windows(buffer: torch.Tensor) -> tuple[tuple[float, float], tuple[float, float]]:
     """A TwoWindows ``windows`` buffer as its ((wide centre, width), (soft centre, width))."""
     return (float(buffer[0]), float(buffer[1])), (float(buffer[2]), float(buffer[3]))
@@ -211,7 +239,12 @@ def _windows(buffer: torch.Tensor) -> tuple[tuple[float, float], tuple[float, fl
 def network_for(name: str, state: dict[str, torch.Tensor], roi: bool | None = None) -> nn.Module:
     """The network that saved ``state`` (a shipped ``.pt``), with the weights loaded:
     with or without the local-contrast and edge inputs, as the weights say. ``roi``: a
-    RoiNet (default: when ``name`` starts with ``roi_classifier``)."""
+    RoiNet (default: when ``name`` starts with ``roi_classifier``). Weights saved under
+    ``members.<i>.`` make an :class:`Ensemble` of the networks each member's weights say."""
+    members = sorted({int(k.split(".")[1]) for k in state if k.startswith("members.")})
+    if members:
+        return Ensemble([network_for(name, {k[len(f"members.{i}."):]: v for k, v in state.items()
+                                            if k.startswith(f"members.{i}.")}, roi) for i in members]).eval()
     first = next(v for k, v in state.items() if k.endswith(".weight") and v.ndim == 4)
     channels = first.shape[1]  # 1: the frame; 2: + local contrast; 3: + edge; 2.5-D: two more
     if name.startswith("roi_classifier") if roi is None else roi:

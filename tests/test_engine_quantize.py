@@ -1,8 +1,11 @@
 """INT8 quantization and the accuracy gate, on real models and phantoms (no mocks).
 
 The structure test quantizes a small convolution network built here with
-``onnx.helper``; the accuracy tests use the shipped ``lesion_unet_lite`` (trained by
-``python -m medrt.models.train lesion_unet_lite``) on the held-out phantoms.
+``onnx.helper``; the accuracy tests use the shipped ``lesion_unet`` (accepted) and
+``lesion_unet_lite`` (its INT8 twin badly calibrated on purpose: refused) on the
+held-out phantoms. The shipped lite 4.0's own INT8 twin loses one of the gate's 29
+lesions and is refused (README, Performance): a verdict one lesion decides, so no test
+leans on it either way.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from medrt.engine.quantize import calibration_inputs, quantize_int8
 from medrt.engine.registry import ModelError, ModelSpec, load_spec, sha256_file
 
 LITE = REPO / "models" / "lesion_unet_lite.toml"
+UNET = REPO / "models" / "lesion_unet.toml"
 
 
 def _tiny_model(folder: Path) -> ModelSpec:
@@ -133,6 +137,18 @@ def lite_int8(lite: ModelSpec, tmp_path_factory: pytest.TempPathFactory) -> Mode
 
 
 @pytest.fixture(scope="module")
+def unet() -> ModelSpec:
+    if not UNET.is_file():
+        missing("the shipped lesion_unet is not there yet (python -m medrt.models.train lesion_unet)")
+    return load_spec(UNET)
+
+
+@pytest.fixture(scope="module")
+def unet_int8(unet: ModelSpec, tmp_path_factory: pytest.TempPathFactory) -> ModelSpec:
+    return quantize_int8(unet, tmp_path_factory.mktemp("int8"))
+
+
+@pytest.fixture(scope="module")
 def frames() -> list:
     return validation_frames()
 
@@ -150,15 +166,15 @@ def test_int8_lite_follows_fp32_on_calibration_frames(lite: ModelSpec, lite_int8
             assert 2 * (ref & got).sum() / (ref.sum() + got.sum()) > 0.9
 
 
-def test_gate_accepts_a_good_int8_model(lite: ModelSpec, lite_int8: ModelSpec, frames: list) -> None:
-    report = compare(lite, lite_int8, frames=frames)
+def test_gate_accepts_a_good_int8_model(unet: ModelSpec, unet_int8: ModelSpec, frames: list) -> None:
+    report = compare(unet, unet_int8, frames=frames)
     assert report.fp32.sensitivity > 0.25 and report.fp32.dice > 0.5, "the FP32 model must find lesions"
     assert report.passed, report.message
     assert report.drop_points.dice <= 1.0 and report.drop_points.sensitivity <= 1.0
-    assert report.message.startswith("lesion_unet_lite int8 accepted")
+    assert report.message.startswith("lesion_unet int8 accepted")
     report.enforce()  # does not raise
-    # lesion_unet_lite is made for CT (its spec lists it): the radiographs are not scored.
-    assert report.frames == sum(f.modality == "CT" for f in frames) < len(frames)
+    # lesion_unet is made for CT and radiographs (its spec lists both): every frame is scored.
+    assert report.frames == len(frames) and {f.modality for f in frames} == {"CT", "DX"}
 
 
 def test_gate_refuses_a_badly_calibrated_model(
@@ -168,6 +184,8 @@ def test_gate_refuses_a_badly_calibrated_model(
     poor = quantize_int8(lite, tmp_path, calibration=[np.zeros((512, 512), np.float32)], exclude_first_last=False)
     report = compare(lite, poor, frames=frames)
     assert not report.passed
+    # lesion_unet_lite is made for CT (its spec lists it): the radiographs are not scored.
+    assert report.frames == sum(f.modality == "CT" for f in frames) < len(frames)
     assert max(report.drop_points.dice, report.drop_points.sensitivity) > 1.0
     msg = report.message
     assert msg.startswith("lesion_unet_lite int8 refused: Dice ")
@@ -180,18 +198,18 @@ def test_gate_refuses_a_badly_calibrated_model(
 
 
 def test_cli_quantize_writes_an_accepted_model_and_refuses_a_bad_one(
-    lite: ModelSpec, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    unet: ModelSpec, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # medrt.cli.main is what `python -m medrt` runs; in-process it reuses the phantoms
     # cached by the tests above (a subprocess would spend 15 s regenerating them).
-    ok = main(["models", "quantize", str(LITE), "--out", str(tmp_path / "ok")])
+    ok = main(["models", "quantize", str(UNET), "--out", str(tmp_path / "ok")])
     out = capsys.readouterr()
     assert ok == 0, out.err
-    assert "lesion_unet_lite int8 accepted" in out.out and "sensitivity" in out.out
-    spec = load_spec(tmp_path / "ok" / "lesion_unet_lite_int8.toml")
-    assert spec.version == f"{lite.version}+int8"
+    assert "lesion_unet int8 accepted" in out.out and "sensitivity" in out.out
+    spec = load_spec(tmp_path / "ok" / "lesion_unet_int8.toml")
+    assert spec.version == f"{unet.version}+int8"
     names = sorted(p.name for p in (tmp_path / "ok").iterdir())
-    assert names == ["lesion_unet_lite_int8.onnx", "lesion_unet_lite_int8.toml"]
+    assert names == ["lesion_unet_int8.onnx", "lesion_unet_int8.toml"]
 
     zeros = tmp_path / "empty.npy"
     np.save(zeros, np.zeros((2, 512, 512), np.float32))
@@ -212,7 +230,7 @@ def test_cli_quantize_is_a_medrt_command() -> None:
 # --------------------------------------------------------------------------- INT8 on demand
 
 
-def test_int8_precision_runs_the_gated_twin_made_once(lite: ModelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_int8_precision_runs_the_gated_twin_made_once(unet: ModelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                       caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
     """--precision int8 on the CPU with an FP32 spec: the backend quantizes and gates it on
     first use, keeps the result in the cache, and loads it from there afterwards."""
@@ -223,25 +241,27 @@ def test_int8_precision_runs_the_gated_twin_made_once(lite: ModelSpec, tmp_path:
 
     monkeypatch.setenv("MEDRT_CACHE", str(tmp_path))
     with caplog.at_level(logging.INFO, logger="medrt.engine.int8cache"):
-        first = OnnxRuntimeBackend(lite, precision="int8", threads=1)
+        first = OnnxRuntimeBackend(unet, precision="int8", threads=1)
     assert "quantizing and gating" in caplog.text
-    assert first.spec.quantization and first.spec.version == f"{lite.version}+int8" and first.info().precision == "int8"
+    assert first.spec.quantization and first.spec.version == f"{unet.version}+int8" and first.info().precision == "int8"
     (folder,) = (tmp_path / "int8").iterdir()
-    assert lite.sha256[:16] in folder.name and first.spec.path.parent == folder
+    assert unet.sha256[:16] in folder.name and first.spec.path.parent == folder
     verdict = json.loads((folder / "verdict.json").read_text())
-    assert verdict["passed"] and verdict["sha256"] == lite.sha256 and "accepted" in verdict["message"]
+    assert verdict["passed"] and verdict["sha256"] == unet.sha256 and "accepted" in verdict["message"]
     assert not [p for p in tmp_path.joinpath("int8").iterdir() if p.name.startswith(".")], "staging folder left behind"
-    assert first.spec.card == lite.card  # the relative card path survived the move into place
+    assert first.spec.card == unet.card  # the relative card path survived the move into place
 
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="medrt.engine.int8cache"):
-        again = OnnxRuntimeBackend(lite, precision="int8", threads=1)
+        again = OnnxRuntimeBackend(unet, precision="int8", threads=1)
     assert "quantizing" not in caplog.text and "INT8 from" in caplog.text
     assert again.spec.sha256 == first.spec.sha256
-    x = calibration_inputs(lite, n=2)[0]
-    ref, got = OnnxRuntimeBackend(lite, threads=1).infer(x)[0], again.infer(x)[0]
+    x = calibration_inputs(unet, n=2)[0]
+    ref, got = OnnxRuntimeBackend(unet, threads=1).infer(x)[0], again.infer(x)[0]
     p_ref, p_got = 1 / (1 + np.exp(-ref)), 1 / (1 + np.exp(-got))
-    assert float(np.abs(p_ref - p_got).max()) < 0.25 and float(np.abs(p_ref - p_got).mean()) < 0.01
+    assert float(np.abs(p_ref - p_got).mean()) < 0.01  # the twin follows FP32: the gated INT8, not another model
+    ref_mask, got_mask = p_ref >= 0.5, p_got >= 0.5
+    assert 2 * (ref_mask & got_mask).sum() >= 0.9 * (ref_mask.sum() + got_mask.sum())
 
 
 def test_a_refused_int8_twin_is_remembered_and_the_analyzer_runs_that_model_in_fp32(
@@ -288,7 +308,7 @@ def test_gate_plans_radiograph_crops_with_the_classifier_the_analyzer_would_use(
     assert router.pick(kinds["DX"]) is dx and router.pick(kinds["CT"]) is general
 
 
-def test_int8_runs_without_a_writable_cache(lite: ModelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_int8_runs_without_a_writable_cache(unet: ModelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
     """A cache that cannot be written (here a file where the folder should be; a
     read-only home on a locked-down workstation) costs the cache, not the run."""
@@ -300,12 +320,12 @@ def test_int8_runs_without_a_writable_cache(lite: ModelSpec, tmp_path: Path, mon
     blocker.write_text("")
     monkeypatch.setenv("MEDRT_CACHE", str(blocker))
     with caplog.at_level(logging.WARNING, logger="medrt.engine.int8cache"):
-        reduced = gated_int8(lite)
+        reduced = gated_int8(unet)
     assert reduced.quantization and reduced.path.is_file() and "cannot write the INT8 cache" in caplog.text
     assert blocker.is_file() and not reduced.path.is_relative_to(tmp_path)
 
 
-def test_cli_models_int8_makes_lists_and_clears_the_cache(lite: ModelSpec, tmp_path: Path,
+def test_cli_models_int8_makes_lists_and_clears_the_cache(unet: ModelSpec, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # fmt: skip
     """IT can make the INT8 twins at install time, see the verdicts and clear them."""
     import json
@@ -313,12 +333,12 @@ def test_cli_models_int8_makes_lists_and_clears_the_cache(lite: ModelSpec, tmp_p
     monkeypatch.setenv("MEDRT_CACHE", str(tmp_path))
     assert main(["models", "int8"]) == 0
     assert "no INT8 models" in capsys.readouterr().out
-    assert main(["models", "int8", str(LITE), "--json"]) == 0
+    assert main(["models", "int8", str(UNET), "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
     (entry,) = listed["models"]
-    assert entry["source"] == lite.ident and entry["passed"] and "accepted" in entry["message"]
+    assert entry["source"] == unet.ident and entry["passed"] and "accepted" in entry["message"]
     assert main(["models", "int8"]) == 0
-    assert f"ok       {lite.ident}" in capsys.readouterr().out
+    assert f"ok       {unet.ident}" in capsys.readouterr().out
     assert main(["models", "int8", "--clear", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["removed"] == [entry["folder"]]
     assert not any((tmp_path / "int8").iterdir())

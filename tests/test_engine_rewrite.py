@@ -180,13 +180,21 @@ def test_phase_weights_of_the_unet_layer_hold_nine_of_sixteen_taps() -> None:
     assert conv[0, :, 0, 0].tolist() == w[:, 0, 1, 1].tolist()  # even/even: the centre tap
 
 
+def _members(name: str) -> int:
+    """How many networks a shipped model's graph holds (an ensemble's spec lists its members)."""
+    from medrt.engine.registry import load_spec
+
+    return max(1, len(load_spec(MODELS / f"{name}.toml").training.get("member_commands", [])))
+
+
 @pytest.mark.parametrize("name", ["lesion_unet", "lesion_unet_lite"])
 def test_shipped_unets_are_exported_rewritten(name: str) -> None:
     """The shipped graphs have nothing left to rewrite: train.export applies it."""
     onnx = require_module("onnx")
     model = onnx.load(str(MODELS / f"{name}.onnx"))
     ops = Counter(n.op_type for n in model.graph.node)
-    assert ops["ConvTranspose"] == 0 and ops["PRelu"] == 0 and ops["Conv"] == 9, ops
+    members = _members(name)  # lesion_unet_lite 4.0: two UNets in one graph
+    assert ops["ConvTranspose"] == 0 and ops["PRelu"] == 0 and ops["Conv"] == 9 * members, ops
     pools = [n for n in model.graph.node if n.op_type == "AveragePool"]
     assert pools and all(n.name.endswith("/rows/pool") for n in pools)
     assert not cpu_friendly(model)[1].changed
@@ -206,7 +214,7 @@ def test_benchmark_counts_the_flops_of_the_original_layer(tmp_path: Path) -> Non
 
 
 def test_quantized_unet_keeps_activations_int8_between_convolutions(tmp_path: Path) -> None:
-    """lesion_unet_lite in INT8: every convolution but the first and last has INT8 weights,
+    """lesion_unet_lite in INT8: every convolution but each member's first and last has INT8 weights,
     the activations and up-sampling take Q/DQ pairs ORT fuses, and the contrast channel
     in front of the first convolution stays float."""
     onnx = require_module("onnx")
@@ -221,7 +229,8 @@ def test_quantized_unet_keeps_activations_int8_between_convolutions(tmp_path: Pa
     convs = [n for n in graph.node if n.op_type == "Conv"]
     quantized = [n for n in convs if produced_by.get(n.input[1]) is not None
                  and produced_by[n.input[1]].op_type == "DequantizeLinear"]  # fmt: skip
-    assert len(convs) == 9 and len(quantized) == 7, [n.name for n in convs if n not in quantized]
+    members = _members("lesion_unet_lite")
+    assert len(convs) == 9 * members and len(quantized) == 7 * members, [n.name for n in convs if n not in quantized]
     excluded = set(tomllib.loads(q.spec_path.read_text())["quantization"]["excluded_nodes"])
     # (under /front/ in the 2.5-D lite 2.x, one Concat with the neighbour-difference channels)
     assert any(n.endswith("/Concat") for n in excluded) and any(n.endswith("/contrast/Tanh") for n in excluded)

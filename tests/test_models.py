@@ -335,6 +335,72 @@ def test_network_for_reads_the_input_channels_from_the_weights() -> None:
         assert unet(torch.zeros(1, 1, 64, 64)).shape == (1, 1, 64, 64)
 
 
+def test_an_ensemble_averages_its_members_logits_and_rebuilds_from_its_weights() -> None:
+    """lesion_unet_lite 4.0 is an Ensemble: its output is the mean of its members' logits,
+    and network_for rebuilds it (members and all) from the saved state dict."""
+    torch = require_module("torch")
+    require_module("monai")
+    from medrt.models.networks import Ensemble, build_unet, network_for
+
+    torch.manual_seed(0)
+    members = [build_unet("lesion_unet_lite", slices=3, two_windows=True).eval() for _ in range(2)]
+    net = Ensemble(members).eval()
+    assert net.slices == 3 and net.fp32_input
+    x = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        want = (members[0](x) + members[1](x)) / 2
+        assert torch.allclose(net(x), want, atol=1e-6)
+        again = network_for("lesion_unet_lite", net.state_dict())
+        assert isinstance(again, Ensemble) and len(again.members) == 2
+        assert torch.allclose(again(x), want, atol=1e-6)
+    with pytest.raises(ValueError, match="different numbers of slices"):
+        Ensemble([members[0], build_unet("lesion_unet_lite")])
+    shipped = network_for("lesion_unet_lite", torch.load(MODELS / "lesion_unet_lite.pt", weights_only=True))
+    recorded = load_spec(MODELS / "lesion_unet_lite.toml").training["member_commands"]
+    assert isinstance(shipped, Ensemble) and len(shipped.members) == len(recorded) == 2
+
+
+def test_ensemble_script_combines_trained_members_into_one_checked_model(tmp_path: Path) -> None:
+    """python -m medrt.models.ensemble on two members the real training script made (a few
+    steps each, two recipes): one ONNX whose logits are the mean of the members' ONNX
+    logits, a spec with the new version and threshold and each member's training record;
+    members that read their input differently are refused, naming the member."""
+    require_module("torch")
+    require_module("monai")
+    recipe = ["--steps", "2", "--batch", "2", "--n-dx", "0", "--n-ct", "1", "--data", "ct", "--slices", "3",
+              "--two-windows", "--cache", str(tmp_path / "cache")]
+    for i, extra in enumerate((["--insert-small", "0.5"], ["--insert-faint", "0.5"])):
+        out = subprocess.run([sys.executable, "-m", "medrt.models.train", "lesion_unet_lite", *recipe, *extra,
+                              "--seed", str(i), "--out", str(tmp_path / f"m{i}")],
+                             capture_output=True, text=True, timeout=600, cwd=tmp_path)  # fmt: skip
+        assert out.returncode == 0, out.stderr[-3000:]
+    run = subprocess.run([sys.executable, "-m", "medrt.models.ensemble", "lesion_unet_lite", "m0", "m1",
+                          "--out", "both", "--version", "9.1.0", "--threshold", "0.7"],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    spec = load_spec(tmp_path / "both" / "lesion_unet_lite.toml")  # its sha256 checked
+    members = [load_spec(tmp_path / f"m{i}" / "lesion_unet_lite.toml") for i in range(2)]
+    assert spec.version == "9.1.0" and spec.thresholds["probability"] == 0.7
+    assert spec.slices == 3 and spec.own_window == members[0].own_window and spec.modalities == ("CT",)
+    t = spec.training
+    assert t["member_commands"] == [m.training["command"] for m in members]
+    assert t["member_sha256"] == [m.sha256 for m in members] and t["seconds"] == max(t["member_seconds"])
+    assert "--insert-faint 0.5" in t["command"] and "--out m1; wait; python -m medrt.models.ensemble" in t["command"]
+    x = np.random.default_rng(2).random((1, 3, 64, 96), dtype=np.float32)
+    want = np.mean([OnnxRuntimeBackend(m).infer(x)[0] for m in members], axis=0)
+    np.testing.assert_allclose(OnnxRuntimeBackend(spec).infer(x)[0], want, atol=2e-3)
+
+    odd = tmp_path / "odd"
+    shutil.copytree(tmp_path / "m1", odd)
+    text = (odd / "lesion_unet_lite.toml").read_text()
+    (odd / "lesion_unet_lite.toml").write_text(text.replace('modalities = ["CT"]', 'modalities = ["MR"]'))
+    bad = subprocess.run([sys.executable, "-m", "medrt.models.ensemble", "lesion_unet_lite", "m0", "odd",
+                          "--out", "bad", "--version", "9.2.0"], capture_output=True, text=True, timeout=600,
+                         cwd=tmp_path)  # fmt: skip
+    assert bad.returncode != 0 and "odd: [model] modalities" in bad.stderr and "same input" in bad.stderr
+    assert not (tmp_path / "bad").exists()
+
+
 def _drawn(insert, rng, stack, mask, tries):  # type: ignore[no-untyped-def]
     """The tries of a three-slice insertion (``insert(rng, stack, mask, 2)``) that drew
     something: (its mask, what it added to the stack, the new lesions labelled, how many)."""

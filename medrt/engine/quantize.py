@@ -56,6 +56,7 @@ __all__ = [
     "INT8_OPS",
     "calibration_inputs",
     "calibration_description",
+    "dump_spec",
     "first_last_compute_nodes",
     "move_quantized",
     "quantize_int8",
@@ -158,7 +159,7 @@ def first_last_compute_nodes(graph: onnx.GraphProto, ops: tuple[str, ...] = COMP
     return names
 
 
-def _dump_spec(doc: dict[str, Any], header: str) -> str:
+def dump_spec(doc: dict[str, Any], header: str) -> str:
     """A spec document as TOML (values written as ``medrt.bundle`` writes them)."""
     lines = [header]
 
@@ -197,7 +198,7 @@ def _write_spec(doc: dict[str, Any], card: Path | None, spec_path: Path) -> None
         f"# INT8 (ONNX Runtime QDQ) of {source}, written by `medrt models quantize`.\n"
         "# Check it with the accuracy gate (medrt.engine.gate) before use. Format: models/README.md"
     )
-    spec_path.write_text(_dump_spec(doc, header), encoding="utf-8")
+    spec_path.write_text(dump_spec(doc, header), encoding="utf-8")
 
 
 def move_quantized(spec: ModelSpec, out_dir: str | Path) -> ModelSpec:
