@@ -16,10 +16,11 @@ turn a library's exception into a reason for a report.
 
 from __future__ import annotations
 
+import collections
 import logging
 import re
 
-__all__ = ["redact", "RedactFilter", "install_log_redaction", "describe_exception"]
+__all__ = ["redact", "RedactFilter", "EchoFilter", "install_log_redaction", "describe_exception"]
 
 # A value between single or double quotes, on one line: how pydicom and highdicom quote
 # the values they complain about (repr() of a string, or an f-string's "...").
@@ -49,13 +50,42 @@ class RedactFilter(logging.Filter):
         return True
 
 
+class EchoFilter(logging.Filter):
+    """Drops a Python warning that repeats what a DICOM library has just logged.
+
+    pydicom's ``warn_and_log`` logs a message and then warns with the same text, so with
+    warnings routed into logging every such message came out twice, the second time with
+    a source path and line (``medrt batch`` over pydicom's test files: each
+    "Expected explicit VR, but found implicit VR" twice). The logged record is kept. Put
+    it on the handler after :class:`RedactFilter`, which both records then went through."""
+
+    def __init__(self, remember: int = 16) -> None:
+        super().__init__()
+        self._recent: collections.deque[str] = collections.deque(maxlen=remember)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            text = record.getMessage()
+        except Exception:  # a library's bad format string must not raise from its log call
+            text = str(record.msg)
+        if record.name == "py.warnings":
+            return not any(seen in text for seen in self._recent)
+        if record.levelno >= logging.WARNING and text and any(
+                record.name == name or record.name.startswith(name + ".") for name in THIRD_PARTY):  # fmt: skip
+            self._recent.append(text)
+        return True
+
+
 def install_log_redaction(handlers: list[logging.Handler] | None = None) -> None:
-    """Route Python warnings into logging and redact third-party records on ``handlers``
-    (default: the root logger's, so call it after ``logging.basicConfig``). Idempotent."""
+    """Route Python warnings into logging, redact third-party records and drop the echo of
+    a warning a library has just logged (:class:`EchoFilter`) on ``handlers`` (default:
+    the root logger's, so call it after ``logging.basicConfig``). Idempotent."""
     logging.captureWarnings(True)
     for handler in handlers if handlers is not None else logging.getLogger().handlers:
         if not any(isinstance(f, RedactFilter) for f in handler.filters):
             handler.addFilter(RedactFilter())
+        if not any(isinstance(f, EchoFilter) for f in handler.filters):
+            handler.addFilter(EchoFilter())
 
 
 def describe_exception(exc: BaseException) -> str:

@@ -13,7 +13,13 @@ import pytest
 
 from conftest import REPO, SAMPLE_DIR
 from medrt.errors import CorruptDicomError
-from medrt.privacy import RedactFilter, describe_exception, install_log_redaction, redact
+from medrt.privacy import (
+    EchoFilter,
+    RedactFilter,
+    describe_exception,
+    install_log_redaction,
+    redact,
+)
 
 NAME, PATIENT_ID, BIRTH_DATE, PHYSICIAN = "Zzyzxname", "PIDSECRET123", "1970-01-01", "Drsoloname"
 
@@ -54,6 +60,43 @@ def test_warnings_go_through_the_redacting_handler(caplog: pytest.LogCaptureFixt
     finally:
         logging.captureWarnings(False)
     assert caplog.records and NAME not in caplog.text and "unlikely to represent" in caplog.text
+
+
+def test_a_warning_pydicom_also_logged_is_printed_once(caplog: pytest.LogCaptureFixture) -> None:
+    """pydicom's warn_and_log logs and then warns with the same text: with warnings routed
+    into logging, each such message came out twice. The logged record stays, the echo goes;
+    a warning nobody logged still comes through."""
+    from pydicom.data import get_testdata_file
+
+    class Seen(logging.Handler):  # what reached logging as a warning, before any handler filter
+        def __init__(self) -> None:
+            super().__init__()
+            self.texts: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.texts.append(record.getMessage())
+
+    seen = Seen()
+    logging.getLogger("py.warnings").addHandler(seen)
+    logging.captureWarnings(False)
+    install_log_redaction([caplog.handler])
+    try:
+        with warnings.catch_warnings(), caplog.at_level(logging.WARNING):
+            warnings.simplefilter("always")
+            pydicom.dcmread(get_testdata_file("SC_rgb_jpeg.dcm"))  # explicit VR announced, implicit found
+            warnings.warn("a warning of our own", UserWarning, stacklevel=1)
+    finally:
+        logging.captureWarnings(False)
+        logging.getLogger("py.warnings").removeHandler(seen)
+    assert any("found implicit VR" in text for text in seen.texts), "pydicom did warn: there was an echo to drop"
+    vr = [r for r in caplog.records if "found implicit VR" in r.getMessage()]
+    assert [r.name for r in vr] == ["pydicom"], [(r.name, r.getMessage()) for r in vr]
+    assert any(r.name == "py.warnings" and "a warning of our own" in r.getMessage() for r in caplog.records)
+    flt = EchoFilter(remember=1)
+    record = logging.LogRecord("pydicom", logging.WARNING, __file__, 1, "first", None, None)
+    assert flt.filter(record)
+    assert flt.filter(logging.LogRecord("pydicom", logging.WARNING, __file__, 1, "second", None, None))
+    assert flt.filter(logging.LogRecord("py.warnings", logging.WARNING, __file__, 1, "x.py:1: first", None, None))
 
 
 def test_exceptions_described_for_reports() -> None:
