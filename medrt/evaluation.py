@@ -33,7 +33,10 @@ Rates come with a 95 % Wilson score interval (:func:`proportion_interval`), whic
 says how far a rate measured on a few dozen lesions may be from the rate on many:
 40 of 43 is 0.93, but anything from 0.81 to 0.98 fits it. The interval takes the
 lesions as independent trials; the cross-sections of one CT lesion on neighbouring
-slices are not, so on CT series it is narrower than it should be.
+slices are not, so on CT series it is narrower than it should be. For that,
+:meth:`EvalReport.by_lesion` also counts each lesion once: the sections of one lesion
+in one series (the same label on slices of the same ground-truth series) are one
+lesion, sized by its longest section and found when any of its sections is found.
 """
 
 from __future__ import annotations
@@ -127,10 +130,16 @@ class LesionMatch:
     pred_label: int | None = None
     dice: float | None = None
     distance_mm: float | None = None
+    volume: str = ""  # the ground-truth series of a slice (FrameTruth.volume); "" for a radiograph
 
     @property
     def detected(self) -> bool:
         return self.pred_label is not None
+
+    @property
+    def lesion(self) -> tuple[str, int]:
+        """Which lesion this is in 3-D: (series, label) for a slice, (frame, label) otherwise."""
+        return (self.volume, self.gt_label) if self.volume else (self.key, self.gt_label)
 
 
 def proportion_interval(k: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
@@ -166,6 +175,11 @@ class BucketStats:
                 "interval": self.interval}
 
 
+def _pool(buckets: Iterable[BucketStats], name: str, members: tuple[str, ...]) -> BucketStats:
+    chosen = [b for b in buckets if b.name in members]
+    return BucketStats(name, sum(b.gt for b in chosen), sum(b.detected for b in chosen))
+
+
 @dataclass(frozen=True, slots=True)
 class EvalReport:
     """Detection and segmentation scores over a set of frames."""
@@ -195,13 +209,37 @@ class EvalReport:
     def pooled(self, name: str, buckets: tuple[str, ...]) -> BucketStats:
         """``buckets`` counted as one (``name``): a target's size range, as in
         :data:`TARGET_GROUPS`."""
-        chosen = [b for b in self.buckets if b.name in buckets]
-        return BucketStats(name, sum(b.gt for b in chosen), sum(b.detected for b in chosen))
+        return _pool(self.buckets, name, buckets)
 
     @property
     def groups(self) -> tuple[BucketStats, ...]:
         """The buckets pooled as the sensitivity targets are set (:data:`TARGET_GROUPS`)."""
         return tuple(self.pooled(name, buckets) for name, buckets in TARGET_GROUPS.items())
+
+    @property
+    def by_lesion(self) -> tuple[BucketStats, ...] | None:
+        """Sensitivity per size bucket with each lesion counted once (:attr:`LesionMatch.lesion`):
+        sized by its longest scored section, found when any section is. None when no scored
+        section belongs to a series (radiographs only: there a section is a lesion, and
+        :attr:`buckets` says it all)."""
+        if not any(m.volume for m in self.matches):
+            return None
+        size: dict[tuple[str, int], float] = {}
+        found: dict[tuple[str, int], bool] = {}
+        for m in self.matches:
+            size[m.lesion] = max(size.get(m.lesion, 0.0), m.gt_diameter_mm)
+            found[m.lesion] = found.get(m.lesion, False) or m.detected
+        counts = {name: [0, 0] for name, _ in BUCKETS}
+        for key, diameter in size.items():
+            counts[bucket_of(diameter)][0] += 1
+            counts[bucket_of(diameter)][1] += int(found[key])
+        return tuple(BucketStats(name, gt, det) for name, (gt, det) in counts.items())
+
+    @property
+    def lesion_groups(self) -> tuple[BucketStats, ...] | None:
+        """:attr:`by_lesion` pooled as the sensitivity targets are set (:data:`TARGET_GROUPS`)."""
+        lesions = self.by_lesion
+        return None if lesions is None else tuple(_pool(lesions, n, b) for n, b in TARGET_GROUPS.items())
 
     @property
     def specificity_interval(self) -> tuple[float, float] | None:
@@ -252,6 +290,11 @@ class EvalReport:
             "specificity": self.specificity,
             "specificity_interval": self.specificity_interval,
         }
+        lesions, groups = self.by_lesion, self.lesion_groups
+        if lesions is not None and groups is not None:
+            out["by_lesion"] = {"buckets": [b.to_json() for b in lesions], "groups": [g.to_json() for g in groups],
+                                "gt_lesions": sum(b.gt for b in lesions),
+                                "detected": sum(b.detected for b in lesions)}  # fmt: skip
         if per_lesion:
             out["lesions"] = [asdict(m) for m in self.matches]
         return out
@@ -390,9 +433,9 @@ def _score_frame(
         if j in found:
             i, dice, dist = found[j]
             label = int(preds[i].label)
-            matches.append(LesionMatch(key, g.label, g.diameter_mm, bucket, label, dice, dist))
+            matches.append(LesionMatch(key, g.label, g.diameter_mm, bucket, label, dice, dist, t.volume))
         else:
-            matches.append(LesionMatch(key, g.label, g.diameter_mm, bucket))
+            matches.append(LesionMatch(key, g.label, g.diameter_mm, bucket, volume=t.volume))
     leftover = [i for i in range(len(preds)) if i not in used_p]
 
     def neutral(i: int) -> bool:

@@ -52,9 +52,19 @@ def _summary_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
                      f" | **{_fmt(r['fp_per_frame'], 2)}** ({r['false_positives']}) | "
                      f"**{_fmt(d['mean'], 3)}**, {_fmt(d['median'], 3)} (n = {d['n']}) | "
                      f"{r['negative_frames_clean']}/{r['negative_frames']} |")
-    return lines + ["", "Rates are given with their 95 % Wilson interval (`medrt.evaluation.proportion_interval`): "
-                    "where the rate on many more phantoms may lie. It takes lesions as independent; on CT the "
-                    "sections of one lesion on neighbouring slices are not, so there it is too narrow.", ""]
+    lines += ["", "Rates are given with their 95 % Wilson interval (`medrt.evaluation.proportion_interval`): "
+              "where the rate on many more phantoms may lie. It takes lesions as independent; on CT the "
+              "sections of one lesion on neighbouring slices are not, so there it is too narrow."]
+    per_lesion = [(label, r["by_lesion"]) for label, r in rows if r.get("by_lesion")]
+    if per_lesion:
+        lines += ["", "Each CT lesion counted once (`EvalReport.by_lesion`: its sections in one series are one "
+                      "lesion, sized by its longest section and found when any section is found; these intervals "
+                      "take independent lesions):", ""]
+        for label, lesions in per_lesion:
+            cells = [f"{b['name'].replace('-', '–')} mm {_rate(b['detected'], b['gt'])}" for b in lesions["buckets"]]
+            ge5 = next(g for g in lesions["groups"] if g["name"] == ">=5")
+            lines.append(f"- {label}: " + ", ".join(cells) + f"; ≥ 5 mm {_rate(ge5['detected'], ge5['gt'])}")
+    return lines + [""]
 
 
 def _latency(results: dict[str, Any], name: str) -> list[str]:

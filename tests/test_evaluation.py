@@ -340,6 +340,47 @@ def test_a_lesion_segmented_in_pieces_is_one_hit_and_no_false_positive(truth: di
     assert report.ignored_predictions == len(lesions) - len(t.scored_lesions)
 
 
+def test_each_ct_lesion_counts_once_across_its_slices(truth: dict[str, FrameTruth]) -> None:
+    """by_lesion: the sections of one lesion in one series are one lesion, sized by its
+    longest section and found when any section is found; a radiograph's lesions are each
+    one lesion already. Kept on one slice only, a CT lesion is found; dropped on every
+    slice, it is missed, whatever its sections' count."""
+    ct = {k: t for k, t in truth.items() if t.volume}
+    assert ct and all(t.file.parent.name == "ct_stream" for t in ct.values())
+    assert {t.volume for t in ct.values()} == {str(SAMPLE_DIR / "ct_stream" / "ground_truth.json")}
+    assert not any(t.volume for k, t in truth.items() if k not in ct)  # radiographs
+    sections: dict[int, list[tuple[str, float]]] = {}
+    for k, t in sorted(ct.items(), key=lambda kv: kv[1].slice_location or 0.0):
+        for g in t.scored_lesions:
+            sections.setdefault(g.label, []).append((k, g.diameter_mm))
+    multi = next(label for label, s in sections.items() if len(s) >= 3)  # shown on three slices or more
+    other = next(label for label in sections if label != multi)
+    keep = sections[multi][1][0]  # the multi-slice lesion is found on its second slice only
+    drop: dict[str, set[int]] = {}
+    for label, secs in sections.items():
+        for k, _ in secs:
+            if (label == multi and k != keep) or label == other:
+                drop.setdefault(k, set()).add(label)
+    report = evaluate([perfect(k, t, frozenset(drop.get(k, ()))) for k, t in truth.items()], truth)
+    lesions, groups = report.by_lesion, report.lesion_groups
+    assert lesions is not None and groups is not None
+    n_dx = sum(len(t.scored_lesions) for k, t in truth.items() if k not in ct)
+    assert sum(b.gt for b in lesions) == len(sections) + n_dx < report.gt_lesions
+    assert sum(b.detected for b in lesions) == len(sections) + n_dx - 1  # only `other` is missed
+    assert report.detected == report.gt_lesions - (len(sections[multi]) - 1) - len(sections[other])
+    biggest = {label: max(d for _, d in secs) for label, secs in sections.items()}
+    dx_sizes = [g.diameter_mm for k, t in truth.items() if k not in ct for g in t.scored_lesions]
+    for b in lesions:
+        assert b.gt == sum(bucket_of(d) == b.name for d in [*biggest.values(), *dx_sizes]), b.name
+    assert {g.name: g.gt for g in groups} == {"2-5": lesions[0].gt, ">=5": lesions[1].gt + lesions[2].gt}
+    doc = report.to_json()
+    assert doc["by_lesion"]["gt_lesions"] == sum(b.gt for b in lesions)
+    assert doc["by_lesion"]["groups"][1]["name"] == ">=5"
+    only_dx = {k: t for k, t in truth.items() if k not in ct}
+    dx_report = evaluate([perfect(k, t) for k, t in only_dx.items()], only_dx)
+    assert dx_report.by_lesion is None and "by_lesion" not in dx_report.to_json()
+
+
 def test_proportion_interval_is_wilsons() -> None:
     """Checked against the Wilson score formula written out, and its edges: a rate of 0
     or 1 keeps an interval on one side, and no trials give none."""

@@ -64,6 +64,14 @@ def format_report(r: EvalReport) -> str:
             BucketStats("all", r.gt_lesions, r.detected)]
     for b in rows:
         lines.append(f"{b.name:<10} {b.gt:>5} {b.detected:>9} {_pct(b.sensitivity):>12} {_interval(b.interval):>13}")
+    lesions, groups = r.by_lesion, r.lesion_groups
+    if lesions is not None and groups is not None:  # slices of series: each lesion once as well
+        lines += ["", "each lesion once (its sections in a series are one lesion, sized by the longest, found when "
+                      "any section is):"]
+        for b in [*lesions, *(g for g in groups if len(TARGET_GROUPS[g.name]) > 1),
+                  BucketStats("all", sum(x.gt for x in lesions), sum(x.detected for x in lesions))]:
+            lines.append(f"{b.name:<10} {b.gt:>5} {b.detected:>9} {_pct(b.sensitivity):>12} "
+                         f"{_interval(b.interval):>13}")
     lines += [
         "",
         f"false positives: {r.false_positives} ({_num(r.fp_per_frame)} per frame; "

@@ -68,6 +68,10 @@ class FrameTruth:
     masks_path: Path = field(repr=False)
     _cache: dict[str, np.ndarray] = field(default_factory=dict, repr=False, compare=False)
     kind: str = ""  # the phantom kind of its sidecar: "ct" or "xray" ("" when unknown)
+    # The series a slice belongs to (its sidecar; an in-memory phantom's kind and seed):
+    # a lesion keeps its label on every slice of its series, so (volume, label) is one
+    # lesion in 3-D. "" for a frame that is not a slice of a series (a radiograph).
+    volume: str = ""
 
     @property
     def mask(self) -> np.ndarray:
@@ -86,7 +90,7 @@ class FrameTruth:
             spacing_source="PixelSpacing" if frame.kind == "ct" else "ImagerPixelSpacing",
             rows=frame.shape[0], cols=frame.shape[1], photometric="MONOCHROME2", lesions=frame.lesions,
             slice_location=frame.slice_location, masks_path=Path("/dev/null"), _cache={"mask": frame.labels},
-            kind=frame.kind,
+            kind=frame.kind, volume="" if frame.slice_location is None else f"{frame.kind}{frame.seed}",
         )
 
     @property
@@ -208,5 +212,6 @@ def load_ground_truth(folder: str | Path) -> dict[str, FrameTruth]:
             slice_location=None if loc is None else float(loc),
             masks_path=masks,
             kind=str(doc.get("kind", "")),
+            volume="" if loc is None else str(folder / TRUTH_JSON),
         )
     return out
