@@ -133,8 +133,8 @@ def _training(spec: Any, roi: bool) -> list[str]:
             "",
         ]
     lines = ["## Training", "",
-             f"{len(commands)} networks, trained side by side on this machine's two cores (one thread each) and "
-             "combined into one graph that averages their logits (`python -m medrt.models.ensemble`; "
+             f"{len(commands)} networks, each trained on one thread (the command below runs them side by side, one "
+             "per core) and combined into one graph that averages their logits (`python -m medrt.models.ensemble`; "
              "`models/networks.py` `Ensemble`).", "",
              f"- data: {t.get('data', '?')}",
              f"- command: `{t.get('command', '?')}` (CPU, {t.get('machine', '?')})",

@@ -98,7 +98,7 @@ def ensemble_spec(name: str, onnx_path: Path, docs: list[dict[str, Any]], versio
         "command": command,
         # side by side, one member per core: the machine's time is the longest member's
         "seconds": max(float(t.get("seconds", 0)) for t in trainings),
-        "machine": f"{platform.machine()}, {len(docs)} members side by side, one thread each, "
+        "machine": f"{platform.machine()}, each member on one thread (side by side: one per core), "
                    f"torch {torch.__version__}",
         "member_commands": [str(t.get("command", "?")) for t in trainings],
         "member_seconds": [float(t.get("seconds", 0)) for t in trainings],

@@ -208,9 +208,10 @@ class Ensemble(nn.Module):
 
     lesion_unet_lite 4.0 is two of them: members trained with different recipes mark
     partly different false lesions and mostly the same true ones, so their mean logit
-    moves the operating curve, where every single-network change (thresholds, losses,
-    drawn-in lesions) only moved along it (docs/models-log.md, fifteenth session). The
-    state dict is the members' under ``members.<i>.``; :func:`network_for` rebuilds it."""
+    moved the validation operating curve, where every single-network change
+    (thresholds, losses, drawn-in lesions) had only moved along it; held out the gain
+    was smaller (docs/models-log.md, fifteenth session). The state dict is the
+    members' under ``members.<i>.``; :func:`network_for` rebuilds it."""
 
     def __init__(self, members: list[nn.Module]) -> None:
         super().__init__()
