@@ -33,7 +33,7 @@ import torch
 from medrt.engine.quantize import dump_spec
 from medrt.engine.registry import load_spec, sha256_file
 from medrt.models.networks import Ensemble, network_for
-from medrt.models.train import EXPORT_NOTE, ROI_MODELS, export
+from medrt.models.train import EXPORT_NOTE, export
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -55,10 +55,9 @@ def member_specs(name: str, dirs: list[Path]) -> list[dict[str, Any]]:
         path = d / f"{name}.toml"
         if not path.is_file() or not (d / f"{name}.pt").is_file():
             raise SystemExit(f"{d}: no {name}.toml and {name}.pt (train the member with models/train.py --out {d})")
-        load_spec(path)  # refuses a file whose sha256 differs from its spec
+        if load_spec(path).task != "segmentation":  # load_spec refuses a file whose sha256 differs
+            raise SystemExit(f"{path}: only segmentation networks can be combined (one logit map per pixel)")
         docs.append(tomllib.loads(path.read_text(encoding="utf-8")))
-    if name in ROI_MODELS:
-        raise SystemExit(f"{name}: only segmentation networks can be combined (one logit map per pixel)")
     first = docs[0]
     for d, doc in zip(dirs[1:], docs[1:], strict=True):
         for key in SAME_MODEL:

@@ -399,6 +399,10 @@ def test_ensemble_script_combines_trained_members_into_one_checked_model(tmp_pat
                          cwd=tmp_path)  # fmt: skip
     assert bad.returncode != 0 and "odd: [model] modalities" in bad.stderr and "same input" in bad.stderr
     assert not (tmp_path / "bad").exists()
+    roi = subprocess.run([sys.executable, "-m", "medrt.models.ensemble", "roi_classifier", str(MODELS), str(MODELS),
+                          "--out", "bad", "--version", "9.3.0"], capture_output=True, text=True, timeout=600,
+                         cwd=tmp_path)  # fmt: skip
+    assert roi.returncode != 0 and "only segmentation networks" in roi.stderr and not (tmp_path / "bad").exists()
 
 
 def _drawn(insert, rng, stack, mask, tries):  # type: ignore[no-untyped-def]
