@@ -165,12 +165,11 @@ class Windowed:
         rows, cols = self.shape
         rr0, cc0, rr1, cc1 = max(r0, 0), max(c0, 0), min(r1, rows), min(c1, cols)
         if rr1 > rr0 and cc1 > cc0:
-            src = self._whole if self._whole is not None else self.pixels
             inside = out[rr0 - r0 : rr1 - r0, cc0 - c0 : cc1 - c0]
             if self._whole is not None:
-                inside[...] = src[rr0:rr1, cc0:cc1]
+                inside[...] = self._whole[rr0:rr1, cc0:cc1]
             else:
-                _normalize(src[rr0:rr1, cc0:cc1], *_window(*self.window), inside)
+                _normalize(self.pixels[rr0:rr1, cc0:cc1], *_window(*self.window), inside)
         return out
 
     def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:

@@ -35,18 +35,26 @@ def redact(text: str) -> str:
     return _QUOTED.sub(lambda m: f"{m.group(0)[0]}…{m.group(0)[0]}", text)
 
 
+def _third_party(record: logging.LogRecord) -> bool:
+    """Whether ``record`` comes from one of the :data:`THIRD_PARTY` loggers or their children."""
+    return any(record.name == name or record.name.startswith(name + ".") for name in THIRD_PARTY)
+
+
+def _message(record: logging.LogRecord) -> str:
+    try:
+        return record.getMessage()
+    except Exception:  # a library's bad format string must not raise from its log call
+        return str(record.msg)
+
+
 class RedactFilter(logging.Filter):
     """Redacts (:func:`redact`) the records of the :data:`THIRD_PARTY` loggers; medrt's
     own records pass unchanged. Put it on a handler: a logger's filters do not see its
     children's records (``highdicom.base``, ``highdicom.sr.sop``, ...)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if any(record.name == name or record.name.startswith(name + ".") for name in THIRD_PARTY):
-            try:
-                text = record.getMessage()
-            except Exception:  # a library's bad format string must not raise from its log call
-                text = str(record.msg)
-            record.msg, record.args = redact(text), None
+        if _third_party(record):
+            record.msg, record.args = redact(_message(record)), None
         return True
 
 
@@ -64,14 +72,10 @@ class EchoFilter(logging.Filter):
         self._recent: collections.deque[str] = collections.deque(maxlen=remember)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            text = record.getMessage()
-        except Exception:  # a library's bad format string must not raise from its log call
-            text = str(record.msg)
+        text = _message(record)
         if record.name == "py.warnings":
             return not any(seen in text for seen in self._recent)
-        if record.levelno >= logging.WARNING and text and any(
-                record.name == name or record.name.startswith(name + ".") for name in THIRD_PARTY):  # fmt: skip
+        if record.levelno >= logging.WARNING and text and _third_party(record):
             self._recent.append(text)
         return True
 

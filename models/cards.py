@@ -120,32 +120,24 @@ def _training(spec: Any, roi: bool) -> list[str]:
     commands = [str(c) for c in t.get("member_commands", [])]
     time_line = (f"- measured training time: **{minutes:.1f} min** on this 2-core machine (the cache of phantom arrays "
                  "is built once beforehand and not counted)")
+    intro = [f"{len(commands)} networks, each trained on one thread (the command below runs them side by side, one "
+             "per core) and combined into one graph that averages their logits (`python -m medrt.models.ensemble`; "
+             "`models/networks.py` `Ensemble`).", ""] if commands else []
+    head = ["## Training", "", *intro, f"- data: {t.get('data', '?')}"]
+    command = f"- command: `{t.get('command', '?')}` (CPU, {t.get('machine', '?')})"
     if not commands:
         details = json.loads(str(t.get("details", "{}")) or "{}")
-        return [
-            "## Training",
-            "",
-            f"- data: {t.get('data', '?')}",
-            f"- augmentation: {_augmentation(details, str(t.get('command', '')), roi, ct_only)}",
-            f"- command: `{t.get('command', '?')}` (CPU, {t.get('machine', '?')})",
-            time_line,
-            f"- details: `{t.get('details', '')}`",
-            "",
-        ]
-    lines = ["## Training", "",
-             f"{len(commands)} networks, each trained on one thread (the command below runs them side by side, one "
-             "per core) and combined into one graph that averages their logits (`python -m medrt.models.ensemble`; "
-             "`models/networks.py` `Ensemble`).", "",
-             f"- data: {t.get('data', '?')}",
-             f"- command: `{t.get('command', '?')}` (CPU, {t.get('machine', '?')})",
-             time_line + (": the members side by side, "
-                          + ", ".join(f"{float(s) / 60:.1f}" for s in t.get("member_seconds", [])) + " min each")]
-    for i, (command, raw) in enumerate(zip(commands, t.get("member_details", []), strict=True)):
+        aug = _augmentation(details, str(t.get("command", "")), roi, ct_only)
+        return [*head, f"- augmentation: {aug}", command, time_line, f"- details: `{t.get('details', '')}`", ""]
+    lines = [*head, command, time_line + (": the members side by side, "
+                                          + ", ".join(f"{float(s) / 60:.1f}" for s in t.get("member_seconds", []))
+                                          + " min each")]
+    sha = list(t.get("member_sha256", []))
+    for i, (member, raw) in enumerate(zip(commands, t.get("member_details", []), strict=True)):
         details = json.loads(str(raw) or "{}")
-        sha = list(t.get("member_sha256", []))
         lines += [f"- member {i} ({details.get('steps', '?')} steps"
-                  + (f"; alone, sha256 `{sha[i][:12]}…`" if i < len(sha) else "") + f"): `{command}`",
-                  f"  - augmentation: {_augmentation(details, command, roi, ct_only)}",
+                  + (f"; alone, sha256 `{sha[i][:12]}…`" if i < len(sha) else "") + f"): `{member}`",
+                  f"  - augmentation: {_augmentation(details, member, roi, ct_only)}",
                   f"  - details: `{raw}`"]
     return lines + [""]
 

@@ -124,11 +124,15 @@ def test_quantize_refuses_a_model_whose_file_changed(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- the shipped model
 
 
+def _shipped(spec: Path) -> ModelSpec:
+    if not spec.is_file():
+        missing(f"the shipped {spec.stem} is not there yet (python -m medrt.models.train {spec.stem})")
+    return load_spec(spec)
+
+
 @pytest.fixture(scope="module")
 def lite() -> ModelSpec:
-    if not LITE.is_file():
-        missing("the shipped lesion_unet_lite is not there yet (python -m medrt.models.train lesion_unet_lite)")
-    return load_spec(LITE)
+    return _shipped(LITE)
 
 
 @pytest.fixture(scope="module")
@@ -138,9 +142,7 @@ def lite_int8(lite: ModelSpec, tmp_path_factory: pytest.TempPathFactory) -> Mode
 
 @pytest.fixture(scope="module")
 def unet() -> ModelSpec:
-    if not UNET.is_file():
-        missing("the shipped lesion_unet is not there yet (python -m medrt.models.train lesion_unet)")
-    return load_spec(UNET)
+    return _shipped(UNET)
 
 
 @pytest.fixture(scope="module")

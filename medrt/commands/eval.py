@@ -56,22 +56,24 @@ def _interval(ci: tuple[float, float] | None) -> str:
     return "-" if ci is None else f"{100.0 * ci[0]:.0f}-{100.0 * ci[1]:.0f}%"
 
 
+def _bucket_rows(buckets: tuple[BucketStats, ...], groups: tuple[BucketStats, ...]) -> list[str]:
+    """One line per size bucket, per target group of several buckets (from 5 mm) and for all."""
+    rows = [*buckets, *(g for g in groups if len(TARGET_GROUPS[g.name]) > 1),
+            BucketStats("all", sum(b.gt for b in buckets), sum(b.detected for b in buckets))]
+    return [f"{b.name:<10} {b.gt:>5} {b.detected:>9} {_pct(b.sensitivity):>12} {_interval(b.interval):>13}"
+            for b in rows]
+
+
 def format_report(r: EvalReport) -> str:
     """The report as a table for people: each rate with its 95 % Wilson interval, and the
     buckets pooled as the targets are set (from 5 mm)."""
     lines = [f"{'size (mm)':<10} {'GT':>5} {'detected':>9} {'sensitivity':>12} {'95% interval':>13}"]
-    rows = [*r.buckets, *(g for g in r.groups if len(TARGET_GROUPS[g.name]) > 1),
-            BucketStats("all", r.gt_lesions, r.detected)]
-    for b in rows:
-        lines.append(f"{b.name:<10} {b.gt:>5} {b.detected:>9} {_pct(b.sensitivity):>12} {_interval(b.interval):>13}")
+    lines += _bucket_rows(r.buckets, r.groups)
     lesions, groups = r.by_lesion, r.lesion_groups
     if lesions is not None and groups is not None:  # slices of series: each lesion once as well
         lines += ["", "each lesion once (its sections in a series are one lesion, sized by the longest, found when "
                       "any section is):"]
-        for b in [*lesions, *(g for g in groups if len(TARGET_GROUPS[g.name]) > 1),
-                  BucketStats("all", sum(x.gt for x in lesions), sum(x.detected for x in lesions))]:
-            lines.append(f"{b.name:<10} {b.gt:>5} {b.detected:>9} {_pct(b.sensitivity):>12} "
-                         f"{_interval(b.interval):>13}")
+        lines += _bucket_rows(lesions, groups)
     lines += [
         "",
         f"false positives: {r.false_positives} ({_num(r.fp_per_frame)} per frame; "
