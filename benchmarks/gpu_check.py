@@ -14,7 +14,7 @@ one-screen summary is printed.
 
 What it measures:
 
-1. lesion_unet on a 1024² crop with its weights resident in VRAM: fp32 vs fp16,
+1. lesion_unet_dx (the radiograph UNet) on a 1024² crop with its weights resident in VRAM: fp32 vs fp16,
    contiguous vs channels_last, CUDA graph off/on; p50/p99 latency per call
    (host array in, host arrays out), VRAM held by the weights and peak VRAM, and
    the largest probability difference from fp32.
@@ -26,7 +26,7 @@ What it measures:
    backend, and its ratio to the ROI path. Both run the UNet at its trained 0.5 mm
    (a 0.125 mm radiograph area-averaged 4×), as the analysis does.
 3b. What a user's run does: ``load_analyzer`` and ``Analyzer.analyze`` per 4096²
-   frame (roi_classifier_dx, lesion_unet, the recheck), torch on CUDA, fp32 and fp16.
+   frame (roi_classifier_dx, lesion_unet_dx, the fine sweep), torch on CUDA, fp32 and fp16.
 3c. The same on a 512² CT series (the 2.5-D lite UNet with its neighbours), torch on
    CUDA against onnxruntime on the CPU, with the slices whose lesions differ; and a
    cProfile of the host during 3b's default run (``profile``).
@@ -117,7 +117,7 @@ class Run:
         self.budget_s = args.budget_s
         find = (lambda n: load_spec(Path(args.models) / f"{n}.toml")) if args.models else find_spec
         # the radiograph models, as the analyzer routes 4096² DX frames
-        self.unet, self.roi = find("lesion_unet"), find("roi_classifier_dx")
+        self.unet, self.roi = find("lesion_unet_dx"), find("roi_classifier_dx")
         self.doc: dict[str, Any] = {"dry_run": args.dry_run, "sizes": self.sizes.__dict__, "skipped": []}
         self.frames: list[Any] = []
         self.crop_x: np.ndarray | None = None
@@ -515,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dry-run", action="store_true", help="CPU, tiny sizes: check the logic without a GPU")
     p.add_argument("--out", default=os.environ.get("OUT", "gpu_out"), help="output folder (default $OUT or ./gpu_out)")
-    p.add_argument("--models", help="folder with lesion_unet and roi_classifier .onnx/.toml/.pt (default: shipped)")
+    p.add_argument("--models", help="folder with lesion_unet_dx and roi_classifier_dx .onnx/.toml/.pt (default: shipped)")
     p.add_argument("--frames", type=int, help="timed frames for the ROI path (default 50; dry run 4)")
     p.add_argument("--budget-s", type=float, default=270.0, help="skip sections that would end past this")
     p.add_argument("--only", help=f"comma-separated sections to run (default all: {','.join(SECTIONS)})")

@@ -94,8 +94,9 @@ def _augmentation(details: dict[str, Any], command: str, roi: bool, ct_only: boo
         aug += ", extra noise, and a 2× zoom for one patch in five (the recheck's scale)"
     else:
         lo_hi = details.get("lesion_fraction", [0.6, 0.6])
+        mix = "half the batch from each modality, " if "--data dx" not in command else ""
         aug += (", extra noise scaled to the modality, a 2× zoom for one patch in five (the recheck's scale), "
-                f"half the batch from each modality, crops that hold a lesion going from {lo_hi[0]:.0%} to "
+                f"{mix}crops that hold a lesion going from {lo_hi[0]:.0%} to "
                 f"{lo_hi[1]:.0%} of them over the run (lesions learnt first, then the hard negatives)")
     if not roi and details.get("insert_small"):
         lo, hi = details.get("insert_small_mm", [2, 6])
@@ -268,7 +269,7 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
     source = _source(results)
     dx_roi = results["roi_routed"]["dx"]
     dx_cov = results["roi"][dx_roi]["dx"]
-    for name in ("lesion_unet", "lesion_unet_lite"):
+    for name in ("lesion_unet", "lesion_unet_dx", "lesion_unet_lite"):
         if name not in results["ct"]:
             continue
         spec = load_spec(models / f"{name}.toml")
@@ -295,11 +296,19 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
                       "per frame). " + (f"Its spec lists `modalities = {list(spec.modalities)}`, so the analyzer "
                                         "refuses other frames with an error naming the file. "
                                         if spec.modalities else "Do not use it on radiographs. ")
-                      + "`lesion_unet` 2.x is the model for radiographs.",
+                      + "`lesion_unet_dx` is the model for radiographs.",
                       "- Synthetic anatomy and lesions only; real images differ in texture, noise and artefacts.", ""]
             (models / f"{name}.md").write_text("\n".join(lines), encoding="utf-8")
             continue
-        lines += ["## Limitations", "",
+        dx_only = []
+        if "--data dx" in str(spec.training.get("command", "")):
+            ct_whole = results["ct"].get(name, {})
+            dx_only = ["- Trained on radiograph patches only (`--data dx`): CT lesions are not learnt (whole-slice CT "
+                       f"row: {ct_whole.get('fp_per_frame', float('nan')):.1f} false positives per slice). Its spec "
+                       f"lists `modalities = {list(spec.modalities)}`, so the analyzer sends it no CT slice, and "
+                       "named alone it refuses them with an error naming the file; `lesion_unet_lite` is the model "
+                       "for CT."]
+        lines += ["## Limitations", "", *dx_only,
                   "- Radiographs: the ROI-path rows include the ROI classifier's misses; the whole-frame rows show "
                   "the UNet alone, and the analyzer's default (`--mode auto`) runs radiographs over the whole "
                   "frame. Faint nodules (25–50 of 4095 units, no stronger than the lung texture around them) and "

@@ -157,7 +157,7 @@ def _frame(col: Collected, analyzer: Analyzer, key: str, frame: Any, rois: dict[
             _predict(col, analyzer, key, f"{name}@full", unet, norm, prob, frame, with_recheck)
 
 
-def collect(models: Path, n_dx: int, n_ct: int, *, unets: tuple[str, ...] = ("lesion_unet", "lesion_unet_lite"),
+def collect(models: Path, n_dx: int, n_ct: int, *, unets: tuple[str, ...] = ("lesion_unet", "lesion_unet_dx", "lesion_unet_lite"),
             rois: tuple[str, ...] = phantom_data.ROI_MODELS,
             seed: int = phantom_data.HELDOUT_SEED) -> tuple[Collected, Collected, dict[str, Any]]:
     roi_models = {name: OnnxRuntimeBackend(load_spec(models / f"{name}.toml")) for name in rois}
@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     # lesions, and its sensitivity's 95 % interval was 0.15-0.4 wide (fourteenth session)
     p.add_argument("--n-dx", type=int, default=160, help="held-out 4096² radiographs")
     p.add_argument("--n-ct", type=int, default=12, help="held-out CT series (40 slices each)")
-    p.add_argument("--unets", default="lesion_unet,lesion_unet_lite", help="segmentation models to score")
+    p.add_argument("--unets", default="lesion_unet,lesion_unet_dx,lesion_unet_lite", help="segmentation models to score")
     p.add_argument("--json", default="", help="also write the raw figures to this file")
     p.add_argument("--no-cards", action="store_true", help="measure only: leave the cards and metrics.json alone")
     p.add_argument("--cards-from", default="", metavar="JSON",

@@ -18,13 +18,16 @@ UNET_VARIANTS = {
     "lesion_unet": {"channels": (16, 32, 64, 128, 256), "strides": (2, 2, 2, 2), "num_res_units": 0, "norm": "batch"},
     "lesion_unet_lite": {"channels": (8, 16, 32, 64, 128), "strides": (2, 2, 2, 2), "num_res_units": 0, "norm": "batch"},
 }
+# lesion_unet_dx: lesion_unet's network trained on radiographs only (--data dx), the
+# segmenter the analyzer routes radiographs to; it shares lesion_unet's settings below.
+UNET_VARIANTS["lesion_unet_dx"] = UNET_VARIANTS["lesion_unet"]
 
 
 LOCAL_WINDOW = 31  # px at 0.5 mm: 15.5 mm, the scale of "local" for the contrast channel
 LOCAL_GAIN = 25.0  # a faint radiograph nodule (25 of 3800 window units) becomes ~0.16
 # The contrast channel's own smoothing per variant (1: none). CT noise (~12 HU, 3 % of a
 # 400 HU window) is amplified by the gain too; a 3x3 mean first takes most of it out.
-CONTRAST_SMOOTH = {"lesion_unet": 1, "lesion_unet_lite": 3}
+CONTRAST_SMOOTH = {"lesion_unet": 1, "lesion_unet_dx": 1, "lesion_unet_lite": 3}
 # The edge channel: tanh(gain · (3×3 box mean − 9×9 box mean)), a band-pass that keeps a
 # nodule's sharp rim and drops the smooth lung texture of the same amplitude (25 units over
 # ~8 mm): faint radiograph nodules in the lungs were missed even on training frames without
@@ -37,7 +40,7 @@ EDGE_GAIN = 200.0
 # roi_classifier_dx with it, trained 28 min on one thread beside another training, did
 # not beat the shipped 1.1 (validation: same coverage with 10.3 crops per radiograph
 # instead of 6.4), so the classifiers stay as they are.
-EDGE_CHANNEL = {"lesion_unet": True}
+EDGE_CHANNEL = {"lesion_unet": True, "lesion_unet_dx": True}
 
 
 def _weight_dtype(module: nn.Module) -> torch.dtype:

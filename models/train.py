@@ -4,6 +4,8 @@
         --lesion-start 0.7 --lesion-end 0.35 --amp bf16 --crop 192 --out models
     python -m medrt.models.train lesion_unet_lite --steps 80000 --minutes 16 --data ct \
         --lesion-start 0.7 --lesion-end 0.35 --amp bf16 --crop 192 --out models
+    python -m medrt.models.train lesion_unet_dx --steps 80000 --minutes 28 --data dx \
+        --lesion-start 0.9 --lesion-end 0.5 --amp bf16 --crop 192 --out models
     python -m medrt.models.train roi_classifier --steps 2500 --data ct --out models
     python -m medrt.models.train lesion_unet --export-only   # re-export the shipped .pt
 
@@ -52,7 +54,7 @@ log = logging.getLogger("medrt.models.train")
 
 # The version this script writes per model: the minor goes up with the recipe (2.1:
 # bf16 steps, the radiograph window jitter), the major with the network or its inputs.
-VERSIONS = {"lesion_unet": "2.2.0", "lesion_unet_lite": "3.0.0", "roi_classifier": "1.1.0", "roi_classifier_dx": "1.1.0"}
+VERSIONS = {"lesion_unet": "2.2.0", "lesion_unet_dx": "1.0.0", "lesion_unet_lite": "3.0.0", "roi_classifier": "1.1.0", "roi_classifier_dx": "1.1.0"}
 ROI_MODELS = phantom_data.ROI_MODELS
 TWO_WINDOWS_NOTE = ("; CT comes in one wide window, and the graph cuts the soft-tissue window (40/400) from it and"
                     " keeps the wide one beside it (models/networks.py TwoWindows)")
@@ -550,6 +552,8 @@ def main(argv: list[str] | None = None) -> int:
         args.window = WIDE_WINDOW
     if args.window is not None and args.data != "ct":
         p.error("--window is a CT window (HU): it needs --data ct")
+    if args.model == "lesion_unet_dx" and args.data != "dx" and not args.export_only:
+        p.error("lesion_unet_dx is the radiograph segmenter: train it with --data dx")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.manual_seed(args.seed)
     torch.set_num_threads(max(1, torch.get_num_threads()))

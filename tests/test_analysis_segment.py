@@ -366,8 +366,8 @@ def radiograph():  # type: ignore[no-untyped-def]
 def test_sparse_resampling_and_recheck_match_the_whole_frame(radiograph, mode, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     analyzer, work = radiograph
     # A threshold over the spec's, so the recheck surely has faint candidates to run on.
-    seg, norm, spacing, thr = work.seg, work.norm, work.frame.spacing_mm, 0.97  # lesion_unet, routed
-    assert seg.spec.name == "lesion_unet"
+    seg, norm, spacing, thr = work.seg, work.norm, work.frame.spacing_mm, 0.97  # lesion_unet_dx, routed
+    assert seg.spec.name == "lesion_unet_dx"
     factors = model_factors(seg, spacing)
     assert factors != (1, 1) and norm.shape == (4096, 4096)
     if mode == "full":

@@ -190,15 +190,15 @@ def test_frames_go_to_the_roi_classifier_for_their_modality(tmp_path, ct_frames)
 
 def test_segmenters_are_routed_by_modality(ct_frames) -> None:  # type: ignore[no-untyped-def]
     """The default: CT slices to the 2.5-D lesion_unet_lite (its spec lists CT), radiographs
-    to lesion_unet; each with its own threshold; a modality none is for is refused."""
+    to lesion_unet_dx (DX, CR); each with its own threshold; a modality none is for is refused."""
     from medrt.errors import UnsupportedImageError
     both = load_analyzer(AnalyzerConfig(warmup_shapes=((256, 256),)))
-    assert [s.spec.name for s in both.segs] == ["lesion_unet_lite", "lesion_unet"] and both.slices == 3
+    assert [s.spec.name for s in both.segs] == ["lesion_unet_lite", "lesion_unet_dx"] and both.slices == 3
     ct = ct_frames[5].as_frame("ct5")
     dx = generate_radiograph(77, size=1024, index=0).as_frame("dx0")
-    assert both.seg_for(ct).spec.name == "lesion_unet_lite" and both.seg_for(dx).spec.name == "lesion_unet"
+    assert both.seg_for(ct).spec.name == "lesion_unet_lite" and both.seg_for(dx).spec.name == "lesion_unet_dx"
     assert both.analyze(ct).models[-1].startswith("lesion_unet_lite@")
-    assert both.analyze(dx).models[-1].startswith("lesion_unet@")
+    assert both.analyze(dx).models[-1].startswith("lesion_unet_dx@")
     assert both.prepare(dx).norm.ndim == 2  # a one-slice model gets the frame alone
     lite, unet = both.segs
     assert both.threshold_for(lite) == lite.spec.thresholds["probability"]

@@ -187,7 +187,7 @@ def _members(name: str) -> int:
     return max(1, len(load_spec(MODELS / f"{name}.toml").training.get("member_commands", [])))
 
 
-@pytest.mark.parametrize("name", ["lesion_unet", "lesion_unet_lite"])
+@pytest.mark.parametrize("name", ["lesion_unet", "lesion_unet_dx", "lesion_unet_lite"])
 def test_shipped_unets_are_exported_rewritten(name: str) -> None:
     """The shipped graphs have nothing left to rewrite: train.export applies it."""
     onnx = require_module("onnx")

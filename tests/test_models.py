@@ -14,7 +14,7 @@ from conftest import REPO, require_module
 from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
 from medrt.engine.registry import ModelIntegrityError, load_spec, shipped_specs
 
-SHIPPED = ("roi_classifier", "roi_classifier_dx", "lesion_unet", "lesion_unet_lite")
+SHIPPED = ("roi_classifier", "roi_classifier_dx", "lesion_unet", "lesion_unet_dx", "lesion_unet_lite")
 MODELS = REPO / "models"
 
 
@@ -161,13 +161,18 @@ def test_radiograph_classifier_covers_nodules_the_ct_one_misses() -> None:
 
 @pytest.mark.parametrize("name, slices, window", [("lesion_unet_lite", 1, ""), ("lesion_unet_lite", 3, "-300,1400"),
                                                   ("lesion_unet_lite", 3, "two"),
-                                                  ("roi_classifier", 3, "-300,1400")])
+                                                  ("roi_classifier", 3, "-300,1400"), ("lesion_unet_dx", 1, "dx")])
 def test_training_smoke(tmp_path: Path, name: str, slices: int, window: str) -> None:
     """A few steps of the real training script, end to end: data (with the CT neighbours
     for a 2.5-D model), loop, ONNX, spec (a fixed CT window: ``fixed_window``)."""
     require_module("torch")
     require_module("monai")
     fixed = [f"--window={window}", "--data", "ct"] if window else []  # "=": the centre may be negative
+    if window == "dx":  # the radiograph UNet: radiographs only, said before any work otherwise
+        fixed = ["--data", "dx"]
+        bad = subprocess.run([sys.executable, "-m", "medrt.models.train", name, "--steps", "1",
+                              "--out", str(tmp_path / "bad")], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert bad.returncode == 2 and "--data dx" in bad.stderr
     if window == "two":  # the two-window CT UNet (3.x), with lung nodules drawn in
         fixed = ["--two-windows", "--data", "ct", "--insert-lung", "0.5", "--insert-small", "0.5",
                  "--insert-small-mm", "5,10"]
@@ -190,6 +195,8 @@ def test_training_smoke(tmp_path: Path, name: str, slices: int, window: str) -> 
         assert "--two-windows" in spec.training["command"] and "--insert-lung 0.5" in spec.training["command"]
         assert "--insert-small 0.5 --insert-small-mm 5,10" in spec.training["command"]
         assert "--window" not in spec.training["command"]  # implied by --two-windows
+    elif window == "dx":
+        assert spec.modalities == ("DX", "CR") and "lesion_unet_dx --steps 3" in spec.training["command"]
     else:
         assert spec.own_window == ((-300.0, 1400.0) if window else None)
         assert (f"--window={window}" in spec.training["command"]) == bool(window)

@@ -19,7 +19,7 @@ def _millimetres(text: str) -> float:
     return value
 
 
-def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_unet_lite,lesion_unet") -> None:
+def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_unet_lite,lesion_unet_dx") -> None:
     g = p.add_argument_group("inference engine")
     g.add_argument("--backend", default="auto", choices=("auto", "onnxruntime", "tensorrt", "torch"),
                    help="runtime (default: the best one this machine allows; a fallback is logged)")
@@ -39,7 +39,7 @@ def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_u
     g.add_argument("--model", default=seg_model,
                    help="segmentation model name or .toml spec; several, comma-separated, route frames by the"
                         f" modalities their specs list, as --roi-model does (default {seg_model}: CT slices to the"
-                        " 2.5-D lesion_unet_lite, radiographs and the rest to lesion_unet)")
+                        " 2.5-D lesion_unet_lite, radiographs to lesion_unet_dx; lesion_unet takes both)")
     g.add_argument("--roi-model", default=None,
                    help="ROI classifier name or .toml spec; several, comma-separated, route frames by"
                         " the modalities their specs list, the first that lists none taking the rest"

@@ -214,8 +214,9 @@ def compare(
     ``roi_spec`` plans the radiograph crops (one spec, or several routed by modality as
     the analyzer routes them; default: ``roi_classifier`` and ``roi_classifier_dx``
     next to the FP32 spec, else the shipped ones, else crops around the true lesions). For an
-    ROI classifier, ``segmenter_spec`` segments the crops (default: ``lesion_unet_lite``
-    or ``lesion_unet``, found the same way, the first made for every modality scored).
+    ROI classifier, ``segmenter_spec`` segments the crops (default: ``lesion_unet_lite``,
+    ``lesion_unet_dx`` or ``lesion_unet``, found the same way, the first made for every
+    modality scored: the segmenter the analyzer pairs it with).
 
     Only frames of the modalities the model's spec lists are scored (all when it
     lists none): the analyzer never runs a CT-only model on a radiograph. A model
@@ -235,7 +236,7 @@ def compare(
     if fp32_spec.task == "roi_classifier":
         seen = {f.modality for f in frames}
         seg_spec = segmenter_spec or next(
-            (c for c in (_sibling_or_shipped(fp32_spec, (n,)) for n in ("lesion_unet_lite", "lesion_unet"))
+            (c for c in (_sibling_or_shipped(fp32_spec, (n,)) for n in ("lesion_unet_lite", "lesion_unet_dx", "lesion_unet"))
              if c is not None and (not c.modalities or seen <= set(c.modalities))), None)  # fmt: skip
         if seg_spec is None:
             raise ModelError("the gate of an ROI classifier needs a segmentation model (lesion_unet[_lite])")
