@@ -318,8 +318,10 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
                      f"{dx_cov['lesions']} radiograph nodules with its crops, so on radiographs the ROI "
                      "path misses part of what this UNet finds over the whole frame (compare the rows above); "
                      "`--mode roi` forces it."] if dx_cov["coverage"] < 0.9 else []),
-                  "- Trained within a 30-minute CPU budget; longer training or a larger network would likely "
-                  "do better on both modalities.",
+                  ("- Trained within a 30-minute CPU budget, on one core; the same recipe on both cores (1.6× the "
+                   "steps) found as many validation nodules (138 of 150) with one false positive more (docs/models-log.md)."
+                   if dx_only else "- Trained within a 30-minute CPU budget; longer training or a larger network "
+                   "would likely do better on both modalities."),
                   "- Synthetic anatomy and lesions only; real images differ in texture, noise and artefacts.",
                   "- Sizes are measured in the detector plane for radiographs (ImagerPixelSpacing).", ""]
         (models / f"{name}.md").write_text("\n".join(lines), encoding="utf-8")
