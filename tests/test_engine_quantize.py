@@ -310,6 +310,28 @@ def test_gate_plans_radiograph_crops_with_the_classifier_the_analyzer_would_use(
     assert router.pick(kinds["DX"]) is dx and router.pick(kinds["CT"]) is general
 
 
+def test_gate_scores_radiographs_through_the_fine_sweep_as_the_analyzer_runs_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A radiograph is much finer than the UNet: the analyzer segments it whole with the fine
+    sweep, so the gate does too (the ROI path's first pass, which it scored before, is not
+    what a user's run gets). The sweep is the real one, counted on its way through."""
+    import medrt.engine.gate as gate
+    from medrt.engine.registry import find_spec
+
+    calls: list[float] = []
+    real = gate.sweep
+
+    def counted(model, norm, spacing_mm, threshold, cfg, crops=None):  # type: ignore[no-untyped-def]
+        calls.append(cfg.min_diameter_mm)
+        return real(model, norm, spacing_mm, threshold, cfg, crops)
+
+    monkeypatch.setattr(gate, "sweep", counted)
+    spec = find_spec("lesion_unet_dx")
+    report = compare(spec, spec, frames=validation_frames(n_ct_series=0, n_dx=1))
+    assert calls == [1.5, 1.5]  # fp32 and the twin, with the analyzer's least length
+    assert report.passed and report.drop_points.sensitivity == 0.0 and report.lesions > 0
+    assert report.fp32.sensitivity > 0.0  # the sweep found the frame's nodules
+
+
 def test_int8_runs_without_a_writable_cache(unet: ModelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
     """A cache that cannot be written (here a file where the folder should be; a

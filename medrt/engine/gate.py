@@ -12,11 +12,17 @@ The validation frames come from the held-out seeds (9000 up, as
 up) ranges:
 
 - CT slices (512²) go through the segmentation model on the whole slice;
-- 4096² radiographs go through the ROI path: the ROI classifiers the analyzer would
-  use plan the 1024² crops (``roi_classifier`` and ``roi_classifier_dx``, each frame
-  to the one whose spec lists its modality; computed once, so both models see
-  identical crops), or, where there is no classifier, 1024² crops around the true
-  lesions;
+- 4096² radiographs, much finer than a segmenter's 0.5 mm, go through what the
+  analyzer runs on them by default: the fine sweep over the whole frame (the network
+  at twice its scale, each component kept only when flipped views confirm it;
+  :mod:`medrt.analysis.sweep` with the analyzer's settings). Until the sixteenth
+  session they went through the ROI path's first pass, which the analyzer has not
+  run on radiographs since the tenth;
+- a frame no finer than the segmenter goes through the ROI path: the ROI classifiers
+  the analyzer would use plan the 1024² crops (``roi_classifier`` and
+  ``roi_classifier_dx``, each frame to the one whose spec lists its modality;
+  computed once, so both models see identical crops), or, where there is no
+  classifier, 1024² crops around the true lesions;
 - an ROI classifier under test is scored end to end instead: each variant plans
   its own crops and one shared segmentation model segments them.
 """
@@ -36,6 +42,7 @@ from medrt.analysis.lesions import lesions_from_probability
 from medrt.analysis.roi import classify, plan_crops, proposals_from_boxes
 from medrt.analysis.segment import segment_crops
 from medrt.analysis.slices import Sides, phantom_input, phantom_sides
+from medrt.analysis.sweep import SweepConfig, sweep
 from medrt.engine.backends.base import Backend
 from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
 from medrt.engine.registry import ModelError, ModelSpec, load_spec, shipped_models_dir
@@ -118,6 +125,14 @@ def _frames(seed: int, n_ct_series: int, ct_slices: int, n_dx: int) -> tuple[Pha
     for i in range(n_dx):
         out.append(generate_radiograph(seed, size=4096, index=i, border_lesion=i % 2 == 1))
     return tuple(out)
+
+
+def _sweep_settings() -> SweepConfig | None:
+    """The fine sweep as the analyzer's defaults run it (None: configured off)."""
+    # imported here: the analyzer imports this module lazily (to build INT8 twins)
+    from medrt.analyzer import AnalyzerConfig, sweep_config
+
+    return sweep_config(AnalyzerConfig())
 
 
 def validation_frames(
@@ -255,6 +270,7 @@ def compare(
         rois = {k: router if roi_specs else None for k in variants}
         segs = dict(variants)
     whole_small = fp32_spec.task != "roi_classifier"
+    fine = _sweep_settings() if fp32_spec.task != "roi_classifier" else None
     preds: dict[str, list[FramePrediction]] = {k: [] for k in variants}
     truth: dict[str, FrameTruth] = {}
     slices = max(getattr(s.spec, "slices", 1) for s in segs.values())
@@ -267,15 +283,20 @@ def compare(
         sides = phantom_sides(frame, by_index)
         shared_plan = None if fp32_spec.task == "roi_classifier" else _plan(frame, rois["fp32"], whole_small, sides)
         for name in variants:
-            crops = shared_plan if shared_plan is not None else _plan(frame, rois[name], whole_small, sides)
             seg = segs[name]
+            threshold = seg.spec.thresholds.get("probability", 0.5)
+            swept = sweep(seg, norm, frame.spacing_mm, threshold, fine) if fine is not None else None
+            if swept is not None:  # a radiograph: the whole frame, swept, as the analyzer runs it
+                labels, lesions = lesions_from_probability(swept.prob, frame.spacing_mm, threshold, within=swept.kept,
+                                                           min_diameter_mm=fine.min_diameter_mm)
+                preds[name].append(FramePrediction(key=key, lesions=tuple(lesions), labels=labels))
+                continue
+            crops = shared_plan if shared_plan is not None else _plan(frame, rois[name], whole_small, sides)
             if crops:
                 prob = segment_crops(seg, norm, crops, spacing_mm=frame.spacing_mm)  # the model's spacing, as in use
             else:
                 prob = np.zeros(frame.shape, np.float32)
-            labels, lesions = lesions_from_probability(
-                prob, frame.spacing_mm, seg.spec.thresholds.get("probability", 0.5)
-            )
+            labels, lesions = lesions_from_probability(prob, frame.spacing_mm, threshold)
             preds[name].append(FramePrediction(key=key, lesions=tuple(lesions), labels=labels))
     reports = {name: evaluate(p, truth) for name, p in preds.items()}
     if reports["fp32"].gt_lesions == 0:

@@ -29,8 +29,9 @@ __all__ = ["CACHE_FORMAT", "cache_folder", "cache_root", "clear", "entries", "ga
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 4  # 2: the gate routes radiograph crops; 3: it scores only the model's modalities;
-# 4: ROI classifiers are calibrated on their modalities' thumbnails only
+CACHE_FORMAT = 5  # 2: the gate routes radiograph crops; 3: it scores only the model's modalities;
+# 4: ROI classifiers are calibrated on their modalities' thumbnails only; 5: the gate scores
+# a segmenter on radiographs through the fine sweep over the whole frame, as the analyzer runs it
 VERDICT = "verdict.json"
 
 
