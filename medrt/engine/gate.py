@@ -16,8 +16,8 @@ up) ranges:
   analyzer runs on them by default: the fine sweep over the whole frame (the network
   at twice its scale, each component kept only when flipped views confirm it;
   :mod:`medrt.analysis.sweep` with the analyzer's settings). Until the sixteenth
-  session they went through the ROI path's first pass, which the analyzer has not
-  run on radiographs since the tenth;
+  session they went through the ROI path's first pass, which the analyzer's default
+  (``--mode auto``) has not run on radiographs since the tenth;
 - a frame no finer than the segmenter goes through the ROI path: the ROI classifiers
   the analyzer would use plan the 1024² crops (``roi_classifier`` and
   ``roi_classifier_dx``, each frame to the one whose spec lists its modality;
