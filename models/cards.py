@@ -85,6 +85,11 @@ def _ct_only(spec: Any) -> bool:
     return "--data ct" in str(spec.training.get("command", ""))
 
 
+def _dx_only(spec: Any) -> bool:
+    """Whether the model was trained on radiographs alone (``--data dx``)."""
+    return "--data dx" in str(spec.training.get("command", ""))
+
+
 def _augmentation(details: dict[str, Any], command: str, roi: bool, ct_only: bool) -> str:
     aug = f"window shifts ({details.get('window_jitter', '±12 % centre, ×0.78–1.28 width')}), flips and 90° turns"
     if roi:
@@ -301,7 +306,7 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
             (models / f"{name}.md").write_text("\n".join(lines), encoding="utf-8")
             continue
         dx_only = []
-        if "--data dx" in str(spec.training.get("command", "")):
+        if _dx_only(spec):
             ct_whole = results["ct"].get(name, {})
             dx_only = ["- Trained on radiograph patches only (`--data dx`): CT lesions are not learnt (whole-slice CT "
                        f"row: {ct_whole.get('fp_per_frame', float('nan')):.1f} false positives per slice). Its spec "

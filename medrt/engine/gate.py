@@ -269,8 +269,9 @@ def compare(
         router = _Router([OnnxRuntimeBackend(r, threads=threads) for r in roi_specs])
         rois = {k: router if roi_specs else None for k in variants}
         segs = dict(variants)
-    whole_small = fp32_spec.task != "roi_classifier"
-    fine = _sweep_settings() if fp32_spec.task != "roi_classifier" else None
+    testing_roi = fp32_spec.task == "roi_classifier"
+    whole_small = not testing_roi
+    fine = None if testing_roi else _sweep_settings()
     preds: dict[str, list[FramePrediction]] = {k: [] for k in variants}
     truth: dict[str, FrameTruth] = {}
     slices = max(getattr(s.spec, "slices", 1) for s in segs.values())
@@ -281,7 +282,7 @@ def compare(
         truth[key] = _truth(key, frame)
         norm = phantom_input(frame, by_index, slices, window)  # a 2.5-D model gets the neighbouring slices
         sides = phantom_sides(frame, by_index)
-        shared_plan = None if fp32_spec.task == "roi_classifier" else _plan(frame, rois["fp32"], whole_small, sides)
+        shared_plan = None  # a segmenter's crops: planned once, when first needed (a swept radiograph needs none)
         for name in variants:
             seg = segs[name]
             threshold = seg.spec.thresholds.get("probability", 0.5)
@@ -291,7 +292,12 @@ def compare(
                                                            min_diameter_mm=fine.min_diameter_mm)
                 preds[name].append(FramePrediction(key=key, lesions=tuple(lesions), labels=labels))
                 continue
-            crops = shared_plan if shared_plan is not None else _plan(frame, rois[name], whole_small, sides)
+            if testing_roi:  # each variant plans its own crops
+                crops = _plan(frame, rois[name], whole_small, sides)
+            else:
+                if shared_plan is None:
+                    shared_plan = _plan(frame, rois["fp32"], whole_small, sides)
+                crops = shared_plan
             if crops:
                 prob = segment_crops(seg, norm, crops, spacing_mm=frame.spacing_mm)  # the model's spacing, as in use
             else:
