@@ -36,6 +36,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         os.environ.pop("MEDRT_CACHE", None)
 
 
+@pytest.fixture(autouse=True)
+def _small_accuracy_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The accuracy gate's default frames (about a hundred lesions per modality, most of a
+    minute per model; README, Performance) are measured by hand: a test that makes an INT8
+    twin through the cache gates it on one CT series and three radiographs (the frames
+    ``medrt.engine.gate.validation_frames()`` gives the gate tests)."""
+    from medrt.engine import gate
+
+    monkeypatch.setattr(gate, "DEFAULT_SET", gate.GateSet(ct_series=1, radiographs=3, nodules=None))
+
+
 def missing(reason: str) -> None:
     """Skip locally, fail in CI: for a tool or package the test environment should have."""
     if IN_CI:

@@ -332,6 +332,44 @@ def test_gate_scores_radiographs_through_the_fine_sweep_as_the_analyzer_runs_the
     assert report.fp32.sensitivity > 0.0  # the sweep found the frame's nodules
 
 
+def test_gate_rechecks_ct_slices_as_the_analyzer_does(lite: ModelSpec, frames: list,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The analyzer rechecks a CT slice's small and faint candidates at 2x and reports
+    lesions from its least length; the gate scores CT the same way (before: the first
+    pass alone). The recheck is the real one, counted on its way through."""
+    import medrt.engine.gate as gate
+    from medrt.analyzer import AnalyzerConfig
+
+    seen: list[object] = []
+    real = gate.recheck
+
+    def counted(model, norm, prob, labels, lesions, spacing_mm, threshold, cfg):  # type: ignore[no-untyped-def]
+        seen.append(cfg)
+        return real(model, norm, prob, labels, lesions, spacing_mm, threshold, cfg)
+
+    monkeypatch.setattr(gate, "recheck", counted)
+    ct = [f for f in frames if f.modality == "CT"]
+    report = compare(lite, lite, frames=ct)
+    assert len(seen) == 2 * len(ct)  # every slice, for the FP32 model and its "twin"
+    assert set(seen) == {AnalyzerConfig().recheck_config}
+    assert report.passed and report.drop_points == gate.Figures(0.0, 0.0) and report.fp32.sensitivity > 0.5
+
+
+def test_gate_default_set_comes_one_series_or_radiograph_at_a_time_of_the_models_modalities() -> None:
+    """The default set is generated lazily, a CT series (the slices a 2.5-D model needs
+    together) or a radiograph at a time, and only of the modalities the model is for."""
+    from medrt.engine.gate import GateSet
+
+    chosen = GateSet(ct_series=2, ct_slices=3, radiographs=2, nodules=3)
+    ct = list(chosen.groups({"CT"}))
+    assert [len(g) for g in ct] == [3, 3] and [{f.seed for f in g} for g in ct] == [{9100}, {9101}]
+    assert all(f.modality == "CT" for g in ct for f in g)
+    dx = list(chosen.groups({"DX", "CR"}))
+    assert [len(g) for g in dx] == [1, 1] and all(g[0].modality == "DX" and g[0].shape == (4096, 4096) for g in dx)
+    assert [len(g[0].lesions) for g in dx] == [3, 4]  # three nodules, and one across the border on every other
+    assert len(list(chosen.groups(set()))) == 4  # a spec that lists no modality: both
+
+
 def test_int8_runs_without_a_writable_cache(unet: ModelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
     """A cache that cannot be written (here a file where the folder should be; a

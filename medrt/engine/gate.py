@@ -9,22 +9,32 @@ more than 1 point is refused, with a message").
 
 The validation frames come from the held-out seeds (9000 up, as
 ``models/evaluate.py``), never from the training (1000 up) or calibration (5000
-up) ranges:
+up) ranges. By default (:data:`DEFAULT_SET`) they are about a hundred lesions per
+modality, so that one lesion moves sensitivity by about one point, the limit: 6 CT
+series of 40 slices and 28 radiographs of three nodules each (every other one with
+a fourth across the border), generated one series or radiograph at a time (a 4096²
+radiograph is 64 MB) and scored only where the model's spec lists the modality.
+Until the seventeenth session the gate scored 1 series (29 lesions) and 3 or 10
+radiographs (21 nodules): one lesion was 2.5-5 points, and verdicts near the limit
+were one lesion's. Each frame goes through what the analyzer runs on it by default:
 
-- CT slices (512²) go through the segmentation model on the whole slice;
-- 4096² radiographs, much finer than a segmenter's 0.5 mm, go through what the
-  analyzer runs on them by default: the fine sweep over the whole frame (the network
-  at twice its scale, each component kept only when flipped views confirm it;
-  :mod:`medrt.analysis.sweep` with the analyzer's settings). Until the sixteenth
-  session they went through the ROI path's first pass, which the analyzer's default
-  (``--mode auto``) has not run on radiographs since the tenth;
+- CT slices (512²) go through the segmentation model on the whole slice, then the
+  2× recheck of small and faint candidates and the analyzer's least reported length
+  (until the seventeenth session: the first pass alone);
+- 4096² radiographs, much finer than a segmenter's 0.5 mm, go through the fine
+  sweep over the whole frame (the network at twice its scale, each component kept
+  only when flipped views confirm it; :mod:`medrt.analysis.sweep` with the
+  analyzer's settings). Until the sixteenth session they went through the ROI path's
+  first pass, which the analyzer's default (``--mode auto``) has not run on
+  radiographs since the tenth;
 - a frame no finer than the segmenter goes through the ROI path: the ROI classifiers
   the analyzer would use plan the 1024² crops (``roi_classifier`` and
   ``roi_classifier_dx``, each frame to the one whose spec lists its modality;
   computed once, so both models see identical crops), or, where there is no
-  classifier, 1024² crops around the true lesions;
+  classifier, 1024² crops around the true lesions; then the recheck as above;
 - an ROI classifier under test is scored end to end instead: each variant plans
-  its own crops and one shared segmentation model segments them.
+  its own crops and one shared segmentation model segments them (and rechecks them,
+  as the analyzer would).
 """
 
 from __future__ import annotations
@@ -32,13 +42,14 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from medrt.analysis.lesions import lesions_from_probability
+from medrt.analysis.recheck import RecheckConfig, recheck
 from medrt.analysis.roi import classify, plan_crops, proposals_from_boxes
 from medrt.analysis.segment import segment_crops
 from medrt.analysis.slices import Sides, phantom_input, phantom_sides
@@ -54,9 +65,11 @@ from medrt.phantom.truth import FrameTruth
 __all__ = [
     "LIMIT_POINTS",
     "VALIDATION_SEED",
+    "DEFAULT_SET",
     "AccuracyGateError",
     "Figures",
     "GateReport",
+    "GateSet",
     "compare",
     "validation_frames",
 ]
@@ -70,6 +83,32 @@ _MARGIN = 64
 # The classifiers a segmentation model's radiograph crops are planned with (the
 # analyzer's default --roi-model), routed per frame by their specs' modalities.
 ROI_CLASSIFIERS = ("roi_classifier", "roi_classifier_dx")
+
+
+@dataclass(frozen=True, slots=True)
+class GateSet:
+    """Which held-out phantoms the gate scores when it is given no frames."""
+
+    ct_series: int = 6  # seeds seed+100 up, ``ct_slices`` 512² slices each
+    ct_slices: int = 40
+    radiographs: int = 28  # 4096², seed ``seed``, indices 0 up
+    nodules: int | None = 3  # per radiograph, plus one across the border on every other (None: 0-3 drawn)
+    seed: int = VALIDATION_SEED
+
+    def groups(self, modalities: set[str]) -> Iterator[tuple[PhantomFrame, ...]]:
+        """One CT series or one radiograph at a time, only of ``modalities`` (all when empty)."""
+        if not modalities or "CT" in modalities:
+            for s in range(self.ct_series):
+                yield tuple(generate_ct_series(self.seed + 100 + s, n_frames=self.ct_slices))
+        if not modalities or modalities & {"DX", "CR"}:
+            for i in range(self.radiographs):
+                yield (generate_radiograph(self.seed, size=4096, index=i, n_lesions=self.nodules,
+                                           border_lesion=i % 2 == 1),)
+
+
+# About a hundred lesions per modality (119 CT lesion sections, 98 nodules): one lesion is
+# about one point, the limit.
+DEFAULT_SET = GateSet()
 
 
 class AccuracyGateError(ModelError):
@@ -119,12 +158,8 @@ def _key(frame: PhantomFrame) -> str:
 
 @functools.lru_cache(maxsize=2)
 def _frames(seed: int, n_ct_series: int, ct_slices: int, n_dx: int) -> tuple[PhantomFrame, ...]:
-    out: list[PhantomFrame] = []
-    for s in range(n_ct_series):
-        out += generate_ct_series(seed + 100 + s, n_frames=ct_slices)
-    for i in range(n_dx):
-        out.append(generate_radiograph(seed, size=4096, index=i, border_lesion=i % 2 == 1))
-    return tuple(out)
+    chosen = GateSet(ct_series=n_ct_series, ct_slices=ct_slices, radiographs=n_dx, nodules=None, seed=seed)
+    return tuple(f for group in chosen.groups(set()) for f in group)
 
 
 def _sweep_settings() -> SweepConfig | None:
@@ -133,6 +168,14 @@ def _sweep_settings() -> SweepConfig | None:
     from medrt.analyzer import AnalyzerConfig, sweep_config
 
     return sweep_config(AnalyzerConfig())
+
+
+def _recheck_settings() -> tuple[RecheckConfig | None, float]:
+    """The analyzer's defaults: its recheck (None: off) and its least reported length in mm."""
+    from medrt.analyzer import AnalyzerConfig
+
+    config = AnalyzerConfig()
+    return (config.recheck_config if config.recheck else None), config.min_diameter_mm
 
 
 def validation_frames(
@@ -213,6 +256,17 @@ def _message(model: str, precision: str, fp32: Figures, red: Figures, drop: Figu
     return f"{model} {precision} refused: {figures}; the limit is {limit_text}"
 
 
+def _findings(seg: Backend, norm: np.ndarray, prob: np.ndarray, spacing: tuple[float, float] | None,
+              threshold: float, rechecking: RecheckConfig | None, least_mm: float) -> tuple[np.ndarray, list[Any]]:
+    """Labels and lesions from a first-pass map, as the analyzer's ``finish`` makes them:
+    after the 2× recheck (``rechecking``; None: off), from ``least_mm`` long."""
+    rechecked = None
+    if rechecking is not None and prob.any():
+        labels0, lesions0 = lesions_from_probability(prob, spacing, threshold)
+        prob, rechecked, _ = recheck(seg, norm, prob, labels0, lesions0, spacing, threshold, rechecking)
+    return lesions_from_probability(prob, spacing, threshold, rechecked_mask=rechecked, min_diameter_mm=least_mm)
+
+
 def compare(
     fp32_spec: ModelSpec,
     reduced_spec: ModelSpec,
@@ -225,7 +279,8 @@ def compare(
 ) -> GateReport:
     """Score ``fp32_spec`` and ``reduced_spec`` on the same validation frames; see the module doc.
 
-    ``frames`` defaults to :func:`validation_frames`. For a segmentation model,
+    ``frames`` defaults to :data:`DEFAULT_SET`, generated a series or a radiograph at a
+    time. For a segmentation model,
     ``roi_spec`` plans the radiograph crops (one spec, or several routed by modality as
     the analyzer routes them; default: ``roi_classifier`` and ``roi_classifier_dx``
     next to the FP32 spec, else the shipped ones, else crops around the true lesions). For an
@@ -234,22 +289,23 @@ def compare(
     modality scored: the segmenter the analyzer pairs it with).
 
     Only frames of the modalities the model's spec lists are scored (all when it
-    lists none): the analyzer never runs a CT-only model on a radiograph. A model
-    made for radiographs only is scored on 10 radiographs (21 lesions) instead of 3.
+    lists none): the analyzer never runs a CT-only model on a radiograph.
     """
     if fp32_spec.task != reduced_spec.task:
         raise ModelError(f"cannot compare a {fp32_spec.task} with a {reduced_spec.task}")
     t0 = time.perf_counter()
     made_for = set(fp32_spec.modalities)
     if frames is None:
-        frames = validation_frames(n_ct_series=0, n_dx=10) if made_for and "CT" not in made_for else validation_frames()
-    frames = [f for f in frames if not made_for or f.modality in made_for]
-    if not frames:
-        raise ModelError(f"no validation frame of {sorted(made_for)} for {fp32_spec.ident}: nothing to compare on")
+        groups: Iterator[Sequence[PhantomFrame]] | list[Sequence[PhantomFrame]] = DEFAULT_SET.groups(made_for)
+        seen = made_for or {"CT", "DX"}
+    else:
+        frames = [f for f in frames if not made_for or f.modality in made_for]
+        if not frames:
+            raise ModelError(f"no validation frame of {sorted(made_for)} for {fp32_spec.ident}: nothing to compare on")
+        groups, seen = [frames], {f.modality for f in frames}
     variants = {"fp32": OnnxRuntimeBackend(fp32_spec, threads=threads),
                 "reduced": OnnxRuntimeBackend(reduced_spec, threads=threads)}  # fmt: skip
     if fp32_spec.task == "roi_classifier":
-        seen = {f.modality for f in frames}
         seg_spec = segmenter_spec or next(
             (c for c in (_sibling_or_shipped(fp32_spec, (n,)) for n in ("lesion_unet_lite", "lesion_unet_dx", "lesion_unet"))
              if c is not None and (not c.modalities or seen <= set(c.modalities))), None)  # fmt: skip
@@ -272,38 +328,42 @@ def compare(
     testing_roi = fp32_spec.task == "roi_classifier"
     whole_small = not testing_roi
     fine = None if testing_roi else _sweep_settings()
+    rechecking, least_mm = _recheck_settings()
     preds: dict[str, list[FramePrediction]] = {k: [] for k in variants}
     truth: dict[str, FrameTruth] = {}
     slices = max(getattr(s.spec, "slices", 1) for s in segs.values())
     window = segs["fp32"].spec.own_window  # None: each frame's VOI window
-    by_index = {(f.kind, f.seed, f.index): f for f in frames}
-    for frame in frames:
-        key = _key(frame)
-        truth[key] = _truth(key, frame)
-        norm = phantom_input(frame, by_index, slices, window)  # a 2.5-D model gets the neighbouring slices
-        sides = phantom_sides(frame, by_index)
-        shared_plan = None  # a segmenter's crops: planned once, when first needed (a swept radiograph needs none)
-        for name in variants:
-            seg = segs[name]
-            threshold = seg.spec.thresholds.get("probability", 0.5)
-            swept = sweep(seg, norm, frame.spacing_mm, threshold, fine) if fine is not None else None
-            if swept is not None:  # a radiograph: the whole frame, swept, as the analyzer runs it
-                labels, lesions = lesions_from_probability(swept.prob, frame.spacing_mm, threshold, within=swept.kept,
-                                                           min_diameter_mm=fine.min_diameter_mm)
+    n_frames = 0
+    for group in groups:  # a CT series (its slices are each other's neighbours) or a radiograph
+        by_index = {(f.kind, f.seed, f.index): f for f in group}
+        for frame in group:
+            n_frames += 1
+            key = _key(frame)
+            truth[key] = _truth(key, frame)
+            norm = phantom_input(frame, by_index, slices, window)  # a 2.5-D model gets the neighbouring slices
+            sides = phantom_sides(frame, by_index)
+            shared_plan = None  # a segmenter's crops: planned once, when first needed (a swept radiograph needs none)
+            for name in variants:
+                seg = segs[name]
+                threshold = seg.spec.thresholds.get("probability", 0.5)
+                swept = sweep(seg, norm, frame.spacing_mm, threshold, fine) if fine is not None else None
+                if swept is not None:  # a radiograph: the whole frame, swept, as the analyzer runs it
+                    labels, lesions = lesions_from_probability(swept.prob, frame.spacing_mm, threshold, within=swept.kept,
+                                                               min_diameter_mm=fine.min_diameter_mm)
+                    preds[name].append(FramePrediction(key=key, lesions=tuple(lesions), labels=labels))
+                    continue
+                if testing_roi:  # each variant plans its own crops
+                    crops = _plan(frame, rois[name], whole_small, sides)
+                else:
+                    if shared_plan is None:
+                        shared_plan = _plan(frame, rois["fp32"], whole_small, sides)
+                    crops = shared_plan
+                if crops:
+                    prob = segment_crops(seg, norm, crops, spacing_mm=frame.spacing_mm)  # the model's spacing, as in use
+                else:
+                    prob = np.zeros(frame.shape, np.float32)
+                labels, lesions = _findings(seg, norm, prob, frame.spacing_mm, threshold, rechecking, least_mm)
                 preds[name].append(FramePrediction(key=key, lesions=tuple(lesions), labels=labels))
-                continue
-            if testing_roi:  # each variant plans its own crops
-                crops = _plan(frame, rois[name], whole_small, sides)
-            else:
-                if shared_plan is None:
-                    shared_plan = _plan(frame, rois["fp32"], whole_small, sides)
-                crops = shared_plan
-            if crops:
-                prob = segment_crops(seg, norm, crops, spacing_mm=frame.spacing_mm)  # the model's spacing, as in use
-            else:
-                prob = np.zeros(frame.shape, np.float32)
-            labels, lesions = lesions_from_probability(prob, frame.spacing_mm, threshold)
-            preds[name].append(FramePrediction(key=key, lesions=tuple(lesions), labels=labels))
     reports = {name: evaluate(p, truth) for name, p in preds.items()}
     if reports["fp32"].gt_lesions == 0:
         raise ModelError("the validation frames hold no scored lesion: the gate cannot measure anything")
@@ -319,7 +379,7 @@ def compare(
     precision = _precision(reduced_spec)
     message = _message(fp32_spec.name, precision, fp32, red, drop, limit_points, passed)
     gt = reports["fp32"].gt_lesions
-    message += f" ({len(frames)} validation frames, {gt} lesions)"
+    message += f" ({n_frames} validation frames, {gt} lesions)"
     seconds = round(time.perf_counter() - t0, 1)
     (log.info if passed else log.warning)("gate: %s in %.1f s", message, seconds)
-    return GateReport(passed, fp32_spec.name, precision, fp32, red, drop, limit_points, len(frames), gt, seconds, message)
+    return GateReport(passed, fp32_spec.name, precision, fp32, red, drop, limit_points, n_frames, gt, seconds, message)

@@ -29,9 +29,10 @@ __all__ = ["CACHE_FORMAT", "cache_folder", "cache_root", "clear", "entries", "ga
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 5  # 2: the gate routes radiograph crops; 3: it scores only the model's modalities;
+CACHE_FORMAT = 6  # 2: the gate routes radiograph crops; 3: it scores only the model's modalities;
 # 4: ROI classifiers are calibrated on their modalities' thumbnails only; 5: the gate scores
-# a segmenter on radiographs through the fine sweep over the whole frame, as the analyzer runs it
+# a segmenter on radiographs through the fine sweep over the whole frame, as the analyzer runs it;
+# 6: about a hundred lesions per modality, and CT slices rechecked as the analyzer does
 VERDICT = "verdict.json"
 
 
