@@ -171,7 +171,7 @@ def _settled_rss_mb() -> float:
     return _rss_mb()
 
 
-def engine_table(spec_name: str = "lesion_unet", size: int = 1024, repeats: int = 15) -> list[dict[str, Any]]:
+def engine_table(spec_name: str = "lesion_unet_dx", size: int = 1024, repeats: int = 15) -> list[dict[str, Any]]:
     """p50/p99 latency at ``size``² for each backend/precision available here. INT8 on
     the CPU is the gated twin (:func:`medrt.engine.int8cache.gated_int8`); a refused one
     is a row with the gate's figures as its error."""

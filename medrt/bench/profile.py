@@ -27,7 +27,7 @@ KERNEL_SUFFIX = "_kernel_time"
 
 
 def profile_layers(
-    model: str = "lesion_unet",
+    model: str = "lesion_unet_dx",
     shape: tuple[int, int] = (1024, 1024),
     runs: int = 5,
     top: int = 15,

@@ -13,7 +13,7 @@ from medrt.bench import SETTLE_S, interleaved_times, percentile
 __all__ = ["int8_vs_fp32"]
 
 
-def int8_vs_fp32(model: str = "lesion_unet", size: int = 1024, repeats: int = 9) -> dict[str, Any]:
+def int8_vs_fp32(model: str = "lesion_unet_dx", size: int = 1024, repeats: int = 9) -> dict[str, Any]:
     """Quantize ``model`` (static QDQ, first/last layers FP32), gate it, and time both
     at ``size``² in turn on ONNX Runtime CPU."""
     from medrt.engine.backends.onnxrt import OnnxRuntimeBackend

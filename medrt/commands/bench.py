@@ -144,7 +144,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "(sustained replay at --fps: achieved fps, drops, p99). Exit code 1 when --compare finds a regression.",
     )
     p.add_argument("--only", default="", help=f"comma-separated suites (default: all of {', '.join(SUITES)})")
-    p.add_argument("--model", default="lesion_unet", help="segmentation model for the engine suites")
+    p.add_argument("--model", default="lesion_unet_dx",
+                   help="segmentation model of the engines, int8, efficiency, roi_vs_full and cold_start suites"
+                        " (default: lesion_unet_dx, the UNet the analyzer runs radiographs through)")
     p.add_argument("--size", type=int, default=4096, help="frame size for the decode suite")
     p.add_argument("--frames", type=int, default=4, help="4096² frames for roi_vs_full")
     p.add_argument("--repeats", type=int, default=9, help="repeats per measurement (median is reported)")
