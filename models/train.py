@@ -54,7 +54,7 @@ log = logging.getLogger("medrt.models.train")
 
 # The version this script writes per model: the minor goes up with the recipe (2.1:
 # bf16 steps, the radiograph window jitter), the major with the network or its inputs.
-VERSIONS = {"lesion_unet": "2.2.0", "lesion_unet_dx": "1.0.0", "lesion_unet_lite": "3.0.0", "roi_classifier": "1.1.0", "roi_classifier_dx": "1.1.0"}
+VERSIONS = {"lesion_unet": "2.2.0", "lesion_unet_dx": "1.1.0", "lesion_unet_lite": "3.0.0", "roi_classifier": "1.1.0", "roi_classifier_dx": "1.1.0"}
 ROI_MODELS = phantom_data.ROI_MODELS
 TWO_WINDOWS_NOTE = ("; CT comes in one wide window, and the graph cuts the soft-tissue window (40/400) from it and"
                     " keeps the wide one beside it (models/networks.py TwoWindows)")
@@ -166,7 +166,7 @@ def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
                                       lesion_fraction=frac, insert_small=args.insert_small, slices=args.slices,
                                       neighbour_drop=args.neighbour_drop, window=args.window,
                                       insert_lung=args.insert_lung, insert_faint=args.insert_faint,
-                                      small_mm=args.insert_small_mm)
+                                      small_mm=args.insert_small_mm, insert_faint_dx=args.insert_faint_dx)
         xt, yt = torch.from_numpy(x), torch.from_numpy(y)
         logits = net(xt).float()  # the losses in fp32 under autocast
         weight = torch.from_numpy(small_lesion_weights(y, args.small_weight)) if args.small_weight > 0 else None
@@ -180,6 +180,7 @@ def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
                else {}),
             "slices": args.slices,
             "two_windows": args.two_windows, "insert_lung": args.insert_lung, "insert_faint": args.insert_faint,
+            **({"insert_faint_dx": args.insert_faint_dx} if args.insert_faint_dx > 0 else {}),
             "neighbour_drop": args.neighbour_drop if args.slices == 3 else 0.0,
             "window_jitter": _jitter_note(args), **_window_info(args),
             "lesion_fraction": [args.lesion_start, args.lesion_end], "spacing_mm": phantom_data.SEG_SPACING, "final_loss": final, "patches": int(len(seg.patches)),
@@ -413,6 +414,7 @@ def _seg_args(args: argparse.Namespace) -> str:
     if args.insert_small > 0 and args.insert_small_mm != phantom_data.INSERT_SMALL_MM:
         out += f" --insert-small-mm {args.insert_small_mm[0]:g},{args.insert_small_mm[1]:g}"
     out += f" --insert-faint {args.insert_faint:g}" if args.insert_faint > 0 else ""
+    out += f" --insert-faint-dx {args.insert_faint_dx:g}" if args.insert_faint_dx > 0 else ""
     out += nb + lung
     return out + f" --lesion-start {args.lesion_start} --lesion-end {args.lesion_end}"
 
@@ -533,6 +535,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--insert-faint", type=float, default=0.0, metavar="P",
                    help="UNets: share of CT crops that get 1-2 faint (1.5-3x the noise) 5-15 mm soft-tissue lesions"
                         " drawn in across the slices (models/data.py insert_faint_lesions)")
+    p.add_argument("--insert-faint-dx", type=float, default=0.0, metavar="P",
+                   help="UNets: share of radiograph crops that get 1-3 faint (25-50 units) 2-6 mm nodules drawn in"
+                        " (models/data.py insert_faint_nodules)")
     p.add_argument("--two-windows", action="store_true",
                    help="with --data ct: read CT in the fixed wide window "
                         f"{WIDE_WINDOW[0]:g},{WIDE_WINDOW[1]:g} and cut the soft-tissue window from it inside the graph"

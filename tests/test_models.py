@@ -649,6 +649,58 @@ def test_faint_lesions_are_drawn_into_parenchyma_across_the_slices() -> None:
     assert y.max() == 0.0
 
 
+def test_faint_nodules_are_drawn_into_radiograph_crops_as_the_phantom_draws_them() -> None:
+    """The radiograph training augmentation for faint small nodules (``--insert-faint-dx``):
+    2-6 mm nodules of the phantom's faint class (at most 25-50 units over the anatomy,
+    less where area-averaging spreads a small one) land away from the crop's lesions with
+    their lesion-fraction mask; the inputs stay as they were, a crop that is all lesion
+    gets none, and training batches get them on radiograph crops only."""
+    from scipy import ndimage
+
+    from medrt.analysis.resample import area_downsample
+    from medrt.models import data as phantom_data
+    from medrt.phantom import generate_radiograph
+
+    frame = generate_radiograph(4321, size=4096, index=0)
+    f = round(phantom_data.SEG_SPACING / frame.spacing_mm[0])
+    side = phantom_data.PATCH * f  # a cached training patch's region
+    region = frame.pixels[1024 : 1024 + side, 1024 : 1024 + side].astype(np.float32)
+    patch = area_downsample(region, (f, f))
+    mask = np.zeros(patch.shape, np.uint8)
+    before = patch.copy()
+    rng = np.random.default_rng(0)
+    drawn = 0
+    for _ in range(10):
+        out, m = phantom_data.insert_faint_nodules(rng, patch, mask, 3)
+        step = out - patch
+        lab, n = ndimage.label(m > 0)
+        assert 1 <= n <= 3
+        drawn += n
+        for k in range(1, n + 1):
+            blob = lab == k
+            d_mm = 2.0 * np.sqrt(blob.sum() / np.pi) * phantom_data.SEG_SPACING
+            assert 1.0 <= d_mm <= 7.5, d_mm
+            assert 5.0 <= float(step[blob].max()) <= 50.0 + 1e-3, "faint: 25-50 units at the most"
+            assert m[blob].max() >= 128, "the nodule's own pixels are mostly lesion"
+        assert not np.any(step[~ndimage.binary_dilation(m > 0, iterations=3)]), "only at the nodules"
+    assert drawn >= 10
+    assert np.array_equal(patch, before) and not mask.any()
+    full = np.full(patch.shape, 255, np.uint8)
+    out, m = phantom_data.insert_faint_nodules(rng, patch, full, 3)
+    assert np.array_equal(out, patch) and np.array_equal(m, full)
+    # seg_batch: every radiograph crop gets them with insert_faint_dx=1, no CT crop does
+    n = 4
+    tiles = np.stack([patch] * n).astype(np.float32)
+    windows = np.tile([[float(patch.mean()), 1500.0]], (n, 1)).astype(np.float32)
+    empty = np.zeros((n, *patch.shape), np.uint8)
+    dx = phantom_data.SegData(tiles, windows, empty, np.zeros(n, bool))
+    _, y = phantom_data.seg_batch(rng, dx, 6, crop=128, insert_faint_dx=1.0)
+    assert all(y[b].max() > 0.5 for b in range(6))
+    ct = phantom_data.SegData(tiles, windows, empty, np.ones(n, bool))
+    _, y = phantom_data.seg_batch(rng, ct, 6, crop=128, insert_faint_dx=1.0)
+    assert y.max() == 0.0
+
+
 def test_lung_nodules_are_drawn_into_lung_across_the_slices() -> None:
     """The CT training augmentation for lung nodules (``--insert-lung``): nodules land in
     lung parenchyma clear of vessels, 600-820 HU above it, with this slice's mask; the

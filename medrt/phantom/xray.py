@@ -31,7 +31,7 @@ from medrt.phantom.shapes import (
 from medrt.phantom.xray_anatomy import chest_map, make_build
 from medrt.types import LesionTruth
 
-__all__ = ["generate_radiograph", "XRAY_MAX", "NOISE_SIGMA"]
+__all__ = ["generate_radiograph", "nodule_outline", "XRAY_MAX", "NOISE_SIGMA"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,15 @@ def _nodule(
     lo, hi = (25.0, 50.0) if faint else (80.0, 300.0)
     contrast = round(float(rng.uniform(lo, hi)), 3)
     return blob, contrast, IRREGULAR if irregular else ROUND, "faint" if faint else "bright"
+
+
+def nodule_outline(
+    rng: np.random.Generator, center: tuple[float, float], diameter_mm: float, spacing: float, faint: bool
+) -> tuple[Blob, float]:
+    """A nodule as :func:`generate_radiograph` draws one (outline in pixels of ``spacing``
+    mm, and its contrast in units): for drawing more of them elsewhere (training data)."""
+    blob, contrast, _, _ = _nodule(rng, center, diameter_mm, spacing, faint)
+    return blob, contrast
 
 
 def _centers(
