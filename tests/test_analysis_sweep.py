@@ -108,6 +108,13 @@ def test_components_need_a_minimum_diameter_and_a_confirmed_peak() -> None:
     assert views == 0 and not (prob >= 0.5).any()
     prob, _, views, _ = sweep(Pixelwise(), faint, SPACING, 0.5, SweepConfig(confirm=0.8))
     assert views == 2 and (prob >= 0.5).any()
+    # confirm None (the default): the network's own, from its spec's [thresholds], else 0.999
+    sure = Pixelwise()
+    sure.spec.thresholds = {"probability": 0.5, "confirm": 0.8}
+    prob, _, views, _ = sweep(sure, faint, SPACING, 0.5)
+    assert SweepConfig().confirm is None and views == 2 and (prob >= 0.5).any()
+    prob, _, views, _ = sweep(sure, faint, SPACING, 0.5, SweepConfig(confirm=0.999))  # a setting wins over the spec
+    assert views == 0 and not (prob >= 0.5).any()
     # Past max_views, the weakest are dropped unchecked.
     two = frame_with((300, 200, 20), (700, 650, 20))
     two[disc(two.shape, (700, 650), 20)] = 0.85  # the weaker one

@@ -11,7 +11,8 @@ but with 5 false positives per frame: lung texture seen twice as large.
 Those false marks are not stable under a mirror image of the input; the nodules are.
 So each component of the fine map is run again on a window around it flipped left to
 right and top to bottom (``SweepConfig.flips``), and kept only when the least of its
-probabilities over the views reaches ``confirm`` (0.999) at its peak and it is at least
+probabilities over the views reaches ``confirm`` at its peak (0.999, or the segmenter's own
+``[thresholds] confirm``: how sure a network is, is the network's) and it is at least
 ``min_diameter_mm`` long. What comes out is the fine map with the other components
 taken off, masks at 0.25 mm; it takes the place of the first pass and the recheck,
 which then do not run (:meth:`medrt.analyzer.Analyzer.segment`).
@@ -33,7 +34,7 @@ sliding window at the finer scale.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -51,10 +52,11 @@ from medrt.analysis.segment import (
 from medrt.engine.backends.base import Backend
 from medrt.preprocess import Windowed
 
-__all__ = ["SweepConfig", "Swept", "sweep", "view_window", "FLIPS"]
+__all__ = ["CONFIRM", "SweepConfig", "Swept", "sweep", "view_window", "FLIPS"]
 
 log = logging.getLogger(__name__)
 
+CONFIRM = 0.999  # SweepConfig.confirm for a segmenter whose spec sets none
 FLIPS = {"h": -1, "v": -2}  # the array axis each flip mirrors: left-right, top-bottom
 PROB_FLOOR_MAX = 0.99  # the fine map is exact from its threshold up, at most from here
 
@@ -64,8 +66,10 @@ class SweepConfig:
     """Settings of :func:`sweep`, chosen on validation radiographs (module docstring)."""
 
     # The least probability over the views that a component of the fine map needs at
-    # its peak, and its least length.
-    confirm: float = 0.999
+    # its peak, and its least length. None: the segmenter's spec's [thresholds] confirm,
+    # else CONFIRM (a network's probabilities are its own: lesion_unet_dx 1.1, trained on
+    # drawn-in faint nodules, marks more of everything at 0.999 and is confirmed at 0.9999).
+    confirm: float | None = None
     min_diameter_mm: float = 1.5
     flips: tuple[str, ...] = ("h", "v")
     # Frame around a component in its flipped views, each side. 16, 32 and 48 mm found
@@ -94,7 +98,7 @@ class SweepConfig:
         unknown = [f for f in self.flips if f not in FLIPS]
         if unknown or not self.flips:
             raise ValueError(f'Argument "flips" must name at least one of {sorted(FLIPS)}, got {self.flips!r}')
-        if not 0.0 < self.confirm <= 1.0:
+        if self.confirm is not None and not 0.0 < self.confirm <= 1.0:
             raise ValueError(f'Argument "confirm" must be in (0, 1], got {self.confirm!r}')
         if self.view_bucket < 0:
             raise ValueError(f'Argument "view_bucket" must be >= 0, got {self.view_bucket!r}')
@@ -144,7 +148,10 @@ def sweep(
 
     ``crops`` (source boxes) limits the sweep to the ROI path's crops; None sweeps the
     whole frame. The map is 0 outside the swept mask and takes the place of the first
-    pass and the recheck."""
+    pass and the recheck. ``cfg.confirm`` None: the model's spec's ``[thresholds] confirm``,
+    else :data:`CONFIRM`."""
+    if cfg.confirm is None:
+        cfg = replace(cfg, confirm=float(getattr(model.spec, "thresholds", {}).get("confirm", CONFIRM)))
     factors = recheck_factors(spacing_mm, getattr(model.spec, "spacing_mm", None))
     if factors is None or (crops is not None and not len(crops)):
         return None
