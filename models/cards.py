@@ -116,6 +116,10 @@ def _augmentation(details: dict[str, Any], command: str, roi: bool, ct_only: boo
         aug += (f"; {details['insert_faint']:.0%} of the CT crops get one or two faint (1.5–3 times the noise) "
                 "5–15 mm soft-tissue lesions drawn in across the three slices (`models/data.py` "
                 "`insert_faint_lesions`)")
+    if details.get("insert_faint_dx"):
+        aug += (f"; {details['insert_faint_dx']:.0%} of the radiograph crops get one to three faint (25–50 of 4095 "
+                "units) 2–6 mm nodules drawn in as the phantom draws them (`models/data.py` `insert_faint_nodules`: "
+                "faint nodules under 5 mm are few among the training radiographs' nodules, and were most of the misses)")
     return aug
 
 
@@ -323,8 +327,9 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
                      f"{dx_cov['lesions']} radiograph nodules with its crops, so on radiographs the ROI "
                      "path misses part of what this UNet finds over the whole frame (compare the rows above); "
                      "`--mode roi` forces it."] if dx_cov["coverage"] < 0.9 else []),
-                  ("- Trained within a 30-minute CPU budget, on one core; the same recipe on both cores (1.6× the "
-                   "steps) found as many validation nodules (138 of 150) with one false positive more (docs/models-log.md)."
+                  ("- Trained within a 30-minute CPU budget, on one core; 1.0's recipe on both cores (1.6× the "
+                   "steps) found as many validation nodules (138 of 150) with one false positive more: more steps are "
+                   "not what it lacked, more faint small nodules to learn from were (docs/models-log.md)."
                    if dx_only else "- Trained within a 30-minute CPU budget; longer training or a larger network "
                    "would likely do better on both modalities."),
                   "- Synthetic anatomy and lesions only; real images differ in texture, noise and artefacts.",
