@@ -194,6 +194,9 @@ def test_gate_refuses_a_badly_calibrated_model(
     assert f"{report.fp32.dice:.3f} -> {report.reduced.dice:.3f}" in msg
     assert f"{report.fp32.sensitivity:.3f} -> {report.reduced.sensitivity:.3f}" in msg
     assert "the limit is 1 point" in msg
+    # false positives are reported beside the figures, not gated
+    fp32_fp, reduced_fp = report.false_positives
+    assert f"false positives {fp32_fp} -> {reduced_fp}, not gated ({report.frames} validation frames" in msg
     with pytest.raises(AccuracyGateError, match="refused") as info:
         report.enforce()
     assert isinstance(info.value, ModelError)
