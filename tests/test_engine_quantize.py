@@ -373,6 +373,15 @@ def test_gate_default_set_comes_one_series_or_radiograph_at_a_time_of_the_models
     assert len(list(chosen.groups(set()))) == 4  # a spec that lists no modality: both
 
 
+def test_gate_refuses_to_judge_a_model_for_a_modality_it_has_no_phantoms_of(lite: ModelSpec) -> None:
+    """The phantoms are CT slices and radiographs: an MR model gets a clear error, not a verdict."""
+    from dataclasses import replace
+
+    mr = replace(lite, modalities=("MR",))
+    with pytest.raises(ModelError, match=r"no validation frame of \['MR'\] for lesion_unet_lite@"):
+        compare(mr, mr)
+
+
 def test_int8_runs_without_a_writable_cache(unet: ModelSpec, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                             caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
     """A cache that cannot be written (here a file where the folder should be; a

@@ -300,6 +300,8 @@ def compare(
     t0 = time.perf_counter()
     made_for = set(fp32_spec.modalities)
     if frames is None:
+        if made_for and not made_for & {"CT", "DX", "CR"}:  # the phantoms are CT slices and radiographs
+            raise ModelError(f"no validation frame of {sorted(made_for)} for {fp32_spec.ident}: nothing to compare on")
         groups: Iterator[Sequence[PhantomFrame]] | list[Sequence[PhantomFrame]] = DEFAULT_SET.groups(made_for)
         seen = made_for or {"CT", "DX"}
     else:
