@@ -25,7 +25,7 @@ import numpy as np
 from pydicom import uid
 
 from medrt.analysis.lesions import lesions_from_probability
-from medrt.analysis.recheck import RecheckConfig, recheck
+from medrt.analysis.recheck import RecheckConfig, recheck_map
 from medrt.analysis.resample import recheck_factors, resample_factors
 from medrt.analysis.roi import classify
 from medrt.analysis.segment import segment_crops, sliding_window
@@ -66,8 +66,9 @@ class AnalyzerConfig:
     # Segmenters, comma-separated, routed like the ROI classifiers: CT slices go to the
     # 2.5-D lesion_unet_lite (its spec lists CT; on CT it finds as many lesions as
     # lesion_unet at a third fewer false positives), radiographs to lesion_unet_dx
-    # (lesion_unet's network trained on radiographs only: 138 of 150 validation nodules
-    # against lesion_unet's 130). lesion_unet, trained on both, takes either when named.
+    # (lesion_unet's network trained on radiographs only, 1.1 with faint small nodules drawn
+    # in: 140 of 150 validation nodules against lesion_unet's 130). lesion_unet, trained on
+    # both, takes either when named.
     seg_model: str = "lesion_unet_lite,lesion_unet_dx"
     recheck: bool = True
     recheck_config: RecheckConfig = field(default_factory=RecheckConfig)
@@ -469,10 +470,8 @@ class Analyzer:
         if work.prob is None or not work.recheck:
             return work
         seg = work.seg or self.seg
-        threshold, spacing = self.threshold_for(seg), work.frame.spacing_mm
-        labels0, lesions0 = lesions_from_probability(work.prob, spacing, threshold)
-        prob, rechecked, runs = recheck(seg, work.norm, work.prob, labels0, lesions0, spacing, threshold,
-                                        self.config.recheck_config)
+        prob, rechecked, runs = recheck_map(seg, work.norm, work.prob, work.frame.spacing_mm, self.threshold_for(seg),
+                                            self.config.recheck_config)
         log.debug("%s: %d recheck windows", work.frame.key, runs)
         return replace(work, prob=prob, rechecked=rechecked)
 

@@ -344,13 +344,13 @@ def test_gate_rechecks_ct_slices_as_the_analyzer_does(lite: ModelSpec, frames: l
     from medrt.analyzer import AnalyzerConfig
 
     seen: list[object] = []
-    real = gate.recheck
+    real = gate.recheck_map
 
-    def counted(model, norm, prob, labels, lesions, spacing_mm, threshold, cfg):  # type: ignore[no-untyped-def]
+    def counted(model, norm, prob, spacing_mm, threshold, cfg):  # type: ignore[no-untyped-def]
         seen.append(cfg)
-        return real(model, norm, prob, labels, lesions, spacing_mm, threshold, cfg)
+        return real(model, norm, prob, spacing_mm, threshold, cfg)
 
-    monkeypatch.setattr(gate, "recheck", counted)
+    monkeypatch.setattr(gate, "recheck_map", counted)
     ct = [f for f in frames if f.modality == "CT"]
     report = compare(lite, lite, frames=ct)
     assert len(seen) == 2 * len(ct)  # every slice, for the FP32 model and its "twin"

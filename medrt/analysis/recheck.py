@@ -32,7 +32,7 @@ from medrt.bands import at_least
 from medrt.engine.backends.base import Backend
 from medrt.types import Lesion
 
-__all__ = ["RecheckConfig", "recheck", "candidates"]
+__all__ = ["RecheckConfig", "recheck", "recheck_map", "candidates"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,3 +153,19 @@ def recheck(
             t[...] = True
         runs += 1
     return prob, touched, runs
+
+
+def recheck_map(
+    model: Backend,
+    norm: np.ndarray,
+    prob: np.ndarray,
+    spacing_mm: tuple[float, float] | None,
+    threshold: float,
+    cfg: RecheckConfig = RecheckConfig(),
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """:func:`recheck` of a first-pass map, its components taken at ``threshold`` first:
+    what the analyzer runs after the first pass (and the accuracy gate with it)."""
+    from medrt.analysis.lesions import lesions_from_probability
+
+    labels, lesions = lesions_from_probability(prob, spacing_mm, threshold)
+    return recheck(model, norm, prob, labels, lesions, spacing_mm, threshold, cfg)

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from medrt.analysis.lesions import lesions_from_probability
-from medrt.analysis.recheck import RecheckConfig, recheck
+from medrt.analysis.recheck import RecheckConfig, recheck_map
 from medrt.analysis.roi import classify, plan_crops, proposals_from_boxes
 from medrt.analysis.segment import segment_crops
 from medrt.analysis.slices import Sides, phantom_input, phantom_sides
@@ -266,8 +266,7 @@ def _findings(seg: Backend, norm: np.ndarray, prob: np.ndarray, spacing: tuple[f
     after the 2× recheck (``rechecking``; None: off), from ``least_mm`` long."""
     rechecked = None
     if rechecking is not None and prob.any():
-        labels0, lesions0 = lesions_from_probability(prob, spacing, threshold)
-        prob, rechecked, _ = recheck(seg, norm, prob, labels0, lesions0, spacing, threshold, rechecking)
+        prob, rechecked, _ = recheck_map(seg, norm, prob, spacing, threshold, rechecking)
     return lesions_from_probability(prob, spacing, threshold, rechecked_mask=rechecked, min_diameter_mm=least_mm)
 
 
