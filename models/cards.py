@@ -67,6 +67,11 @@ def _summary_table(rows: list[tuple[str, dict[str, Any]]]) -> list[str]:
     return lines + [""]
 
 
+def _found(r: dict[str, Any], what: str = "lesions") -> str:
+    """"k of n lesions found" from one evaluation row (``?`` where it is missing)."""
+    return f"{r['detected']} of {r['gt_lesions']} {what} found" if "detected" in r else "?"
+
+
 def _latency(results: dict[str, Any], name: str) -> list[str]:
     lat = results["latency_ms"][name]
     rows = ["| network input | latency (ORT CPU, median) |", "|---|---|"]
@@ -83,6 +88,14 @@ def _latency(results: dict[str, Any], name: str) -> list[str]:
 def _ct_only(spec: Any) -> bool:
     """Whether the model was trained on CT alone (``--data ct`` in its training command)."""
     return "--data ct" in str(spec.training.get("command", ""))
+
+
+def _takes(spec: Any, modality: str) -> bool:
+    """Whether the analyzer sends ``modality`` frames to the model: its spec lists that
+    modality, or none. The card's table holds only those rows; a model refuses the
+    others with an error, so their figures (still in metrics.json) would only be read
+    as what it does."""
+    return not spec.modalities or modality in spec.modalities
 
 
 def _dx_only(spec: Any) -> bool:
@@ -287,13 +300,13 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
         for key, label in ((name, "DX 4096², ROI path"), (f"{name}+recheck", "DX 4096², ROI path + recheck"),
                            (f"{name}@full", "DX 4096², whole frame"),
                            (f"{name}@full+recheck", f"DX 4096², whole frame + recheck{default}")):
-            if key in results["dx"]:
+            if key in results["dx"] and _takes(spec, "DX"):
                 rows.append((label, results["dx"][key]))
         ct_default = " (the analyzer's default)" if _default_for(models, "CT") == name else ""
         for key, label in ((name, "CT 512², whole slice"), (f"{name}+recheck", f"CT 512², + recheck{ct_default}"),
                            (f"{name}@roi", "CT 512², classifier → slice"),
                            (f"{name}@roi+recheck", "CT 512², classifier → slice + recheck")):
-            if key in results["ct"]:
+            if key in results["ct"] and _takes(spec, "CT"):
                 rows.append((label, results["ct"][key]))
         lines = _header(spec) + ["## Metrics", "", source, "", TARGETS, ""] + _summary_table(rows)
         lines += ["## Latency", ""] + _latency(results, name) + _training(spec, roi=False)
@@ -301,8 +314,9 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
             dx_full = results["dx"].get(f"{name}@full", {})
             lines += ["## Limitations", "",
                       "- Trained on CT phantom patches only (`--data ct`): radiograph nodules are not learnt "
-                      f"(whole-frame radiograph row: {dx_full.get('fp_per_frame', float('nan')):.1f} false positives "
-                      "per frame). " + (f"Its spec lists `modalities = {list(spec.modalities)}`, so the analyzer "
+                      f"(held out over the whole radiograph: {_found(dx_full, 'nodules')}, "
+                      f"{dx_full.get('fp_per_frame', float('nan')):.1f} false positives per frame"
+                      + ("; not in the table above" if not _takes(spec, "DX") else "") + "). " + (f"Its spec lists `modalities = {list(spec.modalities)}`, so the analyzer "
                                         "refuses other frames with an error naming the file. "
                                         if spec.modalities else "Do not use it on radiographs. ")
                       + "`lesion_unet_dx` is the model for radiographs.",
@@ -312,8 +326,10 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
         dx_only = []
         if _dx_only(spec):
             ct_whole = results["ct"].get(name, {})
-            dx_only = ["- Trained on radiograph patches only (`--data dx`): CT lesions are not learnt (whole-slice CT "
-                       f"row: {ct_whole.get('fp_per_frame', float('nan')):.1f} false positives per slice). Its spec "
+            dx_only = ["- Trained on radiograph patches only (`--data dx`): CT lesions are not learnt (held out on "
+                       f"whole CT slices: {_found(ct_whole, 'lesion sections')}, {ct_whole.get('fp_per_frame', float('nan')):.1f} false "
+                       "positives per slice" + ("; not in the table above" if not _takes(spec, "CT") else "")
+                       + "). Its spec "
                        f"lists `modalities = {list(spec.modalities)}`, so the analyzer sends it no CT slice, and "
                        "named alone it refuses them with an error naming the file; `lesion_unet_lite` is the model "
                        "for CT."]
