@@ -166,20 +166,14 @@ def _frames(seed: int, n_ct_series: int, ct_slices: int, n_dx: int) -> tuple[Pha
     return tuple(f for group in chosen.groups(set()) for f in group)
 
 
-def _sweep_settings() -> SweepConfig | None:
-    """The fine sweep as the analyzer's defaults run it (None: configured off)."""
+def _analyzer_defaults() -> tuple[SweepConfig | None, RecheckConfig | None, float]:
+    """What the analyzer's defaults run, which the gate scores: the fine sweep and the
+    recheck (None: configured off), and the least reported length in mm."""
     # imported here: the analyzer imports this module lazily (to build INT8 twins)
     from medrt.analyzer import AnalyzerConfig, sweep_config
 
-    return sweep_config(AnalyzerConfig())
-
-
-def _recheck_settings() -> tuple[RecheckConfig | None, float]:
-    """The analyzer's defaults: its recheck (None: off) and its least reported length in mm."""
-    from medrt.analyzer import AnalyzerConfig
-
     config = AnalyzerConfig()
-    return (config.recheck_config if config.recheck else None), config.min_diameter_mm
+    return sweep_config(config), (config.recheck_config if config.recheck else None), config.min_diameter_mm
 
 
 def validation_frames(
@@ -332,8 +326,8 @@ def compare(
         segs = dict(variants)
     testing_roi = fp32_spec.task == "roi_classifier"
     whole_small = not testing_roi
-    fine = None if testing_roi else _sweep_settings()
-    rechecking, least_mm = _recheck_settings()
+    default_sweep, rechecking, least_mm = _analyzer_defaults()
+    fine = None if testing_roi else default_sweep
     preds: dict[str, list[FramePrediction]] = {k: [] for k in variants}
     truth: dict[str, FrameTruth] = {}
     slices = max(getattr(s.spec, "slices", 1) for s in segs.values())
