@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -814,3 +815,29 @@ def test_cards_are_what_metrics_json_says(tmp_path: Path) -> None:
         card = (tmp_path / f"{name}.md").read_text(encoding="utf-8")
         assert card == (MODELS / f"{name}.md").read_text(encoding="utf-8"), f"{name}.md differs from metrics.json"
         assert "95 % Wilson interval" in card
+
+
+def test_ct_ceiling_is_the_ideal_observer_figure(capsys) -> None:
+    """``python -m medrt.models.ceiling``: the CNR and threshold follow their formulas, the
+    ceiling counts every scored section of the series once, and faint lesions (1.5-3x the
+    noise) sit under bright ones (4-9x)."""
+    from medrt.models import ceiling as ce
+    from medrt.phantom import generate_ct_series
+    from medrt.phantom.ct import noise_sigma
+
+    assert ce.threshold_z(0.2, 512 * 512) == pytest.approx(4.37, abs=0.01)
+    assert ce.threshold_z(0.02, 512 * 512) > ce.threshold_z(0.2, 512 * 512)
+    assert ce.section_cnr(-30.0, 4 * ce.SAMPLE_PX, 10.0) == pytest.approx(6.0)
+    assert ce.section_cnr(60.0, 16 * ce.SAMPLE_PX, 10.0) == pytest.approx(24.0)
+    assert 10.0 <= noise_sigma(5100) <= 14.0
+
+    out = ce.ceiling(seed=5000, n_series=1, n_frames=40)
+    scored = [les for f in generate_ct_series(5100, n_frames=40) for les in f.lesions if not les.extras.get("ignore")]
+    buckets = {r["name"]: r for r in out["sections"]}
+    assert sum(buckets[b]["lesions"] for b in ("2-5", "5-10", "10-30")) == len(scored) > 10
+    for r in out["sections"] + out["lesions"] + out["kinds"]:
+        assert r["lesions"] == 0 or 0.0 <= r["ceiling"] <= r["lesions"]
+    kinds = {r["name"]: r["rate"] for r in out["kinds"]}
+    assert kinds["faint"] < kinds["bright"]
+    assert ce.main(["--series", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["z"] == out["z"]

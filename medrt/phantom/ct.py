@@ -31,7 +31,7 @@ from medrt.phantom.shapes import (
 )
 from medrt.types import LesionTruth
 
-__all__ = ["generate_ct_series", "CT_WINDOW", "MIN_DIAMETER_MM", "MAX_DIAMETER_MM"]
+__all__ = ["generate_ct_series", "noise_sigma", "CT_WINDOW", "MIN_DIAMETER_MM", "MAX_DIAMETER_MM", "NOISE_BLUR_PX"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,10 @@ _MARGIN_PX = 7  # homogeneous tissue kept around each lesion (room for a ring te
 _ORGANS = (Tissue.LIVER, Tissue.SPLEEN, Tissue.KIDNEY, Tissue.MUSCLE, Tissue.LUNG)
 _ORGAN_P = (0.45, 0.12, 0.13, 0.12, 0.18)
 _NEGATIVE_P = {Tissue.LIVER: 0.7, Tissue.SPLEEN: 0.6, Tissue.KIDNEY: 0.8, Tissue.MUSCLE: 0.4}
+# The quantum noise: white noise blurred by a Gaussian of this sigma in pixels, so one
+# independent sample covers about 4 pi 0.8^2 = 8 px (medrt.models.ceiling).
+NOISE_BLUR_PX = 0.8
+
 _TEXTURE_HU = {
     Tissue.LUNG: 25.0,
     Tissue.MARROW: 15.0,
@@ -281,12 +285,19 @@ def _render_slice(
             t = replace(t, extras={**extras, "ignore": 1.0})
         truths.append(t)
     # Quantum noise: mildly correlated, weaker in air outside the patient.
-    white = blur(rng.standard_normal(shape), 0.8)
+    white = blur(rng.standard_normal(shape), NOISE_BLUR_PX)
     white /= quantize_constant(float(white.std()))
     body = blur((tissue != Tissue.AIR).astype(np.float64), 2.0)
     hu += white * (series.sigma * (0.3 + 0.7 * body))
     pixels = np.clip(np.rint(hu), HU_MIN, HU_MAX).astype(np.float32)
     return pixels, labels, tuple(truths)
+
+
+def noise_sigma(seed: int, n_frames: int = 40, size: int = 512) -> float:
+    """The quantum noise of ``generate_ct_series(seed, n_frames, size)`` inside the body,
+    in HU: white noise blurred by :data:`NOISE_BLUR_PX`, scaled to this standard deviation
+    (a faint lesion's contrast is 1.5-3 times it, a bright one's 4-9)."""
+    return _make_series(n_frames, size, stream_rng(check_seed(seed), CT, 0)).sigma
 
 
 def generate_ct_series(
