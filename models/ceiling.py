@@ -16,7 +16,10 @@ must call a place a lesion from ``z = Phi^-1(1 - fp / (pixels / A))`` (4.4 for 0
 512² slice), and finds a section with probability ``Phi(CNR - z)``. The ceiling of a
 bucket is the sum of those probabilities. It leaves out the anatomy (organ edges,
 vessels, texture) that a real detector must also tell lesions from, so it is an upper
-bound, and a loose one for large lesions over textured tissue.
+bound, and a loose one for large lesions over textured tissue. The same observer as an
+ROI classifier (``--specificity``): a 512² slice is one crop, so a lesion is covered when
+its slice is called positive: when any of its lesions is found, or a false call is made
+there (as on a lesion-free slice, with probability 1 - specificity).
 
 Why it exists (eighteenth session, docs/models-log.md): on the validation series every
 2-5 mm section under CNR 4 was missed, and half of them are under it: the 0.85 target
@@ -54,11 +57,17 @@ def threshold_z(fp_per_slice: float, pixels: int) -> float:
 
 
 def ceiling(seed: int = 5000, n_series: int = 8, n_frames: int = 40, size: int = 512,
-            fp_per_slice: float = 0.2) -> dict[str, Any]:
+            fp_per_slice: float = 0.2, specificity: float = 0.9) -> dict[str, Any]:
     """The ceiling per size bucket (sections), per lesion (3-D: found when any section
     is) and per contrast class, on CT series ``seed + 100 + s`` as
-    ``models/evaluate.py`` draws them."""
+    ``models/evaluate.py`` draws them; and ``coverage``, the ROI classifier's: a 512²
+    slice is one crop, so a lesion is covered when its slice is called positive, which
+    the observer does when it finds any lesion there, kept to ``specificity`` on
+    lesion-free slices (no false call in a slice with probability ``specificity``:
+    ``-ln(specificity)`` false calls per slice)."""
     z = threshold_z(fp_per_slice, size * size)
+    z_frame = threshold_z(-math.log(specificity), size * size)
+    covered: list[float] = []  # per scored section: P(its slice is called positive)
     sections: dict[str, list[float]] = defaultdict(list)  # bucket -> P(found) per section
     kinds: dict[str, list[float]] = defaultdict(list)
     lesions: dict[tuple[int, int], dict[str, Any]] = {}
@@ -67,9 +76,12 @@ def ceiling(seed: int = 5000, n_series: int = 8, n_frames: int = 40, size: int =
         sigma = noise_sigma(series_seed, n_frames, size)
         for frame in generate_ct_series(series_seed, n_frames=n_frames, size=size):
             px_mm2 = frame.spacing_mm[0] * frame.spacing_mm[1]
-            for les in frame.lesions:
-                if les.extras.get("ignore"):
-                    continue
+            scored = [les for les in frame.lesions if not les.extras.get("ignore")]
+            # called negative: no lesion found and no false call elsewhere in the slice
+            quiet = specificity * math.prod(
+                float(norm.sf(section_cnr(les.contrast, les.area_mm2 / px_mm2, sigma) - z_frame)) for les in scored)
+            covered += [1.0 - quiet] * len(scored)
+            for les in scored:
                 p = float(norm.cdf(section_cnr(les.contrast, les.area_mm2 / px_mm2, sigma) - z))
                 sections[bucket_of(les.diameter_mm)].append(p)
                 kinds[les.kind].append(p)
@@ -90,7 +102,10 @@ def ceiling(seed: int = 5000, n_series: int = 8, n_frames: int = 40, size: int =
     return {"seed": seed, "series": n_series, "fp_per_slice": fp_per_slice, "z": round(z, 2),
             "sections": rows(sections, names) + rows({">=5": large}, [">=5"]),
             "lesions": rows(by_lesion, names) + rows({">=5": large_3d}, [">=5"]),
-            "kinds": rows(kinds, sorted(kinds))}
+            "kinds": rows(kinds, sorted(kinds)),
+            "coverage": {"specificity": specificity, "z": round(z_frame, 2), "lesions": len(covered),
+                         "ceiling": round(sum(covered), 1),
+                         "rate": round(sum(covered) / len(covered), 3) if covered else None}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,9 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--series", type=int, default=8)
     p.add_argument("--frames", type=int, default=40, help="slices per series")
     p.add_argument("--fp", type=float, default=0.2, help="false positives allowed per slice")
+    p.add_argument("--specificity", type=float, default=0.9,
+                   help="the classifier's specificity on lesion-free slices, for its coverage ceiling")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    out = ceiling(args.seed, args.series, args.frames, fp_per_slice=args.fp)
+    out = ceiling(args.seed, args.series, args.frames, fp_per_slice=args.fp, specificity=args.specificity)
     if args.json:
         print(json.dumps(out))
         return 0
@@ -111,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     for what in ("sections", "lesions", "kinds"):
         cells = ", ".join(f"{r['name']} {r['rate']} ({r['ceiling']} of {r['lesions']})" for r in out[what])
         print(f"  {what}: {cells}")
+    cov = out["coverage"]
+    print(f"  ROI classifier coverage at specificity {cov['specificity']} (z = {cov['z']}): "
+          f"{cov['rate']} ({cov['ceiling']} of {cov['lesions']} lesion sections)")
     return 0
 
 

@@ -839,5 +839,9 @@ def test_ct_ceiling_is_the_ideal_observer_figure(capsys) -> None:
         assert r["lesions"] == 0 or 0.0 <= r["ceiling"] <= r["lesions"]
     kinds = {r["name"]: r["rate"] for r in out["kinds"]}
     assert kinds["faint"] < kinds["bright"]
+    # the classifier's coverage: every scored section once; a looser classifier covers more
+    assert out["coverage"]["lesions"] == len(scored)
+    looser = ce.ceiling(seed=5000, n_series=1, n_frames=40, specificity=0.3)["coverage"]
+    assert 0.0 < out["coverage"]["rate"] < looser["rate"] <= 1.0
     assert ce.main(["--series", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["z"] == out["z"]
