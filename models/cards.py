@@ -320,6 +320,9 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
                                         "refuses other frames with an error naming the file. "
                                         if spec.modalities else "Do not use it on radiographs. ")
                       + "`lesion_unet_dx` is the model for radiographs.",
+                      "- Part of the CT lesions lie under the phantom's noise: `python -m medrt.models.ceiling "
+                      "--seed 9000 --series 12` gives, per size bucket, what an observer that knows each lesion's "
+                      "shape could find on these held-out series at 0.2 false positives per slice (README, Models).",
                       "- Synthetic anatomy and lesions only; real images differ in texture, noise and artefacts.", ""]
             (models / f"{name}.md").write_text("\n".join(lines), encoding="utf-8")
             continue
@@ -392,6 +395,10 @@ def _roi_card(models: Path, name: str, results: dict[str, Any], source: str) -> 
     only = next((v for k, v in trained_on.items() if k in str(spec.training.get("command", ""))), None)
     lines += ["## Limitations", "",
               *([f"- Trained on {only}: on the other modality its figures above are not what it is for."] if only else []),
+              *(["- On CT, coverage and specificity trade against each other under the phantom's noise: "
+                 "`python -m medrt.models.ceiling --seed 9000 --series 12 --specificity S` gives the coverage an "
+                 "ideal observer reaches at specificity S on these held-out series (README, Models)."]
+                if "--data ct" in str(spec.training.get("command", "")) else []),
               "- A lesion counts as covered only when its whole bounding box lies inside one proposed crop.",
               "- When more groups of hot cells than `max_crops` turn up, the frame is tiled with 1024² crops "
               "(16 on a 4096² radiograph), which covers everything and saves nothing.",
