@@ -819,8 +819,9 @@ def test_cards_are_what_metrics_json_says(tmp_path: Path) -> None:
 
 def test_ct_ceiling_is_the_ideal_observer_figure(capsys) -> None:
     """``python -m medrt.models.ceiling``: the CNR and threshold follow their formulas, the
-    ceiling counts every scored section of the series once, and faint lesions (1.5-3x the
-    noise) sit under bright ones (4-9x)."""
+    ceiling counts every scored section of the series once, faint lesions (1.5-3x the
+    noise) sit under bright ones (4-9x), an observer that adds a lesion's slices finds at
+    least as much as one that reads each slice alone, and a looser classifier covers more."""
     from medrt.models import ceiling as ce
     from medrt.phantom import generate_ct_series
     from medrt.phantom.ct import noise_sigma
@@ -830,18 +831,23 @@ def test_ct_ceiling_is_the_ideal_observer_figure(capsys) -> None:
     assert ce.section_cnr(-30.0, 4 * ce.SAMPLE_PX, 10.0) == pytest.approx(6.0)
     assert ce.section_cnr(60.0, 16 * ce.SAMPLE_PX, 10.0) == pytest.approx(24.0)
     assert 10.0 <= noise_sigma(5100) <= 14.0
+    with pytest.raises(ValueError, match="specificity"):
+        ce.ceiling(n_series=1, specificity=1.0)
 
     out = ce.ceiling(seed=5000, n_series=1, n_frames=40)
     scored = [les for f in generate_ct_series(5100, n_frames=40) for les in f.lesions if not les.extras.get("ignore")]
-    buckets = {r["name"]: r for r in out["sections"]}
-    assert sum(buckets[b]["lesions"] for b in ("2-5", "5-10", "10-30")) == len(scored) > 10
-    for r in out["sections"] + out["lesions"] + out["kinds"]:
-        assert r["lesions"] == 0 or 0.0 <= r["ceiling"] <= r["lesions"]
-    kinds = {r["name"]: r["rate"] for r in out["kinds"]}
-    assert kinds["faint"] < kinds["bright"]
-    # the classifier's coverage: every scored section once; a looser classifier covers more
-    assert out["coverage"]["lesions"] == len(scored)
-    looser = ce.ceiling(seed=5000, n_series=1, n_frames=40, specificity=0.3)["coverage"]
-    assert 0.0 < out["coverage"]["rate"] < looser["rate"] <= 1.0
+    for observer in ("slice", "series"):
+        got = out[observer]
+        buckets = {r["name"]: r for r in got["sections"]}
+        assert sum(buckets[b]["lesions"] for b in ("2-5", "5-10", "10-30")) == len(scored) > 10
+        for r in got["sections"] + got["lesions"] + got["kinds"]:
+            assert r["lesions"] == 0 or 0.0 <= r["ceiling"] <= r["lesions"]
+        kinds = {r["name"]: r["rate"] for r in got["kinds"]}
+        assert kinds["faint"] < kinds["bright"]
+        assert got["coverage"]["lesions"] == len(scored)
+    for one, both in zip(out["slice"]["sections"], out["series"]["sections"], strict=True):
+        assert both["ceiling"] >= one["ceiling"]
+    looser = ce.ceiling(seed=5000, n_series=1, n_frames=40, specificity=0.3)["series"]["coverage"]
+    assert 0.0 < out["series"]["coverage"]["rate"] < looser["rate"] <= 1.0
     assert ce.main(["--series", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["z"] == out["z"]
