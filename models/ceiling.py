@@ -116,7 +116,9 @@ def ceiling(seed: int = 5000, n_series: int = 8, n_frames: int = 40, size: int =
                 missed[key] *= 1.0 - p
         by_lesion: dict[str, list[float]] = defaultdict(list)
         for key, miss in missed.items():
-            by_lesion[bucket_of(longest[key])].append(found(key, 0.0, z) if observer == "series" else 1.0 - miss)
+            # the series observer finds a lesion once, from all its slices; the slice observer on any slice
+            lesion = float(norm.cdf(whole[key] - z)) if observer == "series" else 1.0 - miss
+            by_lesion[bucket_of(longest[key])].append(lesion)
         large = [p for b in names if b != "2-5" for p in by_bucket[b]]
         large_3d = [p for b in names if b != "2-5" for p in by_lesion[b]]
         out[observer] = {
