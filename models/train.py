@@ -148,7 +148,7 @@ def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
                                             n_ct_series=args.n_ct)
     if args.data != "all":  # e.g. the lite model is for 512² CT streams
         seg = seg.subset(seg.is_ct if args.data == "ct" else ~seg.is_ct)
-    net = build_unet(args.model, slices=args.slices, two_windows=args.two_windows)
+    net = build_unet(args.model, slices=args.slices, two_windows=args.two_windows, slice_mean=args.slice_mean)
     if args.resume:  # continue from earlier weights (the spec records the total steps)
         net.load_state_dict(torch.load(args.resume, map_location="cpu", weights_only=True))
     # Lesion pixels are a few per thousand: plain BCE settles on "background
@@ -179,7 +179,8 @@ def train_unet(args: argparse.Namespace) -> tuple[nn.Module, dict]:
             **({"insert_small_mm": list(args.insert_small_mm)} if args.insert_small_mm != phantom_data.INSERT_SMALL_MM
                else {}),
             "slices": args.slices,
-            "two_windows": args.two_windows, "insert_lung": args.insert_lung, "insert_faint": args.insert_faint,
+            "two_windows": args.two_windows, **({"slice_mean": True} if args.slice_mean else {}),
+            "insert_lung": args.insert_lung, "insert_faint": args.insert_faint,
             **({"insert_faint_dx": args.insert_faint_dx} if args.insert_faint_dx > 0 else {}),
             "neighbour_drop": args.neighbour_drop if args.slices == 3 else 0.0,
             "window_jitter": _jitter_note(args), **_window_info(args),
@@ -407,6 +408,7 @@ def _seg_args(args: argparse.Namespace) -> str:
     nb += f" --window={args.window[0]:g},{args.window[1]:g}" if args.window is not None and not args.two_windows else ""
     lung = f" --insert-lung {args.insert_lung:g}" if args.insert_lung > 0 else ""
     lung += " --two-windows" if args.two_windows else ""
+    lung += " --slice-mean" if args.slice_mean else ""
     if args.model in ROI_MODELS:
         return out + nb + lung
     out += f" --small-weight {args.small_weight:g}" if args.small_weight > 0 else ""
@@ -542,6 +544,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="with --data ct: read CT in the fixed wide window "
                         f"{WIDE_WINDOW[0]:g},{WIDE_WINDOW[1]:g} and cut the soft-tissue window from it inside the graph"
                         " (models/networks.py TwoWindows); sets --window to it")
+    p.add_argument("--slice-mean", action="store_true",
+                   help="UNets, with --two-windows --slices 3: one more input channel, the local contrast of the"
+                        " three slices' mean (models/networks.py TwoWindows)")
     p.add_argument("--window", type=_window_arg, default=None, metavar="CENTER,WIDTH",
                    help="normalise CT by this fixed window (HU) instead of each slice's VOI window, and say so "
                         "in the spec ([normalization] fixed_window); needs --data ct; write --window=-300,1400")
@@ -555,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.window not in (None, WIDE_WINDOW):
             p.error(f"--two-windows reads the fixed window {WIDE_WINDOW[0]:g},{WIDE_WINDOW[1]:g}; leave --window out")
         args.window = WIDE_WINDOW
+    if args.slice_mean and not (args.two_windows and args.slices == 3 and args.model not in ROI_MODELS):
+        p.error("--slice-mean is a UNet input with --two-windows --slices 3")
     if args.window is not None and args.data != "ct":
         p.error("--window is a CT window (HU): it needs --data ct")
     if args.model == "lesion_unet_dx" and args.data != "dx" and not args.export_only:
