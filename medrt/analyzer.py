@@ -429,7 +429,7 @@ class Analyzer:
         if swept is not None:
             ms = (time.perf_counter() - t0) * 1000.0
             return replace(swept, timings=replace(work.timings, segment=ms, recheck=0.0))
-        seg = work.seg or self.seg
+        seg = self._seg_of(work)
         spacing = work.frame.spacing_mm  # resampled to the model's training spacing where it names one
         if work.mode == "full":
             prob = sliding_window(seg, work.norm, roi=self.config.crop, overlap=self.config.overlap,
@@ -442,6 +442,11 @@ class Analyzer:
         work = self._recheck(replace(work, prob=prob))
         t2 = time.perf_counter()
         return replace(work, timings=replace(work.timings, segment=(t1 - t0) * 1000.0, recheck=(t2 - t1) * 1000.0))
+
+    def _seg_of(self, work: Work) -> Backend:
+        """The segmenter :meth:`prepare` chose for ``work`` (a hand-made Work without one:
+        the analyzer's first)."""
+        return work.seg or self.seg
 
     def refine(self, work: Work) -> Work:
         """What :meth:`segment` does after its first pass, from ``work.prob`` (that pass's
@@ -456,7 +461,7 @@ class Analyzer:
         recheck, no sweep configured, or a frame not finer than the segmenter)."""
         if not work.recheck or self.sweep_config is None:
             return None
-        seg = work.seg or self.seg
+        seg = self._seg_of(work)
         crops = None if work.mode == "full" else work.crops
         swept = sweep(seg, work.norm, work.frame.spacing_mm, self.threshold_for(seg), self.sweep_config, crops=crops)
         if swept is None:
@@ -469,7 +474,7 @@ class Analyzer:
         for the recheck)."""
         if work.prob is None or not work.recheck:
             return work
-        seg = work.seg or self.seg
+        seg = self._seg_of(work)
         prob, rechecked, runs = recheck_map(seg, work.norm, work.prob, work.frame.spacing_mm, self.threshold_for(seg),
                                             self.config.recheck_config)
         log.debug("%s: %d recheck windows", work.frame.key, runs)
@@ -479,7 +484,7 @@ class Analyzer:
         """Stage 4: connected components → lesions measured in mm."""
         t0 = time.perf_counter()
         frame = work.frame
-        seg = work.seg or self.seg
+        seg = self._seg_of(work)
         if work.prob is None:
             labels, lesions = np.zeros(frame.shape, np.uint16), []
         else:
