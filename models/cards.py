@@ -391,14 +391,14 @@ def _roi_card(models: Path, name: str, results: dict[str, Any], source: str) -> 
                      f"{_fmt(r['frame_sensitivity'])} | {r['mean_crops']:.2f} |")
     lines += ["", "Coverage and specificity with their 95 % Wilson interval (`medrt.evaluation.proportion_interval`).",
               "", "## Latency", ""] + _latency(results, name) + _training(spec, roi=True)
-    trained_on = {"--data ct": "CT thumbnails only (`--data ct`)", "--data dx": "radiograph thumbnails only (`--data dx`)"}
-    only = next((v for k, v in trained_on.items() if k in str(spec.training.get("command", ""))), None)
+    only = ("CT thumbnails only (`--data ct`)" if _ct_only(spec)
+            else "radiograph thumbnails only (`--data dx`)" if _dx_only(spec) else None)
     lines += ["## Limitations", "",
               *([f"- Trained on {only}: on the other modality its figures above are not what it is for."] if only else []),
               *(["- On CT, coverage and specificity trade against each other under the phantom's noise: "
                  "`python -m medrt.models.ceiling --seed 9000 --series 12 --specificity S` gives the coverage an "
                  "ideal observer reaches at specificity S on these held-out series (README, Models)."]
-                if "--data ct" in str(spec.training.get("command", "")) else []),
+                if _ct_only(spec) else []),
               "- A lesion counts as covered only when its whole bounding box lies inside one proposed crop.",
               "- When more groups of hot cells than `max_crops` turn up, the frame is tiled with 1024² crops "
               "(16 on a 4096² radiograph), which covers everything and saves nothing.",
