@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -235,6 +236,18 @@ def neighbour_path(cache: Path, *, base_seed: int, n_ct_series: int, ct_frames: 
     return cache / f"phantom_v{CACHE_VERSION}_nb_{base_seed}_{n_ct_series}_{ct_frames}_s{SEG_SPACING:g}.npz"
 
 
+def _save_atomically(path: Path, **arrays: np.ndarray) -> None:
+    """``np.savez`` to a file beside ``path``, then renamed onto it: the README trains two
+    networks side by side from one cache, and the second must never load a half-written
+    file the first is still writing (nor two writers interleave in one)."""
+    tmp = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
+    try:
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def build_neighbours(cache: Path, seg: SegData, *, base_seed: int, n_ct_series: int, ct_frames: int = 40,
                      workers: int = 2) -> SegData:
     """``seg`` with each CT patch's previous- and next-slice patches (for 2.5-D UNets),
@@ -252,7 +265,7 @@ def build_neighbours(cache: Path, seg: SegData, *, base_seed: int, n_ct_series: 
         ct_rows = seg.patches[seg.is_ct]
         if len(centres) != len(ct_rows) or not all(np.array_equal(a, b) for a, b in zip(centres, ct_rows, strict=True)):
             raise RuntimeError(f"{path.name}: the regenerated CT patches differ from the cached ones; rebuild both")
-        np.savez(path, neighbours=np.stack(nbs).astype(np.int16))
+        _save_atomically(path, neighbours=np.stack(nbs).astype(np.int16))
         log.info("cached the neighbours of %d CT patches in %s", len(nbs), path)
     with np.load(path) as z:
         nb = z["neighbours"]
@@ -305,7 +318,7 @@ def build(
                              ("ct_patches", [p[0] for p in ct_patches], lambda v: np.stack(v).astype(np.int16))):
         if items:
             arrays[key] = conv(items)
-    np.savez(path, **arrays)
+    _save_atomically(path, **arrays)
     log.info("cached %d thumbnails and %d patches in %s", len(rois), len(patches), path)
     return _load(path, parts, ct_frames)
 

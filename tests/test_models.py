@@ -426,6 +426,26 @@ def _drawn(insert, rng, stack, mask, tries):  # type: ignore[no-untyped-def]
             yield m, out - stack, lab, n
 
 
+def test_training_caches_are_renamed_into_place_whole(tmp_path: Path) -> None:
+    """Two trainings side by side share one cache: a cache file appears only whole, and a
+    write that fails leaves the file that was there and no temporary beside it."""
+    from medrt.models.data import _save_atomically
+
+    path = tmp_path / "cache.npz"
+    _save_atomically(path, a=np.arange(3))
+    with np.load(path) as z:
+        assert z["a"].tolist() == [0, 1, 2]
+    class Broken:  # fails while the archive is being written, like a full disk
+        def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+            raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        _save_atomically(path, a=np.arange(2), b=Broken())
+    with np.load(path) as z:
+        assert z["a"].tolist() == [0, 1, 2]
+    assert [p.name for p in tmp_path.iterdir()] == ["cache.npz"]
+
+
 def test_small_lesions_are_drawn_into_soft_tissue_only() -> None:
     """The CT training augmentation: 2-6 mm lesions land in homogeneous parenchyma (never in
     lung, fat or air), their masks come with them, and the cached patch is not modified."""
