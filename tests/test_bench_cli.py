@@ -44,7 +44,7 @@ def test_profile_layers_prints_the_slowest_nodes(capsys):
 
 def test_precision_int8_runs_the_gated_twins_and_the_engine_table_lists_int8(capsys):
     # lesion_unet: its twin passes the gate of the tests' small set (conftest: one CT series,
-    # three radiographs), where lesion_unet_lite 4.0's is refused by one lesion of 29 (it
+    # three radiographs), where lesion_unet_lite 4.0's was refused by one lesion of 29 (it
     # passes the default set, README) and the table would give the refusal as the int8 row's error
     rc = main(["bench", "--only", "engines,stream", "--model", "lesion_unet", "--stream-model", "lesion_unet",
                "--precision", "int8", "--stream-frames", "40", "--fps", "60", "--repeats", "3", "--json"])

@@ -193,7 +193,7 @@ def test_shipped_unets_are_exported_rewritten(name: str) -> None:
     onnx = require_module("onnx")
     model = onnx.load(str(MODELS / f"{name}.onnx"))
     ops = Counter(n.op_type for n in model.graph.node)
-    members = _members(name)  # lesion_unet_lite 4.0: two UNets in one graph
+    members = _members(name)  # lesion_unet_lite 4.x: two UNets in one graph
     assert ops["ConvTranspose"] == 0 and ops["PRelu"] == 0 and ops["Conv"] == 9 * members, ops
     pools = [n for n in model.graph.node if n.op_type == "AveragePool"]
     assert pools and all(n.name.endswith("/rows/pool") for n in pools)

@@ -344,7 +344,7 @@ def test_network_for_reads_the_input_channels_from_the_weights() -> None:
 
 
 def test_an_ensemble_averages_its_members_logits_and_rebuilds_from_its_weights() -> None:
-    """lesion_unet_lite 4.0 is an Ensemble: its output is the mean of its members' logits,
+    """lesion_unet_lite (4.0, 4.1) is an Ensemble: its output is the mean of its members' logits,
     and network_for rebuilds it (members and all) from the saved state dict."""
     torch = require_module("torch")
     require_module("monai")
