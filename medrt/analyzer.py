@@ -17,133 +17,40 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
-from pydicom import uid
 
+from medrt.analysis.config import MODES, AnalyzerConfig, sweep_config
 from medrt.analysis.lesions import lesions_from_probability
-from medrt.analysis.recheck import RecheckConfig, recheck_map
+from medrt.analysis.recheck import recheck_map
 from medrt.analysis.resample import recheck_factors, resample_factors
 from medrt.analysis.roi import classify
 from medrt.analysis.segment import segment_crops, sliding_window
 from medrt.analysis.slices import Neighbours, Sides, ordered_sides, slice_stack
-from medrt.analysis.sweep import SweepConfig, sweep
+from medrt.analysis.sweep import sweep
 from medrt.engine.backends.base import Backend
 from medrt.engine.registry import ModelSpec, find_spec
+from medrt.engine.routing import (
+    SECONDARY_CAPTURE,
+    fits_one_crop,
+    no_model_reason,
+    pick_for_modality,
+    routing_modality,
+)
 from medrt.errors import NoModelForImageError
 from medrt.preprocess import Windowed, normalize
 from medrt.types import Frame, FrameResult, RoiProposal, StageTimings
 
-__all__ = ["AnalyzerConfig", "Analyzer", "Work", "load_analyzer"]
+# AnalyzerConfig and the routing helpers live in medrt.analysis.config and
+# medrt.engine.routing; they are re-exported here, where every face has imported them.
+__all__ = [
+    "MODES", "SECONDARY_CAPTURE", "AnalyzerConfig", "Analyzer", "Work", "fits_one_crop", "load_analyzer",
+    "pick_for_modality", "routing_modality", "sweep_config",
+]
 
 log = logging.getLogger(__name__)
-
-MODES = ("auto", "roi", "full")
-
-
-@dataclass(frozen=True)
-class AnalyzerConfig:
-    """How to analyse frames. Models are shipped names or paths to ``.toml`` specs."""
-
-    # "roi": the ROI classifier's crops; "full": sliding window over the whole frame;
-    # "auto": per frame, the whole frame where the frame is much finer than the
-    # segmenter's spacing (radiographs: at 0.5 mm a 4096² radiograph is one network
-    # window, and the fine sweep covers it all; the classifier's crops held 73 % of
-    # the held-out nodules), fits in one crop (a 512² CT slice: the ROI path can only
-    # skip it, and that cost more than it saved), or no ROI classifier is for its
-    # modality; else the ROI path. See Analyzer.mode_for.
-    mode: str = "auto"
-    backend: str = "auto"
-    device: str = "auto"
-    precision: str = "fp32"
-    # ROI classifiers, comma-separated: a frame goes to the first whose spec lists its
-    # modality ([model] modalities), else to the first that lists none. Radiographs go
-    # to roi_classifier_dx, which covers ~3x the nodules the general one does on them.
-    roi_model: str = "roi_classifier,roi_classifier_dx"
-    # Segmenters, comma-separated, routed like the ROI classifiers: CT slices go to the
-    # 2.5-D lesion_unet_lite (its spec lists CT; on CT it finds as many lesions as
-    # lesion_unet at a third fewer false positives), radiographs to lesion_unet_dx
-    # (lesion_unet's network trained on radiographs only, 1.1 with faint small nodules drawn
-    # in: 140 of 150 validation nodules against lesion_unet's 130). lesion_unet, trained on
-    # both, takes either when named.
-    seg_model: str = "lesion_unet_lite,lesion_unet_dx"
-    recheck: bool = True
-    recheck_config: RecheckConfig = field(default_factory=RecheckConfig)
-    # The fine sweep, for frames much finer than the segmenter (medrt.analysis.sweep): it
-    # replaces the first pass and the recheck there. None: off. Runs when the recheck does.
-    sweep: SweepConfig | None = field(default_factory=SweepConfig)
-    crop: int = 1024
-    overlap: float = 0.25
-    threshold: float | None = None  # None: the segmenter spec's probability threshold
-    # Lesions shorter than this (longest diameter) are not reported. Ground truth is
-    # scored from 2 mm; on the validation CT series (seeds 5100-5107) most false marks
-    # under 1.5 mm were specks of one or two pixels: 0.172 -> 0.144 false positives per
-    # slice for lesion_unet_lite 2.0 at 0.8 (one 2-5 mm lesion fewer), 0.241 -> 0.150
-    # for 3.0 at 0.9 (no lesion fewer). Radiographs: the fine sweep views and keeps
-    # components from this length too (it replaces SweepConfig.min_diameter_mm here, so a
-    # lower setting does reach the radiographs' smaller components).
-    min_diameter_mm: float = 1.5
-    presence_threshold: float | None = None  # None: the ROI classifier spec's
-    heatmap_threshold: float | None = None
-    max_crops: int = 8
-    # 1024² crops, 512² CT slices, and 1024² radiograph crops at 1/4 scale (spacing
-    # normalisation), without and with their 32-pixel context on each side
-    warmup_shapes: tuple[tuple[int, int], ...] = ((1024, 1024), (512, 512), (320, 320), (256, 256))
-    threads: int | None = None
-    # per-backend constructor options, e.g. {"torch": {"cuda_graph": True, "max_graphs": 64}}
-    backend_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f'Argument "mode" must be one of {MODES}, got {self.mode!r}.')
-        if not 0.0 <= self.overlap < 1.0:
-            raise ValueError(f'Argument "overlap" must be in [0, 1), got {self.overlap!r}.')
-        if not self.min_diameter_mm >= 0.0:
-            raise ValueError(f'Argument "min_diameter_mm" must be >= 0, got {self.min_diameter_mm!r}.')
-
-
-# Secondary Capture Image Storage and its multi-frame forms: screenshots, dose reports,
-# burned-in overlays (medrt's own --sc output among them), not acquired images, whatever
-# their Modality says. They route as "SC", which no shipped model lists.
-SECONDARY_CAPTURE = frozenset({
-    uid.SecondaryCaptureImageStorage, uid.MultiFrameSingleBitSecondaryCaptureImageStorage,
-    uid.MultiFrameGrayscaleByteSecondaryCaptureImageStorage, uid.MultiFrameGrayscaleWordSecondaryCaptureImageStorage,
-    uid.MultiFrameTrueColorSecondaryCaptureImageStorage,
-})
-
-
-def routing_modality(modality: str | None, sop_class_uid: str | None = None) -> str:
-    """What frames are routed to models by: the DICOM Modality (upper case), or "SC" for
-    a Secondary Capture (:data:`SECONDARY_CAPTURE`)."""
-    if (sop_class_uid or "") in SECONDARY_CAPTURE:
-        return "SC"
-    return (modality or "").upper()
-
-
-def pick_for_modality(backends: Sequence[Backend], modality: str) -> Backend | None:
-    """The first of ``backends`` whose spec lists ``modality``, else the first that
-    lists none (made for any), else None."""
-    for b in backends:
-        if modality in b.spec.modalities:
-            return b
-    return next((b for b in backends if not b.spec.modalities), None)
-
-
-def fits_one_crop(shape: tuple[int, int], crop: int) -> bool:
-    """Whether a frame of ``shape`` fits in one ``crop``² window (a 512² CT slice): the ROI
-    path can then only skip it, and ``auto`` runs it whole (:meth:`Analyzer.mode_for`)."""
-    return shape[0] <= crop and shape[1] <= crop
-
-
-def sweep_config(config: AnalyzerConfig) -> SweepConfig | None:
-    """The fine sweep as an analyzer of ``config`` runs it: ``config.sweep`` with the
-    analyzer's ``min_diameter_mm`` (None: no sweep)."""
-    if config.sweep is None:
-        return None
-    return replace(config.sweep, min_diameter_mm=config.min_diameter_mm)
 
 
 def _create(spec: ModelSpec, config: AnalyzerConfig) -> Backend:
@@ -263,7 +170,7 @@ class Analyzer:
         chosen = pick_for_modality(self.segs, modality)
         if chosen is None:
             raise NoModelForImageError(frame.source.path or frame.key,
-                                       self._no_model(self.segs, modality, frame.modality))
+                                       no_model_reason(self.segs, modality, frame.modality))
         return chosen
 
     def roi_for(self, frame: Frame) -> Backend:
@@ -273,7 +180,7 @@ class Analyzer:
         chosen = pick_for_modality(self.rois, modality)
         if chosen is None:
             raise NoModelForImageError(frame.source.path or frame.key,
-                                       self._no_model(self.rois, modality, frame.modality, roi=True))
+                                       no_model_reason(self.rois, modality, frame.modality, roi=True))
         return chosen
 
     def refusal(self, modality: str | None, mode: str | None = None, sop_class_uid: str | None = None) -> str | None:
@@ -282,27 +189,10 @@ class Analyzer:
         before decoding it."""
         routed = routing_modality(modality, sop_class_uid)
         if pick_for_modality(self.segs, routed) is None:
-            return self._no_model(self.segs, routed, modality)
+            return no_model_reason(self.segs, routed, modality)
         if (mode or self.config.mode) == "roi" and pick_for_modality(self.rois, routed) is None:  # auto: full
-            return self._no_model(self.rois, routed, modality, roi=True)
+            return no_model_reason(self.rois, routed, modality, roi=True)
         return None
-
-    @staticmethod
-    def _no_model(models: Sequence[Backend], routed: str, modality: str | None, roi: bool = False) -> str:
-        """Why none of ``models`` takes a frame routed as ``routed`` (its DICOM Modality: ``modality``)."""
-        what = routed or "unknown-modality"
-        if routed == "SC":
-            what += f" frame (a Secondary Capture, Modality {modality or 'none'})"
-        else:
-            what += " frame"
-        idents = ", ".join(m.spec.ident for m in models) or "none"
-        allowed = ", ".join(sorted({x for m in models for x in m.spec.modalities})) or "no modality"
-        if roi:
-            return (f"{what}, but the ROI classifier(s) {idents} are for {allowed} only; "
-                    "add one made for it (--roi-model SPEC.toml,...) or use --mode full")
-        return (f"{what}, but {idents} {'is' if len(models) == 1 else 'are'} for {allowed} only "
-                "(the spec's [model] modalities); analyse it with a model made for it "
-                "(--model SPEC.toml; see models/README.md)")
 
     def mode_for(self, frame: Frame, seg: Backend, mode: str) -> str:
         """``mode`` for this frame, with "auto" resolved: "full" when the frame is much

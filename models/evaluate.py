@@ -107,7 +107,7 @@ def _predict(col: Collected, analyzer: Analyzer, key: str, name: str, unet: Any,
 def _frame(col: Collected, analyzer: Analyzer, key: str, frame: Any, rois: dict[str, Any], unets: dict[str, Any],
            full: bool = False, with_recheck: bool = True, series: Any = ()) -> None:
     """Every ROI classifier scored on the frame; the UNets run on the crops of the one
-    the analyzer routes this modality to (:func:`medrt.analyzer.pick_for_modality`).
+    the analyzer routes this modality to (:func:`medrt.engine.routing.pick_for_modality`).
     A 2.5-D UNet gets the frame's neighbours in ``series`` (its CT series, in order)."""
     truth = _truth(key, frame)
     col.truth[key] = truth

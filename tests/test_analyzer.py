@@ -371,3 +371,21 @@ def test_warm_up_loads_what_measuring_a_lesion_loads_on_first_use() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_the_engine_routes_and_gates_without_the_analyzer() -> None:
+    """Layering: the INT8 gate and the modality routing live below the analyzer (the
+    analyzer builds INT8 twins through the gate, so the gate must not need it back), and
+    medrt.analyzer re-exports the very objects the faces import from it."""
+    code = ("import sys; import medrt.engine.gate, medrt.engine.routing, medrt.analysis.config; "
+            "print('medrt.analyzer' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False"]
+    import medrt.analysis.config as config
+    import medrt.analyzer as analyzer
+    import medrt.engine.routing as routing
+
+    assert analyzer.AnalyzerConfig is config.AnalyzerConfig and analyzer.sweep_config is config.sweep_config
+    assert analyzer.pick_for_modality is routing.pick_for_modality
+    assert analyzer.routing_modality is routing.routing_modality

@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from medrt.analysis.config import AnalyzerConfig, sweep_config
 from medrt.analysis.lesions import lesions_from_probability
 from medrt.analysis.recheck import RecheckConfig, recheck_map
 from medrt.analysis.roi import classify, plan_crops, proposals_from_boxes
@@ -58,6 +59,7 @@ from medrt.analysis.sweep import SweepConfig, sweep
 from medrt.engine.backends.base import Backend
 from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
 from medrt.engine.registry import ModelError, ModelSpec, load_spec, shipped_models_dir
+from medrt.engine.routing import pick_for_modality
 from medrt.evaluation import FramePrediction, evaluate
 from medrt.phantom import generate_ct_series, generate_radiograph
 from medrt.phantom.frame import PhantomFrame
@@ -169,9 +171,6 @@ def _frames(seed: int, n_ct_series: int, ct_slices: int, n_dx: int) -> tuple[Pha
 def _analyzer_defaults() -> tuple[SweepConfig | None, RecheckConfig | None, float]:
     """What the analyzer's defaults run, which the gate scores: the fine sweep and the
     recheck (None: configured off), and the least reported length in mm."""
-    # imported here: the analyzer imports this module lazily (to build INT8 twins)
-    from medrt.analyzer import AnalyzerConfig, sweep_config
-
     config = AnalyzerConfig()
     return sweep_config(config), (config.recheck_config if config.recheck else None), config.min_diameter_mm
 
@@ -197,14 +196,12 @@ def _truth_crops(frame: PhantomFrame) -> tuple[tuple[int, int, int, int], ...]:
 
 class _Router:
     """ROI classifiers routed by modality, as the analyzer routes them
-    (:func:`medrt.analyzer.pick_for_modality`)."""
+    (:func:`medrt.engine.routing.pick_for_modality`)."""
 
     def __init__(self, backends: Sequence[Backend]) -> None:
         self.backends = tuple(backends)
 
     def pick(self, frame: PhantomFrame) -> Backend | None:
-        from medrt.analyzer import pick_for_modality
-
         return pick_for_modality(self.backends, frame.modality)
 
 

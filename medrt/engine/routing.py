@@ -1,0 +1,65 @@
+"""Which model takes a frame: frames are routed by their DICOM Modality (Secondary
+Captures as "SC") to the first model whose spec lists it (``[model] modalities``), else
+to the first that lists none; a frame no model is for is refused with the reason."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from pydicom import uid
+
+if TYPE_CHECKING:
+    from medrt.engine.backends.base import Backend
+
+__all__ = ["SECONDARY_CAPTURE", "fits_one_crop", "no_model_reason", "pick_for_modality", "routing_modality"]
+
+# Secondary Capture Image Storage and its multi-frame forms: screenshots, dose reports,
+# burned-in overlays (medrt's own --sc output among them), not acquired images, whatever
+# their Modality says. They route as "SC", which no shipped model lists.
+SECONDARY_CAPTURE = frozenset({
+    uid.SecondaryCaptureImageStorage, uid.MultiFrameSingleBitSecondaryCaptureImageStorage,
+    uid.MultiFrameGrayscaleByteSecondaryCaptureImageStorage, uid.MultiFrameGrayscaleWordSecondaryCaptureImageStorage,
+    uid.MultiFrameTrueColorSecondaryCaptureImageStorage,
+})
+
+
+def routing_modality(modality: str | None, sop_class_uid: str | None = None) -> str:
+    """What frames are routed to models by: the DICOM Modality (upper case), or "SC" for
+    a Secondary Capture (:data:`SECONDARY_CAPTURE`)."""
+    if (sop_class_uid or "") in SECONDARY_CAPTURE:
+        return "SC"
+    return (modality or "").upper()
+
+
+def pick_for_modality(backends: Sequence[Backend], modality: str) -> Backend | None:
+    """The first of ``backends`` whose spec lists ``modality``, else the first that
+    lists none (made for any), else None."""
+    for b in backends:
+        if modality in b.spec.modalities:
+            return b
+    return next((b for b in backends if not b.spec.modalities), None)
+
+
+def fits_one_crop(shape: tuple[int, int], crop: int) -> bool:
+    """Whether a frame of ``shape`` fits in one ``crop``² window (a 512² CT slice): the ROI
+    path can then only skip it, and ``auto`` runs it whole (:meth:`medrt.analyzer.Analyzer.mode_for`)."""
+    return shape[0] <= crop and shape[1] <= crop
+
+
+def no_model_reason(models: Sequence[Backend], routed: str, modality: str | None, roi: bool = False) -> str:
+    """Why none of ``models`` takes a frame routed as ``routed`` (its DICOM Modality:
+    ``modality``): the reason a :class:`~medrt.errors.NoModelForImageError` gives."""
+    what = routed or "unknown-modality"
+    if routed == "SC":
+        what += f" frame (a Secondary Capture, Modality {modality or 'none'})"
+    else:
+        what += " frame"
+    idents = ", ".join(m.spec.ident for m in models) or "none"
+    allowed = ", ".join(sorted({x for m in models for x in m.spec.modalities})) or "no modality"
+    if roi:
+        return (f"{what}, but the ROI classifier(s) {idents} are for {allowed} only; "
+                "add one made for it (--roi-model SPEC.toml,...) or use --mode full")
+    return (f"{what}, but {idents} {'is' if len(models) == 1 else 'are'} for {allowed} only "
+            "(the spec's [model] modalities); analyse it with a model made for it "
+            "(--model SPEC.toml; see models/README.md)")
