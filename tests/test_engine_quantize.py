@@ -454,3 +454,31 @@ def test_roi_classifiers_are_calibrated_on_the_modalities_their_specs_list() -> 
     assert kinds == {1.0: {"ct"}, 0.0: {"dx"}}
     both = [cat.split("-")[0] for cat, _ in _roi_items(64, 7000, 4, ct_share=0.5)]
     assert set(both) == {"ct", "dx"}
+
+
+def test_a_twins_cache_folder_names_the_models_it_is_gated_with(tmp_path: Path) -> None:
+    """A classifier's verdict is measured through a segmenter: put another segmenter
+    beside it (a user's own, a new version) and its twin is gated again, not served from
+    the verdict the old segmenter gave."""
+    import shutil
+
+    from medrt.engine.gate import default_partners
+    from medrt.engine.int8cache import cache_folder
+
+    shipped = REPO / "models"
+    own = tmp_path / "models"
+    own.mkdir()
+    for f in ("roi_classifier.toml", "roi_classifier.onnx", "roi_classifier.md"):
+        shutil.copy(shipped / f, own / f)
+    spec = load_spec(own / "roi_classifier.toml")
+    assert [p.name for p in default_partners(spec)] == ["lesion_unet_lite"]  # the shipped one: CT, like the classifier
+    before = cache_folder(spec, tmp_path / "int8")
+    # a segmenter named lesion_unet_lite beside it, here lesion_unet's files: it is gated with that one now
+    shutil.copy(shipped / "lesion_unet.toml", own / "lesion_unet_lite.toml")
+    shutil.copy(shipped / "lesion_unet.onnx", own / "lesion_unet.onnx")
+    shutil.copy(shipped / "lesion_unet.md", own / "lesion_unet.md")
+    partner, = default_partners(spec)
+    assert partner.sha256 == load_spec(shipped / "lesion_unet.toml").sha256
+    after = cache_folder(spec, tmp_path / "int8")
+    assert after != before and after.name.startswith(f"roi_classifier-{spec.sha256[:16]}-with")
+    assert before.name.split("-with")[0] == after.name.split("-with")[0]

@@ -233,6 +233,33 @@ def _sibling_or_shipped(spec: ModelSpec, names: Sequence[str]) -> ModelSpec | No
     return None
 
 
+def _default_segmenter(fp32_spec: ModelSpec, seen: set[str]) -> ModelSpec | None:
+    """The segmenter an ROI classifier's crops are scored with: ``lesion_unet_lite``,
+    ``lesion_unet_dx`` or ``lesion_unet`` beside it, else shipped, the first made for
+    every modality in ``seen``."""
+    candidates = (_sibling_or_shipped(fp32_spec, (n,)) for n in ("lesion_unet_lite", "lesion_unet_dx", "lesion_unet"))
+    return next((c for c in candidates if c is not None and (not c.modalities or seen <= set(c.modalities))), None)
+
+
+def _default_classifiers(fp32_spec: ModelSpec) -> list[ModelSpec]:
+    """The ROI classifiers that plan a segmenter's crops: :data:`ROI_CLASSIFIERS` beside
+    it, else shipped."""
+    found = [_sibling_or_shipped(fp32_spec, (name,)) for name in ROI_CLASSIFIERS]
+    return [r for r in found if r is not None]
+
+
+def default_partners(fp32_spec: ModelSpec) -> tuple[ModelSpec, ...]:
+    """The other models :func:`compare` scores ``fp32_spec`` with on its default frames:
+    for an ROI classifier the segmenter of its crops, for a segmenter the ROI classifiers
+    that plan them. Its verdict depends on their files too, so the INT8 cache keys a
+    twin by them (:func:`medrt.engine.int8cache.cache_folder`): a new segmenter beside a
+    classifier gates the classifier again."""
+    if fp32_spec.task == "roi_classifier":
+        seg = _default_segmenter(fp32_spec, set(fp32_spec.modalities) or {"CT", "DX"})
+        return (seg,) if seg is not None else ()
+    return tuple(_default_classifiers(fp32_spec))
+
+
 def _precision(reduced: ModelSpec) -> str:
     return reduced.version.rsplit("+", 1)[1] if "+" in reduced.version else "reduced"
 
@@ -302,9 +329,7 @@ def compare(
     variants = {"fp32": OnnxRuntimeBackend(fp32_spec, threads=threads),
                 "reduced": OnnxRuntimeBackend(reduced_spec, threads=threads)}  # fmt: skip
     if fp32_spec.task == "roi_classifier":
-        seg_spec = segmenter_spec or next(
-            (c for c in (_sibling_or_shipped(fp32_spec, (n,)) for n in ("lesion_unet_lite", "lesion_unet_dx", "lesion_unet"))
-             if c is not None and (not c.modalities or seen <= set(c.modalities))), None)  # fmt: skip
+        seg_spec = segmenter_spec or _default_segmenter(fp32_spec, seen)
         if seg_spec is None:
             raise ModelError("the gate of an ROI classifier needs a segmentation model (lesion_unet[_lite])")
         shared = OnnxRuntimeBackend(seg_spec, threads=threads)
@@ -312,8 +337,7 @@ def compare(
         segs: dict[str, Backend] = {k: shared for k in variants}
     else:
         if roi_spec is None:
-            found = [_sibling_or_shipped(fp32_spec, (name,)) for name in ROI_CLASSIFIERS]
-            roi_specs = [r for r in found if r is not None]
+            roi_specs = _default_classifiers(fp32_spec)
         else:
             roi_specs = [roi_spec] if isinstance(roi_spec, ModelSpec) else list(roi_spec)
         if not roi_specs:

@@ -4,7 +4,8 @@
 :func:`gated_int8` quantizes it (:func:`medrt.engine.quantize.quantize_int8`,
 default calibration), compares it with FP32 (:func:`medrt.engine.gate.compare`)
 and keeps the model and the verdict in ``cache_dir("int8")``, one folder per FP32
-file, ORT version and recipe (:func:`cache_folder`). A refusal is kept too. This
+file, the files of the models it is gated with, ORT version and recipe
+(:func:`cache_folder`). A refusal is kept too. This
 module is the only one that knows that layout: ``medrt models int8`` lists and
 clears it through :func:`entries` and :func:`clear`.
 
@@ -14,6 +15,7 @@ Needs ``onnx`` and ``onnxruntime.quantization`` (imported when a model is made).
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import logging
 import os
@@ -47,9 +49,15 @@ def cache_folder(spec: ModelSpec, root: Path) -> Path:
     """The folder of ``spec``'s INT8 twin under ``root``."""
     import onnxruntime as ort
 
-    # What the INT8 model and its verdict depend on: the FP32 file, the quantizer (ORT's
-    # version) and this recipe (calibration, rewrites, excluded layers, the gate's frames).
-    return root / f"{spec.name}-{spec.sha256[:16]}-ort{ort.__version__}-v{CACHE_FORMAT}"
+    from medrt.engine.gate import default_partners
+
+    # What the INT8 model and its verdict depend on: the FP32 file, the models the gate
+    # scores it with (a classifier's segmenter; before the twentieth session a classifier
+    # kept the verdict it got through the segmenter it was first gated with), the
+    # quantizer (ORT's version) and this recipe (calibration, rewrites, excluded layers,
+    # the gate's frames).
+    partners = hashlib.sha256("".join(p.sha256 for p in default_partners(spec)).encode()).hexdigest()[:8]
+    return root / f"{spec.name}-{spec.sha256[:16]}-with{partners}-ort{ort.__version__}-v{CACHE_FORMAT}"
 
 
 def _make(spec: ModelSpec, folder: Path) -> None:
