@@ -182,8 +182,9 @@ def _contrast_channels(spec: Any) -> int:
     neighbour_channels = 2 if getattr(spec, "slices", 1) == 3 else 0  # NeighbourDifference's tanh
     if _two_windows(spec):  # and TwoWindows' own on the wide window
         neighbour_channels *= 2
-    members = max(1, len(spec.training.get("member_commands", [])))  # an Ensemble: each member has its own
-    return ops.count("Tanh") // members - neighbour_channels
+    # An Ensemble's members compute the same fixed channels from the same input, and the
+    # export keeps one copy of them (its graph has as many Tanh nodes as one member's).
+    return max(0, ops.count("Tanh") - neighbour_channels)
 
 
 def _two_windows(spec: Any) -> bool:

@@ -77,9 +77,11 @@ def combine(name: str, dirs: list[Path]) -> Ensemble:
 
 
 def ensemble_spec(name: str, onnx_path: Path, docs: list[dict[str, Any]], version: str,
-                  threshold: float | None, threshold_note: str, command: str) -> dict[str, Any]:
+                  threshold: float | None, threshold_note: str, command: str,
+                  confirm: float | None = None) -> dict[str, Any]:
     """The combined spec document: the members' shared fields, the new file, version and
-    threshold, and each member's training record."""
+    thresholds (``confirm``: the fine sweep's confirmation, for a radiograph segmenter),
+    and each member's training record."""
     first = docs[0]
     model = {**first["model"], "version": version, "file": onnx_path.name, "sha256": sha256_file(onnx_path),
              "card": f"{name}.md",
@@ -91,6 +93,8 @@ def ensemble_spec(name: str, onnx_path: Path, docs: list[dict[str, Any]], versio
     thresholds = dict(first.get("thresholds", {}))
     if threshold is not None:
         thresholds["probability"] = threshold
+    if confirm is not None:
+        thresholds["confirm"] = confirm
     trainings = [doc.get("training", {}) for doc in docs]
     training = {
         "data": trainings[0].get("data", "?"),
@@ -119,6 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--version", required=True, help="the combined model's version")
     p.add_argument("--threshold", type=float, default=None,
                    help="its probability threshold (default: the first member's), chosen on validation phantoms")
+    p.add_argument("--confirm", type=float, default=None,
+                   help="the fine sweep's confirmation on flipped views (radiograph segmenters; "
+                        "default: the first member's, else medrt.analysis.sweep's), chosen on validation phantoms")
     p.add_argument("--threshold-note", default="", help="how the threshold was chosen, for the spec and the card")
     args = p.parse_args(argv)
     if len(args.members) < 2:
@@ -134,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     command = (" & ".join(f"{c} --out m{i}" for i, c in enumerate(one_thread))
                + f"; wait; python -m medrt.models.ensemble {args.model} "
                + " ".join(f"m{i}" for i in range(len(docs))) + f" --out {args.out} --version {args.version}"
-               + (f" --threshold {args.threshold:g}" if args.threshold is not None else ""))
-    doc = ensemble_spec(args.model, onnx_path, docs, args.version, args.threshold, args.threshold_note, command)
+               + (f" --threshold {args.threshold:g}" if args.threshold is not None else "")
+               + (f" --confirm {args.confirm:g}" if args.confirm is not None else ""))
+    doc = ensemble_spec(args.model, onnx_path, docs, args.version, args.threshold, args.threshold_note, command,
+                        args.confirm)
     spec = onnx_path.with_suffix(".toml")
     spec.write_text(dump_spec(doc, f"# {args.model} {args.version}: written by python -m medrt.models.ensemble. "
                                    "Format: models/README.md"), encoding="utf-8")

@@ -383,17 +383,18 @@ def test_ensemble_script_combines_trained_members_into_one_checked_model(tmp_pat
                              capture_output=True, text=True, timeout=600, cwd=tmp_path)  # fmt: skip
         assert out.returncode == 0, out.stderr[-3000:]
     run = subprocess.run([sys.executable, "-m", "medrt.models.ensemble", "lesion_unet_lite", "m0", "m1",
-                          "--out", "both", "--version", "9.1.0", "--threshold", "0.7"],
+                          "--out", "both", "--version", "9.1.0", "--threshold", "0.7", "--confirm", "0.9995"],
                          capture_output=True, text=True, timeout=600, cwd=tmp_path)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     spec = load_spec(tmp_path / "both" / "lesion_unet_lite.toml")  # its sha256 checked
     members = [load_spec(tmp_path / f"m{i}" / "lesion_unet_lite.toml") for i in range(2)]
-    assert spec.version == "9.1.0" and spec.thresholds["probability"] == 0.7
+    assert spec.version == "9.1.0" and spec.thresholds["probability"] == 0.7 and spec.thresholds["confirm"] == 0.9995
     assert spec.slices == 3 and spec.own_window == members[0].own_window and spec.modalities == ("CT",)
     t = spec.training
     assert t["member_commands"] == [m.training["command"] for m in members]
     assert t["member_sha256"] == [m.sha256 for m in members] and t["seconds"] == max(t["member_seconds"])
     assert "--insert-faint 0.5" in t["command"] and "--out m1; wait; python -m medrt.models.ensemble" in t["command"]
+    assert t["command"].endswith("--threshold 0.7 --confirm 0.9995")
     x = np.random.default_rng(2).random((1, 3, 64, 96), dtype=np.float32)
     want = np.mean([OnnxRuntimeBackend(m).infer(x)[0] for m in members], axis=0)
     np.testing.assert_allclose(OnnxRuntimeBackend(spec).infer(x)[0], want, atol=2e-3)
@@ -903,3 +904,17 @@ def test_ct_ceiling_is_the_ideal_observer_figure(capsys) -> None:
     assert 0.0 < out["series"]["coverage"]["rate"] < looser["rate"] <= 1.0
     assert ce.main(["--series", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["z"] == out["z"]
+
+
+def test_cards_count_the_fixed_channels_of_single_networks_and_ensembles() -> None:
+    """The card's input line comes from the graph: lesion_unet 2.2 (one network) and
+    lesion_unet_dx 1.2 (two, whose export keeps one copy of their shared fixed channels)
+    both compute the local-contrast and the edge channel; the lite UNets only the first,
+    beside their neighbour differences."""
+    require_module("onnx")
+    from medrt.models.cards import _contrast_channels
+
+    channels = {name: _contrast_channels(load_spec(MODELS / f"{name}.toml"))
+                for name in ("lesion_unet", "lesion_unet_dx", "lesion_unet_lite")}
+    assert channels == {"lesion_unet": 2, "lesion_unet_dx": 2, "lesion_unet_lite": 1}
+    assert "an edge channel" in (MODELS / "lesion_unet_dx.md").read_text()
