@@ -38,9 +38,9 @@ class AnalyzerConfig:
     # Segmenters, comma-separated, routed like the ROI classifiers: CT slices go to the
     # 2.5-D lesion_unet_lite (its spec lists CT; on CT it finds as many lesions as
     # lesion_unet at a third fewer false positives), radiographs to lesion_unet_dx
-    # (lesion_unet's network trained on radiographs only, 1.1 with faint small nodules drawn
-    # in: 140 of 150 validation nodules against lesion_unet's 130). lesion_unet, trained on
-    # both, takes either when named.
+    # (lesion_unet's network trained on radiographs only with faint small nodules drawn in;
+    # 1.2 averages two trained on 640 radiographs: 143 of 150 validation nodules against
+    # 1.1's 140 and lesion_unet's 130). lesion_unet, trained on both, takes either when named.
     seg_model: str = "lesion_unet_lite,lesion_unet_dx"
     recheck: bool = True
     recheck_config: RecheckConfig = field(default_factory=RecheckConfig)
