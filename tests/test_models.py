@@ -918,3 +918,21 @@ def test_cards_count_the_fixed_channels_of_single_networks_and_ensembles() -> No
                 for name in ("lesion_unet", "lesion_unet_dx", "lesion_unet_lite")}
     assert channels == {"lesion_unet": 2, "lesion_unet_dx": 2, "lesion_unet_lite": 1}
     assert "an edge channel" in (MODELS / "lesion_unet_dx.md").read_text()
+
+
+def test_bf16_training_is_refused_where_the_cpu_would_emulate_it(tmp_path: Path) -> None:
+    """Without oneDNN's BF16 kernels (an AVX2 CPU) torch emulates BF16 at about a quarter
+    of FP32's steps, so a ``--minutes`` run would stop undertrained: the script says so
+    before any work. Where the CPU has them, the same command goes on (here: builds data)."""
+    require_module("torch")
+    from medrt.models.train import native_bf16
+
+    out = subprocess.run([sys.executable, "-m", "medrt.models.train", "lesion_unet_lite", "--amp", "bf16",
+                          "--data", "ct", "--n-dx", "0", "--n-ct", "1", "--build-only",
+                          "--cache", str(tmp_path / "cache"), "--out", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    if native_bf16():
+        assert out.returncode == 0, out.stderr[-3000:]
+    else:
+        assert out.returncode == 2 and "--amp bf16: this CPU has no BF16 kernels" in out.stderr, out.stderr[-3000:]
+        assert not (tmp_path / "cache").exists()
