@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from medrt import __version__
+from medrt.engine.hardware import cpu_name, int8_kernels
 from medrt.export.write import atomic_write
 
 __all__ = ["write_report", "SIZE_BUCKETS"]
@@ -59,7 +60,7 @@ def write_report(s: Any, plan: Any, settings: dict[str, Any], analyzer: Any, tel
         "throughput_fps": fps,
         "engine": {"backend": analyzer.backend_name, "precision": analyzer.precision,
                    "models": list(analyzer.models), "machine": platform.machine(),
-                   "processor": platform.processor() or None},
+                   "processor": cpu_name(), "int8_kernels": int8_kernels()},
         "settings": settings,
         "files": {"results": "results.jsonl", "errors": "errors.csv", "masks": "masks.npz",
                   "histogram": "latency.png" if (out / "latency.png").exists() else None},

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
-import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -171,6 +171,18 @@ def _settled_rss_mb() -> float:
     return _rss_mb()
 
 
+def _hardware(device: str) -> str:
+    """The CPU with its INT8 kernel class (INT8 rows depend on it); on a GPU row the GPU too."""
+    from medrt.engine.hardware import cpu_name, int8_kernels
+
+    cpu = f"{cpu_name()} ({int8_kernels()})"
+    if device == "cpu":
+        return cpu
+    torch = sys.modules.get("torch")  # a GPU row's backend imported it
+    gpu = torch.cuda.get_device_name(device) if torch is not None and torch.cuda.is_available() else device
+    return f"{gpu}, host {cpu}"
+
+
 def engine_table(spec_name: str = "lesion_unet_dx", size: int = 1024, repeats: int = 15) -> list[dict[str, Any]]:
     """p50/p99 latency at ``size``² for each backend/precision available here. INT8 on
     the CPU is the gated twin (:func:`medrt.engine.int8cache.gated_int8`); a refused one
@@ -201,6 +213,6 @@ def engine_table(spec_name: str = "lesion_unet_dx", size: int = 1024, repeats: i
         rows.append({"backend": info.backend, "device": info.device, "precision": info.precision,
                      "model": b.spec.ident, "size": size, "p50_ms": round(percentile(times, 50), 1),
                      "p99_ms": round(percentile(times, 99), 1), "memory_mb": round(_rss_mb() - before, 1),
-                     "hardware": platform.processor() or platform.machine()})
+                     "hardware": _hardware(info.device)})
         del b  # freed before the next row's memory is counted, not during it
     return rows

@@ -4,8 +4,8 @@
 :func:`gated_int8` quantizes it (:func:`medrt.engine.quantize.quantize_int8`,
 default calibration), compares it with FP32 (:func:`medrt.engine.gate.compare`)
 and keeps the model and the verdict in ``cache_dir("int8")``, one folder per FP32
-file, the files of the models it is gated with, ORT version and recipe
-(:func:`cache_folder`). A refusal is kept too. This
+file, the files of the models it is gated with, ORT version, the CPU's integer kernel
+class and recipe (:func:`cache_folder`). A refusal is kept too. This
 module is the only one that knows that layout: ``medrt models int8`` lists and
 clears it through :func:`entries` and :func:`clear`.
 
@@ -25,16 +25,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from medrt.engine.hardware import cpu_name, int8_kernels
 from medrt.engine.registry import ModelSpec, load_spec
 
 __all__ = ["CACHE_FORMAT", "cache_folder", "cache_root", "clear", "entries", "gated_int8"]
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 6  # 2: the gate routes radiograph crops; 3: it scores only the model's modalities;
+CACHE_FORMAT = 7  # 2: the gate routes radiograph crops; 3: it scores only the model's modalities;
 # 4: ROI classifiers are calibrated on their modalities' thumbnails only; 5: the gate scores
 # a segmenter on radiographs through the fine sweep over the whole frame, as the analyzer runs it;
-# 6: about a hundred lesions per modality, and CT slices rechecked as the analyzer does
+# 6: about a hundred lesions per modality, and CT slices rechecked as the analyzer does;
+# 7: the folder names the CPU's INT8 kernel class (medrt.engine.hardware.int8_kernels)
 VERDICT = "verdict.json"
 
 
@@ -54,10 +56,12 @@ def cache_folder(spec: ModelSpec, root: Path) -> Path:
     # What the INT8 model and its verdict depend on: the FP32 file, the models the gate
     # scores it with (a classifier's segmenter; before the twentieth session a classifier
     # kept the verdict it got through the segmenter it was first gated with), the
-    # quantizer (ORT's version) and this recipe (calibration, rewrites, excluded layers,
-    # the gate's frames).
+    # quantizer (ORT's version), the CPU's integer kernels (the verdict holds for one
+    # class: without VNNI the products are summed with saturation; a VM can change host)
+    # and this recipe (calibration, rewrites, excluded layers, the gate's frames).
     partners = hashlib.sha256("".join(p.sha256 for p in default_partners(spec)).encode()).hexdigest()[:8]
-    return root / f"{spec.name}-{spec.sha256[:16]}-with{partners}-ort{ort.__version__}-v{CACHE_FORMAT}"
+    return root / (f"{spec.name}-{spec.sha256[:16]}-with{partners}-ort{ort.__version__}-{int8_kernels()}"
+                   f"-v{CACHE_FORMAT}")
 
 
 def _make(spec: ModelSpec, folder: Path) -> None:
@@ -67,7 +71,8 @@ def _make(spec: ModelSpec, folder: Path) -> None:
 
     reduced = quantize_int8(spec, folder)
     report = compare(spec, reduced)
-    record = {"format": CACHE_FORMAT, "source": spec.ident, "sha256": spec.sha256, **report.to_json()}
+    record = {"format": CACHE_FORMAT, "source": spec.ident, "sha256": spec.sha256, "cpu": cpu_name(),
+              "int8_kernels": int8_kernels(), **report.to_json()}
     (folder / VERDICT).write_text(json.dumps(record, indent=1), encoding="utf-8")
     if not report.passed:  # keep the verdict, not the model
         for f in folder.glob(f"{spec.name}_int8.*"):
