@@ -67,6 +67,10 @@ def test_replay_at_30fps_draws_frames_then_overlays_and_stays_responsive(bot, wi
     w.provider.get()  # load the models first: the figure is about streaming, not start-up
     draws: list[tuple[str, bool]] = []
     w.rendered.connect(lambda key: draws.append((key, w.current_slot().result is not None)))
+    notes: list[str] = []  # the folder's two sidecars (not images), each time one got past the entry
+    arrived: list[str] = []  # the images that got past it, in order
+    w.bridge.frameArrived.connect(lambda a: arrived.append(a.frame.key))
+    w.bridge.failed.connect(lambda f: notes.append(f.name) if f.skippable else None)
     meter = GapMeter()
     meter.start()
     loops = 2
@@ -75,17 +79,21 @@ def test_replay_at_30fps_draws_frames_then_overlays_and_stays_responsive(bot, wi
     with bot.waitSignal(w.sessionFinished, timeout=180_000):
         pass
     meter.stop()
-    images = 40 * loops
+    images, files = 40 * loops, 42 * loops
     drops = sum(c["drops"] + c["rejects"] for c in session.pipe.counters().values())
-    # Every image was either dropped at the entry (latest-wins) or decoded, shown and analysed.
-    assert w.frames_received + drops == images, (w.frames_received, drops)
+    # Every file sent was either dropped at the entry (latest-wins: the sidecars too, on a
+    # slow machine) or decoded, and then shown and analysed, or noted as not an image.
+    assert w.frames_received + len(notes) + drops == files, (w.frames_received, len(notes), drops)
+    assert 1 <= len(notes) <= 2 * loops and w.frames_received <= images
     assert w.results_received == w.frames_received >= 20
     assert session.pipe.counters()["decode"]["drops"] == drops  # drops happen at the entry only
     # The sidecars are noted as skipped, not failures.
-    assert w.failures == [] and sum(p.skipped for p in w.study.problems) == 2  # noted once, not per loop
-    # The stream was followed: the newest image is shown, with its overlay.
-    assert w.shown_key == w.current_series.slots[-1].key
-    assert len(w.current_series.slots) == 40  # a re-sent image replaces its slot
+    # (the last loop's are the newest files: latest-wins keeps them)
+    assert w.failures == [] and sum(p.skipped for p in w.study.problems) == len(set(notes))  # once, not per loop
+    # The stream was followed: the newest image that arrived is shown, with its overlay
+    # (on a slow machine latest-wins may have dropped the series' last one in both loops).
+    assert len(arrived) == w.frames_received and w.shown_key == arrived[-1]
+    assert len(w.current_series.slots) == len(set(arrived)) <= 40  # a re-sent image replaces its slot
     # Frames were drawn as soon as they arrived, and drawn again when their overlay was ready.
     assert any(not analysed for _, analysed in draws) and any(analysed for _, analysed in draws)
     assert sum(1 for s in w.current_series.slots if s.result is not None and s.result.lesions) >= 5
