@@ -193,7 +193,7 @@ class Session:
         return self
 
     def _run(self) -> None:
-        from medrt.pipeline.graph import Pipeline, Stage
+        from medrt.pipeline.graph import Pipeline, Stage, live_in_flight
         from medrt.pipeline.stages import analysis_stages
 
         try:
@@ -212,7 +212,8 @@ class Session:
         stages = analysis_stages(analyzer, infer_workers=self.workers, decoder=self._decode, slice_context=False)
         stages.append(Stage("display", self._display, workers=1))
         pipe = Pipeline(self.source, stages, [QtSink(self.bridge, self.sid)],
-                        policy={stages[0].name: self.policy}, telemetry=True, name=f"viewer-{self.kind}")
+                        policy={stages[0].name: self.policy}, telemetry=True, name=f"viewer-{self.kind}",
+                        max_in_flight=live_in_flight(self.policy, stages))  # a slow CPU drops, not queues
         with self._lock:
             if self._stopping:
                 self._end()

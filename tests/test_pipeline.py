@@ -171,6 +171,92 @@ def test_latest_policy_drops_under_load_but_keeps_up_and_stays_ordered():
     assert keys[-1] == "f199"  # the newest frame was kept
 
 
+class InFlight:
+    """Counts items between the first stage's start and the sink: the most at once."""
+
+    def __init__(self):
+        self.lock, self.now, self.most = threading.Lock(), 0, 0
+
+    def enter(self, x):
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        return x
+
+    def leave(self):
+        with self.lock:
+            self.now -= 1
+
+
+def _live(bound):
+    """A 1000 fps replay into a pipeline that runs ~200 fps, latest-wins at the entry."""
+    meter = InFlight()
+
+    class Leave(Collect):
+        def on_result(self, payload, env):
+            meter.leave()
+            super().on_result(payload, env)
+
+    sink = Leave()
+    stages = [Stage("decode", meter.enter), Stage("pre", lambda x: x),
+              Stage("infer", lambda x: (time.sleep(0.005), x)[1], workers=2), Stage("post", lambda x: x)]
+    p = Pipeline(FileReplay([Path(f"f{i}") for i in range(150)], fps=1000), stages, [sink],
+                 policy={"decode": "latest"}, depth=2, max_in_flight=bound, telemetry=True)
+    assert p.run(timeout=60)
+    return p, sink, meter
+
+
+def test_max_in_flight_keeps_the_backlog_at_the_entry_where_latest_drops_it():
+    """Unbounded, the blocking inner queues fill with stale frames (here 8 and more at
+    once); bounded, no more than the bound are ever past the entry, the rest wait there
+    and latest-wins drops the oldest: a live view stays near the newest frame."""
+    p, sink, meter = _live(None)
+    assert meter.most > 4
+    p, sink, meter = _live(3)
+    assert meter.most <= 3 and p.in_flight == 0
+    drops = p.counters()["decode"]["drops"]
+    keys = [str(r) for r in sink.results]
+    assert drops > 0 and len(keys) + drops == 150 and p.counters()["infer"]["drops"] == 0
+    summary = p.telemetry.summary()  # the summary's frame count agrees with the queue's
+    assert summary["frames_dropped"] == drops == summary["edges"]["decode"]["drops"]
+    assert summary["frames"] == len(keys)
+    assert keys == sorted(keys, key=lambda k: int(k[1:])) and keys[-1] == "f149"
+
+
+def test_max_in_flight_frees_a_credit_for_errors_empty_fan_outs_and_gaps():
+    """Every way an item can end (a result, an error, a fan-out with no output, several
+    outputs) gives its credit back: with one credit, one leak would stall the run."""
+    def fragile(x):
+        if x.endswith(".0") and int(x.split(".")[0]) % 4 == 1:
+            raise ValueError(f"bad {x}")
+        return x
+
+    sink = Collect()
+    stages = [Stage("split", lambda n: [f"{n}.{i}" for i in range(n % 3)], workers=2, fan_out=True),
+              Stage("fragile", fragile, workers=2)]
+    p = Pipeline(range(40), stages, [sink], depth=2, max_in_flight=1)
+    assert p.run(timeout=30)
+    want = [f"{n}.{i}" for n in range(40) for i in range(n % 3)]
+    assert sink.results == [k for k in want if not (k.endswith(".0") and int(k.split(".")[0]) % 4 == 1)]
+    assert [e.key for e in sink.errors] == ["1.0", "5.0", "13.0", "17.0", "25.0", "29.0", "37.0"]
+    assert p.in_flight == 0
+    with pytest.raises(ValueError, match="max_in_flight"):
+        Pipeline(range(3), stages, max_in_flight=0)
+
+
+def test_an_abort_does_not_wait_on_a_credit():
+    release = threading.Event()
+    src = QueueSource()
+    p = Pipeline(src, [Stage("stuck", lambda x: release.wait(30), workers=2)], [Collect()], max_in_flight=1).start()
+    src.put_many([1, 2, 3])
+    time.sleep(0.1)  # one item holds the credit, the other worker waits for it
+    t0 = time.monotonic()
+    p.abort(timeout=2)
+    stuck = [t for t in p._threads if "stuck" in t.name]
+    assert time.monotonic() - t0 < 5 and sum(t.is_alive() for t in stuck) == 1  # only the one inside the stage
+    release.set()
+
+
 def test_reject_policy_counts_what_it_refuses():
     sink = Collect()
     p = Pipeline(FileReplay([Path(f"f{i}") for i in range(100)], fps=0), [Stage("slow", lambda x: (time.sleep(0.005), x)[1])],

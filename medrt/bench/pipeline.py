@@ -152,13 +152,14 @@ def pipelined_vs_serial(
 
 def stream_replay(
     model: str = "lesion_unet_lite", folder: Path | None = None, fps: float = 30.0, frames: int = 300,
-    policy: str = "latest", workers: int | None = None, precision: str = "fp32",
+    policy: str = "latest", workers: int | None = None, precision: str = "fp32", max_in_flight: int | None = None,
 ) -> dict[str, Any]:
     """Replay the stream at ``fps`` for about ``frames`` frames through the live pipeline
-    (entry policy ``policy``): achieved fps, drops, end-to-end p99 and RSS growth."""
+    (entry policy ``policy``; ``max_in_flight`` None: the live default, 0: unbounded):
+    achieved fps, drops, end-to-end p99 and RSS growth."""
     from medrt.analyzer import load_analyzer
     from medrt.io.sources import FileReplay
-    from medrt.pipeline.graph import Pipeline
+    from medrt.pipeline.graph import Pipeline, live_in_flight
     from medrt.pipeline.stages import analysis_stages
 
     paths = _dicom_paths(folder or default_stream())
@@ -167,7 +168,9 @@ def stream_replay(
     source = FileReplay(paths, fps=fps, loop=max(1, math.ceil(frames / len(paths))))
     stages = analysis_stages(analyzer, infer_workers=workers, order=paths)
     sink = _Count()
-    pipe = Pipeline(source, stages, [sink], policy={stages[0].name: policy}, telemetry=True, name="bench-stream")
+    bound = live_in_flight(policy, stages) if max_in_flight is None else (max_in_flight or None)
+    pipe = Pipeline(source, stages, [sink], policy={stages[0].name: policy}, telemetry=True, name="bench-stream",
+                    max_in_flight=bound)
     tel = pipe.telemetry
     pipe.start()
     while not pipe.join(1.0):
@@ -181,5 +184,5 @@ def stream_replay(
         "fps": round(tel.throughput_fps(), 2), "drops": drops, "late_source_items": source.late,
         "p50_ms": round(e2e["p50"], 1), "p99_ms": round(e2e["p99"], 1), "max_ms": round(e2e["max"], 1),
         "rss_growth_pct": round(tel.rss_growth(), 2), "depth": pipe.depth, "workers": workers,
-        "errors": sink.errors,
+        "max_in_flight": bound, "errors": sink.errors,
     }

@@ -67,7 +67,7 @@ def _source(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from medrt.analyzer import load_analyzer
-    from medrt.pipeline.graph import Pipeline
+    from medrt.pipeline.graph import Pipeline, live_in_flight
     from medrt.pipeline.stages import analysis_stages
 
     try:
@@ -91,7 +91,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         entry = "block" if args.watch or args.fps == 0 else "latest"
     policy: Any = {stages[0].name: entry}
-    pipe = Pipeline(source, stages, [findings], policy=policy, depth=args.depth, telemetry=True, name="stream")
+    # A live replay that falls behind keeps its backlog at the entry, where latest-wins
+    # drops it, not in the inner queues (each frame there would reach the sink late).
+    bound = live_in_flight(entry, stages) if args.max_in_flight is None else (args.max_in_flight or None)
+    pipe = Pipeline(source, stages, [findings], policy=policy, depth=args.depth, telemetry=True, name="stream",
+                    max_in_flight=bound)
     tel = pipe.telemetry
     live = not args.quiet and not args.json
     tty = sys.stderr.isatty()
@@ -113,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     if live and tty:
         print(file=sys.stderr)
     summary = tel.summary()
-    summary["pipeline"] = {"policy": entry, "depth": pipe.depth, "workers": workers,
+    summary["pipeline"] = {"policy": entry, "depth": pipe.depth, "workers": workers, "max_in_flight": bound,
                            "edges": pipe.counters(), "sink_errors": pipe.sink_errors}
     summary["findings"] = {"frames": findings.frames, "positive_frames": findings.positive,
                            "lesions": findings.lesions, "errors": len(findings.errors),

@@ -117,6 +117,18 @@ class Sink(Protocol):
     def on_error(self, error: FrameError, envelope: Envelope) -> None: ...
 
 
+def live_in_flight(policy: Policy | str, stages: Sequence[Stage]) -> int | None:
+    """The default ``max_in_flight`` (:class:`Pipeline`) for an entry ``policy``. With
+    ``latest`` (a live view keeping up with its scanner): the widest stage's workers + 2
+    (each of them busy, one frame decoded ahead, one being finished), enough to keep the
+    stages as busy as unbounded (measured: ``medrt bench --only stream``) while a backlog
+    stays at the entry to be dropped. Other policies (a batch, a listener: nothing may be
+    dropped): None, unbounded."""
+    if Policy.parse(policy) is not Policy.LATEST:
+        return None
+    return max(s.workers for s in stages) + 2
+
+
 def rule_depth(pre_ms: float, infer_ms: float) -> int:
     """The seed's rule for how many items to keep in flight: (pre + infer) / max(pre, infer),
     rounded up, and at least 2 so that one item is prepared while another is in inference."""
@@ -130,10 +142,11 @@ class _Orderer:
 
     _GAP = object()
 
-    def __init__(self) -> None:
+    def __init__(self, on_done: Callable[[int], None] | None = None) -> None:
         self._lock = threading.Lock()
         self._pending: dict[tuple[int, int], Any] = {}
         self._next = (0, 0)
+        self._on_done = on_done  # called with each seq whose last envelope has been released
 
     def offer(self, env: Envelope, value: Any) -> list[tuple[Envelope, Any]]:
         with self._lock:
@@ -152,6 +165,8 @@ class _Orderer:
             if value is not self._GAP:
                 out.append((env, value))
             self._next = (env.seq + 1, 0) if env.last else (env.seq, env.sub + 1)
+            if env.last and self._on_done is not None:
+                self._on_done(env.seq)
         return out
 
     def flush(self) -> list[tuple[Envelope, Any]]:
@@ -182,6 +197,14 @@ class Pipeline:
     stage times (``pre_stages`` before inference, the rest inference).
     ``telemetry`` is a :class:`medrt.pipeline.telemetry.Telemetry`, True for one
     made to fit this graph, or None.
+
+    ``max_in_flight`` bounds the items between the entry and the sinks: the first
+    stage takes an item only while fewer are in flight, so a pipeline that cannot keep
+    up leaves the backlog in the entry queue, where its policy applies (``latest``
+    drops the oldest there), instead of in the inner queues, which block and would
+    each hold ``depth`` stale frames. For a live view that is the latency: on a CPU
+    that ran the 30 fps replay at 18 fps, unbounded, a frame reached the screen 0.7 s
+    after it arrived. None: unbounded (the inner queues' depths bound it).
     """
 
     def __init__(
@@ -196,6 +219,7 @@ class Pipeline:
         pre_stages: Sequence[str] = ("decode", "preprocess"),
         name: str = "pipeline",
         freeze_gc: bool = True,
+        max_in_flight: int | None = None,
     ) -> None:
         if not stages:
             raise ValueError('Argument "stages" must name at least one stage.')
@@ -215,7 +239,12 @@ class Pipeline:
         unknown = set(policies) - set(edges)
         if unknown:
             raise ValueError(f'Argument "policy" names unknown edges {sorted(unknown)}; edges are {edges}.')
-        self._orderer = _Orderer()
+        if max_in_flight is not None and max_in_flight < 1:
+            raise ValueError(f'Argument "max_in_flight" must be at least 1 or None, got {max_in_flight}.')
+        self.max_in_flight = max_in_flight
+        self._credits = threading.Semaphore(max_in_flight) if max_in_flight else None
+        self._credited: set[int] = set()  # the seqs holding one of the credits
+        self._orderer = _Orderer(on_done=self._seq_done)
         self.queues = {e: BoundedQueue(e, self.depth, policies.get(e, Policy.BLOCK), partial(self._discarded, e))
                        for e in edges}
         self._gaps: deque[Envelope] = deque()  # discarded items, for the sink thread to skip
@@ -258,7 +287,7 @@ class Pipeline:
         for i, stage in enumerate(self.stages):
             out = self.queues[self.stages[i + 1].name] if i + 1 < len(self.stages) else self.queues["sink"]
             for w in range(stage.workers):
-                self._spawn(self._stage_loop, f"{stage.name}-{w}", stage, self.queues[stage.name], out)
+                self._spawn(self._stage_loop, f"{stage.name}-{w}", stage, self.queues[stage.name], out, i == 0)
         self._spawn(self._sink_loop, "sink")
         return self
 
@@ -342,6 +371,9 @@ class Pipeline:
                 self.telemetry.count_reject(edge)
             else:
                 self.telemetry.count_drop(edge)
+            # the frame too (JSON lines, the summary's frames_dropped), not in latency or throughput
+            self.telemetry.record_frame(env.key, dict(env.timings), (time.perf_counter() - env.t_arrival) * 1000.0,
+                                        dropped=True)
         self._gaps.append(env)
 
     def _source_loop(self) -> None:
@@ -367,10 +399,37 @@ class Pipeline:
         except QueueClosed:
             pass
 
-    def _stage_loop(self, stage: Stage, inq: BoundedQueue, out: BoundedQueue) -> None:
+    def _admit(self, inq: BoundedQueue) -> bool:
+        """Wait for a credit (``max_in_flight``); False once the pipeline is aborted."""
+        assert self._credits is not None
+        while not self._credits.acquire(timeout=0.1):
+            if inq.closed:
+                return False
+        return True
+
+    def _seq_done(self, seq: int) -> None:
+        """An item's last output left the orderer (delivered or a gap): its credit is free."""
+        if self._credits is None:
+            return
+        with self._lock:
+            if seq not in self._credited:  # dropped at the entry: it never held one
+                return
+            self._credited.discard(seq)
+        self._credits.release()
+
+    def _stage_loop(self, stage: Stage, inq: BoundedQueue, out: BoundedQueue, entry: bool = False) -> None:
+        admit = entry and self._credits is not None
         try:
             while True:
+                if admit and not self._admit(inq):
+                    return
                 env = inq.get()
+                if admit:
+                    if env is END:
+                        self._credits.release()  # type: ignore[union-attr]
+                    else:
+                        with self._lock:
+                            self._credited.add(env.seq)
                 if env is END:
                     with self._lock:
                         self._remaining[stage.name] -= 1
@@ -497,6 +556,13 @@ class Pipeline:
         """Per-edge drops, rejects and the deepest the queue got."""
         return {name: {"drops": q.drops, "rejects": q.rejects, "max_depth": q.max_depth, "depth": q.maxsize}
                 for name, q in self.queues.items()}
+
+    @property
+    def in_flight(self) -> int:
+        """Items the first stage has taken that have not left the orderer yet (counted
+        only with ``max_in_flight``)."""
+        with self._lock:
+            return len(self._credited)
 
 
 @dataclass

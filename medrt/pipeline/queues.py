@@ -87,6 +87,10 @@ class BoundedQueue:
     def maxsize(self) -> int:
         return self._maxsize
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)
