@@ -8,6 +8,17 @@ from typing import Any
 __all__ = ["add_engine_options", "add_pipeline_options", "analyzer_config", "thread_layout"]
 
 
+def _count(text: str) -> int:
+    """A whole number >= 0 (``--max-in-flight``; 0: no bound)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def _millimetres(text: str) -> float:
     """A length in mm, >= 0 (``--min-diameter``)."""
     try:
@@ -56,7 +67,7 @@ def add_pipeline_options(p: argparse.ArgumentParser, *, policy: str | None) -> N
                        help=f"what the entry queue does when the pipeline falls behind its source: block "
                             f"(never drop; the source waits), latest (drop the oldest waiting frame), reject "
                             f"(refuse the new one); inner queues always block. Default {policy}")
-        g.add_argument("--max-in-flight", type=int, default=None, metavar="N",
+        g.add_argument("--max-in-flight", type=_count, default=None, metavar="N",
                        help="frames past the entry at once; 0: unbounded. Default: with latest, the inference "
                             "workers + 2, so a pipeline that falls behind drops stale frames at the entry instead "
                             "of queueing them inside (latency); otherwise unbounded")
