@@ -94,8 +94,12 @@ def test_replay_at_30fps_draws_frames_then_overlays_and_stays_responsive(bot, wi
     # (on a slow machine latest-wins may have dropped the series' last one in both loops).
     assert len(arrived) == w.frames_received and w.shown_key == arrived[-1]
     assert len(w.current_series.slots) == len(set(arrived)) <= 40  # a re-sent image replaces its slot
-    # Frames were drawn as soon as they arrived, and drawn again when their overlay was ready.
-    assert any(not analysed for _, analysed in draws) and any(analysed for _, analysed in draws)
+    # Frames were drawn as soon as they arrived, and drawn again when their overlay was
+    # ready: at the end at least (the last result's render may still be pending when the
+    # session's end arrives; on a CPU slower than the stream each overlay comes after the
+    # next frame has replaced its own on screen).
+    bot.waitUntil(lambda: not w.render_pending, timeout=5000)
+    assert any(not analysed for _, analysed in draws) and draws[-1] == (arrived[-1], True)
     assert sum(1 for s in w.current_series.slots if s.result is not None and s.result.lesions) >= 5
     hud = w.hud.text("top_right")
     for word in ("fps", "latency", "p99", "drops", "onnxruntime"):
