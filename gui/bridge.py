@@ -193,7 +193,8 @@ class Session:
         return self
 
     def _run(self) -> None:
-        from medrt.pipeline.graph import Pipeline, Stage, live_in_flight
+        from medrt.pipeline.admission import live_in_flight
+        from medrt.pipeline.graph import Pipeline, Stage
         from medrt.pipeline.stages import analysis_stages
 
         try:

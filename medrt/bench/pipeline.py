@@ -159,7 +159,8 @@ def stream_replay(
     achieved fps, drops, end-to-end p99 and RSS growth."""
     from medrt.analyzer import load_analyzer
     from medrt.io.sources import FileReplay
-    from medrt.pipeline.graph import Pipeline, live_in_flight
+    from medrt.pipeline.admission import live_in_flight
+    from medrt.pipeline.graph import Pipeline
     from medrt.pipeline.stages import analysis_stages
 
     paths = _dicom_paths(folder or default_stream())
@@ -168,7 +169,7 @@ def stream_replay(
     source = FileReplay(paths, fps=fps, loop=max(1, math.ceil(frames / len(paths))))
     stages = analysis_stages(analyzer, infer_workers=workers, order=paths)
     sink = _Count()
-    bound = live_in_flight(policy, stages) if max_in_flight is None else (max_in_flight or None)
+    bound = live_in_flight(policy, stages, max_in_flight)
     pipe = Pipeline(source, stages, [sink], policy={stages[0].name: policy}, telemetry=True, name="bench-stream",
                     max_in_flight=bound)
     tel = pipe.telemetry

@@ -67,7 +67,8 @@ def _source(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from medrt.analyzer import load_analyzer
-    from medrt.pipeline.graph import Pipeline, live_in_flight
+    from medrt.pipeline.admission import live_in_flight
+    from medrt.pipeline.graph import Pipeline
     from medrt.pipeline.stages import analysis_stages
 
     try:
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     policy: Any = {stages[0].name: entry}
     # A live replay that falls behind keeps its backlog at the entry, where latest-wins
     # drops it, not in the inner queues (each frame there would reach the sink late).
-    bound = live_in_flight(entry, stages) if args.max_in_flight is None else (args.max_in_flight or None)
+    bound = live_in_flight(entry, stages, args.max_in_flight)
     pipe = Pipeline(source, stages, [findings], policy=policy, depth=args.depth, telemetry=True, name="stream",
                     max_in_flight=bound)
     tel = pipe.telemetry

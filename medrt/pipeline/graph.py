@@ -26,6 +26,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from medrt.errors import InputError
 from medrt.pipeline import gcfreeze
+from medrt.pipeline.admission import Credits
 from medrt.pipeline.queues import END, BoundedQueue, Policy, QueueClosed
 from medrt.privacy import describe_exception
 
@@ -117,18 +118,6 @@ class Sink(Protocol):
     def on_error(self, error: FrameError, envelope: Envelope) -> None: ...
 
 
-def live_in_flight(policy: Policy | str, stages: Sequence[Stage]) -> int | None:
-    """The default ``max_in_flight`` (:class:`Pipeline`) for an entry ``policy``. With
-    ``latest`` (a live view keeping up with its scanner): the widest stage's workers + 2
-    (each of them busy, one frame decoded ahead, one being finished), enough to keep the
-    stages as busy as unbounded (measured: ``medrt bench --only stream``) while a backlog
-    stays at the entry to be dropped. Other policies (a batch, a listener: nothing may be
-    dropped): None, unbounded."""
-    if Policy.parse(policy) is not Policy.LATEST:
-        return None
-    return max(s.workers for s in stages) + 2
-
-
 def rule_depth(pre_ms: float, infer_ms: float) -> int:
     """The seed's rule for how many items to keep in flight: (pre + infer) / max(pre, infer),
     rounded up, and at least 2 so that one item is prepared while another is in inference."""
@@ -198,13 +187,11 @@ class Pipeline:
     ``telemetry`` is a :class:`medrt.pipeline.telemetry.Telemetry`, True for one
     made to fit this graph, or None.
 
-    ``max_in_flight`` bounds the items between the entry and the sinks: the first
-    stage takes an item only while fewer are in flight, so a pipeline that cannot keep
-    up leaves the backlog in the entry queue, where its policy applies (``latest``
-    drops the oldest there), instead of in the inner queues, which block and would
-    each hold ``depth`` stale frames. For a live view that is the latency: on a CPU
-    that ran the 30 fps replay at 18 fps, unbounded, a frame reached the screen 0.7 s
-    after it arrived. None: unbounded (the inner queues' depths bound it).
+    ``max_in_flight`` bounds the items between the entry and the sinks
+    (:class:`medrt.pipeline.admission.Credits`), so a pipeline that cannot keep up
+    leaves the backlog in the entry queue, where its policy applies: on a CPU that
+    ran the 30 fps replay at 18 fps, unbounded, a frame reached the screen 0.7 s after
+    it arrived. None: unbounded (the inner queues' depths bound it).
     """
 
     def __init__(
@@ -241,10 +228,8 @@ class Pipeline:
             raise ValueError(f'Argument "policy" names unknown edges {sorted(unknown)}; edges are {edges}.')
         if max_in_flight is not None and max_in_flight < 1:
             raise ValueError(f'Argument "max_in_flight" must be at least 1 or None, got {max_in_flight}.')
-        self.max_in_flight = max_in_flight
-        self._credits = threading.Semaphore(max_in_flight) if max_in_flight else None
-        self._credited: set[int] = set()  # the seqs holding one of the credits
-        self._orderer = _Orderer(on_done=self._seq_done)
+        self.credits = Credits(max_in_flight) if max_in_flight else None
+        self._orderer = _Orderer(on_done=self.credits.done if self.credits is not None else None)
         self.queues = {e: BoundedQueue(e, self.depth, policies.get(e, Policy.BLOCK), partial(self._discarded, e))
                        for e in edges}
         self._gaps: deque[Envelope] = deque()  # discarded items, for the sink thread to skip
@@ -399,37 +384,18 @@ class Pipeline:
         except QueueClosed:
             pass
 
-    def _admit(self, inq: BoundedQueue) -> bool:
-        """Wait for a credit (``max_in_flight``); False once the pipeline is aborted."""
-        assert self._credits is not None
-        while not self._credits.acquire(timeout=0.1):
-            if inq.closed:
-                return False
-        return True
-
-    def _seq_done(self, seq: int) -> None:
-        """An item's last output left the orderer (delivered or a gap): its credit is free."""
-        if self._credits is None:
-            return
-        with self._lock:
-            if seq not in self._credited:  # dropped at the entry: it never held one
-                return
-            self._credited.discard(seq)
-        self._credits.release()
-
     def _stage_loop(self, stage: Stage, inq: BoundedQueue, out: BoundedQueue, entry: bool = False) -> None:
-        admit = entry and self._credits is not None
+        credits = self.credits if entry else None  # max_in_flight: the first stage takes a credit per item
         try:
             while True:
-                if admit and not self._admit(inq):
+                if credits is not None and not credits.take(lambda: inq.closed):
                     return
                 env = inq.get()
-                if admit:
+                if credits is not None:
                     if env is END:
-                        self._credits.release()  # type: ignore[union-attr]
+                        credits.give_back()
                     else:
-                        with self._lock:
-                            self._credited.add(env.seq)
+                        credits.hold(env.seq)
                 if env is END:
                     with self._lock:
                         self._remaining[stage.name] -= 1
@@ -561,8 +527,7 @@ class Pipeline:
     def in_flight(self) -> int:
         """Items the first stage has taken that have not left the orderer yet (counted
         only with ``max_in_flight``)."""
-        with self._lock:
-            return len(self._credited)
+        return len(self.credits) if self.credits is not None else 0
 
 
 @dataclass
