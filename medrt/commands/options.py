@@ -68,8 +68,8 @@ def add_pipeline_options(p: argparse.ArgumentParser, *, policy: str | None) -> N
                             f"(never drop; the source waits), latest (drop the oldest waiting frame), reject "
                             f"(refuse the new one); inner queues always block. Default {policy}")
         g.add_argument("--max-in-flight", type=_count, default=None, metavar="N",
-                       help="frames past the entry at once; 0: unbounded. Default: with latest, the inference "
-                            "workers + 2, so a pipeline that falls behind drops stale frames at the entry instead "
+                       help="frames past the entry at once; 0: unbounded. Default: with latest, the widest stage's "
+                            "workers (the inference workers) + 2, so a pipeline that falls behind drops stale frames at the entry instead "
                             "of queueing them inside (latency); otherwise unbounded")
     g.add_argument("--depth", type=int, default=None,
                    help="queue capacity per edge (default: from the measured stage times, seed rule)")
