@@ -312,9 +312,13 @@ def cpu_friendly(model: onnx.ModelProto) -> tuple[onnx.ModelProto, RewriteReport
         new_inits += [numpy_helper.from_array(w, w_name), numpy_helper.from_array(b, b_name)]
         new_nodes.append(helper.make_node("Conv", [node.input[0], w_name, b_name], [mid], name=f"{base}/as_conv",
                                           kernel_shape=list(w.shape[2:]), pads=conv_pads, strides=[1, 1]))  # fmt: skip
-        shuffle, consts = _pixel_shuffle(f"{base}/pixel_shuffle", node.input[0], mid, out, strides[0])
-        new_nodes += shuffle
-        new_inits += consts
+        if w.shape[0] == strides[0] ** 2:  # one output channel: nothing to move per pixel (module docstring)
+            new_nodes.append(helper.make_node("DepthToSpace", [mid], [out], name=f"{base}/depth_to_space",
+                                              blocksize=strides[0], mode="DCR"))
+        else:
+            shuffle, consts = _pixel_shuffle(f"{base}/pixel_shuffle", node.input[0], mid, out, strides[0])
+            new_nodes += shuffle
+            new_inits += consts
         report["conv_transpose"].append(node.name)
 
     del graph.node[:]
