@@ -298,6 +298,26 @@ def test_small_lesions_weigh_like_large_ones_in_the_unet_loss() -> None:
     assert small_lesion_weights(y, area=1e6).max() == 16.0  # capped
 
 
+@pytest.mark.parametrize("k", [3, 5, 9, 31])
+def test_box_mean_is_the_mean_over_the_window_inside_the_frame(k: int) -> None:
+    """models/networks.py box_mean (a 3x3 pool, or running sums from 5 up) computes what
+    the fronts computed with separable pools before: avg_pool2d without the padding,
+    at the borders too, and on frames smaller than the window."""
+    torch = require_module("torch")
+    from medrt.models.networks import box_mean
+
+    pool = torch.nn.functional.avg_pool2d
+    for shape in ((2, 3, 37, 50), (1, 1, 7, 12)):
+        x = torch.rand(*shape, generator=torch.Generator().manual_seed(k))
+        want = pool(pool(x, (1, k), 1, (0, k // 2), count_include_pad=False), (k, 1), 1, (k // 2, 0),
+                    count_include_pad=False)
+        got = box_mean(x, k)
+        assert got.shape == x.shape
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-6)
+    with pytest.raises(ValueError, match="odd"):
+        box_mean(x, 4)
+
+
 def test_edge_channel_keeps_a_faint_rim_and_drops_smooth_texture() -> None:
     """Why lesion_unet 2.2 has it: a faint radiograph nodule (25 of ~3800 window units,
     sharp rim) and lung texture of the same amplitude on an ~8 mm scale look alike in the
