@@ -33,7 +33,7 @@ import torch
 from medrt.engine.quantize import dump_spec
 from medrt.engine.registry import load_spec, sha256_file
 from medrt.models.networks import Ensemble, network_for
-from medrt.models.train import EXPORT_NOTE, export
+from medrt.models.train import ENSEMBLE_NOTE, EXPORT_NOTE, export
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -85,8 +85,7 @@ def ensemble_spec(name: str, onnx_path: Path, docs: list[dict[str, Any]], versio
     first = docs[0]
     model = {**first["model"], "version": version, "file": onnx_path.name, "sha256": sha256_file(onnx_path),
              "card": f"{name}.md",
-             "export": f"{EXPORT_NOTE}; {len(docs)} members in one graph, their logits averaged "
-                       "(python -m medrt.models.ensemble)",
+             "export": f"{EXPORT_NOTE}; {ENSEMBLE_NOTE.format(n=len(docs))}",
              "members": len(docs),
              "description": f"{len(docs)} networks in one graph, their logits averaged (models/networks.py "
                             f"Ensemble), each: {first['model']['description']}"}

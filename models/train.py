@@ -62,8 +62,9 @@ TWO_WINDOWS_NOTE = ("; CT comes in one wide window, and the graph cuts the soft-
 # radiographs are the same picture from a storage-phosphor plate).
 MODALITIES = {"all": ("CT", "DX", "CR"), "ct": ("CT",), "dx": ("DX", "CR")}
 EXPORT_NOTE = ("torch.onnx (TorchScript exporter), then medrt.engine.rewrite.cpu_friendly: PRelu as LeakyRelu, "
-               "ConvTranspose as Conv + pixel shuffle, one-channel box pooling with rows as channels "
-               "(exact; checked against torch)")
+               "ConvTranspose as Conv + pixel shuffle (DepthToSpace for one output channel), one-channel box "
+               "pooling with rows as channels (exact; checked against torch)")
+ENSEMBLE_NOTE = "{n} members in one graph, their logits averaged (python -m medrt.models.ensemble)"
 OPSET = 17
 
 
@@ -346,21 +347,31 @@ def _rewrite(path: Path) -> None:
     log.info("%s: %s", path.name, report.summary())
 
 
-def export_only(name: str, out: Path) -> Path:
-    """Export ``out/<name>.pt`` again (no training) and update its spec's version and
-    sha256 in place; the spec's tuned thresholds and training record are kept."""
+def export_only(name: str, out: Path, version: str | None = None) -> Path:
+    """Export ``out/<name>.pt`` again (no training) and update its spec's version (default:
+    the spec's with the patch number raised: the same weights in a new graph), sha256 and
+    export note in place; the spec's tuned thresholds and training record are kept. An
+    ensemble's ``.pt`` (members' weights) is exported as one graph again."""
     spec = out / f"{name}.toml"
     if not spec.is_file():
         raise SystemExit(f"{spec}: no spec to update (train the model first)")
+    text = spec.read_text(encoding="utf-8")
+    if version is None:
+        found = re.search(r'(?m)^version = "(\d+)\.(\d+)\.(\d+)"$', text)
+        if found is None:
+            raise SystemExit(f"{spec}: no major.minor.patch version to raise; give --version")
+        version = f"{found[1]}.{found[2]}.{int(found[3]) + 1}"
     net = network_for(name, torch.load(out / f"{name}.pt", map_location="cpu", weights_only=True)).eval()
     onnx_path = export(net, name, out, name in ROI_MODELS)
-    text = spec.read_text(encoding="utf-8")
-    text = re.sub(r'(?m)^version = ".*"$', f'version = "{VERSIONS[name]}"', text, count=1)
+    members = re.search(r"(?m)^members = (\d+)$", text)
+    note = EXPORT_NOTE + (f"; {ENSEMBLE_NOTE.format(n=members[1])}" if members else "")
+    text = re.sub(r'(?m)^version = ".*"$', f'version = "{version}"', text, count=1)
+    text = re.sub(r'(?m)^(# \S+) \S+:', rf"\1 {version}:", text, count=1)  # the heading comment
     text = re.sub(r'(?m)^sha256 = ".*"$', f'sha256 = "{sha256_file(onnx_path)}"', text, count=1)
     if re.search(r"(?m)^export = ", text):
-        text = re.sub(r'(?m)^export = ".*"$', f'export = "{EXPORT_NOTE}"', text, count=1)
+        text = re.sub(r'(?m)^export = ".*"$', f'export = "{note}"', text, count=1)
     else:
-        text = re.sub(r'(?m)^(card = ".*")$', rf'\1\nexport = "{EXPORT_NOTE}"', text, count=1)
+        text = re.sub(r'(?m)^(card = ".*")$', rf'\1\nexport = "{note}"', text, count=1)
     spec.write_text(text, encoding="utf-8")
     return spec
 
@@ -520,7 +531,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", choices=["all", "ct", "dx"], default="all", help="patches / thumbnails to train on")
     p.add_argument("--build-only", action="store_true", help="build the phantom cache and stop")
     p.add_argument("--export-only", action="store_true",
-                   help="export the shipped OUT/MODEL.pt again (no training); update the spec's version and sha256")
+                   help="export the shipped OUT/MODEL.pt again (no training); update the spec's version, sha256 "
+                        "and export note")
+    p.add_argument("--version", default=None,
+                   help="with --export-only: the new version (default: the spec's, patch number + 1)")
     p.add_argument("--crop", type=int, default=256, help="UNet training crop side (pixels at 0.5 mm)")
     p.add_argument("--amp", choices=["none", "bf16"], default="none",
                    help="bf16 autocast with channels-last tensors (needs a CPU with BF16 support)")
@@ -589,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
         _data(args, "seg")
         return 0
     if args.export_only:
-        log.info("wrote %s", export_only(args.model, out))
+        log.info("wrote %s", export_only(args.model, out, args.version))
         return 0
     roi = args.model in ROI_MODELS
     net, info = train_roi(args) if roi else train_unet(args)

@@ -956,3 +956,26 @@ def test_bf16_training_is_refused_where_the_cpu_would_emulate_it(tmp_path: Path)
     else:
         assert out.returncode == 2 and "--amp bf16: this CPU has no BF16 kernels" in out.stderr, out.stderr[-3000:]
         assert not (tmp_path / "cache").exists()
+
+
+def test_export_only_re_exports_an_ensemble_and_raises_its_patch_version(tmp_path: Path) -> None:
+    """``--export-only`` (a new graph for the same weights, e.g. after an export rewrite):
+    the spec gets the next patch version, the new file's sha256 and the export note (an
+    ensemble keeps its members' note); thresholds and the training record stay."""
+    require_module("torch")
+    require_module("monai")
+    from medrt.models.train import ENSEMBLE_NOTE, EXPORT_NOTE, export_only
+
+    name = "lesion_unet_lite"
+    for suffix in (".pt", ".toml"):
+        shutil.copy(MODELS / f"{name}{suffix}", tmp_path)
+    old = load_spec(MODELS / f"{name}.toml")
+    major, minor, patch = (int(v) for v in old.version.split("."))
+    spec_path = export_only(name, tmp_path)
+    new = load_spec(spec_path)  # checks the sha256 against the new file
+    assert new.version == f"{major}.{minor}.{patch + 1}"
+    assert spec_path.read_text().startswith(f"# {name} {new.version}:")
+    text = spec_path.read_text()
+    assert f'export = "{EXPORT_NOTE}; {ENSEMBLE_NOTE.format(n=2)}"' in text
+    assert new.thresholds == old.thresholds and new.training == old.training
+    assert load_spec(export_only(name, tmp_path, version="9.0.0")).version == "9.0.0"
