@@ -37,6 +37,7 @@ def build_window(args: argparse.Namespace) -> MainWindow:
     provider = AnalyzerProvider(analyzer_config(args))
     window = MainWindow(provider, analysis=analysis, workers=workers)
     window.resize(*_size(args.size))
+    window.follow_mode = getattr(args, "follow", "results")
     window.show()
     if analysis and args.path is not None:
         provider.preload()

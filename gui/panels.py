@@ -8,6 +8,7 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
+    QComboBox,
     QFormLayout,
     QHeaderView,
     QLabel,
@@ -24,7 +25,10 @@ from PySide6.QtWidgets import (
 from medrt.overlay import lesion_color
 from medrt.types import Lesion
 
-__all__ = ["SeriesBrowser", "LesionList", "Controls", "LESION_COLUMNS"]
+__all__ = ["SeriesBrowser", "LesionList", "Controls", "LESION_COLUMNS", "FOLLOW_MODES"]
+
+#: Following a live stream shows ... (the combo box's text, the mode's name).
+FOLLOW_MODES = (("the newest AI result", "results"), ("the newest image", "images"))
 
 LESION_COLUMNS = ("#", "area mm²", "diam. mm", "score", "recheck")
 
@@ -124,7 +128,7 @@ class LesionList(QTableWidget):
 
 
 class Controls(QWidget):
-    """Overlay toggles and opacity, crop boxes, SEG layer, cine and replay rates."""
+    """Overlay toggles and opacity, crop boxes, SEG layer, following a stream, cine and replay rates."""
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -139,6 +143,15 @@ class Controls(QWidget):
         self.seg.setChecked(True)
         self.follow = QCheckBox("Follow the live stream")
         self.follow.setChecked(True)
+        # What following shows: the newest image the AI has analysed, with its overlay
+        # (behind the newest arrival by the AI's latency), or the newest image as it lands
+        # (its overlay drawn once ready, if it still shows by then: on a CPU slower than
+        # the stream the next image has usually replaced it).
+        self.follow_mode = QComboBox()
+        for text, mode in FOLLOW_MODES:
+            self.follow_mode.addItem(text, mode)
+        self.follow_mode.setToolTip("Follow the newest analysed image (with its AI overlay) or the newest image "
+                                    "received (fastest, overlay when ready)")
         self.cine_fps = QSpinBox()
         self.cine_fps.setRange(1, 60)
         self.cine_fps.setValue(10)
@@ -147,7 +160,7 @@ class Controls(QWidget):
         self.replay_fps.setRange(1, 120)
         self.replay_fps.setValue(30)
         self.replay_fps.setSuffix(" fps")
-        for w in (self.overlay, self.crops, self.seg, self.follow, self.opacity, self.cine_fps, self.replay_fps):
+        for w in (self.overlay, self.crops, self.seg, self.follow, self.follow_mode, self.opacity, self.cine_fps, self.replay_fps):
             w.setFocusPolicy(Qt.FocusPolicy.ClickFocus)  # keep the hotkeys for the image
         form = QFormLayout(self)
         form.setContentsMargins(4, 4, 4, 4)
@@ -156,5 +169,6 @@ class Controls(QWidget):
         form.addRow(self.crops)
         form.addRow(self.seg)
         form.addRow(self.follow)
+        form.addRow("Show", self.follow_mode)
         form.addRow("Cine", self.cine_fps)
         form.addRow("Replay", self.replay_fps)

@@ -93,6 +93,7 @@ class StreamsMixin:
         self.series_i = self.slot_i = 0
         self.window_cw = None
         self.shown_key = None
+        self.newest_result_key = None
         self.frames_received = self.results_received = 0
         self.failures = []
         self.cine.stop()
@@ -152,7 +153,9 @@ class StreamsMixin:
             return
         si, idx = self.study.add_live_frame(a.frame, a.index, a.path, keep=self.live_keep)
         self.frames_received += 1
-        if self.controls.follow.isChecked():
+        # Following the AI's results: the images are shown as they land only until the
+        # first result comes (the models' first frame), then each result brings its image.
+        if self.controls.follow.isChecked() and not (self.following_results() and self.newest_result_key):
             if si != self.series_i:
                 self.window_cw = None
             self.series_i, self.slot_i = si, idx
@@ -170,7 +173,13 @@ class StreamsMixin:
         slot.set_result(r.result, r.overlay, r.latency_ms, r.index)
         self.results_received += 1
         self.session.last_latency_ms = r.latency_ms
-        if si == self.series_i and idx == self.slot_i:
+        self.newest_result_key = r.result.frame.key
+        if self.following_results():  # results come in arrival order: this is the newest
+            if si != self.series_i:
+                self.window_cw = None
+            self.series_i, self.slot_i = si, idx
+            self.request_render()
+        elif si == self.series_i and idx == self.slot_i:
             self.request_render()
 
     def _on_failure(self: Any, f: Failure) -> None:

@@ -25,7 +25,7 @@ from medrt_gui.imaging import (
     value_text,
     window_lut,
 )
-from medrt_gui.panels import Controls, LesionList, SeriesBrowser
+from medrt_gui.panels import FOLLOW_MODES, Controls, LesionList, SeriesBrowser
 from medrt_gui.seg import seg_overlay
 from medrt_gui.streams import StreamsMixin
 from medrt_gui.study import SeriesEntry, Slot, Study
@@ -77,6 +77,7 @@ class MainWindow(QMainWindow, StreamsMixin):
         self.session_finished: int | None = None
         self._sid = 0
         self.shown_key: str | None = None
+        self.newest_result_key: str | None = None  # of the live session's newest AI result
         self.hover_text = ""
         self._hover_pixel: tuple[int, int] | None = None
         self.frames_received = self.results_received = 0
@@ -109,6 +110,7 @@ class MainWindow(QMainWindow, StreamsMixin):
         c.seg.toggled.connect(self.view.set_seg_visible)
         c.cine_fps.valueChanged.connect(self._cine_rate)
         c.follow.toggled.connect(lambda on: on and self.last_image())
+        c.follow_mode.currentIndexChanged.connect(lambda _i: c.follow.isChecked() and self.last_image())
 
         self.monitor = EventLoopMonitor(parent=self)
         self.monitor.start()
@@ -258,12 +260,46 @@ class MainWindow(QMainWindow, StreamsMixin):
     def first_image(self) -> None:
         self.show_image(0)
 
+    @property
+    def follow_mode(self) -> str:
+        """What following a live stream shows: ``results`` (the newest analysed image) or
+        ``images`` (the newest image received)."""
+        return str(self.controls.follow_mode.currentData())
+
+    @follow_mode.setter
+    def follow_mode(self, mode: str) -> None:
+        index = self.controls.follow_mode.findData(mode)
+        if index < 0:
+            raise ValueError(f"follow mode is one of {[m for _, m in FOLLOW_MODES]}, not {mode!r}")
+        self.controls.follow_mode.setCurrentIndex(index)
+
+    def following_results(self) -> bool:
+        """Whether a live stream is followed at its newest AI result (see :attr:`follow_mode`)."""
+        return (self.session is not None and self.session.live and self.controls.follow.isChecked()
+                and self.follow_mode == "results")
+
+    def _newest_result(self) -> tuple[int, int] | None:
+        """(series, image) of the live session's newest AI result, while it is still held."""
+        found = self.study.find(self.newest_result_key) if self.newest_result_key else None
+        return None if found is None else found[:2]
+
     def last_image(self) -> None:
+        """The last image; in a live stream, follow it again: at its newest AI result when
+        following results (and one has come), else at its newest image."""
         entry = self.current_series
-        if entry is not None:
+        if entry is None:
+            return
+        target = self._newest_result() if self.session is not None and self.session.live \
+            and self.follow_mode == "results" else None
+        if target is not None:
+            if target[0] != self.series_i:
+                self.window_cw = None
+            self.series_i, self.slot_i = target
+            self.request_render()
+        else:
             self.show_image(len(entry.slots) - 1)
-            if self.session is not None and self.session.live:
-                self.controls.follow.setChecked(True)
+        if self.session is not None and self.session.live:
+            self.controls.follow.setChecked(True)
 
     def show_series(self, index: int) -> None:
         if not 0 <= index < len(self.study.series) or index == self.series_i and self.shown_key:
@@ -439,6 +475,9 @@ class MainWindow(QMainWindow, StreamsMixin):
         desc = entry.description
         desc = desc if len(desc) <= 44 else desc[:43] + "…"
         top = f"{desc}\nimage {self.slot_i + 1}/{len(entry.slots)}"
+        behind = len(entry.slots) - 1 - self.slot_i
+        if behind > 0 and self.following_results():
+            top += f" · AI result, {behind} behind the newest"
         if slot.error:
             top += f"\ncannot show: {slot.error}"
         elif slot.frame is None:

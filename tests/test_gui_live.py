@@ -64,6 +64,7 @@ class GapMeter:
 def test_replay_at_30fps_draws_frames_then_overlays_and_stays_responsive(bot, window, record_property,
                                                                             capsys) -> None:  # type: ignore[no-untyped-def]
     w = window
+    w.follow_mode = "images"  # each image as it lands (the default follows the AI's results, below)
     w.provider.get()  # load the models first: the figure is about streaming, not start-up
     draws: list[tuple[str, bool]] = []
     w.rendered.connect(lambda key: draws.append((key, w.current_slot().result is not None)))
@@ -113,6 +114,46 @@ def test_replay_at_30fps_draws_frames_then_overlays_and_stays_responsive(bot, wi
               f"entry; event loop max gap {worst:.0f} ms, p99 {p99:.0f} ms (10 ms timer, {len(meter.gaps)} ticks); "
               f"HUD: {hud.splitlines()[1]}")
     assert worst < MAX_GAP_MS, f"the event loop stalled for {worst:.0f} ms during the stream"
+
+
+def test_following_results_shows_the_newest_analysed_image_with_its_overlay(bot, window) -> None:  # type: ignore[no-untyped-def]
+    """The default follow mode: on any CPU, however far the AI trails the stream, the
+    image on screen is the newest one analysed, drawn with its overlay (images are shown
+    as they land only until the first result comes)."""
+    w = window
+    assert w.follow_mode == "results"
+    w.provider.get()
+    draws: list[tuple[str, bool]] = []
+    w.rendered.connect(lambda key: draws.append((key, w.current_slot().result is not None)))
+    results: list[str] = []
+    w.bridge.resultReady.connect(lambda r: results.append(r.result.frame.key))
+    session = w.start_replay(CT, fps=30, loop=1)
+    assert session is not None
+    with bot.waitSignal(w.sessionFinished, timeout=180_000):
+        pass
+    bot.waitUntil(lambda: not w.render_pending, timeout=5000)
+    assert w.results_received == len(results) >= 10
+    first = next(i for i, (_, analysed) in enumerate(draws) if analysed)
+    assert all(analysed for _, analysed in draws[first:]), draws  # never an image without its result after that
+    shown = [key for key, _ in draws[first:]]
+    order = {key: i for i, key in enumerate(results)}
+    assert [order[k] for k in shown] == sorted(order[k] for k in shown)  # forward, result by result
+    assert len(set(shown)) >= min(10, len(results) // 2)  # the overlay moved with the stream
+    assert w.shown_key == results[-1] and w.current_slot().result is not None
+    # Looking back stops following; End follows again, at the newest result.
+    w.previous_image()
+    assert not w.controls.follow.isChecked() and not w.following_results()
+    w.last_image()
+    assert w.controls.follow.isChecked() and w.current_slot().key == results[-1]
+    # While following results, the HUD says how far the shown image trails the newest.
+    n = len(w.current_series.slots)
+    w.slot_i = n - 3
+    w._update_hud()
+    assert "AI result, 2 behind the newest" in w.hud.text("top_left")
+    # Switching to images follows the newest image received.
+    w.follow_mode = "images"
+    bot.waitUntil(lambda: not w.render_pending, timeout=5000)
+    assert w.slot_i == n - 1 and "behind" not in w.hud.text("top_left")
 
 
 def _land(src: Path, folder: Path) -> None:

@@ -30,6 +30,10 @@ def add_view_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lookahead", type=float, default=0.0, metavar="SECONDS",
                    help="with --watch: hold each image until the next one lands (at most SECONDS), so a 2.5-D "
                         "model gets the slice after it too; each image shows up to one frame later (default 0: off)")
+    p.add_argument("--follow", choices=("results", "images"), default="results",
+                   help="with --replay/--watch: follow the stream at its newest AI result, drawn with its overlay "
+                        "(default; behind the newest image by the AI's latency), or at its newest image as it "
+                        "lands (overlay once ready)")
     p.add_argument("--seg", type=Path, action="append", default=[], metavar="SEG",
                    help="a DICOM SEG to lay over its source images (repeatable; SEGs inside PATH load by themselves)")
     p.add_argument("--image", type=int, default=None, metavar="N", help="start at image N (1-based) of the first series")
