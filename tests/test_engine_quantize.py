@@ -113,6 +113,38 @@ def test_quantize_writes_a_qdq_model_whose_first_and_last_layers_stay_fp32(tmp_p
     assert all(produced_by[n.input[1]].op_type == "DequantizeLinear" for n in graph.node if n.op_type == "Conv")
 
 
+def test_what_feeds_the_fp32_input_path_from_shapes_and_constants_stays_fp32() -> None:
+    """A box mean's count of pixels inside the frame comes from ``ones_like(x)`` (Shape,
+    ConstantOfShape, running sums): computed from the input's shape alone, it feeds the
+    FP32 front but is not reached by walking the data from the input. Quantized, 8 bits
+    over its range cost ``lesion_unet_lite`` 4.1.1's twin 7.6 points of sensitivity."""
+    require_module("onnx")
+    from onnx import TensorProto, helper, numpy_helper
+
+    from medrt.engine.quantize import first_last_compute_nodes
+
+    w = [numpy_helper.from_array(np.ones((1, 1, 3, 3), np.float32), f"w{i}") for i in range(3)]
+    nodes = [
+        helper.make_node("Shape", ["x"], ["shape"], name="shape"),
+        helper.make_node("ConstantOfShape", ["shape"], ["ones"], name="ones",
+                         value=numpy_helper.from_array(np.ones(1, np.float32))),
+        helper.make_node("CumSum", ["ones", "axis"], ["run"], name="running_sum"),
+        helper.make_node("Div", ["x", "run"], ["mean"], name="mean"),
+        helper.make_node("Conv", ["mean", "w0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
+        helper.make_node("Conv", ["r0", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1]),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, "H", "W"])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "H", "W"])],
+        [*w, numpy_helper.from_array(np.array(3, np.int64), "axis")],
+    )  # fmt: skip
+    assert first_last_compute_nodes(graph) == ["conv0", "conv2"]
+    assert first_last_compute_nodes(graph, with_paths=True) == ["ones", "running_sum", "mean", "conv0", "conv2"]
+
+
 def test_quantize_refuses_a_model_whose_file_changed(tmp_path: Path) -> None:
     spec = _tiny_model(tmp_path)
     spec.path.write_bytes(spec.path.read_bytes() + b"\0")

@@ -32,11 +32,12 @@ __all__ = ["CACHE_FORMAT", "cache_folder", "cache_root", "clear", "entries", "ga
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 7  # 2: the gate routes radiograph crops; 3: it scores only the model's modalities;
+CACHE_FORMAT = 8  # 2: the gate routes radiograph crops; 3: it scores only the model's modalities;
 # 4: ROI classifiers are calibrated on their modalities' thumbnails only; 5: the gate scores
 # a segmenter on radiographs through the fine sweep over the whole frame, as the analyzer runs it;
 # 6: about a hundred lesions per modality, and CT slices rechecked as the analyzer does;
-# 7: the folder names the CPU's INT8 kernel class (medrt.engine.hardware.int8_kernels)
+# 7: the folder names the CPU's INT8 kernel class (medrt.engine.hardware.int8_kernels);
+# 8: what feeds the FP32 input/output paths from shapes and constants stays FP32 too
 VERDICT = "verdict.json"
 
 
