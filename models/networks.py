@@ -50,14 +50,17 @@ def _weight_dtype(module: nn.Module) -> torch.dtype:
 
 # The box means of the fixed fronts below, each the mean over the pixels of a k x k
 # window inside the frame (avg_pool2d with count_include_pad=False; k odd). Up to
-# SMALL_BOX a window is one 2-D pool over every channel at once; a larger one is two 1-D
-# passes of running sums (cumsum), whose cost does not grow with k. Measured with ONNX
-# Runtime on one thread of the AVX2 CPU at 512², against the 1-D pools per channel the
-# fronts used before (twenty-second session): three slices' 3x3 means 1.1 against
-# 4.0 ms, a 31 x 31 mean 1.8 against 3.4 ms. The running sums differ from a pool by float
-# rounding (5e-6 over 512² frames in [0, 1]); they run in float32 like the rest of the
-# fronts (cumsum is not on CPU autocast's bfloat16 list).
-SMALL_BOX = 3
+# SMALL_BOX a window is one 2-D pool over every channel at once; from RUNNING_BOX it is
+# two 1-D passes of running sums (cumsum), whose cost does not grow with k; in between,
+# two 1-D pools. Measured with ONNX Runtime on one thread of the AVX2 CPU at 512²,
+# against the 1-D pools per channel the fronts used before (twenty-second session):
+# three slices' 3x3 means 1.1 against 4.0 ms, a 31 x 31 mean 1.8 against 3.4 ms. The
+# running sums differ from a pool by float rounding (5e-6 over 512² frames in [0, 1]),
+# and ONNX Runtime's from torch's about as much: fine for the 31-px window (gain 25),
+# but the edge channel's 9-px one (gain 200) made lesion_unet_dx's ONNX differ from
+# torch by 1.3e-3, over train.export's check, so small windows stay pools. They run in
+# float32 like the rest of the fronts (cumsum is not on CPU autocast's bfloat16 list).
+SMALL_BOX, RUNNING_BOX = 3, 15
 
 
 def box_mean(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -69,6 +72,9 @@ def box_mean(x: torch.Tensor, k: int) -> torch.Tensor:
         return x
     if k <= SMALL_BOX:
         return nn.functional.avg_pool2d(x, k, stride=1, padding=k // 2, count_include_pad=False)
+    if k < RUNNING_BOX:
+        x = nn.functional.avg_pool2d(x, (1, k), stride=1, padding=(0, k // 2), count_include_pad=False)
+        return nn.functional.avg_pool2d(x, (k, 1), stride=1, padding=(k // 2, 0), count_include_pad=False)
     return _running_mean(_running_mean(x, k, 3), k, 2)
 
 

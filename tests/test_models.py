@@ -298,11 +298,11 @@ def test_small_lesions_weigh_like_large_ones_in_the_unet_loss() -> None:
     assert small_lesion_weights(y, area=1e6).max() == 16.0  # capped
 
 
-@pytest.mark.parametrize("k", [3, 5, 9, 31])
+@pytest.mark.parametrize("k", [3, 5, 9, 15, 31])
 def test_box_mean_is_the_mean_over_the_window_inside_the_frame(k: int) -> None:
-    """models/networks.py box_mean (a 3x3 pool, or running sums from 5 up) computes what
-    the fronts computed with separable pools before: avg_pool2d without the padding,
-    at the borders too, and on frames smaller than the window."""
+    """models/networks.py box_mean (a 3x3 pool, 1-D pools, or running sums from 15 up)
+    computes what the fronts computed with separable pools before: avg_pool2d without
+    the padding, at the borders too, and on frames smaller than the window."""
     torch = require_module("torch")
     from medrt.models.networks import box_mean
 
@@ -979,3 +979,24 @@ def test_export_only_re_exports_an_ensemble_and_raises_its_patch_version(tmp_pat
     assert f'export = "{EXPORT_NOTE}; {ENSEMBLE_NOTE.format(n=2)}"' in text
     assert new.thresholds == old.thresholds and new.training == old.training
     assert load_spec(export_only(name, tmp_path, version="9.0.0")).version == "9.0.0"
+
+
+@pytest.mark.parametrize("name", ["lesion_unet", "lesion_unet_dx", "lesion_unet_lite"])
+def test_shipped_weights_export_under_the_current_network_code(name: str, tmp_path: Path) -> None:
+    """``train.export`` checks the ONNX graph against torch (1e-3 on the logits): the
+    shipped weights must still pass it with today's fronts, or ``--export-only`` and every
+    retraining of that model would stop at the export (running sums for the edge
+    channel's 9-px window once put lesion_unet_dx at 1.3e-3)."""
+    torch = require_module("torch")
+    require_module("monai")
+    from medrt.models.networks import network_for
+    from medrt.models.train import export
+
+    net = network_for(name, torch.load(MODELS / f"{name}.pt", map_location="cpu", weights_only=True))
+    path = export(net, name, tmp_path, roi=False)  # raises when ONNX and torch differ
+    if name == "lesion_unet_lite":  # exported with this code (4.1.1): the same function as shipped
+        ort = require_module("onnxruntime")
+        x = np.random.default_rng(0).random((1, 3, 128, 96), dtype=np.float32)
+        got, want = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"image": x})[0]
+                     for p in (path, MODELS / f"{name}.onnx"))
+        np.testing.assert_array_equal(got, want)
