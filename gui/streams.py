@@ -156,10 +156,7 @@ class StreamsMixin:
         # Following the AI's results: the images are shown as they land only until the
         # first result comes (the models' first frame), then each result brings its image.
         if self.controls.follow.isChecked() and not (self.following_results() and self.newest_result_key):
-            if si != self.series_i:
-                self.window_cw = None
-            self.series_i, self.slot_i = si, idx
-            self.request_render()
+            self.follow_to(si, idx)
         elif si == self.series_i and idx == self.slot_i:
             self.request_render()
 
@@ -175,10 +172,7 @@ class StreamsMixin:
         self.session.last_latency_ms = r.latency_ms
         self.newest_result_key = r.result.frame.key
         if self.following_results():  # results come in arrival order: this is the newest
-            if si != self.series_i:
-                self.window_cw = None
-            self.series_i, self.slot_i = si, idx
-            self.request_render()
+            self.follow_to(si, idx)
         elif si == self.series_i and idx == self.slot_i:
             self.request_render()
 

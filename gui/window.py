@@ -283,6 +283,14 @@ class MainWindow(QMainWindow, StreamsMixin):
         found = self.study.find(self.newest_result_key) if self.newest_result_key else None
         return None if found is None else found[:2]
 
+    def follow_to(self, series: int, image: int) -> None:
+        """Show ``image`` of ``series`` as following a stream does: a series new on
+        screen starts at its header window."""
+        if series != self.series_i:
+            self.window_cw = None
+        self.series_i, self.slot_i = series, image
+        self.request_render()
+
     def last_image(self) -> None:
         """The last image; in a live stream, follow it again: at its newest AI result when
         following results (and one has come), else at its newest image."""
@@ -292,10 +300,7 @@ class MainWindow(QMainWindow, StreamsMixin):
         target = self._newest_result() if self.session is not None and self.session.live \
             and self.follow_mode == "results" else None
         if target is not None:
-            if target[0] != self.series_i:
-                self.window_cw = None
-            self.series_i, self.slot_i = target
-            self.request_render()
+            self.follow_to(*target)
         else:
             self.show_image(len(entry.slots) - 1)
         if self.session is not None and self.session.live:
