@@ -60,6 +60,7 @@ class Slot:
     seg_overlay: Layer | None = None
     error: str | None = None
     version: int = 0  # bumped whenever something shown changes
+    arrival: int = 0  # live: the study's arrival count when this image last came (0: never)
 
     def set_frame(self, frame: Frame, index: DisplayIndex | None) -> None:
         self.frame, self.index, self.error = frame, index, None
@@ -74,10 +75,6 @@ class Slot:
         self.result, self.overlay, self.latency_ms = result, overlay, latency_ms
         if index is not None or self.frame is None:
             self.frame, self.index, self.error = result.frame, index, None
-        self.version += 1
-
-    def clear_result(self) -> None:
-        self.result = self.overlay = self.latency_ms = None
         self.version += 1
 
 
@@ -146,6 +143,8 @@ class Study:
         self.seg_paths: list[Path] = []
         self._seen_problems: set[Problem] = set()
         self.trimmed = 0
+        self.arrivals = 0  # live images received, a replay's repeats included
+        self.newest_key: str | None = None  # of the image received last
 
     # -- building -------------------------------------------------------------
 
@@ -175,9 +174,11 @@ class Study:
 
     def add_live_frame(self, frame: Frame, index: DisplayIndex | None, path: Path | None = None,
                        keep: int | None = None) -> tuple[int, int]:
-        """Put a streamed frame in its series (a new one if needed), appended in arrival order;
-        a frame sent again replaces its slot and waits for its new result. Returns
-        ``(series index, slot index)``."""
+        """Put a streamed frame in its series (a new one if needed), appended in arrival order.
+        A frame sent again (the same SOP instance: a looping replay, a re-sent image) takes
+        its slot's place in the series and keeps the slot's last result on screen until its
+        new one comes, so an image with a result is never drawn bare while it waits.
+        Returns ``(series index, slot index)``."""
         entry = next((e for e in self.series if e.uid == frame.series_instance_uid), None)
         if entry is None:
             entry = SeriesEntry(frame.series_instance_uid, frame.modality, live=True)
@@ -187,7 +188,8 @@ class Study:
             slot = entry.add(Slot(frame.key, path=path))
             if keep is not None:
                 self.trimmed += entry.trim(keep)
-        slot.clear_result()
+        self.arrivals += 1
+        slot.arrival, self.newest_key = self.arrivals, frame.key
         slot.set_frame(frame, index)
         return self.series.index(entry), entry.slots.index(slot)
 

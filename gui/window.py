@@ -283,6 +283,11 @@ class MainWindow(QMainWindow, StreamsMixin):
         found = self.study.find(self.newest_result_key) if self.newest_result_key else None
         return None if found is None else found[:2]
 
+    def _newest_image(self) -> tuple[int, int] | None:
+        """(series, image) of the image received last (a looping replay's is not the last slot)."""
+        found = self.study.find(self.study.newest_key) if self.study.newest_key else None
+        return None if found is None else found[:2]
+
     def follow_to(self, series: int, image: int) -> None:
         """Show ``image`` of ``series`` as following a stream does: a series new on
         screen starts at its header window."""
@@ -297,13 +302,15 @@ class MainWindow(QMainWindow, StreamsMixin):
         entry = self.current_series
         if entry is None:
             return
-        target = self._newest_result() if self.session is not None and self.session.live \
-            and self.follow_mode == "results" else None
+        live = self.session is not None and self.session.live
+        target = None
+        if live:
+            target = (self._newest_result() if self.follow_mode == "results" else None) or self._newest_image()
         if target is not None:
             self.follow_to(*target)
         else:
             self.show_image(len(entry.slots) - 1)
-        if self.session is not None and self.session.live:
+        if live:
             self.controls.follow.setChecked(True)
 
     def show_series(self, index: int) -> None:
@@ -480,7 +487,8 @@ class MainWindow(QMainWindow, StreamsMixin):
         desc = entry.description
         desc = desc if len(desc) <= 44 else desc[:43] + "…"
         top = f"{desc}\nimage {self.slot_i + 1}/{len(entry.slots)}"
-        behind = len(entry.slots) - 1 - self.slot_i
+        # images received after this one (a looping replay sends its slots again, in place)
+        behind = self.study.arrivals - slot.arrival if slot.arrival else 0
         if behind > 0 and self.following_results():
             top += f" · AI result, {behind} behind the newest"
         if slot.error:

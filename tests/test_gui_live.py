@@ -146,14 +146,26 @@ def test_following_results_shows_the_newest_analysed_image_with_its_overlay(bot,
     w.last_image()
     assert w.controls.follow.isChecked() and w.current_slot().key == results[-1]
     # While following results, the HUD says how far the shown image trails the newest.
-    n = len(w.current_series.slots)
+    n, newest = len(w.current_series.slots), w.slot_i
     w.slot_i = n - 3
     w._update_hud()
     assert "AI result, 2 behind the newest" in w.hud.text("top_left")
-    # Switching to images follows the newest image received.
+    # A looping replay sends an image again, into its old place: it keeps its last result
+    # until the new one comes (never drawn bare), and the HUD counts the images received
+    # after the one shown, not the places after it.
+    w.slot_i = newest
+    shown = w.current_slot()
+    trailing = w.study.arrivals - shown.arrival
+    again = next(s for s in w.current_series.slots if s.result is not None and s is not shown)
+    result = again.result
+    w.study.add_live_frame(again.frame, again.index)
+    assert again.result is result and w.study.newest_key == again.key
+    w._update_hud()
+    assert f"AI result, {trailing + 1} behind the newest" in w.hud.text("top_left")
+    # Switching to images follows the newest image received: the one sent again.
     w.follow_mode = "images"
     bot.waitUntil(lambda: not w.render_pending, timeout=5000)
-    assert w.slot_i == n - 1 and "behind" not in w.hud.text("top_left")
+    assert w.current_slot() is again and "behind" not in w.hud.text("top_left")
 
 
 def _land(src: Path, folder: Path) -> None:
