@@ -95,8 +95,14 @@ class Screenshot:
 
     def save(self) -> None:
         w = self.window
+        # The picture is the last thing before quitting: a live stream's later arrivals and
+        # results no longer move the view, so image, HUD and lesion list show the same image
+        # (otherwise the X server held whichever widgets had repainted since the last one).
+        w.bridge.blockSignals(True)
         w.raise_()
-        QApplication.processEvents()
+        _settle(0.1)  # what the stream had sent before is taken in
+        w.render_now()
+        _settle(0.25)  # the lesion list lays out its rows, and the widgets paint, on timers
         pixmap: QPixmap | None = None
         if QGuiApplication.platformName() == "xcb":
             screen = w.screen() or QGuiApplication.primaryScreen()
@@ -108,9 +114,21 @@ class Screenshot:
             self.ok = False
             print(f"medrt view: could not write {self.path}", file=sys.stderr)
             return
+        slot = w.current_slot()
+        found = "-" if slot is None or slot.result is None else len(slot.result.lesions)
+        entry = w.current_series
         print(f"screenshot: {self.path} ({pixmap.width()}x{pixmap.height()}, platform "
               f"{QGuiApplication.platformName()}, image {w.shown_key or '-'}, "
-              f"{w.results_received} frame(s) analysed)")
+              f"{w.results_received} frame(s) analysed; shown: {len(w.lesion_list.lesions)} lesion(s) listed, "
+              f"{found} in its result, series of {len(entry.slots) if entry else 0} image(s))")
+
+
+def _settle(seconds: float) -> None:
+    """Process events for ``seconds`` (posted events, timers, paints)."""
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        QApplication.processEvents()
+        time.sleep(0.01)
 
 
 def run_viewer(args: argparse.Namespace) -> int:

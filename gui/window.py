@@ -423,6 +423,13 @@ class MainWindow(QMainWindow, StreamsMixin):
         if not self._render_timer.isActive():
             self._render_timer.start()
 
+    def render_now(self) -> None:
+        """Draw the current state at once (a pending change too, the live corner and the
+        browser's counts) instead of at the next idle moment and tick."""
+        self._render_timer.stop()
+        self._render()
+        self._tick()
+
     @property
     def render_pending(self) -> bool:
         """True between a change and the render that shows it (the next idle moment)."""

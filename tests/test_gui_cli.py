@@ -5,6 +5,7 @@ on an X server under Xvfb as CI does)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -114,6 +115,14 @@ def test_real_window_under_xvfb(tmp_path: Path) -> None:
         rgb = _check_screenshot(shot, out)
         assert "platform xcb" in out.stdout, out.stdout + out.stderr
         assert _overlay_pixels(rgb) > 20, "the lesion overlay is not in the screenshot"
+        # During a live replay the view moves with each result: the picture is taken with
+        # the stream held off the view, so the lesion list, the HUD and the image agree.
+        shot = tmp_path / "replay.png"
+        out = _run([sys.executable, "-m", "medrt", "view", str(CT), "--replay", "30", "--screenshot", str(shot),
+                    "--timeout", "240"], env=env)
+        _check_screenshot(shot, out)
+        shown = re.search(r"shown: (\d+) lesion\(s\) listed, (\d+) in its result", out.stdout)
+        assert shown is not None and shown[1] == shown[2], out.stdout + out.stderr
     finally:
         server.terminate()
         server.wait(10)
