@@ -282,3 +282,82 @@ def test_unnamed_nodes_get_unique_replacements() -> None:
     x = rng.standard_normal((1, 1, 6, 7)).astype(np.float32)
     ref = _run(model, x)
     np.testing.assert_allclose(_run(rewritten, x), ref, rtol=1e-4, atol=1e-4 * float(np.abs(ref).max()))
+
+
+def _skip_block(*, shape_attrs: dict | None = None, group: int = 1, extra_user: bool = False) -> object:
+    """x (3 ch) → conv a (4 ch), conv b (5 ch) → Concat → Conv 3x3 (9 → 6 ch) → y; with
+    ``shape_attrs``, a Shape of the Concat feeds a Reshape of y (as a pixel shuffle's sizes do)."""
+    from onnx import helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    w = {name: numpy_helper.from_array(rng.normal(size=shape).astype(np.float32), name)
+         for name, shape in (("wa", (4, 3, 3, 3)), ("wb", (5, 3, 1, 1)), ("wc", (6, 9 // group, 3, 3)))}
+    bias = numpy_helper.from_array(rng.normal(size=6).astype(np.float32), "bc")
+    nodes = [
+        helper.make_node("Conv", ["x", "wa"], ["a"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["x", "wb"], ["b0"]),
+        helper.make_node("LeakyRelu", ["b0"], ["b"], alpha=0.1),
+        helper.make_node("Concat", ["a", "b"], ["cat"], axis=1, name="skip/Concat"),
+        helper.make_node("Conv", ["cat", "wc", "bc"], ["yc"], pads=[1, 1, 1, 1], group=group, name="up/Conv"),
+    ]
+    inits = [*w.values(), bias]
+    if shape_attrs is None:
+        nodes.append(helper.make_node("Identity", ["yc"], ["y"]))
+    else:
+        shape = numpy_helper.from_array(np.array([6], np.int64), "six")
+        nodes += [helper.make_node("Shape", ["cat"], ["hw"], **shape_attrs),
+                  helper.make_node("Concat", ["six", "hw"], ["to"], axis=0),
+                  helper.make_node("Reshape", ["yc", "to"], ["y"])]
+        inits.append(shape)
+    if extra_user:
+        nodes.append(helper.make_node("Relu", ["cat"], ["unused"]))
+    return _model(nodes, inits)
+
+
+@pytest.mark.parametrize("shape_attrs", [None, {"start": 2, "end": 4}, {"start": -2}])
+def test_concat_convolution_becomes_a_sum_of_convolutions(shape_attrs: dict | None) -> None:
+    require_module("onnx")
+    from medrt.engine.rewrite import concat_as_sum
+
+    model = _skip_block(shape_attrs=shape_attrs)
+    rewritten, names = concat_as_sum(model)
+    assert names == ["skip/Concat"]
+    ops = Counter(n.op_type for n in rewritten.graph.node)
+    assert ops["Conv"] == 4 and ops["Add"] == 1 and ops["Concat"] == (0 if shape_attrs is None else 1), ops
+    x = np.random.default_rng(0).normal(size=(1, 3, 20, 24)).astype(np.float32)
+    expected = _run(model, x)
+    got = _run(rewritten, x)
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs", [{"group": 3}, {"extra_user": True}, {"shape_attrs": {"start": 0}},
+                                    {"shape_attrs": {"start": 1, "end": 2}}])
+def test_concat_it_cannot_split_is_left_alone(kwargs: dict) -> None:
+    """A grouped convolution, another reader of the Concat, or a Shape that reads its channel
+    count: the model comes back unchanged."""
+    require_module("onnx")
+    from medrt.engine.rewrite import concat_as_sum
+
+    model = _skip_block(**kwargs)
+    rewritten, names = concat_as_sum(model)
+    assert names == [] and rewritten is model
+
+
+@pytest.mark.parametrize("name", ["lesion_unet", "lesion_unet_dx", "lesion_unet_lite"])
+def test_cpu_backend_runs_the_shipped_unets_with_their_concats_as_sums(name: str) -> None:
+    """Every skip connection of the shipped UNets is split when ORT loads them for the CPU
+    in FP32, with the file's outputs (to float rounding); the file and its spec are as shipped."""
+    require_module("onnx")
+    from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
+    from medrt.engine.registry import load_spec
+
+    spec = load_spec(MODELS / f"{name}.toml")
+    split = OnnxRuntimeBackend(spec, threads=1)
+    plain = OnnxRuntimeBackend(spec, threads=1, split_concats=False)
+    assert len(split.rewritten) == 4 * _members(name) and plain.rewritten == ()
+    ops = Counter(n.op_type for n in __import__("onnx").load(str(spec.path)).graph.node)
+    assert ops["Concat"] >= len(split.rewritten)  # the file keeps its Concats
+    x = np.random.default_rng(1).random((1, spec.slices, 256, 192), dtype=np.float32)
+    np.testing.assert_allclose(split.infer(x)[0], plain.infer(x)[0], rtol=1e-4, atol=1e-4)
+    spec.verify()
