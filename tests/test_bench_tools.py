@@ -196,3 +196,14 @@ def test_load_bench_json_says_what_is_wrong(tmp_path: Path) -> None:
         load_bench_json(bad)
     with pytest.raises(ValueError, match='"tolerance"'):
         compare(BASELINE, BASELINE, tolerance=-0.1)
+
+
+def test_graph_suite_times_each_unet_as_loaded_against_its_file() -> None:
+    """`medrt bench --only graph`: one row per UNet, the rewritten graph beside the file (no
+    timing is asserted: this machine's timings are noisy; the outputs must agree)."""
+    from medrt.bench.engine import concat_rewrite
+
+    (row,) = concat_rewrite(models=(("lesion_unet_lite", 128),), repeats=1)
+    assert row["model"].startswith("lesion_unet_lite") and row["size"] == 128 and row["concats"] == 8
+    assert row["file_ms"] > 0 and row["rewritten_ms"] > 0 and row["speedup"] > 0
+    assert row["max_abs_diff"] < 1e-4

@@ -216,3 +216,29 @@ def engine_table(spec_name: str = "lesion_unet_dx", size: int = 1024, repeats: i
                      "hardware": _hardware(info.device)})
         del b  # freed before the next row's memory is counted, not during it
     return rows
+
+
+def concat_rewrite(models: tuple[tuple[str, int], ...] = (("lesion_unet_lite", 512), ("lesion_unet_dx", 1024)),
+                   repeats: int = 9) -> list[dict[str, Any]]:
+    """Each UNet as ONNX Runtime loads it for the CPU (skip connections as sums of
+    convolutions, :func:`medrt.engine.rewrite.concat_as_sum`) against its file as it is,
+    interleaved at ``size``² on the default threads: medians, the ratio, and the largest
+    difference in the outputs."""
+    from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
+    from medrt.engine.registry import find_spec
+
+    rows = []
+    for name, size in models:
+        spec = find_spec(name)
+        split, plain = OnnxRuntimeBackend(spec), OnnxRuntimeBackend(spec, split_concats=False)
+        x = np.random.default_rng(0).random((1, spec.slices, size, size), dtype=np.float32)
+        diff = max(float(np.abs(a - b).max()) for a, b in zip(split.infer(x), plain.infer(x), strict=True))
+        # two sessions, two thread pools: each call waits until the other's threads stop spinning
+        times = interleaved_times({"file": lambda p=plain, x=x: p.infer(x), "rewritten": lambda s=split, x=x: s.infer(x)},
+                                  repeats=repeats, warmup=2, settle_s=SETTLE_S)
+        file_ms, rewritten_ms = statistics.median(times["file"]), statistics.median(times["rewritten"])
+        rows.append({"model": spec.ident, "size": size, "threads": split.threads, "concats": len(split.rewritten),
+                     "file_ms": round(file_ms, 1), "rewritten_ms": round(rewritten_ms, 1),
+                     "speedup": round(file_ms / rewritten_ms, 3), "max_abs_diff": diff})
+        del split, plain
+    return rows

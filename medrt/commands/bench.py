@@ -10,7 +10,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-SUITES = ("decode", "engines", "roi_vs_full", "pipelined", "stream", "int8", "cold_start", "efficiency")
+SUITES = ("decode", "engines", "graph", "roi_vs_full", "pipelined", "stream", "int8", "cold_start", "efficiency")
 
 
 def _decode(args: argparse.Namespace, _: Any) -> Any:
@@ -23,6 +23,12 @@ def _engines(args: argparse.Namespace, _: Any) -> Any:
     from medrt.bench.engine import engine_table
 
     return engine_table(args.model, repeats=max(args.repeats, 10))
+
+
+def _graph(args: argparse.Namespace, _: Any) -> Any:
+    from medrt.bench.engine import concat_rewrite
+
+    return concat_rewrite(repeats=args.repeats)
 
 
 def _roi_vs_full(args: argparse.Namespace, analyzer: Any) -> Any:
@@ -69,10 +75,10 @@ def _stream(args: argparse.Namespace, _: Any) -> Any:
     return stream_replay(args.stream_model, fps=args.fps, frames=args.stream_frames, precision=args.precision)
 
 
-RUNNERS = {"decode": _decode, "engines": _engines, "roi_vs_full": _roi_vs_full, "int8": _int8,
+RUNNERS = {"decode": _decode, "engines": _engines, "graph": _graph, "roi_vs_full": _roi_vs_full, "int8": _int8,
            "cold_start": _cold_start, "efficiency": _efficiency, "pipelined": _pipelined, "stream": _stream}
 KEYS = {"roi_vs_full": "roi_vs_full", "int8": "int8_vs_fp32", "cold_start": "cold_start",
-        "efficiency": "unet_efficiency", "engines": "engines", "decode": "decode",
+        "efficiency": "unet_efficiency", "engines": "engines", "graph": "concat_as_sum", "decode": "decode",
         "pipelined": "pipelined_vs_serial", "stream": "stream_30fps"}
 
 
@@ -137,7 +143,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "bench",
         help="benchmarks, measured as ratios in one run",
         description="Benchmarks measured side by side in one run (medians over repeats). Suites: "
-        "decode (read_frames vs pydicom pixel_array), engines (latency per backend/precision), "
+        "decode (read_frames vs pydicom pixel_array), engines (latency per backend/precision), graph (the "
+        "UNets as ORT loads them for the CPU, skip connections as sums of convolutions, vs their files), "
         "roi_vs_full (ROI path vs full-frame sliding window on 4096² phantoms), int8 (INT8 vs FP32 "
         "with the accuracy gate), cold_start (first frame vs steady state), efficiency (UNet GFLOP/s "
         "vs sgemm), pipelined (pipelined vs serial throughput on the 512² sample stream), stream "
