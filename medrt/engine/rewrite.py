@@ -218,6 +218,24 @@ def _rows_as_channels(node: Any, attrs: dict[str, Any]) -> tuple[list[Any], list
     return nodes, consts
 
 
+def _replace_nodes(model: onnx.ModelProto, nodes: list[Any], inits: list[Any]) -> None:
+    """Give ``model``'s graph ``nodes`` in place of its own and ``inits`` beside its
+    initializers, drop the initializers nothing reads any more, and check the model."""
+    import onnx
+
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(inits)
+    used = {t for n in graph.node for t in n.input}
+    keep = [i for i in graph.initializer if i.name in used or i.name in outputs]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    del graph.value_info[:]  # stale shapes of removed tensors; shape inference redoes them
+    onnx.checker.check_model(model)
+
+
 def cpu_friendly(model: onnx.ModelProto) -> tuple[onnx.ModelProto, RewriteReport]:
     """A copy of ``model`` with single-slope ``PRelu`` as ``LeakyRelu``, eligible 2-D
     ``ConvTranspose`` layers as ``Conv`` + pixel shuffle and one-channel 1-D pooling
@@ -334,15 +352,7 @@ def cpu_friendly(model: onnx.ModelProto) -> tuple[onnx.ModelProto, RewriteReport
             new_inits += consts
         report["conv_transpose"].append(node.name)
 
-    del graph.node[:]
-    graph.node.extend(new_nodes)
-    graph.initializer.extend(new_inits)
-    used = {t for n in graph.node for t in n.input}
-    keep = [i for i in graph.initializer if i.name in used or i.name in outputs]
-    del graph.initializer[:]
-    graph.initializer.extend(keep)
-    del graph.value_info[:]  # stale shapes of removed tensors; shape inference redoes them
-    onnx.checker.check_model(model)
+    _replace_nodes(model, new_nodes, new_inits)
     return model, report
 
 
@@ -465,13 +475,5 @@ def concat_as_sum(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
             summed = node.output[0] if i == len(partial) - 1 else f"{base}/sum{i}"
             new_nodes.append(helper.make_node("Add", [running, part], [summed], name=f"{base}/sum{i}"))
             running = summed
-    del graph.node[:]
-    graph.node.extend(new_nodes)
-    graph.initializer.extend(new_inits)
-    used = {t for n in graph.node for t in n.input}
-    keep = [i for i in graph.initializer if i.name in used or i.name in outputs]
-    del graph.initializer[:]
-    graph.initializer.extend(keep)
-    del graph.value_info[:]
-    onnx.checker.check_model(model)
+    _replace_nodes(model, new_nodes, new_inits)
     return model, [cat.name or cat.output[0] for cat, _ in plans.values()]
