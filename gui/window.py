@@ -278,14 +278,11 @@ class MainWindow(QMainWindow, StreamsMixin):
         return (self.session is not None and self.session.live and self.controls.follow.isChecked()
                 and self.follow_mode == "results")
 
-    def _newest_result(self) -> tuple[int, int] | None:
-        """(series, image) of the live session's newest AI result, while it is still held."""
-        found = self.study.find(self.newest_result_key) if self.newest_result_key else None
-        return None if found is None else found[:2]
-
-    def _newest_image(self) -> tuple[int, int] | None:
-        """(series, image) of the image received last (a looping replay's is not the last slot)."""
-        found = self.study.find(self.study.newest_key) if self.study.newest_key else None
+    def _place(self, key: str | None) -> tuple[int, int] | None:
+        """(series, image) of the image ``key`` names while the study still holds it: the
+        live session's newest AI result, or the image received last (a looping replay's
+        is not the last slot)."""
+        found = self.study.find(key) if key else None
         return None if found is None else found[:2]
 
     def follow_to(self, series: int, image: int) -> None:
@@ -305,7 +302,8 @@ class MainWindow(QMainWindow, StreamsMixin):
         live = self.session is not None and self.session.live
         target = None
         if live:
-            target = (self._newest_result() if self.follow_mode == "results" else None) or self._newest_image()
+            target = (self._place(self.newest_result_key) if self.follow_mode == "results" else None) \
+                or self._place(self.study.newest_key)
         if target is not None:
             self.follow_to(*target)
         else:

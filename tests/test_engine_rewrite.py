@@ -348,7 +348,7 @@ def test_concat_it_cannot_split_is_left_alone(kwargs: dict) -> None:
 def test_cpu_backend_runs_the_shipped_unets_with_their_concats_as_sums(name: str) -> None:
     """Every skip connection of the shipped UNets is split when ORT loads them for the CPU
     in FP32, with the file's outputs (to float rounding); the file and its spec are as shipped."""
-    require_module("onnx")
+    onnx = require_module("onnx")
     from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
     from medrt.engine.registry import load_spec
 
@@ -356,7 +356,7 @@ def test_cpu_backend_runs_the_shipped_unets_with_their_concats_as_sums(name: str
     split = OnnxRuntimeBackend(spec, threads=1)
     plain = OnnxRuntimeBackend(spec, threads=1, split_concats=False)
     assert len(split.rewritten) == 4 * _members(name) and plain.rewritten == ()
-    ops = Counter(n.op_type for n in __import__("onnx").load(str(spec.path)).graph.node)
+    ops = Counter(n.op_type for n in onnx.load(str(spec.path)).graph.node)
     assert ops["Concat"] >= len(split.rewritten)  # the file keeps its Concats
     x = np.random.default_rng(1).random((1, spec.slices, 256, 192), dtype=np.float32)
     np.testing.assert_allclose(split.infer(x)[0], plain.infer(x)[0], rtol=1e-4, atol=1e-4)
