@@ -21,7 +21,7 @@ than it gave back (12.7 ms).
 
 Graph: an FP32 model on the CPU is loaded with each convolution of a channel
 ``Concat`` written as a sum of convolutions (:func:`medrt.engine.rewrite.concat_as_sum`:
-the same function, float rounding aside; 3-5 % faster for the UNets here), in memory:
+the same function, float rounding aside; 2-6 % faster for the UNets here), in memory:
 the file, its sha256 and the spec stay as they are. ``split_concats=False`` loads the
 file as it is.
 """
