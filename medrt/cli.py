@@ -32,6 +32,7 @@ COMMANDS = (
     "medrt.commands.eval",
     "medrt.commands.stream",
     "medrt.commands.batch",
+    "medrt.commands.listen",
     "medrt.commands.view",
 )
 

@@ -1,0 +1,111 @@
+"""``medrt listen --spool DIR``: a DICOM C-STORE SCP that analyses each series it receives.
+
+Images are acknowledged only once they are on disk in the spool. A series is complete
+when nothing has arrived for it for ``--idle`` seconds; it then goes through the same
+batch core as ``medrt batch`` (one analyzer, loaded and warmed once), its results are
+written to ``--out/<SeriesInstanceUID>/`` and, with ``--forward AET@HOST:PORT``, its SEG
+and SR (and SC with ``--sc``) are sent there by C-STORE. After a crash or a restart, the
+spool's unfinished series are done first. Stop with Ctrl-C or SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from medrt.commands.options import add_engine_options, analyzer_config, thread_layout
+
+
+def _ae_title(text: str) -> str:
+    value = text.strip()
+    if not 0 < len(value) <= 16 or "\\" in value or not value.isprintable():
+        raise argparse.ArgumentTypeError(f"an AE title is 1-16 printable characters without '\\', got {text!r}")
+    return value
+
+
+def _destination(text: str) -> Any:
+    from medrt.pacs.scu import Destination
+
+    try:
+        return Destination.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _line(outcome: Any) -> str:
+    sent = f", {len(outcome.forwarded)} object(s) forwarded" if outcome.forwarded else ""
+    detail = f" ({outcome.detail})" if outcome.detail else ""
+    return (f"series {outcome.series_uid}: {outcome.state}, {outcome.frames} frame(s), {outcome.lesions} lesion(s), "
+            f"{outcome.errors} error(s){sent} in {outcome.elapsed_s:.1f} s{detail} -> {outcome.out}")
+
+
+def run(args: argparse.Namespace) -> int:
+    from medrt.analyzer import load_analyzer
+    from medrt.batch import OutputOptions
+    from medrt.pacs.scp import Listener
+    from medrt.pacs.service import PacsService
+    from medrt.pacs.spool import Spool
+
+    spool = Spool(args.spool)
+    out = Path(args.out) if args.out else spool.root / "results"
+    recovered = spool.recover()
+    _, workers = thread_layout(args)
+    analyzer = load_analyzer(analyzer_config(args))
+    service = PacsService(spool, out, analyzer, forward=args.forward, calling_ae=args.ae_title, idle_s=args.idle,
+                          retry_s=args.retry, workers=workers,
+                          outputs=OutputOptions(png="none" if args.no_png else "positive", sc=args.sc))
+    service.on_outcome = lambda o: print(_line(o), flush=True)
+    listener = Listener(spool, ae_title=args.ae_title, host=args.bind, port=args.port,
+                        allowed_callers=args.allow or (), on_stored=service.notify)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        listener.start()
+    except OSError as exc:
+        print(f"medrt listen: cannot listen on {args.bind}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    service.start()
+    pending = sum(1 for s in spool.all_series() if s.state not in ("done",))
+    print(f"medrt listen: {args.ae_title} on {args.bind}:{listener.port}, spool {spool.root} "
+          f"({pending} series to finish{', ' + str(recovered['requeued']) + ' resumed' if recovered['requeued'] else ''}),"
+          f" results {out}" + (f", forwarding to {args.forward}" if args.forward else "") + "; Ctrl-C stops",
+          flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        listener.stop()  # no new images; what is stored stays in the spool for the next start
+        service.stop()
+        spool.close()
+    c = listener.counts
+    print(f"medrt listen: stopped; {c['stored']} image(s) stored, {c['refused']} refused, {c['failed']} not stored, "
+          f"{len(service.outcomes)} series processed", flush=True)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser("listen", help="DICOM C-STORE listener: analyse each series received, forward SEG/SR",
+                       description=__doc__)
+    p.add_argument("--spool", required=True, help="the durable inbox (created; reused across restarts)")
+    p.add_argument("--out", default=None, help="results folder (default SPOOL/results)")
+    p.add_argument("--ae-title", type=_ae_title, default="MEDRT", help="our AE title (default MEDRT)")
+    p.add_argument("--bind", default="0.0.0.0", help="address to listen on (default all; 127.0.0.1 for local only)")
+    p.add_argument("--port", type=int, default=11112, help="TCP port (default 11112; 0: any free port)")
+    p.add_argument("--allow", action="append", type=_ae_title, metavar="AET",
+                   help="accept associations only from this calling AE title (repeatable; default: any)")
+    p.add_argument("--forward", type=_destination, default=None, metavar="AET@HOST:PORT",
+                   help="send each series' SEG and SR (and SC with --sc) there by C-STORE")
+    p.add_argument("--idle", type=float, default=10.0, metavar="S",
+                   help="a series is complete after S seconds without a new image (default 10)")
+    p.add_argument("--retry", type=float, default=60.0, metavar="S",
+                   help="try a failed series (analysis or forwarding) again after S seconds (default 60)")
+    p.add_argument("--sc", action="store_true", help="also make (and forward) secondary captures with the overlay")
+    p.add_argument("--no-png", action="store_true", help="no overlay PNGs in the results folder")
+    add_engine_options(p)
+    p.add_argument("--workers", type=int, default=None, help="inference workers (default: one per core on CPU)")
+    p.set_defaults(func=run)

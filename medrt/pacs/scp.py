@@ -1,0 +1,157 @@
+"""The Storage SCP: receives images by C-STORE into a :class:`~medrt.pacs.spool.Spool`.
+
+An image is acknowledged (status 0x0000) only after :meth:`Spool.store` returned, i.e.
+after its bytes and its index row are on disk. Otherwise the peer gets a failure status
+and an ``ErrorComment`` saying why, so it keeps the image and can send it again:
+
+- ``0xA700`` (refused: out of resources) when the disk refuses the write;
+- ``0xA900`` (data set does not match SOP class) for a missing or malformed Study,
+  Series or SOP Instance UID (the spool files by them);
+- ``0xC000`` (cannot understand) for a data set that does not decode.
+
+The bytes stored are those the peer sent (``event.encoded_dataset()``), not re-encoded.
+Logs name instances by UID and peers by AE title, never by patient.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from medrt.pacs.spool import Spool, SpoolError
+
+__all__ = ["Listener", "ACCEPTED_TRANSFER_SYNTAXES", "STATUS_OUT_OF_RESOURCES", "STATUS_DATASET_MISMATCH",
+           "STATUS_CANNOT_UNDERSTAND"]
+
+log = logging.getLogger(__name__)
+
+STATUS_SUCCESS = 0x0000
+STATUS_OUT_OF_RESOURCES = 0xA700
+STATUS_DATASET_MISMATCH = 0xA900
+STATUS_CANNOT_UNDERSTAND = 0xC000
+
+
+def _accepted_transfer_syntaxes() -> list[str]:
+    """Every transfer syntax ``medrt.read_frames`` decodes: uncompressed (incl. deflated and
+    big endian), JPEG, JPEG-LS, JPEG 2000 (incl. HTJ2K) and RLE. Video is not accepted."""
+    import pydicom.uid as u
+
+    seen: dict[str, None] = {}
+    for group in (u.UncompressedTransferSyntaxes, u.JPEGTransferSyntaxes, u.JPEGLSTransferSyntaxes,
+                  u.JPEG2000TransferSyntaxes, u.RLETransferSyntaxes):
+        seen.update((str(ts), None) for ts in group)
+    return list(seen)
+
+
+ACCEPTED_TRANSFER_SYNTAXES = _accepted_transfer_syntaxes()
+
+
+def _failure(status: int, comment: str) -> Any:
+    from pydicom.dataset import Dataset
+
+    ds = Dataset()
+    ds.Status = status
+    ds.ErrorComment = comment[:64]  # LO
+    return ds
+
+
+class Listener:
+    """A C-STORE (and C-ECHO) SCP that files what it receives in ``spool``.
+
+    ``port=0`` takes a free port (:attr:`port` says which). ``allowed_callers``, when not
+    empty, is the list of calling AE titles accepted (others are rejected at association).
+    ``on_stored(series_uid)`` is called after each acknowledged image (from the
+    association's thread; keep it short).
+    """
+
+    def __init__(self, spool: Spool, *, ae_title: str = "MEDRT", host: str = "0.0.0.0", port: int = 11112,
+                 allowed_callers: Sequence[str] = (), on_stored: Callable[[str], None] | None = None,
+                 require_called_aet: bool = True) -> None:
+        self.spool = spool
+        self.ae_title = ae_title
+        self.host = host
+        self.requested_port = port
+        self.allowed_callers = list(allowed_callers)
+        self.on_stored = on_stored
+        self.require_called_aet = require_called_aet
+        self.counts = {"stored": 0, "refused": 0, "failed": 0}
+        self._lock = threading.Lock()
+        self._server: Any = None
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            return self.requested_port
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        from pynetdicom import AE, AllStoragePresentationContexts, evt
+        from pynetdicom.sop_class import Verification  # type: ignore[attr-defined]
+
+        ae = AE(ae_title=self.ae_title)
+        for cx in AllStoragePresentationContexts:
+            ae.add_supported_context(cx.abstract_syntax, ACCEPTED_TRANSFER_SYNTAXES)
+        ae.add_supported_context(Verification)
+        ae.require_called_aet = self.require_called_aet
+        if self.allowed_callers:
+            ae.require_calling_aet = self.allowed_callers
+        ae.maximum_pdu_size = 0  # no limit on what a peer may send per P-DATA
+        handlers = [(evt.EVT_C_STORE, self._on_store), (evt.EVT_C_ECHO, lambda event: STATUS_SUCCESS),
+                    (evt.EVT_CONN_OPEN, self._on_open)]
+        self._server = ae.start_server((self.host, self.requested_port), block=False, evt_handlers=handlers)
+        log.info("listener: %s listening on %s:%d (spool %s)", self.ae_title, self.host, self.port, self.spool.root)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server = None
+            log.info("listener: stopped (%s)", ", ".join(f"{v} {k}" for k, v in self.counts.items()))
+
+    def __enter__(self) -> Listener:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self.counts[what] += 1
+
+    @staticmethod
+    def _on_open(event: Any) -> None:
+        log.debug("listener: connection from %s:%s", *event.address)
+
+    def _on_store(self, event: Any) -> Any:
+        calling = str(event.assoc.requestor.ae_title).strip()
+        sop_in_request = str(event.request.AffectedSOPInstanceUID or "")
+        try:
+            ds = event.dataset
+            study, series, sop = (ds.get("StudyInstanceUID"), ds.get("SeriesInstanceUID"), ds.get("SOPInstanceUID"))
+            modality = str(ds.get("Modality", "") or "")
+        except Exception as exc:  # noqa: BLE001 - a peer's undecodable data set is its error, not ours
+            self._count("refused")
+            log.error("listener: from %s, instance %s does not decode (%s); refused", calling, sop_in_request,
+                      type(exc).__name__)
+            return _failure(STATUS_CANNOT_UNDERSTAND, f"data set does not decode: {type(exc).__name__}")
+        try:
+            path = self.spool.store(event.encoded_dataset(), study_uid=study, series_uid=series, sop_uid=sop,
+                                    sop_class_uid=str(event.request.AffectedSOPClassUID or ""),
+                                    transfer_syntax=str(event.context.transfer_syntax), modality=modality,
+                                    calling_ae=calling)
+        except SpoolError as exc:
+            self._count("refused")
+            log.error("listener: from %s, instance %s refused: %s", calling, sop_in_request, exc)
+            return _failure(STATUS_DATASET_MISMATCH, str(exc))
+        except OSError as exc:
+            self._count("failed")
+            log.error("listener: from %s, instance %s NOT stored (%s: errno %s); the sender keeps it", calling,
+                      sop_in_request, type(exc).__name__, exc.errno)
+            return _failure(STATUS_OUT_OF_RESOURCES, f"could not store: {exc.strerror or type(exc).__name__}")
+        self._count("stored")
+        log.debug("listener: stored %s (series %s) from %s", path.name, series, calling)
+        if self.on_stored is not None:
+            self.on_stored(str(series))
+        return STATUS_SUCCESS

@@ -1,0 +1,100 @@
+"""The Storage SCU that forwards results (SEG, SR, SC) to a PACS or any Storage SCP.
+
+Files are sent as stored (``Association.send_c_store(path)`` reads them without decoding),
+each in a presentation context of its own SOP class and transfer syntax. A refused or
+broken association raises :class:`ForwardError`; per-file statuses come back in the result,
+so the caller can tell "sent" from "the peer said no" and keep the series to retry.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from medrt.errors import MedrtError
+
+__all__ = ["Destination", "ForwardError", "send"]
+
+log = logging.getLogger(__name__)
+
+_DEST = re.compile(r"^(?P<aet>[^@]{1,16})@(?P<host>\[[^\]]+\]|[^:@]+):(?P<port>[0-9]{1,5})$")
+
+
+class ForwardError(MedrtError):
+    kind = "forward-error"
+
+
+@dataclass(frozen=True, slots=True)
+class Destination:
+    ae_title: str
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> Destination:
+        """``AET@HOST:PORT`` (an IPv6 host in brackets), e.g. ``ORTHANC@pacs.local:4242``."""
+        m = _DEST.match(text.strip())
+        if m is None or not 0 < int(m["port"]) < 65536:
+            raise ValueError(f"expected AET@HOST:PORT (e.g. ORTHANC@127.0.0.1:4242), got {text!r}")
+        return cls(m["aet"].strip(), m["host"].strip("[]"), int(m["port"]))
+
+    def __str__(self) -> str:
+        return f"{self.ae_title}@{self.host}:{self.port}"
+
+
+def _is_success(status: int) -> bool:
+    return status == 0x0000 or 0xB000 <= status <= 0xBFFF  # warnings: stored, with a coercion or similar
+
+
+def send(paths: Sequence[str | Path], dest: Destination, *, calling_ae: str = "MEDRT",
+         timeout_s: float = 30.0) -> dict[Path, int]:
+    """C-STORE each file to ``dest`` over one association; returns each file's status.
+
+    Raises :class:`ForwardError` when the association is rejected or aborted, or a file has
+    no SOP class or transfer syntax to propose.
+    """
+    import pydicom
+    from pynetdicom import AE
+
+    files = [Path(p) for p in paths]
+    if not files:
+        return {}
+    contexts: dict[tuple[str, str], None] = {}
+    for path in files:
+        ds = pydicom.dcmread(path, stop_before_pixels=True)
+        sop_class = str(ds.get("SOPClassUID", "") or ds.file_meta.get("MediaStorageSOPClassUID", ""))
+        ts = str(ds.file_meta.get("TransferSyntaxUID", ""))
+        if not sop_class or not ts:
+            raise ForwardError(f"{path.name}: no SOP Class UID or transfer syntax to propose")
+        contexts[(sop_class, ts)] = None
+    if len(contexts) > 128:
+        raise ForwardError(f"{len(contexts)} SOP class/transfer syntax pairs: over the 128 one association allows")
+    ae = AE(ae_title=calling_ae)
+    ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = timeout_s
+    for sop_class, ts in contexts:
+        ae.add_requested_context(sop_class, ts)
+    assoc = ae.associate(dest.host, dest.port, ae_title=dest.ae_title)
+    if not assoc.is_established:
+        why = "rejected" if assoc.is_rejected else "aborted" if assoc.is_aborted else "not established"
+        raise ForwardError(f"{dest}: association {why} (is {calling_ae} known to it, and is it listening?)")
+    statuses: dict[Path, int] = {}
+    try:
+        for path in files:
+            reply = assoc.send_c_store(path)
+            if "Status" not in reply:  # no reply: the association broke or the DIMSE timed out
+                raise ForwardError(f"{dest}: no reply to C-STORE of {path.name} (association lost or timed out)")
+            statuses[path] = int(reply.Status)
+            if not _is_success(statuses[path]):
+                log.error("forward: %s refused %s: status 0x%04X %s", dest, path.name, statuses[path],
+                          str(reply.get("ErrorComment", "")))
+    finally:
+        if assoc.is_established:
+            assoc.release()
+    return statuses
+
+
+def failed(statuses: dict[Path, int]) -> list[Path]:
+    return [p for p, s in statuses.items() if not _is_success(s)]

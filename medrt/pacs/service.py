@@ -1,0 +1,174 @@
+"""The listener's worker: each complete series through the batch core, results forwarded.
+
+A series in the spool is *due* once nothing has arrived for it for ``idle_s`` seconds
+(:meth:`Spool.due`). :meth:`PacsService.run_once` takes each due series, runs
+:func:`medrt.batch.run_batch` on its inbox folder with the one analyzer this process
+loaded (warm, weights resident: every series shares it), which writes
+``OUT/<SeriesInstanceUID>/`` (results.jsonl, errors.csv, report, ``series/*/seg.dcm``,
+``sr.dcm``, ``sc/``), and then C-STOREs the SEG, SR and SC objects to ``forward``.
+
+Nothing is lost: a file that does not decode is named in that series' errors.csv and
+the rest of the series is analysed; a series whose analysis raises, or whose results a
+peer refuses or cannot take, is left ``failed`` with the reason and tried again after
+``retry_s`` (the batch core resumes a finished series without analysing it again).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from medrt.pacs.scu import Destination, ForwardError, failed, send
+from medrt.pacs.spool import SeriesState, Spool
+from medrt.privacy import describe_exception
+
+__all__ = ["PacsService", "SeriesOutcome", "result_files"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SeriesOutcome:
+    series_uid: str
+    state: str  # done | failed | receiving (more arrived while it was analysed: redone later)
+    frames: int = 0
+    lesions: int = 0
+    errors: int = 0
+    skipped: int = 0
+    forwarded: list[str] = field(default_factory=list)  # file names sent to the destination
+    detail: str = ""
+    out: Path | None = None
+    elapsed_s: float = 0.0
+
+
+def result_files(out: Path) -> list[Path]:
+    """The DICOM objects a batch run wrote under ``out`` (SEG, SR, SC), in a stable order."""
+    series = out / "series"
+    found = sorted(series.glob("*/seg*.dcm")) + sorted(series.glob("*/sr.dcm")) + sorted(series.glob("*/sc/*.dcm"))
+    return [p for p in found if not p.name.startswith(".")]
+
+
+class PacsService:
+    """Turns due series in ``spool`` into results under ``out``, forwarded to ``forward``."""
+
+    def __init__(self, spool: Spool, out: str | Path, analyzer: Any, *, forward: Destination | None = None,
+                 calling_ae: str = "MEDRT", idle_s: float = 10.0, retry_s: float = 60.0,
+                 outputs: Any = None, workers: int = 1) -> None:
+        from medrt.batch import OutputOptions
+
+        self.spool = spool
+        self.out = Path(out)
+        self.analyzer = analyzer
+        self.forward = forward
+        self.calling_ae = calling_ae
+        self.idle_s = idle_s
+        self.retry_s = retry_s
+        self.outputs = outputs if outputs is not None else OutputOptions()
+        self.workers = workers
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.outcomes: list[SeriesOutcome] = []
+        self.on_outcome: Any = None  # callable(SeriesOutcome), e.g. the CLI's line per series
+
+    # -- one pass ----------------------------------------------------------------------------------------------
+
+    def run_once(self, now: float | None = None) -> list[SeriesOutcome]:
+        """Work through every series due now; returns what happened to each."""
+        done = []
+        for state in self.spool.due(self.idle_s, retry_s=self.retry_s, now=now):
+            if self._stop.is_set():
+                break
+            if not self.spool.claim(state.series_uid, expect_received=state.last_received, now=now):
+                continue  # an instance arrived since it was listed: not complete yet
+            outcome = self._process(state)
+            done.append(outcome)
+            self.outcomes.append(outcome)
+            if self.on_outcome is not None:
+                self.on_outcome(outcome)
+        return done
+
+    def _process(self, state: SeriesState) -> SeriesOutcome:
+        from medrt.batch import EXIT_FAILED, EXIT_INTERRUPTED, BatchConfig, run_batch
+
+        t0 = time.perf_counter()
+        uid = state.series_uid
+        out = self.out / uid
+        outcome = SeriesOutcome(uid, "failed", out=out)
+        try:
+            config = BatchConfig(input=self.spool.series_dir(uid), out=out, workers=self.workers,
+                                 outputs=self.outputs)
+            summary = run_batch(config, analyzer=self.analyzer, stop=self._stop)
+        except Exception as exc:  # noqa: BLE001 - one series must not stop the listener; it is retried
+            outcome.detail = f"analysis failed: {describe_exception(exc)}"
+            log.error("listener: series %s: %s (retried in %.0f s)", uid, outcome.detail, self.retry_s)
+            self.spool.mark(uid, "failed", outcome.detail, unless_received_after=state.last_received)
+            return self._timed(outcome, t0)
+        c = summary.report.get("counts", {})
+        outcome.frames, outcome.lesions = int(c.get("frames", 0)), int(c.get("lesions", 0))
+        outcome.errors, outcome.skipped = int(c.get("errors", 0)), int(c.get("skipped", 0))
+        if summary.exit_code == EXIT_INTERRUPTED:
+            outcome.state, outcome.detail = "receiving", "interrupted; resumed at the next start"
+            self.spool.mark(uid, "receiving", outcome.detail)
+            return self._timed(outcome, t0)
+        if summary.exit_code == EXIT_FAILED:  # nothing these models read (an SR, an MR series, ...): not an error
+            outcome.detail = f"nothing analysed ({outcome.errors} error(s), {outcome.skipped} passed over)"
+        files = result_files(out)
+        if self.forward is not None and files:
+            self.spool.mark(uid, "forwarding", unless_received_after=state.last_received)
+            try:
+                statuses = send(files, self.forward, calling_ae=self.calling_ae)
+                refused = failed(statuses)
+            except (ForwardError, OSError) as exc:
+                refused, why = files, describe_exception(exc)
+            else:
+                why = f"{len(refused)} of {len(files)} refused by {self.forward}"
+            outcome.forwarded = [p.name for p in files if p not in refused]
+            if refused:
+                outcome.detail = f"forwarding failed: {why}"
+                log.error("listener: series %s: %s (retried in %.0f s; results kept in %s)", uid, outcome.detail,
+                          self.retry_s, out)
+                self.spool.mark(uid, "failed", outcome.detail, unless_received_after=state.last_received)
+                return self._timed(outcome, t0)
+        outcome.state = "done"
+        if not self.spool.mark(uid, "done", outcome.detail, unless_received_after=state.last_received):
+            outcome.state = "receiving"  # more arrived meanwhile: analysed again once it is quiet
+        log.info("listener: series %s %s: %d frame(s), %d lesion(s), %d error(s), %d sent to %s", uid,
+                 outcome.state, outcome.frames, outcome.lesions, outcome.errors, len(outcome.forwarded),
+                 self.forward or "-")
+        return self._timed(outcome, t0)
+
+    @staticmethod
+    def _timed(outcome: SeriesOutcome, t0: float) -> SeriesOutcome:
+        outcome.elapsed_s = time.perf_counter() - t0
+        return outcome
+
+    # -- in the background -------------------------------------------------------------------------------------
+
+    def notify(self, series_uid: str = "") -> None:
+        """An image arrived: look again at the next tick (``Listener.on_stored``)."""
+        self._wake.set()
+
+    def start(self, tick_s: float = 0.5) -> None:
+        def loop() -> None:
+            while not self._stop.is_set():
+                try:
+                    self.run_once()
+                except Exception:  # noqa: BLE001 - e.g. the index's disk went away; log, keep serving
+                    log.exception("listener: worker pass failed; trying again")
+                self._wake.wait(tick_s)
+                self._wake.clear()
+
+        self._thread = threading.Thread(target=loop, name="medrt-listener-worker", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+            self._thread = None

@@ -1,0 +1,251 @@
+"""The listener's durable inbox: every received instance on disk before it is acknowledged.
+
+Layout under the spool's root::
+
+    inbox/<SeriesInstanceUID>/<SOPInstanceUID>.dcm   what the peer sent, byte for byte
+    index.sqlite3                                    instances and series, with each series' state
+
+:meth:`Spool.store` writes the encoded dataset atomically (a temporary file in the same
+folder, fsync'd, renamed, the folder fsync'd: ``medrt.io.atomic``) and commits its row in
+the index before it returns, so a C-STORE handler that answers Success only after it
+returns never acknowledges an image a power cut could take back.
+
+A series has no "complete" message in DIMSE; like Orthanc's ``StableAge`` and DCMTK's
+``--eostudy-timeout``, a series is *due* when nothing new has arrived for it for
+``idle_s`` seconds. Its state then moves ``receiving → analysing → forwarding → done``
+(or ``failed``, with the reason, retried after ``retry_s``). An instance that arrives for
+a series past ``receiving`` puts it back to ``receiving``: the series is analysed again
+with it (the batch run resumes nothing whose content changed).
+
+Recovery (:meth:`Spool.recover`, run on open): a series caught mid-analysis or
+mid-forward goes back to the queue, files on disk that the index lacks (a crash between
+the rename and the commit) are indexed from their headers, and temporary files of an
+interrupted write are removed.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sqlite3
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from medrt.io.atomic import atomic_write_bytes
+
+__all__ = ["Spool", "SeriesState", "SpoolError", "STATES"]
+
+log = logging.getLogger(__name__)
+
+STATES = ("receiving", "analysing", "forwarding", "done", "failed")
+# PS3.5 9.1 says digits and dots, at most 64; longer ones exist in the wild and are filed, since
+# what matters here is a safe file name (no separator, no "..").
+_UID = re.compile(r"^[0-9]+(\.[0-9]+)*$")
+_UID_MAX = 128
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS series (
+    series_uid TEXT PRIMARY KEY,
+    study_uid TEXT NOT NULL,
+    modality TEXT NOT NULL DEFAULT '',
+    calling_ae TEXT NOT NULL DEFAULT '',
+    state TEXT NOT NULL,
+    instances INTEGER NOT NULL DEFAULT 0,
+    first_received REAL NOT NULL,
+    last_received REAL NOT NULL,
+    last_attempt REAL NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    detail TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS instances (
+    sop_uid TEXT PRIMARY KEY,
+    series_uid TEXT NOT NULL,
+    sop_class_uid TEXT NOT NULL DEFAULT '',
+    transfer_syntax TEXT NOT NULL DEFAULT '',
+    path TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    received REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS instances_series ON instances(series_uid);
+"""
+
+
+class SpoolError(ValueError):
+    """An instance the spool cannot file (a missing or malformed UID). The message says which."""
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesState:
+    series_uid: str
+    study_uid: str
+    modality: str
+    calling_ae: str
+    state: str
+    instances: int
+    first_received: float
+    last_received: float
+    last_attempt: float
+    attempts: int
+    detail: str
+
+
+def check_uid(name: str, value: object) -> str:
+    """``value`` as a UID string, or :class:`SpoolError` naming the attribute and why."""
+    text = str(value or "").strip().rstrip("\x00")
+    if not text:
+        raise SpoolError(f"no {name}")
+    if len(text) > _UID_MAX or not _UID.match(text):
+        raise SpoolError(f"{name} is not a valid UID ({len(text)} characters)")
+    return text
+
+
+class Spool:
+    """A durable inbox of received instances, grouped into series. Thread-safe."""
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root).resolve()
+        self.inbox = self.root / "inbox"
+        self.inbox.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.root / "index.sqlite3", check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")  # a commit is on disk when it returns
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def series_dir(self, series_uid: str) -> Path:
+        return self.inbox / check_uid("SeriesInstanceUID", series_uid)
+
+    # -- receiving ---------------------------------------------------------------------------------------------
+
+    def store(self, data: bytes, *, study_uid: str, series_uid: str, sop_uid: str, sop_class_uid: str = "",
+              transfer_syntax: str = "", modality: str = "", calling_ae: str = "", now: float | None = None) -> Path:
+        """Write one instance (its encoded file bytes) durably and index it; returns its path.
+
+        Raises :class:`SpoolError` for a missing or malformed UID (nothing written) and
+        ``OSError`` when the disk refuses (nothing indexed; the caller reports a failure).
+        """
+        study_uid = check_uid("StudyInstanceUID", study_uid)
+        series_uid = check_uid("SeriesInstanceUID", series_uid)
+        sop_uid = check_uid("SOPInstanceUID", sop_uid)
+        path = self.inbox / series_uid / f"{sop_uid}.dcm"
+        atomic_write_bytes(path, data)
+        self._index(path, len(data), study_uid=study_uid, series_uid=series_uid, sop_uid=sop_uid,
+                    sop_class_uid=sop_class_uid, transfer_syntax=transfer_syntax, modality=modality,
+                    calling_ae=calling_ae, now=time.time() if now is None else now)
+        return path
+
+    def _index(self, path: Path, size: int, *, study_uid: str, series_uid: str, sop_uid: str, sop_class_uid: str,
+               transfer_syntax: str, modality: str, calling_ae: str, now: float) -> None:
+        with self._lock:
+            db = self._db
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute("INSERT OR REPLACE INTO instances VALUES (?, ?, ?, ?, ?, ?, ?)",
+                           (sop_uid, series_uid, sop_class_uid, transfer_syntax, str(path), size, now))
+                count = db.execute("SELECT COUNT(*) FROM instances WHERE series_uid = ?", (series_uid,)).fetchone()[0]
+                db.execute(
+                    "INSERT INTO series (series_uid, study_uid, modality, calling_ae, state, instances, first_received,"
+                    " last_received) VALUES (?, ?, ?, ?, 'receiving', ?, ?, ?) ON CONFLICT(series_uid) DO UPDATE SET"
+                    " state = 'receiving', instances = excluded.instances, last_received = excluded.last_received,"
+                    " modality = CASE WHEN excluded.modality != '' THEN excluded.modality ELSE series.modality END,"
+                    " calling_ae = CASE WHEN excluded.calling_ae != '' THEN excluded.calling_ae"
+                    " ELSE series.calling_ae END, attempts = 0, detail = ''",
+                    (series_uid, study_uid, modality, calling_ae, count, now, now))
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+    # -- the work queue ------------------------------------------------------------------------------------------
+
+    def due(self, idle_s: float, *, retry_s: float = 60.0, now: float | None = None) -> list[SeriesState]:
+        """Series to work on now, oldest first: ``receiving`` ones idle for ``idle_s``, and
+        ``failed`` ones whose last attempt is ``retry_s`` old."""
+        now = time.time() if now is None else now
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM series WHERE (state = 'receiving' AND last_received <= ?)"
+                " OR (state = 'failed' AND last_attempt <= ?) ORDER BY last_received",
+                (now - idle_s, now - retry_s)).fetchall()
+        return [SeriesState(*r) for r in rows]
+
+    def claim(self, series_uid: str, *, expect_received: float, now: float | None = None) -> bool:
+        """Move a due series to ``analysing``, unless an instance arrived since it was listed."""
+        now = time.time() if now is None else now
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE series SET state = 'analysing', last_attempt = ?, attempts = attempts + 1, detail = ''"
+                " WHERE series_uid = ? AND state IN ('receiving', 'failed') AND last_received = ?",
+                (now, series_uid, expect_received))
+            return cur.rowcount == 1
+
+    def mark(self, series_uid: str, state: str, detail: str = "", *, unless_received_after: float | None = None) -> bool:
+        """Set a series' state. With ``unless_received_after``, leave a series that received
+        an instance after that time alone (it is ``receiving`` again and will be redone)."""
+        if state not in STATES:
+            raise ValueError(f"unknown series state {state!r}; expected one of {STATES}")
+        with self._lock:
+            if unless_received_after is None:
+                cur = self._db.execute("UPDATE series SET state = ?, detail = ? WHERE series_uid = ?",
+                                       (state, detail, series_uid))
+            else:
+                cur = self._db.execute(
+                    "UPDATE series SET state = ?, detail = ? WHERE series_uid = ? AND last_received <= ?"
+                    " AND state != 'receiving'", (state, detail, series_uid, unless_received_after))
+            return cur.rowcount == 1
+
+    def series(self, series_uid: str) -> SeriesState | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM series WHERE series_uid = ?", (series_uid,)).fetchone()
+        return None if row is None else SeriesState(*row)
+
+    def all_series(self) -> list[SeriesState]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM series ORDER BY first_received").fetchall()
+        return [SeriesState(*r) for r in rows]
+
+    def paths(self, series_uid: str) -> list[Path]:
+        with self._lock:
+            rows = self._db.execute("SELECT path FROM instances WHERE series_uid = ? ORDER BY received",
+                                    (series_uid,)).fetchall()
+        return [Path(r[0]) for r in rows]
+
+    # -- recovery ------------------------------------------------------------------------------------------------
+
+    def recover(self) -> dict[str, int]:
+        """Make the index agree with the disk after a crash; returns what it did, by kind."""
+        import pydicom
+
+        done = {"requeued": 0, "indexed": 0, "unreadable": 0, "temporaries": 0}
+        with self._lock:
+            cur = self._db.execute("UPDATE series SET state = 'receiving', detail = 'resumed after a restart'"
+                                   " WHERE state IN ('analysing', 'forwarding')")
+            done["requeued"] = cur.rowcount
+            known = {r[0] for r in self._db.execute("SELECT path FROM instances")}
+        for tmp in self.inbox.glob("*/.*.tmp"):  # an atomic write that never finished: never acknowledged
+            tmp.unlink(missing_ok=True)
+            done["temporaries"] += 1
+        for path in sorted(self.inbox.glob("*/*.dcm")):
+            if str(path) in known:
+                continue
+            try:
+                ds = pydicom.dcmread(path, stop_before_pixels=True)
+                self._index(path, path.stat().st_size, study_uid=check_uid("StudyInstanceUID", ds.get("StudyInstanceUID")),
+                            series_uid=check_uid("SeriesInstanceUID", ds.get("SeriesInstanceUID")),
+                            sop_uid=check_uid("SOPInstanceUID", ds.get("SOPInstanceUID")),
+                            sop_class_uid=str(ds.get("SOPClassUID", "")),
+                            transfer_syntax=str(ds.file_meta.get("TransferSyntaxUID", "")),
+                            modality=str(ds.get("Modality", "")), calling_ae="", now=path.stat().st_mtime)
+                done["indexed"] += 1
+            except Exception as exc:  # noqa: BLE001 - a file we cannot index stays where it is, named in the log
+                log.error("spool: %s: cannot index (%s: %s); left in place", path.name, type(exc).__name__, exc)
+                done["unreadable"] += 1
+        if any(done.values()):
+            log.info("spool: recovered %s", ", ".join(f"{v} {k}" for k, v in done.items() if v))
+        return done

@@ -1,0 +1,286 @@
+"""The PACS face: spool, Storage SCP, the series worker and forwarding, with DCMTK as the real peer.
+
+Orthanc's round trip (it pushes a series to ``medrt listen`` and gets SEG and SR back)
+is in tests/test_pacs_orthanc.py.
+"""
+
+from __future__ import annotations
+
+import csv
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pydicom
+import pytest
+
+from conftest import SAMPLE_DIR, require_tool
+from medrt.analyzer import load_analyzer
+from medrt.pacs.scp import STATUS_DATASET_MISMATCH, STATUS_OUT_OF_RESOURCES, Listener
+from medrt.pacs.scu import Destination, ForwardError, send
+from medrt.pacs.service import PacsService, result_files
+from medrt.pacs.spool import Spool, SpoolError
+
+CT = sorted((SAMPLE_DIR / "ct_stream").glob("*.dcm"))[12:22]  # ten slices, lesions among them
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def analyzer():
+    return load_analyzer(threads=1)
+
+
+@pytest.fixture
+def storescp(tmp_path):
+    """DCMTK's storescp as the destination PACS: (Destination, folder it writes into)."""
+    exe = require_tool("storescp")
+    folder = tmp_path / "pacs"
+    folder.mkdir()
+    port = free_port()
+    proc = subprocess.Popen([exe, "-aet", "PACS", "-od", str(folder), str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.05)
+    yield Destination("PACS", "127.0.0.1", port), folder
+    proc.terminate()
+    proc.wait(10)
+
+
+def storescu(port: int, files: list[Path], *extra: str) -> subprocess.CompletedProcess[str]:
+    exe = require_tool("storescu")
+    return subprocess.run([exe, "-aec", "MEDRT", "-xt", "-R", *extra, "127.0.0.1", str(port), *map(str, files)],
+                          capture_output=True, text=True, timeout=60)
+
+
+def c_store(port: int, datasets: list[pydicom.Dataset]) -> list[int]:
+    """pynetdicom as the sender, for data sets that a file-based tool would not send."""
+    from pynetdicom import AE
+
+    ae = AE(ae_title="SCANNER")
+    for ds in datasets:
+        ae.add_requested_context(ds.SOPClassUID, ds.file_meta.TransferSyntaxUID)
+    assoc = ae.associate("127.0.0.1", port, ae_title="MEDRT")
+    assert assoc.is_established
+    try:
+        return [int(assoc.send_c_store(ds).Status) for ds in datasets]
+    finally:
+        assoc.release()
+
+
+# -- the spool -----------------------------------------------------------------------------------------------------
+
+
+def test_spool_files_by_uid_and_lists_a_series_once_it_is_quiet(tmp_path):
+    spool = Spool(tmp_path / "spool")
+    data = CT[0].read_bytes()
+    ds = pydicom.dcmread(CT[0], stop_before_pixels=True)
+    uids = dict(study_uid=ds.StudyInstanceUID, series_uid=ds.SeriesInstanceUID, sop_uid=ds.SOPInstanceUID)
+    path = spool.store(data, **uids, modality="CT", calling_ae="SCANNER", now=100.0)
+    assert path == spool.root / "inbox" / ds.SeriesInstanceUID / f"{ds.SOPInstanceUID}.dcm"
+    assert path.read_bytes() == data and not list(path.parent.glob(".*.tmp"))
+    assert spool.due(5.0, now=104.0) == []  # still arriving
+    (state,) = spool.due(5.0, now=105.0)
+    assert (state.series_uid, state.state, state.instances, state.calling_ae) == (ds.SeriesInstanceUID, "receiving",
+                                                                                 1, "SCANNER")
+    # An instance arriving between the listing and the claim: the claim fails, the series waits again.
+    spool.store(data, **{**uids, "sop_uid": ds.SOPInstanceUID + ".1"}, now=106.0)
+    assert not spool.claim(state.series_uid, expect_received=state.last_received, now=106.5)
+    (state,) = spool.due(5.0, now=111.0)
+    assert state.instances == 2
+    assert spool.claim(state.series_uid, expect_received=state.last_received, now=111.0)
+    assert spool.due(5.0, now=200.0) == []  # analysing: not listed again
+    # More arrives while it is analysed: marking it done is refused, it goes round again.
+    spool.store(data, **{**uids, "sop_uid": ds.SOPInstanceUID + ".2"}, now=112.0)
+    assert not spool.mark(state.series_uid, "done", unless_received_after=state.last_received)
+    assert spool.series(state.series_uid).state == "receiving"
+    assert [p.name for p in spool.paths(state.series_uid)][-1] == f"{ds.SOPInstanceUID}.2.dcm"
+
+
+@pytest.mark.parametrize("uids, message", [
+    (dict(study_uid="1.2", series_uid="", sop_uid="1.2.3"), "no SeriesInstanceUID"),
+    (dict(study_uid="1.2", series_uid="1.2/../../etc", sop_uid="1.2.3"), "SeriesInstanceUID is not a valid UID"),
+    (dict(study_uid="1.2", series_uid="1.2.4", sop_uid="1." * 70), "SOPInstanceUID is not a valid UID"),
+])
+def test_spool_refuses_an_instance_it_cannot_file_and_writes_nothing(tmp_path, uids, message):
+    spool = Spool(tmp_path / "spool")
+    with pytest.raises(SpoolError, match=message):
+        spool.store(b"DICM", **uids)
+    assert not any(spool.inbox.iterdir()) and spool.all_series() == []
+
+
+def test_recover_requeues_interrupted_work_indexes_strays_and_drops_temporaries(tmp_path):
+    spool = Spool(tmp_path / "spool")
+    first = pydicom.dcmread(CT[0], stop_before_pixels=True)
+    spool.store(CT[0].read_bytes(), study_uid=first.StudyInstanceUID, series_uid=first.SeriesInstanceUID,
+                sop_uid=first.SOPInstanceUID, now=10.0)
+    (state,) = spool.due(0.0, now=11.0)
+    assert spool.claim(state.series_uid, expect_received=state.last_received, now=11.0)
+    spool.close()
+    # The crash: one file renamed into place but never indexed, one write that never finished.
+    second = pydicom.dcmread(CT[1], stop_before_pixels=True)
+    stray = spool.inbox / second.SeriesInstanceUID / f"{second.SOPInstanceUID}.dcm"
+    stray.write_bytes(CT[1].read_bytes())
+    (spool.inbox / second.SeriesInstanceUID / ".half.dcm.x.tmp").write_bytes(b"DI")
+    (spool.inbox / second.SeriesInstanceUID / "junk.dcm").write_bytes(b"not dicom")
+    again = Spool(tmp_path / "spool")
+    done = again.recover()
+    assert done == {"requeued": 1, "indexed": 1, "unreadable": 1, "temporaries": 1}
+    state = again.series(first.SeriesInstanceUID)
+    assert (state.state, state.instances) == ("receiving", 2)
+    assert (spool.inbox / second.SeriesInstanceUID / "junk.dcm").exists()  # never deleted, only logged
+
+
+# -- the listener ----------------------------------------------------------------------------------------------------
+
+
+def test_dcmtk_sends_a_series_and_the_seg_and_sr_reach_the_pacs(tmp_path, analyzer, storescp):
+    dest, pacs = storescp
+    spool = Spool(tmp_path / "spool")
+    service = PacsService(spool, tmp_path / "out", analyzer, forward=dest, idle_s=0.0)
+    with Listener(spool, host="127.0.0.1", port=0, on_stored=service.notify) as listener:
+        sent = storescu(listener.port, CT)
+        assert sent.returncode == 0, sent.stderr
+        assert listener.counts == {"stored": len(CT), "refused": 0, "failed": 0}
+        # Acknowledged means on disk, byte for byte the file storescu read (-R: no transcoding).
+        for src in CT:
+            ds = pydicom.dcmread(src, stop_before_pixels=True)
+            stored = spool.inbox / ds.SeriesInstanceUID / f"{ds.SOPInstanceUID}.dcm"
+            assert pydicom.dcmread(stored).PixelData == pydicom.dcmread(src).PixelData
+        (outcome,) = service.run_once()
+    assert (outcome.state, outcome.frames, outcome.errors) == ("done", len(CT), 0)
+    assert outcome.lesions > 0
+    assert spool.series(outcome.series_uid).state == "done"
+    received = {pydicom.dcmread(p).Modality: p for p in pacs.iterdir()}
+    assert sorted(received) == ["SEG", "SR"] and sorted(outcome.forwarded) == ["seg.dcm", "sr.dcm"]
+    seg = pydicom.dcmread(received["SEG"])
+    source = pydicom.dcmread(CT[0], stop_before_pixels=True)
+    assert seg.StudyInstanceUID == source.StudyInstanceUID and seg.SeriesInstanceUID != source.SeriesInstanceUID
+    referenced = {item.ReferencedSOPInstanceUID for item in seg.ReferencedSeriesSequence[0].ReferencedInstanceSequence}
+    assert referenced == {pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID for p in CT}
+    dciodvfy = require_tool("dciodvfy")
+    for path in received.values():
+        check = subprocess.run([dciodvfy, str(path)], capture_output=True, text=True)
+        assert "Error" not in check.stderr + check.stdout, check.stderr
+    assert service.run_once() == []  # done is done
+
+
+def test_listener_refuses_what_it_cannot_file_or_store_and_keeps_serving(tmp_path, caplog):
+    caplog.set_level("DEBUG", logger="medrt")
+    spool = Spool(tmp_path / "spool")
+    good = pydicom.dcmread(CT[0])
+    good.PatientName, good.PatientID = "DOE^JANE", "PID-314159"
+    no_series = pydicom.dcmread(CT[1])
+    no_series.PatientName, no_series.PatientID = good.PatientName, good.PatientID
+    del no_series.SeriesInstanceUID
+    other = pydicom.dcmread(CT[2])
+    other.SeriesInstanceUID = "1.2.826.0.1.3680043.8.498.1"
+    (spool.inbox / other.SeriesInstanceUID).write_bytes(b"")  # a file where the series folder must go
+    with Listener(spool, host="127.0.0.1", port=0) as listener:
+        statuses = c_store(listener.port, [no_series, other, good])
+        assert statuses == [STATUS_DATASET_MISMATCH, STATUS_OUT_OF_RESOURCES, 0x0000]
+        assert listener.counts == {"stored": 1, "refused": 1, "failed": 1}
+        echo = subprocess.run([require_tool("echoscu"), "-aec", "MEDRT", "127.0.0.1", str(listener.port)],
+                              capture_output=True, text=True, timeout=30)
+        assert echo.returncode == 0, echo.stderr
+    assert [s.series_uid for s in spool.all_series()] == [good.SeriesInstanceUID]  # nothing half-indexed
+    assert "DOE" not in caplog.text and "314159" not in caplog.text  # peers by AE title, images by UID
+    assert good.SOPInstanceUID in caplog.text and "SCANNER" in caplog.text
+
+
+def test_a_broken_image_is_named_and_the_rest_of_its_series_is_analysed(tmp_path, analyzer):
+    spool = Spool(tmp_path / "spool")
+    datasets = [pydicom.dcmread(p) for p in CT[:4]]
+    bad = datasets[1]
+    bad.PixelData = bad.PixelData[: len(bad.PixelData) // 3]  # truncated in transit upstream: still encodes
+    with Listener(spool, host="127.0.0.1", port=0) as listener:
+        assert c_store(listener.port, datasets) == [0, 0, 0, 0]  # all on disk, so all acknowledged
+    service = PacsService(spool, tmp_path / "out", analyzer, idle_s=0.0)
+    (outcome,) = service.run_once()
+    assert (outcome.state, outcome.frames, outcome.errors) == ("done", 3, 1)
+    rows = list(csv.DictReader((outcome.out / "errors.csv").open()))
+    assert [(r["file"], r["kind"]) for r in rows] == [(f"{bad.SOPInstanceUID}.dcm", "error")]
+    assert rows[0]["reason"]
+
+
+def test_results_a_pacs_cannot_take_are_kept_and_sent_on_retry(tmp_path, analyzer, storescp):
+    dest, pacs = storescp
+    spool = Spool(tmp_path / "spool")
+    for path in CT[:3]:
+        ds = pydicom.dcmread(path, stop_before_pixels=True)
+        spool.store(path.read_bytes(), study_uid=ds.StudyInstanceUID, series_uid=ds.SeriesInstanceUID,
+                    sop_uid=ds.SOPInstanceUID, now=1.0)
+    down = Destination("PACS", "127.0.0.1", free_port())
+    service = PacsService(spool, tmp_path / "out", analyzer, forward=down, idle_s=0.0, retry_s=60.0)
+    (outcome,) = service.run_once()
+    assert outcome.state == "failed" and str(down) in outcome.detail and outcome.forwarded == []
+    assert [p.name for p in result_files(outcome.out)] == ["seg.dcm", "sr.dcm"]  # kept for the retry
+    assert service.run_once() == []  # not before retry_s
+    service.forward = dest
+    (again,) = service.run_once(now=time.time() + 61.0)
+    assert again.state == "done" and sorted(again.forwarded) == ["seg.dcm", "sr.dcm"]
+    assert len(list(pacs.iterdir())) == 2
+
+
+def test_forward_error_names_the_destination(tmp_path):
+    dest = Destination.parse(f"NOBODY@127.0.0.1:{free_port()}")
+    with pytest.raises(ForwardError, match=r"NOBODY@127\.0\.0\.1:\d+: association"):
+        send([CT[0]], dest)
+    assert Destination.parse("ORTHANC@[::1]:4242") == Destination("ORTHANC", "::1", 4242)
+    for text in ("ORTHANC@host", "@host:1", "A@h:99999"):
+        with pytest.raises(ValueError, match="AET@HOST:PORT"):
+            Destination.parse(text)
+
+
+def test_medrt_listen_finishes_what_a_crash_left_in_the_spool(tmp_path, storescp):
+    """Stored and acknowledged, then the process died mid-analysis: the next start does it."""
+    import signal
+    import sys
+
+    dest, pacs = storescp
+    spool = Spool(tmp_path / "spool")
+    for path in CT[:3]:
+        ds = pydicom.dcmread(path, stop_before_pixels=True)
+        spool.store(path.read_bytes(), study_uid=ds.StudyInstanceUID, series_uid=ds.SeriesInstanceUID,
+                    sop_uid=ds.SOPInstanceUID, now=1.0)
+    (state,) = spool.due(0.0)
+    assert spool.claim(state.series_uid, expect_received=state.last_received)  # ... and then the crash
+    spool.close()
+    cmd = [sys.executable, "-m", "medrt", "listen", "--spool", str(tmp_path / "spool"), "--bind", "127.0.0.1",
+           "--port", "0", "--idle", "0", "--forward", str(dest), "--threads", "1", "--workers", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if line.startswith(f"series {state.series_uid}:"):
+                break
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    text = "".join(lines) + rest
+    assert proc.returncode == 0, text
+    assert "(1 series to finish, 1 resumed)" in text
+    assert f"series {state.series_uid}: done, 3 frame(s)" in text and "2 object(s) forwarded" in text
+    assert "medrt listen: stopped; 0 image(s) stored" in text
+    assert len(list(pacs.iterdir())) == 2
+    assert (tmp_path / "spool" / "results" / state.series_uid / "results.jsonl").is_file()
+
+
+def test_medrt_listen_explains_a_bad_destination(tmp_path):
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "medrt", "listen", "--spool", str(tmp_path / "s"), "--forward",
+                          "pacs.local:4242"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "expected AET@HOST:PORT" in run.stderr
+    assert not (tmp_path / "s").exists()

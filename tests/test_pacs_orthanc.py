@@ -1,0 +1,46 @@
+"""Orthanc, the real PACS, pushes a CT series to ``medrt listen`` by C-STORE and receives
+the SEG and SR it sends back. Both run inside a loopback-only network namespace
+(``unshare -n``; Orthanc cannot bind to one address), which needs root: CI runs as root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pydicom
+
+from conftest import SAMPLE_DIR, missing, require_tool
+
+HERE = Path(__file__).parent
+
+
+def test_orthanc_pushes_a_series_and_gets_seg_and_sr_back(tmp_path):
+    require_tool("Orthanc")
+    unshare = require_tool("unshare")
+    require_tool("ip")
+    if os.geteuid() != 0:
+        missing("a network namespace for Orthanc needs root (CI runs as root)")
+    files = sorted((SAMPLE_DIR / "ct_stream").glob("*.dcm"))[12:20]
+    script = (f"ip link set lo up && exec {sys.executable} {HERE / 'pacs_orthanc_roundtrip.py'} {tmp_path / 'work'} "
+              + " ".join(map(str, files)))
+    run = subprocess.run([unshare, "-n", "sh", "-c", script], capture_output=True, text=True, timeout=600,
+                         env={**os.environ, "PYTHONPATH": str(HERE.parent)})
+    logs = "".join(f"\n--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in (tmp_path / "work").glob("*.log"))
+    assert run.returncode == 0, run.stderr[-3000:] + logs
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["listen_rc"] == 0, result["listen_log"]
+    by_modality: dict[str, list[dict[str, str]]] = {}
+    for inst in result["instances"]:
+        by_modality.setdefault(inst["Modality"], []).append(inst)
+    assert sorted((k, len(v)) for k, v in by_modality.items()) == [("CT", len(files)), ("SEG", 1), ("SR", 1)]
+    source = pydicom.dcmread(files[0], stop_before_pixels=True)
+    for kind in ("SEG", "SR"):
+        (inst,) = by_modality[kind]
+        assert inst["StudyInstanceUID"] == source.StudyInstanceUID
+        assert inst["SeriesInstanceUID"] != source.SeriesInstanceUID
+    assert f"series {source.SeriesInstanceUID}: done, {len(files)} frame(s)" in result["listen_log"]
+    assert "2 object(s) forwarded" in result["listen_log"]
