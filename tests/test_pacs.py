@@ -77,6 +77,14 @@ def c_store(port: int, datasets: list[pydicom.Dataset]) -> list[int]:
         assoc.release()
 
 
+def fill(spool: Spool, files: list[Path], now: float = 1.0) -> None:
+    """Files into the spool as the listener would have stored them."""
+    for path in files:
+        ds = pydicom.dcmread(path, stop_before_pixels=True)
+        spool.store(path.read_bytes(), study_uid=ds.StudyInstanceUID, series_uid=ds.SeriesInstanceUID,
+                    sop_uid=ds.SOPInstanceUID, now=now)
+
+
 # -- the spool -----------------------------------------------------------------------------------------------------
 
 
@@ -215,10 +223,7 @@ def test_a_broken_image_is_named_and_the_rest_of_its_series_is_analysed(tmp_path
 def test_results_a_pacs_cannot_take_are_kept_and_sent_on_retry(tmp_path, analyzer, storescp):
     dest, pacs = storescp
     spool = Spool(tmp_path / "spool")
-    for path in CT[:3]:
-        ds = pydicom.dcmread(path, stop_before_pixels=True)
-        spool.store(path.read_bytes(), study_uid=ds.StudyInstanceUID, series_uid=ds.SeriesInstanceUID,
-                    sop_uid=ds.SOPInstanceUID, now=1.0)
+    fill(spool, CT[:3])
     down = Destination("PACS", "127.0.0.1", free_port())
     service = PacsService(spool, tmp_path / "out", analyzer, forward=down, idle_s=0.0, retry_s=60.0)
     (outcome,) = service.run_once()
@@ -248,10 +253,7 @@ def test_medrt_listen_finishes_what_a_crash_left_in_the_spool(tmp_path, storescp
 
     dest, pacs = storescp
     spool = Spool(tmp_path / "spool")
-    for path in CT[:3]:
-        ds = pydicom.dcmread(path, stop_before_pixels=True)
-        spool.store(path.read_bytes(), study_uid=ds.StudyInstanceUID, series_uid=ds.SeriesInstanceUID,
-                    sop_uid=ds.SOPInstanceUID, now=1.0)
+    fill(spool, CT[:3])
     (state,) = spool.due(0.0)
     assert spool.claim(state.series_uid, expect_received=state.last_received)  # ... and then the crash
     spool.close()
