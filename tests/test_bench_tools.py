@@ -207,3 +207,15 @@ def test_graph_suite_times_each_unet_as_loaded_against_its_file() -> None:
     assert row["model"].startswith("lesion_unet_lite") and row["size"] == 128 and row["concats"] == 8
     assert row["file_ms"] > 0 and row["rewritten_ms"] > 0 and row["speedup"] > 0
     assert row["max_abs_diff"] < 1e-4
+
+
+def test_listener_suite_sends_a_series_and_times_it_against_batch() -> None:
+    """`medrt bench --only listener`: the sample series through the listener and the
+    forward, beside `medrt batch` on the same files (figures only; nothing timed)."""
+    from medrt.bench.pacs import listener_vs_batch
+
+    row = listener_vs_batch(repeats=1)
+    assert row["images"] == 40 and row["repeats"] == 1
+    assert row["ingest_images_per_s"] > 0 and row["series_s"] > 0 and row["batch_s"] > 0
+    assert row["series_vs_batch"] == pytest.approx(row["series_s"] / row["batch_s"], rel=0.02)
+    assert row["lesions_listener"] == row["lesions_batch"] and row["lesions_batch"][0] > 0  # either face, same findings

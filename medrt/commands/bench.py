@@ -10,7 +10,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-SUITES = ("decode", "engines", "graph", "roi_vs_full", "pipelined", "stream", "int8", "cold_start", "efficiency")
+SUITES = ("decode", "engines", "graph", "roi_vs_full", "pipelined", "stream", "int8", "cold_start", "efficiency",
+          "listener")
 
 
 def _decode(args: argparse.Namespace, _: Any) -> Any:
@@ -75,11 +76,18 @@ def _stream(args: argparse.Namespace, _: Any) -> Any:
     return stream_replay(args.stream_model, fps=args.fps, frames=args.stream_frames, precision=args.precision)
 
 
+def _listener(args: argparse.Namespace, _: Any) -> Any:
+    from medrt.bench.pacs import listener_vs_batch
+
+    return listener_vs_batch(repeats=max(1, args.repeats // 3))
+
+
 RUNNERS = {"decode": _decode, "engines": _engines, "graph": _graph, "roi_vs_full": _roi_vs_full, "int8": _int8,
-           "cold_start": _cold_start, "efficiency": _efficiency, "pipelined": _pipelined, "stream": _stream}
+           "cold_start": _cold_start, "efficiency": _efficiency, "pipelined": _pipelined, "stream": _stream,
+           "listener": _listener}
 KEYS = {"roi_vs_full": "roi_vs_full", "int8": "int8_vs_fp32", "cold_start": "cold_start",
         "efficiency": "unet_efficiency", "engines": "engines", "graph": "concat_as_sum", "decode": "decode",
-        "pipelined": "pipelined_vs_serial", "stream": "stream_30fps"}
+        "pipelined": "pipelined_vs_serial", "stream": "stream_30fps", "listener": "listener_vs_batch"}
 
 
 def _print(results: dict[str, Any]) -> None:
@@ -148,7 +156,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "roi_vs_full (ROI path vs full-frame sliding window on 4096² phantoms), int8 (INT8 vs FP32 "
         "with the accuracy gate), cold_start (first frame vs steady state), efficiency (UNet GFLOP/s "
         "vs sgemm), pipelined (pipelined vs serial throughput on the 512² sample stream), stream "
-        "(sustained replay at --fps: achieved fps, drops, p99). Exit code 1 when --compare finds a regression.",
+        "(sustained replay at --fps: achieved fps, drops, p99), listener (the sample CT series by C-STORE into "
+        "medrt listen's spool, analysed and its SEG/SR forwarded, vs medrt batch on the same files). Exit code 1 when --compare finds a regression.",
     )
     p.add_argument("--only", default="", help=f"comma-separated suites (default: all of {', '.join(SUITES)})")
     p.add_argument("--model", default="lesion_unet_dx",
