@@ -286,3 +286,44 @@ def test_medrt_listen_explains_a_bad_destination(tmp_path):
                           "pacs.local:4242"], capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "expected AET@HOST:PORT" in run.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_purge_deletes_the_images_of_done_series_only_once_they_are_old(tmp_path, analyzer):
+    spool = Spool(tmp_path / "spool")
+    fill(spool, CT[:2], now=1.0)
+    other = pydicom.dcmread(CT[2])
+    other.SeriesInstanceUID = "1.2.826.0.1.3680043.8.498.2"
+    spool.store(CT[2].read_bytes(), study_uid=other.StudyInstanceUID, series_uid=other.SeriesInstanceUID,
+                sop_uid=other.SOPInstanceUID, now=1.0)
+    spool.mark(other.SeriesInstanceUID, "failed", "the PACS was down")
+    service = PacsService(spool, tmp_path / "out", analyzer, idle_s=0.0, retry_s=1e9, keep_s=100.0)
+    (outcome,) = service.run_once(now=50.0)  # the failed one is not due (retry_s)
+    assert outcome.state == "done" and spool.series_dir(outcome.series_uid).is_dir()  # 49 s old: kept
+    service.run_once(now=102.0)
+    assert spool.series(outcome.series_uid) is None and not spool.series_dir(outcome.series_uid).exists()
+    assert spool.paths(outcome.series_uid) == []
+    assert (outcome.out / "results.jsonl").is_file() and result_files(outcome.out)  # results stay
+    assert spool.series(other.SeriesInstanceUID).state == "failed"  # never purged before it is done
+    assert spool.series_dir(other.SeriesInstanceUID).is_dir()
+
+
+def test_two_scanners_at_once_each_series_whole(tmp_path):
+    import threading
+
+    spool = Spool(tmp_path / "spool")
+    a = [pydicom.dcmread(p) for p in CT[:5]]
+    b = [pydicom.dcmread(p) for p in CT[5:10]]
+    for i, ds in enumerate(b):
+        ds.SeriesInstanceUID = "1.2.826.0.1.3680043.8.498.3"
+        ds.SOPInstanceUID = f"1.2.826.0.1.3680043.8.498.3.{i + 1}"
+    with Listener(spool, host="127.0.0.1", port=0) as listener:
+        statuses: dict[str, list[int]] = {}
+        threads = [threading.Thread(target=lambda k, d: statuses.__setitem__(k, c_store(listener.port, d)),
+                                    args=(k, d)) for k, d in (("a", a), ("b", b))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert statuses == {"a": [0] * 5, "b": [0] * 5}
+    assert sorted((s.series_uid, s.instances) for s in spool.all_series()) == sorted(
+        [(a[0].SeriesInstanceUID, 5), (b[0].SeriesInstanceUID, 5)])

@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
     analyzer = load_analyzer(analyzer_config(args))
     service = PacsService(spool, out, analyzer, forward=args.forward, calling_ae=args.ae_title, idle_s=args.idle,
                           retry_s=args.retry, workers=workers,
+                          keep_s=None if args.keep_days <= 0 else args.keep_days * 86400.0,
                           outputs=OutputOptions(png="none" if args.no_png else "positive", sc=args.sc))
     service.on_outcome = lambda o: print(_line(o), flush=True)
     listener = Listener(spool, ae_title=args.ae_title, host=args.bind, port=args.port,
@@ -104,6 +105,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="a series is complete after S seconds without a new image (default 10)")
     p.add_argument("--retry", type=float, default=60.0, metavar="S",
                    help="try a failed series (analysis or forwarding) again after S seconds (default 60)")
+    p.add_argument("--keep-days", type=float, default=7.0, metavar="D",
+                   help="once a series is done, delete its received images D days after the last one arrived"
+                        " (its results stay; default 7; 0: keep them)")
     p.add_argument("--sc", action="store_true", help="also make (and forward) secondary captures with the overlay")
     p.add_argument("--no-png", action="store_true", help="no overlay PNGs in the results folder")
     add_engine_options(p)

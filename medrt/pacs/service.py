@@ -57,7 +57,7 @@ class PacsService:
 
     def __init__(self, spool: Spool, out: str | Path, analyzer: Any, *, forward: Destination | None = None,
                  calling_ae: str = "MEDRT", idle_s: float = 10.0, retry_s: float = 60.0,
-                 outputs: Any = None, workers: int = 1) -> None:
+                 outputs: Any = None, workers: int = 1, keep_s: float | None = None) -> None:
         from medrt.batch import OutputOptions
 
         self.spool = spool
@@ -69,6 +69,8 @@ class PacsService:
         self.retry_s = retry_s
         self.outputs = outputs if outputs is not None else OutputOptions()
         self.workers = workers
+        self.keep_s = keep_s  # None: keep received images for ever; else purge done series this much older
+        self._last_purge = 0.0
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -90,7 +92,14 @@ class PacsService:
             self.outcomes.append(outcome)
             if self.on_outcome is not None:
                 self.on_outcome(outcome)
+        self._purge(now)
         return done
+
+    def _purge(self, now: float | None) -> None:
+        t = time.time() if now is None else now
+        if self.keep_s is not None and (now is not None or t - self._last_purge >= 60.0):
+            self._last_purge = t
+            self.spool.purge(self.keep_s, now=now)
 
     def _process(self, state: SeriesState) -> SeriesOutcome:
         from medrt.batch import EXIT_FAILED, EXIT_INTERRUPTED, BatchConfig, run_batch

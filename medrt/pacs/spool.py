@@ -216,6 +216,35 @@ class Spool:
                                     (series_uid,)).fetchall()
         return [Path(r[0]) for r in rows]
 
+    def purge(self, older_than_s: float, *, now: float | None = None) -> list[str]:
+        """Delete the received images of ``done`` series whose last image is older than
+        ``older_than_s`` (their results stay in the results folder); returns their UIDs.
+
+        A series that is not done (waiting, failed, being analysed) is never purged.
+        """
+        import shutil
+
+        now = time.time() if now is None else now
+        with self._lock:
+            uids = [r[0] for r in self._db.execute(
+                "SELECT series_uid FROM series WHERE state = 'done' AND last_received < ?", (now - older_than_s,))]
+        purged = []
+        for uid in uids:
+            with self._lock:  # one at a time: an image arriving for it meanwhile makes it 'receiving' again
+                row = self._db.execute("SELECT state, last_received FROM series WHERE series_uid = ?", (uid,)).fetchone()
+                if row is None or row[0] != "done" or row[1] >= now - older_than_s:
+                    continue
+                self._db.execute("BEGIN IMMEDIATE")
+                self._db.execute("DELETE FROM instances WHERE series_uid = ?", (uid,))
+                self._db.execute("DELETE FROM series WHERE series_uid = ?", (uid,))
+                self._db.execute("COMMIT")
+                shutil.rmtree(self.inbox / uid, ignore_errors=True)
+            purged.append(uid)
+        if purged:
+            log.info("spool: purged the images of %d series done over %.1f day(s) ago", len(purged),
+                     older_than_s / 86400)
+        return purged
+
     # -- recovery ------------------------------------------------------------------------------------------------
 
     def recover(self) -> dict[str, int]:
