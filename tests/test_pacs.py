@@ -327,3 +327,36 @@ def test_two_scanners_at_once_each_series_whole(tmp_path):
     assert statuses == {"a": [0] * 5, "b": [0] * 5}
     assert sorted((s.series_uid, s.instances) for s in spool.all_series()) == sorted(
         [(a[0].SeriesInstanceUID, 5), (b[0].SeriesInstanceUID, 5)])
+
+
+def test_dicom_over_tls_from_dcmtk_and_forwarded_over_tls(tmp_path, analyzer):
+    """storescu +tls to the listener, which checks the sender's certificate; the results go
+    to a second TLS listener, whose certificate the forward checks. Without a client
+    certificate the association fails; nothing is stored."""
+    from conftest import pynetdicom_test_dir
+    from medrt.pacs.scp import server_tls
+    from medrt.pacs.scu import client_tls
+
+    certs = pynetdicom_test_dir().parent / "cert_files"
+    server = server_tls(certs / "server.crt", certs / "server.key", ca=certs / "client.crt")
+    spool, pacs_spool = Spool(tmp_path / "spool"), Spool(tmp_path / "pacs")
+    with Listener(spool, host="127.0.0.1", port=0, tls=server) as listener, \
+            Listener(pacs_spool, ae_title="PACS", host="127.0.0.1", port=0, tls=server_tls(
+                certs / "server.crt", certs / "server.key")) as pacs:
+        tls = ["+tls", str(certs / "client.key"), str(certs / "client.crt"), "+cf", str(certs / "server.crt")]
+        sent = storescu(listener.port, CT[:3], *tls)
+        assert sent.returncode == 0, sent.stderr
+        refused = storescu(listener.port, CT[3:4], "+tla", "+cf", str(certs / "server.crt"))  # no client certificate
+        assert refused.returncode != 0
+        plain = storescu(listener.port, CT[3:4])  # not TLS at all
+        assert plain.returncode != 0
+        assert listener.counts["stored"] == 3 and len(spool.paths(pydicom.dcmread(CT[0]).SeriesInstanceUID)) == 3
+        forward = client_tls(ca=certs / "server.crt", cert=certs / "client.crt", key=certs / "client.key")
+        service = PacsService(spool, tmp_path / "out", analyzer, idle_s=0.0,
+                              forward=Destination("PACS", "127.0.0.1", pacs.port), forward_tls=forward)
+        (outcome,) = service.run_once()
+        assert outcome.state == "done" and sorted(outcome.forwarded) == ["seg.dcm", "sr.dcm"]
+        assert pacs.counts["stored"] == 2
+        untrusted = client_tls()  # the system's CAs do not know the test certificate
+        with pytest.raises(ForwardError, match="association"):
+            send(result_files(outcome.out), Destination("PACS", "127.0.0.1", pacs.port), tls=untrusted)

@@ -43,6 +43,25 @@ def _line(outcome: Any) -> str:
             f"{outcome.errors} error(s){sent} in {outcome.elapsed_s:.1f} s{detail} -> {outcome.out}")
 
 
+def _tls(args: argparse.Namespace) -> tuple[Any, Any]:
+    """(the listener's TLS context or None, the forward's or None) from the options."""
+    from medrt.pacs.scp import server_tls
+    from medrt.pacs.scu import client_tls
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if args.tls_ca and not args.tls_cert:
+        raise ValueError("--tls-ca (verify the senders' certificates) needs --tls-cert and --tls-key")
+    for name in ("tls_cert", "tls_key", "tls_ca", "forward_tls_ca", "forward_tls_cert", "forward_tls_key"):
+        path = getattr(args, name)
+        if path and not Path(path).is_file():
+            raise ValueError(f"--{name.replace('_', '-')} {path}: no such file")
+    tls = server_tls(args.tls_cert, args.tls_key, args.tls_ca) if args.tls_cert else None
+    use = args.forward_tls or args.forward_tls_ca or args.forward_tls_cert
+    forward = client_tls(args.forward_tls_ca, args.forward_tls_cert, args.forward_tls_key) if use else None
+    return tls, forward
+
+
 def run(args: argparse.Namespace) -> int:
     from medrt.analyzer import load_analyzer
     from medrt.batch import OutputOptions
@@ -50,6 +69,11 @@ def run(args: argparse.Namespace) -> int:
     from medrt.pacs.service import PacsService
     from medrt.pacs.spool import Spool
 
+    try:
+        tls, forward_tls = _tls(args)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: a key that does not match, a bad file
+        print(f"medrt listen: TLS: {exc}", file=sys.stderr)
+        return 2
     spool = Spool(args.spool)
     out = Path(args.out) if args.out else spool.root / "results"
     recovered = spool.recover()
@@ -57,11 +81,11 @@ def run(args: argparse.Namespace) -> int:
     analyzer = load_analyzer(analyzer_config(args))
     service = PacsService(spool, out, analyzer, forward=args.forward, calling_ae=args.ae_title, idle_s=args.idle,
                           retry_s=args.retry, workers=workers,
-                          keep_s=None if args.keep_days <= 0 else args.keep_days * 86400.0,
+                          keep_s=None if args.keep_days <= 0 else args.keep_days * 86400.0, forward_tls=forward_tls,
                           outputs=OutputOptions(png="none" if args.no_png else "positive", sc=args.sc))
     service.on_outcome = lambda o: print(_line(o), flush=True)
     listener = Listener(spool, ae_title=args.ae_title, host=args.bind, port=args.port,
-                        allowed_callers=args.allow or (), on_stored=service.notify)
+                        allowed_callers=args.allow or (), on_stored=service.notify, tls=tls)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -72,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     service.start()
     pending = sum(1 for s in spool.all_series() if s.state not in ("done",))
-    print(f"medrt listen: {args.ae_title} on {args.bind}:{listener.port}, spool {spool.root} "
+    print(f"medrt listen: {args.ae_title} on {args.bind}:{listener.port}{' (TLS)' if tls else ''}, spool {spool.root} "
           f"({pending} series to finish{', ' + str(recovered['requeued']) + ' resumed' if recovered['requeued'] else ''}),"
           f" results {out}" + (f", forwarding to {args.forward}" if args.forward else "") + "; Ctrl-C stops",
           flush=True)
@@ -101,6 +125,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="accept associations only from this calling AE title (repeatable; default: any)")
     p.add_argument("--forward", type=_destination, default=None, metavar="AET@HOST:PORT",
                    help="send each series' SEG and SR (and SC with --sc) there by C-STORE")
+    t = p.add_argument_group("DICOM over TLS")
+    t.add_argument("--tls-cert", metavar="PEM", help="listen over TLS only, with this certificate (and --tls-key)")
+    t.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
+    t.add_argument("--tls-ca", metavar="PEM", help="accept only senders with a certificate these CAs signed")
+    t.add_argument("--forward-tls", action="store_true",
+                   help="forward over TLS, checking the destination's certificate against the system's CAs")
+    t.add_argument("--forward-tls-ca", metavar="PEM", help="forward over TLS, trusting these CAs (implies --forward-tls)")
+    t.add_argument("--forward-tls-cert", metavar="PEM", help="our certificate for a destination that asks for one")
+    t.add_argument("--forward-tls-key", metavar="PEM", help="the private key of --forward-tls-cert")
     p.add_argument("--idle", type=float, default=10.0, metavar="S",
                    help="a series is complete after S seconds without a new image (default 10)")
     p.add_argument("--retry", type=float, default=60.0, metavar="S",

@@ -16,13 +16,15 @@ Logs name instances by UID and peers by AE title, never by patient.
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from medrt.pacs.spool import Spool, SpoolError
 
-__all__ = ["Listener", "ACCEPTED_TRANSFER_SYNTAXES", "STATUS_OUT_OF_RESOURCES", "STATUS_DATASET_MISMATCH",
+__all__ = ["Listener", "server_tls", "ACCEPTED_TRANSFER_SYNTAXES", "STATUS_OUT_OF_RESOURCES", "STATUS_DATASET_MISMATCH",
            "STATUS_CANNOT_UNDERSTAND"]
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,18 @@ def _accepted_transfer_syntaxes() -> list[str]:
 ACCEPTED_TRANSFER_SYNTAXES = _accepted_transfer_syntaxes()
 
 
+def server_tls(cert: str | Path, key: str | Path, ca: str | Path | None = None) -> ssl.SSLContext:
+    """A TLS context for the listener (DICOM over TLS, PS3.15 B.1): our certificate and key;
+    with ``ca``, peers must present a certificate it signed (mutual authentication)."""
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(certfile=str(cert), keyfile=str(key))
+    if ca is not None:
+        ctx.load_verify_locations(cafile=str(ca))
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
 def _failure(status: int, comment: str) -> Any:
     from pydicom.dataset import Dataset
 
@@ -63,13 +77,15 @@ class Listener:
     ``port=0`` takes a free port (:attr:`port` says which). ``allowed_callers``, when not
     empty, is the list of calling AE titles accepted (others are rejected at association).
     ``on_stored(series_uid)`` is called after each acknowledged image (from the
-    association's thread; keep it short).
+    association's thread; keep it short). ``tls`` (:func:`server_tls`) makes it accept
+    DICOM over TLS only.
     """
 
     def __init__(self, spool: Spool, *, ae_title: str = "MEDRT", host: str = "0.0.0.0", port: int = 11112,
                  allowed_callers: Sequence[str] = (), on_stored: Callable[[str], None] | None = None,
-                 require_called_aet: bool = True) -> None:
+                 require_called_aet: bool = True, tls: ssl.SSLContext | None = None) -> None:
         self.spool = spool
+        self.tls = tls
         self.ae_title = ae_title
         self.host = host
         self.requested_port = port
@@ -100,8 +116,10 @@ class Listener:
         ae.maximum_pdu_size = 0  # no limit on what a peer may send per P-DATA
         handlers = [(evt.EVT_C_STORE, self._on_store), (evt.EVT_C_ECHO, lambda event: STATUS_SUCCESS),
                     (evt.EVT_CONN_OPEN, self._on_open)]
-        self._server = ae.start_server((self.host, self.requested_port), block=False, evt_handlers=handlers)
-        log.info("listener: %s listening on %s:%d (spool %s)", self.ae_title, self.host, self.port, self.spool.root)
+        self._server = ae.start_server((self.host, self.requested_port), block=False, evt_handlers=handlers,
+                                       ssl_context=self.tls)
+        log.info("listener: %s listening on %s:%d%s (spool %s)", self.ae_title, self.host, self.port,
+                 " over TLS" if self.tls is not None else "", self.spool.root)
 
     def stop(self) -> None:
         if self._server is not None:

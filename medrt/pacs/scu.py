@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import re
+import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from medrt.errors import MedrtError
 
-__all__ = ["Destination", "ForwardError", "send"]
+__all__ = ["Destination", "ForwardError", "client_tls", "send"]
 
 log = logging.getLogger(__name__)
 
@@ -45,16 +46,29 @@ class Destination:
         return f"{self.ae_title}@{self.host}:{self.port}"
 
 
+def client_tls(ca: str | Path | None = None, cert: str | Path | None = None,
+               key: str | Path | None = None) -> ssl.SSLContext:
+    """A TLS context for forwarding: the destination's certificate checked against ``ca``
+    (the system's trust store without it), and ours (``cert``, ``key``) for a PACS that
+    asks for one. The host name is not checked: PACS certificates rarely name the host."""
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=None if ca is None else str(ca))
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = False
+    if cert is not None:
+        ctx.load_cert_chain(certfile=str(cert), keyfile=None if key is None else str(key))
+    return ctx
+
+
 def _is_success(status: int) -> bool:
     return status == 0x0000 or 0xB000 <= status <= 0xBFFF  # warnings: stored, with a coercion or similar
 
 
 def send(paths: Sequence[str | Path], dest: Destination, *, calling_ae: str = "MEDRT",
-         timeout_s: float = 30.0) -> dict[Path, int]:
+         timeout_s: float = 30.0, tls: ssl.SSLContext | None = None) -> dict[Path, int]:
     """C-STORE each file to ``dest`` over one association; returns each file's status.
 
-    Raises :class:`ForwardError` when the association is rejected or aborted, or a file has
-    no SOP class or transfer syntax to propose.
+    Raises :class:`ForwardError` when the association is rejected or aborted (a TLS
+    handshake that fails ends so), or a file has no SOP class or transfer syntax to propose.
     """
     import pydicom
     from pynetdicom import AE
@@ -76,7 +90,8 @@ def send(paths: Sequence[str | Path], dest: Destination, *, calling_ae: str = "M
     ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = timeout_s
     for sop_class, ts in contexts:
         ae.add_requested_context(sop_class, ts)
-    assoc = ae.associate(dest.host, dest.port, ae_title=dest.ae_title)
+    assoc = ae.associate(dest.host, dest.port, ae_title=dest.ae_title,
+                         tls_args=None if tls is None else (tls, None))
     if not assoc.is_established:
         why = "rejected" if assoc.is_rejected else "aborted" if assoc.is_aborted else "not established"
         raise ForwardError(f"{dest}: association {why} (is {calling_ae} known to it, and is it listening?)")

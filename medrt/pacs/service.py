@@ -57,13 +57,15 @@ class PacsService:
 
     def __init__(self, spool: Spool, out: str | Path, analyzer: Any, *, forward: Destination | None = None,
                  calling_ae: str = "MEDRT", idle_s: float = 10.0, retry_s: float = 60.0,
-                 outputs: Any = None, workers: int = 1, keep_s: float | None = None) -> None:
+                 outputs: Any = None, workers: int = 1, keep_s: float | None = None,
+                 forward_tls: Any = None) -> None:
         from medrt.batch import OutputOptions
 
         self.spool = spool
         self.out = Path(out)
         self.analyzer = analyzer
         self.forward = forward
+        self.forward_tls = forward_tls  # ssl.SSLContext (medrt.pacs.scu.client_tls) or None
         self.calling_ae = calling_ae
         self.idle_s = idle_s
         self.retry_s = retry_s
@@ -130,7 +132,7 @@ class PacsService:
         if self.forward is not None and files:
             self.spool.mark(uid, "forwarding", unless_received_after=state.last_received)
             try:
-                statuses = send(files, self.forward, calling_ae=self.calling_ae)
+                statuses = send(files, self.forward, calling_ae=self.calling_ae, tls=self.forward_tls)
                 refused = failed(statuses)
             except (ForwardError, OSError) as exc:
                 refused, why = files, describe_exception(exc)
