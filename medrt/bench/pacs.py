@@ -28,26 +28,17 @@ __all__ = ["listener_vs_batch"]
 
 
 def _send(files: list[Path], port: int) -> float:
-    """C-STORE ``files`` to MEDRT@127.0.0.1:``port``; seconds until the last Success."""
-    import pydicom
-    from pynetdicom import AE
+    """C-STORE ``files`` to MEDRT@127.0.0.1:``port`` with the listener's own SCU
+    (:func:`medrt.pacs.scu.send`); seconds from reading their headers to the last Success."""
+    from medrt.pacs.scu import Destination, send
 
-    ae = AE(ae_title="BENCH")
-    for key in {(str(d.SOPClassUID), str(d.file_meta.TransferSyntaxUID))
-                for d in (pydicom.dcmread(f, stop_before_pixels=True) for f in files)}:
-        ae.add_requested_context(*key)
     t0 = time.perf_counter()
-    assoc = ae.associate("127.0.0.1", port, ae_title="MEDRT")
-    if not assoc.is_established:
-        raise RuntimeError(f"bench: the listener on port {port} refused the association")
-    try:
-        for f in files:
-            status = assoc.send_c_store(f)
-            if int(status.get("Status", -1)) != 0:
-                raise RuntimeError(f"bench: {f.name} was not acknowledged: {status}")
-    finally:
-        assoc.release()
-    return time.perf_counter() - t0
+    statuses = send(files, Destination("MEDRT", "127.0.0.1", port), calling_ae="BENCH")
+    elapsed = time.perf_counter() - t0
+    refused = {p.name: hex(s) for p, s in statuses.items() if s != 0}
+    if refused:
+        raise RuntimeError(f"bench: not acknowledged: {refused}")
+    return elapsed
 
 
 def listener_vs_batch(folder: Path | None = None, repeats: int = 3, workers: int = 2) -> dict[str, Any]:
