@@ -23,7 +23,7 @@ $(STAMP_CORE): pyproject.toml | $(BIN)/python
 # keeps on disk; asking for plain torch (or monai first) pulls a multi-GB CUDA build.
 $(STAMP_DEV): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e '.[dev,train,gui]'
+	$(BIN)/pip install --quiet -e '.[dev,train,gui,ray]'
 	touch $@ $(STAMP_CORE)
 
 demo: $(STAMP_CORE)

@@ -31,9 +31,18 @@ def _buckets(findings: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def write_report(s: Any, plan: Any, settings: dict[str, Any], analyzer: Any, telemetry: Any,
-                 out: Path) -> dict[str, Any]:
-    timings: dict[str, Any] = {}
+                 out: Path, *, engine: dict[str, Any] | None = None, timings: dict[str, Any] | None = None,
+                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write report.json and report.md. ``engine`` (backend, precision, models, processor)
+    and ``timings`` stand in for ``analyzer`` and ``telemetry`` when the frames were analysed
+    elsewhere (medrt.distributed: throughput is then frames over the run's wall time);
+    ``extra`` adds top-level sections (``cluster``)."""
     fps = None
+    if timings is not None:
+        timings = dict(timings)
+        fps = s.frames / s.elapsed_s if s.frames and s.elapsed_s > 0 else None
+    else:
+        timings = {}
     if telemetry is not None and telemetry.frames:
         summary = telemetry.summary()
         timings = {k: v for k, v in summary["timings_ms"].items() if k in STEPS}
@@ -58,10 +67,12 @@ def write_report(s: Any, plan: Any, settings: dict[str, Any], analyzer: Any, tel
         "series": s.findings,
         "timings_ms": timings,
         "throughput_fps": fps,
-        "engine": {"backend": analyzer.backend_name, "precision": analyzer.precision,
-                   "models": list(analyzer.models), "machine": platform.machine(),
-                   "processor": cpu_name(), "int8_kernels": int8_kernels()},
+        "engine": ({**engine, "machine": platform.machine()} if engine is not None else
+                   {"backend": analyzer.backend_name, "precision": analyzer.precision,
+                    "models": list(analyzer.models), "machine": platform.machine(),
+                    "processor": cpu_name(), "int8_kernels": int8_kernels()}),
         "settings": settings,
+        **(extra or {}),
         "files": {"results": "results.jsonl", "errors": "errors.csv", "masks": "masks.npz",
                   "histogram": "latency.png" if (out / "latency.png").exists() else None},
     }
@@ -113,4 +124,14 @@ def _markdown(r: dict[str, Any]) -> str:
             lines += ["", f"Throughput: {r['throughput_fps']:.1f} frames/s."]
         if r["files"]["histogram"]:
             lines += ["", "![end-to-end latency](latency.png)"]
+    if "cluster" in r:
+        cl = r["cluster"]
+        lines += ["", f"## Ray cluster ({cl['address']})", "",
+                  f"{len(cl['workers'])} worker(s); {cl['workers_lost']} lost, "
+                  f"{cl['series_sent_again']} series sent again.", "",
+                  "| host | node | CPUs | series | frames | series s (summed; they overlap) | lost |",
+                  "|---|---|---|---|---|---|---|"]
+        for w in cl["workers"]:
+            lines.append(f"| {w['host']} | `{(w['node_id'] or '')[:12]}` | {w['cpus']} | {w['series']} | "
+                         f"{w['frames']} | {w['series_s']} | {'yes' if w['lost'] else ''} |")
     return "\n".join(lines) + "\n"

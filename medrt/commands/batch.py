@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +55,23 @@ def _table(summary: Any) -> str:
     return "\n".join(lines)
 
 
+def _on_ray(args: argparse.Namespace, config: Any, update: Any) -> Any:
+    """The batch through Ray workers (medrt.distributed); None after printing why it cannot run."""
+    from medrt.distributed import ClusterError, RayOptions, ray_available, run_distributed
+
+    if not ray_available():
+        print("medrt batch: --ray needs Ray on this machine and every node: pip install 'medrt[ray]'",
+              file=sys.stderr)
+        return None
+    options = RayOptions(address=args.ray, actors=args.ray_workers, cpus_per_actor=args.ray_cpus,
+                         gpus_per_actor=args.ray_gpus, workers=args.workers)
+    try:
+        return run_distributed(config, options, progress=update)
+    except ClusterError as exc:
+        print(f"medrt batch: {exc}", file=sys.stderr)
+        return None
+
+
 def run(args: argparse.Namespace) -> int:
     from medrt.analyzer import load_analyzer
     from medrt.batch import EXIT_FAILED, BatchConfig, OutputOptions, run_batch
@@ -61,7 +79,14 @@ def run(args: argparse.Namespace) -> int:
     if not Path(args.input).exists():
         print(f"medrt batch: {args.input}: no such file or folder", file=sys.stderr)
         return 2
-    threads, workers = thread_layout(args)
+    if args.ray and (args.processes or args.decode_processes):
+        print("medrt batch: --processes and --decode-processes are for a local run, not with --ray "
+              "(each Ray worker is a process of its own; --ray-workers sets how many)", file=sys.stderr)
+        return 2
+    if args.ray_workers is not None and args.ray_workers < 1:
+        print("medrt batch: --ray-workers takes a count >= 1", file=sys.stderr)
+        return 2
+    _, workers = thread_layout(args)
     config = BatchConfig(
         input=Path(args.input), out=Path(args.out), analyzer=analyzer_config(args), workers=workers,
         decode_workers=args.decode_workers, decode_processes=args.decode_processes,
@@ -70,15 +95,19 @@ def run(args: argparse.Namespace) -> int:
                               omit_empty_frames=args.omit_empty_frames),
         follow_links=args.follow_links,
     )
-    analyzer = load_analyzer(config.analyzer)
+    if args.ray:  # each worker sizes its sessions from its own CPUs unless --threads says
+        config = replace(config, analyzer=replace(config.analyzer, threads=args.threads))
+    analyzer = None if args.ray else load_analyzer(config.analyzer)
     progress, update = _progress(args)
     if progress is not None:
         progress.start()
     try:
-        summary = run_batch(config, analyzer=analyzer, progress=update)
+        summary = _on_ray(args, config, update) if args.ray else run_batch(config, analyzer=analyzer, progress=update)
     finally:
         if progress is not None:
             progress.stop()
+    if summary is None:
+        return 2
     out = Path(args.out)
     if args.json:
         print(json.dumps(summary.report, indent=2, default=str))
@@ -130,4 +159,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "errors and the summary line still print")
     add_engine_options(p)
     add_pipeline_options(p, policy=None)
+    g = p.add_argument_group("past one machine (Ray; the ray extra on every node)")
+    g.add_argument("--ray", default=None, metavar="ADDRESS",
+                   help="analyse the series on a Ray cluster: 'auto' (the cluster `ray start` made on this "
+                        "machine), HOST:PORT (a cluster's head), ray://HOST:10001 (Ray Client), or 'local' (a "
+                        "private cluster on this machine for this run). Series travel to the workers through "
+                        "Ray's object store: no shared folder is needed; outputs are written here as in a "
+                        "local run")
+    g.add_argument("--ray-workers", type=int, default=None, metavar="N",
+                   help="Ray workers (each loads the models once); default: one per node with all its CPUs, "
+                        "or one per GPU with a GPU backend")
+    g.add_argument("--ray-cpus", type=float, default=None, metavar="N",
+                   help="CPUs each Ray worker reserves (default: the node's CPUs; 1 with --ray-workers)")
+    g.add_argument("--ray-gpus", type=float, default=None, metavar="N",
+                   help="GPUs each Ray worker reserves (default: 1 with a GPU backend, else 0)")
     p.set_defaults(func=run)
