@@ -219,3 +219,21 @@ def test_listener_suite_sends_a_series_and_times_it_against_batch() -> None:
     assert row["ingest_images_per_s"] > 0 and row["series_s"] > 0 and row["batch_s"] > 0
     assert row["series_vs_batch"] == pytest.approx(row["series_s"] / row["batch_s"], rel=0.02)
     assert row["lesions_listener"] == row["lesions_batch"] and row["lesions_batch"][0] > 0  # either face, same findings
+
+
+def test_ray_suite_runs_the_sample_through_ray_and_locally() -> None:
+    """`medrt bench --only ray`: the sample folder through a private Ray cluster, one worker
+    and a worker per core, beside `medrt batch` (figures only; nothing timed)."""
+    from conftest import require_module
+
+    require_module("ray")
+    from medrt.bench.cluster import ray_vs_local
+
+    row = ray_vs_local(repeats=1)
+    assert (row["series"], row["frames"]) == (4, 43) and row["repeats"] == 1
+    assert row["local_s"] > 0 and row["one_worker_s"] > 0 and row["worker_per_core_s"] > 0
+    assert 0 < row["one_worker_start_s"] < row["one_worker_s"] and 0 < row["worker_per_core_start_s"]
+    assert row["one_worker_vs_local"] == pytest.approx(row["one_worker_s"] / row["local_s"], rel=0.02)
+    lesions = row["lesions"]
+    assert len(lesions["local"]) == 1 and lesions["local"][0] > 0
+    assert lesions["one_worker"] == lesions["worker_per_core"] == lesions["local"]  # same findings every way

@@ -11,7 +11,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 SUITES = ("decode", "engines", "graph", "roi_vs_full", "pipelined", "stream", "int8", "cold_start", "efficiency",
-          "listener")
+          "listener", "ray")
 
 
 def _decode(args: argparse.Namespace, _: Any) -> Any:
@@ -82,12 +82,23 @@ def _listener(args: argparse.Namespace, _: Any) -> Any:
     return listener_vs_batch(repeats=max(1, args.repeats // 3))
 
 
+def _ray(args: argparse.Namespace, _: Any) -> Any:
+    from medrt.distributed import ray_available
+
+    if not ray_available():  # the ray extra is optional: say so rather than fail the other suites
+        return {"skipped": "Ray is not installed: pip install 'medrt[ray]'"}
+    from medrt.bench.cluster import ray_vs_local
+
+    return ray_vs_local(repeats=max(1, args.repeats // 9))
+
+
 RUNNERS = {"decode": _decode, "engines": _engines, "graph": _graph, "roi_vs_full": _roi_vs_full, "int8": _int8,
            "cold_start": _cold_start, "efficiency": _efficiency, "pipelined": _pipelined, "stream": _stream,
-           "listener": _listener}
+           "listener": _listener, "ray": _ray}
 KEYS = {"roi_vs_full": "roi_vs_full", "int8": "int8_vs_fp32", "cold_start": "cold_start",
         "efficiency": "unet_efficiency", "engines": "engines", "graph": "concat_as_sum", "decode": "decode",
-        "pipelined": "pipelined_vs_serial", "stream": "stream_30fps", "listener": "listener_vs_batch"}
+        "pipelined": "pipelined_vs_serial", "stream": "stream_30fps", "listener": "listener_vs_batch",
+        "ray": "ray_vs_local"}
 
 
 def _print(results: dict[str, Any]) -> None:
@@ -157,7 +168,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "with the accuracy gate), cold_start (first frame vs steady state), efficiency (UNet GFLOP/s "
         "vs sgemm), pipelined (pipelined vs serial throughput on the 512² sample stream), stream "
         "(sustained replay at --fps: achieved fps, drops, p99), listener (the sample CT series by C-STORE into "
-        "medrt listen's spool, analysed and its SEG/SR forwarded, vs medrt batch on the same files). Exit code 1 when --compare finds a regression.",
+        "medrt listen's spool, analysed and its SEG/SR forwarded, vs medrt batch on the same files), ray (medrt batch "
+        "--ray on a private cluster of this machine's cores, one worker and a worker per core, vs medrt batch on "
+        "sample_dicom). Exit code 1 when --compare finds a regression.",
     )
     p.add_argument("--only", default="", help=f"comma-separated suites (default: all of {', '.join(SUITES)})")
     p.add_argument("--model", default="lesion_unet_dx",
