@@ -17,6 +17,7 @@ import pytest
 
 from conftest import SAMPLE_DIR, require_tool
 from medrt.analyzer import load_analyzer
+from medrt.cli import main
 from medrt.pacs.scp import STATUS_DATASET_MISMATCH, STATUS_OUT_OF_RESOURCES, Listener
 from medrt.pacs.scu import Destination, ForwardError, send
 from medrt.pacs.service import PacsService, result_files
@@ -203,6 +204,25 @@ def test_listener_refuses_what_it_cannot_file_or_store_and_keeps_serving(tmp_pat
     assert [s.series_uid for s in spool.all_series()] == [good.SeriesInstanceUID]  # nothing half-indexed
     assert "DOE" not in caplog.text and "314159" not in caplog.text  # peers by AE title, images by UID
     assert good.SOPInstanceUID in caplog.text and "SCANNER" in caplog.text
+
+
+def test_a_spool_short_of_disk_refuses_images_until_there_is_room(tmp_path, caplog):
+    """Below --min-free the listener answers 0xA700 before writing anything (the sender keeps
+    the image), instead of filling the disk the index and results share; with room again, the
+    same images are taken."""
+    spool = Spool(tmp_path / "spool")
+    spool.min_free_bytes = spool.free_bytes() + 2**40  # a real statvfs, a watermark above it
+    images = [pydicom.dcmread(p) for p in CT[:2]]
+    with Listener(spool, host="127.0.0.1", port=0) as listener:
+        assert c_store(listener.port, images) == [STATUS_OUT_OF_RESOURCES] * 2
+        assert not any(spool.inbox.rglob("*")) and spool.all_series() == []  # nothing written, nothing indexed
+        assert "spool disk low" in caplog.text
+        spool.min_free_bytes = 2**20
+        assert c_store(listener.port, images) == [0x0000, 0x0000]
+    assert [s.instances for s in spool.all_series()] == [2]
+    with pytest.raises(ValueError, match="min_free_bytes"):
+        Spool(tmp_path / "other", min_free_bytes=-1)
+    assert main(["listen", "--spool", str(tmp_path / "cli"), "--min-free", "-1"]) == 2
 
 
 def test_a_broken_image_is_named_and_the_rest_of_its_series_is_analysed(tmp_path, analyzer):

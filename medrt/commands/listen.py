@@ -74,7 +74,10 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: a key that does not match, a bad file
         print(f"medrt listen: TLS: {exc}", file=sys.stderr)
         return 2
-    spool = Spool(args.spool)
+    if args.min_free < 0:
+        print("medrt listen: --min-free takes MiB >= 0", file=sys.stderr)
+        return 2
+    spool = Spool(args.spool, min_free_bytes=int(args.min_free * 2**20))
     out = Path(args.out) if args.out else spool.root / "results"
     recovered = spool.recover()
     _, workers = thread_layout(args)
@@ -141,6 +144,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--keep-days", type=float, default=7.0, metavar="D",
                    help="once a series is done, delete its received images D days after the last one arrived"
                         " (its results stay; default 7; 0: keep them)")
+    p.add_argument("--min-free", type=float, default=1024.0, metavar="MIB",
+                   help="refuse images (status 0xA700, the sender keeps them and retries) while fewer than MIB "
+                        "mebibytes would stay free on the spool's disk (default 1024; 0: until the disk is full)")
     p.add_argument("--sc", action="store_true", help="also make (and forward) secondary captures with the overlay")
     p.add_argument("--no-png", action="store_true", help="no overlay PNGs in the results folder")
     add_engine_options(p)

@@ -165,8 +165,8 @@ class Listener:
             return _failure(STATUS_DATASET_MISMATCH, str(exc))
         except OSError as exc:
             self._count("failed")
-            log.error("listener: from %s, instance %s NOT stored (%s: errno %s); the sender keeps it", calling,
-                      sop_in_request, type(exc).__name__, exc.errno)
+            log.error("listener: from %s, instance %s NOT stored (%s: errno %s, %s); the sender keeps it", calling,
+                      sop_in_request, type(exc).__name__, exc.errno, exc.strerror)
             return _failure(STATUS_OUT_OF_RESOURCES, f"could not store: {exc.strerror or type(exc).__name__}")
         self._count("stored")
         log.debug("listener: stored %s (series %s) from %s", path.name, series, calling)

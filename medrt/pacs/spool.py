@@ -17,6 +17,11 @@ A series has no "complete" message in DIMSE; like Orthanc's ``StableAge`` and DC
 a series past ``receiving`` puts it back to ``receiving``: the series is analysed again
 with it (the batch run resumes nothing whose content changed).
 
+A spool made with ``min_free_bytes`` refuses an instance that would leave less than that
+free on its disk (``OSError`` ENOSPC before anything is written, so the listener answers
+0xA700 and the sender keeps the image and retries later), instead of filling the disk
+that the index, the results and other services share.
+
 Recovery (:meth:`Spool.recover`, run on open): a series caught mid-analysis or
 mid-forward goes back to the queue, files on disk that the index lacks (a crash between
 the rename and the commit) are indexed from their headers, and temporary files of an
@@ -25,8 +30,10 @@ interrupted write are removed.
 
 from __future__ import annotations
 
+import errno
 import logging
 import re
+import shutil
 import sqlite3
 import threading
 import time
@@ -104,8 +111,11 @@ def check_uid(name: str, value: object) -> str:
 class Spool:
     """A durable inbox of received instances, grouped into series. Thread-safe."""
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, *, min_free_bytes: int = 0) -> None:
+        if min_free_bytes < 0:
+            raise ValueError(f'Argument "min_free_bytes" must be >= 0, got {min_free_bytes}.')
         self.root = Path(root).resolve()
+        self.min_free_bytes = int(min_free_bytes)
         self.inbox = self.root / "inbox"
         self.inbox.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -133,12 +143,25 @@ class Spool:
         study_uid = check_uid("StudyInstanceUID", study_uid)
         series_uid = check_uid("SeriesInstanceUID", series_uid)
         sop_uid = check_uid("SOPInstanceUID", sop_uid)
+        self._check_room(len(data))
         path = self.inbox / series_uid / f"{sop_uid}.dcm"
         atomic_write_bytes(path, data)
         self._index(path, len(data), study_uid=study_uid, series_uid=series_uid, sop_uid=sop_uid,
                     sop_class_uid=sop_class_uid, transfer_syntax=transfer_syntax, modality=modality,
                     calling_ae=calling_ae, now=time.time() if now is None else now)
         return path
+
+    def free_bytes(self) -> int:
+        """Bytes free on the spool's disk for this process (``statvfs``'s f_bavail)."""
+        return shutil.disk_usage(self.root).free
+
+    def _check_room(self, size: int) -> None:
+        if not self.min_free_bytes:
+            return
+        free = self.free_bytes()
+        if free - size < self.min_free_bytes:
+            raise OSError(errno.ENOSPC, f"spool disk low: {free // 2**20} MiB free, {self.min_free_bytes // 2**20} "
+                                        f"MiB kept free (--min-free)", str(self.root))
 
     def _index(self, path: Path, size: int, *, study_uid: str, series_uid: str, sop_uid: str, sop_class_uid: str,
                transfer_syntax: str, modality: str, calling_ae: str, now: float) -> None:
