@@ -76,7 +76,8 @@ class RayOptions:
     workers: int | None = None  # inference workers in each Ray worker's pipeline; None: from its CPUs
     in_flight: int = 2  # series each worker holds and analyses at once (a pipeline each, the models shared)
     attempts: int = 3  # a series whose worker died is sent again, this many times in all
-    start_timeout_s: float = 600.0  # loading the models on every worker
+    start_timeout_s: float = 600.0  # until the first worker has loaded the models
+    join_grace_s: float = 30.0  # then how long the others are waited for; later ones join as they come
     init_kwargs: dict[str, Any] = field(default_factory=dict)  # more ray.init arguments
 
 
@@ -320,7 +321,7 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
     (``uid``, ``worker`` index, ``pid``, ``node_id``) and ``"lost"`` for each worker lost.
     """
     import ray
-    from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+    from ray.exceptions import RayActorError, RayTaskError
 
     options = options or RayOptions()
     t0 = time.perf_counter()
@@ -351,16 +352,7 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
             return _Worker(handle, placement, ready=handle.describe.remote())
 
         pool = [launch(p) for p in _placements(ray, options, on_gpu)]
-        try:
-            infos = ray.get([w.ready for w in pool], timeout=options.start_timeout_s)
-        except GetTimeoutError as exc:
-            raise ClusterError(f"{len(pool)} Ray worker(s) did not start within {options.start_timeout_s:g} s "
-                               f"(resources asked: {pool[0].placement[0]}; cluster: "
-                               f"{ray.cluster_resources()})") from exc
-        except (RayActorError, RayTaskError) as exc:
-            raise ClusterError(f"a Ray worker could not load the models: {describe_exception(exc)}") from exc
-        for w, info in zip(pool, infos, strict=True):
-            w.info, w.ready = info, None
+        infos = _first_ready(ray, pool, options)
         settings = _agree(infos)
         key = settings_key(settings)
         log.info("ray: %d worker(s) on %d node(s): %s", len(pool), len({i["node_id"] for i in infos}),
@@ -368,7 +360,7 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
         if on_event is not None:
             on_event({"event": "started", "workers": [{k: i[k] for k in ("host", "node_id", "pid", "cpus")}
                                                       for i in infos]})
-        plan.series, passed_over = _for_these_models(plan, _Refusals(ray, pool[0].handle))
+        plan.series, passed_over = _for_these_models(plan, _Refusals(ray, next(w for w in pool if w.info).handle))
         plan.notes.extend(passed_over)
         series_dir = out / "series"
         pending = [sp for sp in plan.series if finished(series_dir / sp.folder_name, sp, key) is None]
@@ -387,17 +379,21 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
                 if stop is not None and stop.is_set():
                     interrupted = True
                     break
-                for w in pool:  # a replacement whose models are loaded joins the pool
+                for w in pool:  # a late or replacement worker whose models are loaded joins the pool
                     if w.ready is not None and w.alive:
                         done, _ = ray.wait([w.ready], timeout=0)
                         if done:
                             try:
                                 w.info, w.ready = ray.get(w.ready), None
                                 _agree([infos[0], w.info])
+                                log.info("ray: a worker on %s joined", w.info["host"])
+                                if on_event is not None:
+                                    on_event({"event": "joined", "worker": pool.index(w),
+                                              **{k: w.info[k] for k in ("host", "node_id", "pid", "cpus")}})
                             except (RayActorError, RayTaskError, ClusterError) as exc:
                                 w.alive, w.ready = False, None
                                 ray.kill(w.handle, no_restart=True)
-                                log.warning("ray: a replacement worker did not start: %s", describe_exception(exc))
+                                log.warning("ray: a worker could not join: %s", describe_exception(exc))
                 ready = [w for w in pool if w.alive and w.ready is None]
                 if not ready and not in_flight and not any(w.alive and w.ready is not None for w in pool):
                     log.error("ray: every worker was lost; %d series left for a rerun", len(queue))
@@ -483,6 +479,40 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
     summary.report = write_report(summary, plan, settings, None, None, out, engine=engine,
                                   timings=_timings(out), extra={"cluster": cluster})
     return summary
+
+
+def _first_ready(ray: Any, pool: list[_Worker], options: RayOptions) -> list[dict[str, Any]]:
+    """Wait until a worker has loaded the models, then ``join_grace_s`` at most for the rest;
+    the infos of those ready. A node still starting (an autoscaler adding it, a slow disk)
+    does not hold the batch back: its worker joins when ready. ClusterError when none
+    starts within ``start_timeout_s``, or every one fails."""
+    from ray.exceptions import RayActorError, RayTaskError
+
+    owner = {w.ready: w for w in pool}
+    deadline = time.monotonic() + options.start_timeout_s
+    first_error: BaseException | None = None
+    while waiting := [w.ready for w in pool if w.ready is not None]:
+        done, _ = ray.wait(waiting, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        if not done:
+            if any(w.info is not None for w in pool):
+                break  # the others join when they are ready
+            raise ClusterError(f"{len(pool)} Ray worker(s) did not start within {options.start_timeout_s:g} s "
+                               f"(resources asked: {pool[0].placement[0]}; cluster: "
+                               f"{ray.cluster_resources()})")
+        w = owner[done[0]]
+        try:
+            first = not any(x.info is not None for x in pool)
+            w.info, w.ready = ray.get(done[0]), None
+            if first:
+                deadline = min(deadline, time.monotonic() + options.join_grace_s)
+        except (RayActorError, RayTaskError) as exc:
+            w.alive, w.ready = False, None
+            first_error = first_error or exc
+            if not any(x.alive for x in pool):
+                raise ClusterError(f"a Ray worker could not load the models: {describe_exception(exc)}") from exc
+    if not any(w.info is not None for w in pool):
+        raise ClusterError(f"no Ray worker could load the models: {describe_exception(first_error)}")
+    return [w.info for w in pool if w.info is not None]
 
 
 def _lose(ray: Any, w: _Worker, pool: list[_Worker], launch: Callable[..., _Worker], exc: BaseException,

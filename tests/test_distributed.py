@@ -116,6 +116,8 @@ def test_a_killed_worker_s_series_are_analysed_by_another(cluster, tmp_path):
         events.append(event)
         if event["event"] == "started":
             pids.update({i: w["pid"] for i, w in enumerate(event["workers"])})
+        elif event["event"] == "joined":  # a worker slower to load its models than the grace
+            pids[event["worker"]] = event["pid"]
         elif event["event"] == "series" and not any(e["event"] == "lost" for e in events) and len(pids) == 2:
             # at the first series done, the other worker still holds the series it was sent
             # (two each, analysed in order): kill its process as the OOM killer would
@@ -146,6 +148,20 @@ def test_local_cluster_for_one_run(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["counts"]["series_analysed"] == 3 and report["cluster"]["address"] == "local"
     assert "## Ray cluster (local)" in (out / "report.md").read_text()
+
+
+def test_the_batch_starts_with_the_workers_that_are_ready(cluster, tmp_path):
+    """Three workers of one CPU asked of two CPUs: the third cannot be placed (as on a cluster
+    whose autoscaler has not added its node yet). The run goes on with the two; the third
+    is reported as never started."""
+    from medrt.distributed import RayOptions, run_distributed
+
+    options = RayOptions(address=cluster.address, actors=3, cpus_per_actor=1, join_grace_s=2)
+    summary = run_distributed(BatchConfig(RADIOGRAPHS, tmp_path / "out"), options)
+    assert summary.exit_code == 0 and summary.series_analysed == 3
+    workers = summary.report["cluster"]["workers"]
+    assert len(workers) == 3 and sum(w["host"] is None for w in workers) == 1
+    assert sum(w["series"] for w in workers) == 3 and not any(w["lost"] for w in workers)
 
 
 def test_workers_that_cannot_be_placed_fail_fast_and_say_why(cluster, tmp_path):
