@@ -16,7 +16,7 @@ from importlib import import_module
 
 from medrt import __version__
 from medrt.errors import MedrtError
-from medrt.privacy import install_log_redaction
+from medrt.privacy import setup_console_logging
 
 # Exit codes, documented in the README.
 EXIT_OK = 0
@@ -54,19 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _setup_logging(verbosity: int, quiet: bool = False) -> None:
     # --quiet (batch, stream): errors only; a batch's per-file warnings are in its errors.csv.
-    # -v wins over it.
+    # -v wins over it. pydicom and highdicom quote header values (a patient's name, a birth
+    # date) in their warnings; those go through logging, with the values taken out (medrt.privacy).
     level = logging.ERROR if quiet and not verbosity else logging.WARNING - 10 * min(verbosity, 2)
-    logging.basicConfig(
-        level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
-    )
-    # pydicom and highdicom quote header values (a patient's name, a birth date) in their
-    # warnings; those go through logging, with the values taken out (medrt.privacy).
-    install_log_redaction()
-    if verbosity < 2:
-        # pydicom logs every decoder plugin's traceback at ERROR before it gives up on a
-        # frame; medrt then reports the file and the reason in one line (and goes on), so
-        # those tracebacks only look like a crash to whoever reads the console. -vv shows them.
-        logging.getLogger("pydicom.pixels.decoders.base").setLevel(logging.CRITICAL)
+    setup_console_logging(level)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -106,12 +106,14 @@ class SeriesWorker:
     """A Ray actor: the models loaded once, then one series at a time through run_batch."""
 
     def __init__(self, analyzer_config: Any, outputs: OutputOptions, cpus: float, workers: int | None,
-                 decode_workers: int) -> None:
+                 decode_workers: int, log_level: int = logging.WARNING) -> None:
         from medrt.analyzer import load_analyzer
-        from medrt.privacy import install_log_redaction
+        from medrt.privacy import setup_console_logging
 
-        logging.basicConfig(level=logging.WARNING)
-        install_log_redaction()
+        # the driver's level (--quiet: errors only; -v more): Ray prints a worker's log on the
+        # driver's console, redacted here as medrt.cli redacts its own
+        setup_console_logging(log_level, "%(levelname)s %(name)s: %(message)s")
+        logging.getLogger().setLevel(log_level)
         self.workers, threads = _layout(cpus, _on_gpu(analyzer_config), workers)
         if analyzer_config.threads is None and threads is not None:
             analyzer_config = replace(analyzer_config, threads=threads)
@@ -348,7 +350,8 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
         def launch(placement: tuple[dict[str, Any], Any]) -> _Worker:
             resources, strategy = placement
             handle = remote.options(**resources, scheduling_strategy=strategy).remote(
-                analyzer_config, config.outputs, resources["num_cpus"], options.workers, config.decode_workers)
+                analyzer_config, config.outputs, resources["num_cpus"], options.workers, config.decode_workers,
+                logging.getLogger().getEffectiveLevel())
             return _Worker(handle, placement, ready=handle.describe.remote())
 
         pool = [launch(p) for p in _placements(ray, options, on_gpu)]

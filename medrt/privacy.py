@@ -92,6 +92,26 @@ def install_log_redaction(handlers: list[logging.Handler] | None = None) -> None
             handler.addFilter(EchoFilter())
 
 
+def setup_console_logging(level: int, fmt: str = "%(asctime)s %(levelname)s %(name)s: %(message)s") -> None:
+    """Log to stderr at ``level`` with :func:`install_log_redaction` (the command line's and
+    a Ray worker's setup). Where this call makes the root handler, the handler gets
+    ``level`` too: pydicom sets its own logger's level (WARNING), which passes its
+    warnings past a root level of ERROR (``--quiet``). Above DEBUG, pydicom's traceback of
+    each decoder plugin before it gives up on a frame is hidden: medrt reports the file
+    and the reason in one line and goes on, and the tracebacks only look like a crash."""
+    import sys
+
+    root = logging.getLogger()
+    ours = not root.handlers
+    logging.basicConfig(level=level, format=fmt, stream=sys.stderr)
+    if ours:
+        for handler in root.handlers:
+            handler.setLevel(level)
+    install_log_redaction()
+    if level > logging.DEBUG:
+        logging.getLogger("pydicom.pixels.decoders.base").setLevel(logging.CRITICAL)
+
+
 def describe_exception(exc: BaseException) -> str:
     """``"Type: message"`` for a report, the message's quoted values redacted: a library's
     exception may quote a header value (pydicom: ``Unable to convert '1970-01-01' to 'DA'

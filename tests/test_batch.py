@@ -222,6 +222,8 @@ def test_quiet_prints_errors_and_the_summary_but_no_warnings(tmp_path):
     first = sorted((src / "ct").glob("*.dcm"))[0]
     shutil.copy(first, src / "copy_of_a_slice.dcm")
     (src / "random.dcm").write_bytes(np.random.default_rng(1).bytes(3000))
+    # pydicom warns through its own logger, whose level it sets itself: --quiet must hold it too
+    (src / "ct" / "cut_short.dcm").write_bytes(sorted(CT.glob("*.dcm"))[0].read_bytes()[:4000])
     runs = {}
     for flags in ((), ("--quiet",)):
         runs[flags] = subprocess.run(
@@ -230,6 +232,7 @@ def test_quiet_prints_errors_and_the_summary_but_no_warnings(tmp_path):
         assert runs[flags].returncode in (EXIT_OK, EXIT_ERRORS), runs[flags].stderr
         assert "errors.csv" in runs[flags].stdout  # the summary line
     assert "given twice" in runs[()].stderr and "WARNING" in runs[()].stderr
+    assert "End of file reached" in runs[()].stderr
     assert "WARNING" not in runs[("--quiet",)].stderr and "given twice" not in runs[("--quiet",)].stderr
     rows = list(csv.DictReader((tmp_path / "out1" / "errors.csv").open()))
     files = {Path(r["file"]).name for r in rows}
