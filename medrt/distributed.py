@@ -78,6 +78,7 @@ class RayOptions:
     attempts: int = 3  # a series whose worker died is sent again, this many times in all
     start_timeout_s: float = 600.0  # until the first worker has loaded the models
     join_grace_s: float = 30.0  # then how long the others are waited for; later ones join as they come
+    node_scan_s: float = 10.0  # how often to look for nodes added to the cluster (default layout only)
     init_kwargs: dict[str, Any] = field(default_factory=dict)  # more ray.init arguments
 
 
@@ -226,6 +227,11 @@ class _Worker:
     series: int = 0
     frames: int = 0
     seconds: float = 0.0
+
+    @property
+    def node(self) -> str | None:
+        """The node it was placed on (None: anywhere, with --ray-workers)."""
+        return getattr(self.placement[1], "node_id", None)
 
 
 class _Refusals:
@@ -378,10 +384,14 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
         lost = 0
         interrupted = False
         try:
+            next_scan = time.monotonic() + options.node_scan_s
             while queue or in_flight:
                 if stop is not None and stop.is_set():
                     interrupted = True
                     break
+                if options.actors is None and queue and time.monotonic() >= next_scan:
+                    next_scan = time.monotonic() + options.node_scan_s
+                    _grow(ray, pool, launch, options, on_gpu)
                 for w in pool:  # a late or replacement worker whose models are loaded joins the pool
                     if w.ready is not None and w.alive:
                         done, _ = ray.wait([w.ready], timeout=0)
@@ -467,7 +477,7 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
     summary.series_analysed = analysed
     cluster = {
         "address": options.address,
-        "workers": [{"host": (w.info or {}).get("host"), "node_id": (w.info or {}).get("node_id"),
+        "workers": [{"host": (w.info or {}).get("host"), "node_id": (w.info or {}).get("node_id") or w.node,
                      "processor": (w.info or {}).get("processor"), "cpus": (w.info or {}).get("cpus"),
                      "inference_workers": (w.info or {}).get("workers"), "series": w.series,
                      "frames": w.frames, "series_s": round(w.seconds, 2), "lost": not w.alive}
@@ -482,6 +492,23 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
     summary.report = write_report(summary, plan, settings, None, None, out, engine=engine,
                                   timings=_timings(out), extra={"cluster": cluster})
     return summary
+
+
+def _grow(ray: Any, pool: list[_Worker], launch: Callable[..., _Worker], options: RayOptions,
+          on_gpu: bool) -> None:
+    """Workers for the nodes that joined the cluster since the run began (``ray start
+    --address`` on another machine): they take series from the queue once their models are
+    loaded."""
+    manned = {w.node for w in pool if w.alive}
+    try:
+        placements = _placements(ray, options, on_gpu)
+    except ClusterError:
+        return
+    for placement in placements:
+        node = getattr(placement[1], "node_id", None)
+        if node is not None and node not in manned:
+            log.info("ray: node %s joined the cluster; starting a worker there", node[:12])
+            pool.append(launch(placement))
 
 
 def _first_ready(ray: Any, pool: list[_Worker], options: RayOptions) -> list[dict[str, Any]]:

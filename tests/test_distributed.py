@@ -197,3 +197,26 @@ def test_cli_refuses_what_cannot_work(tmp_path, capsys):
     assert "cannot reach the Ray cluster's head at 127.0.0.1:1" in capsys.readouterr().err
     assert main(["batch", str(RADIOGRAPHS), "--out", out, "--ray", "head-without-port"]) == 2
     assert "expected 'local', 'auto', HOST:PORT" in capsys.readouterr().err
+
+
+def test_a_node_that_joins_mid_run_gets_a_worker(cluster, tmp_path):
+    """`ray start --address` on another machine while a batch runs: the driver notices the
+    node and starts a worker there (it takes series once its models are loaded)."""
+    from medrt.distributed import RayOptions, run_distributed
+
+    added = []
+
+    def on_event(event: dict) -> None:
+        if event["event"] == "series" and not added:  # the CT series is still being analysed
+            added.append(cluster.add_node(num_cpus=1))
+
+    try:
+        summary = run_distributed(BatchConfig(SAMPLE_DIR, tmp_path / "out"),
+                                  RayOptions(address=cluster.address, node_scan_s=0.5, in_flight=1),
+                                  on_event=on_event)
+    finally:
+        for node in added:
+            cluster.remove_node(node)
+    assert summary.exit_code == 0 and summary.series_analysed == 4
+    workers = summary.report["cluster"]["workers"]
+    assert len(workers) == 3 and workers[2]["node_id"] == added[0].node_id
