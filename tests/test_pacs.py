@@ -278,7 +278,8 @@ def test_medrt_listen_finishes_what_a_crash_left_in_the_spool(tmp_path, storescp
     assert spool.claim(state.series_uid, expect_received=state.last_received)  # ... and then the crash
     spool.close()
     cmd = [sys.executable, "-m", "medrt", "listen", "--spool", str(tmp_path / "spool"), "--bind", "127.0.0.1",
-           "--port", "0", "--idle", "0", "--forward", str(dest), "--threads", "1", "--workers", "1"]
+           "--port", "0", "--idle", "0", "--forward", str(dest), "--threads", "1", "--workers", "1",
+           "--min-free", str(2**40)]  # more than any disk: new images would be refused, stored ones go on
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     try:
@@ -292,7 +293,8 @@ def test_medrt_listen_finishes_what_a_crash_left_in_the_spool(tmp_path, storescp
         proc.kill()
     text = "".join(lines) + rest
     assert proc.returncode == 0, text
-    assert "(1 series to finish, 1 resumed)" in text
+    assert "(1 series to finish, 1 resumed)" in text and "MiB free on the spool's disk" in text
+    assert "below --min-free 1099511627776 MiB: images are refused" in text
     assert f"series {state.series_uid}: done, 3 frame(s)" in text and "2 object(s) forwarded" in text
     assert "medrt listen: stopped; 0 image(s) stored" in text
     assert len(list(pacs.iterdir())) == 2

@@ -99,9 +99,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     service.start()
     pending = sum(1 for s in spool.all_series() if s.state not in ("done",))
+    free_mib = spool.free_bytes() // 2**20
+    if free_mib < args.min_free:
+        print(f"medrt listen: the spool's disk has {free_mib} MiB free, below --min-free {args.min_free:.0f} MiB: "
+              f"images are refused (0xA700, the senders keep them) until there is room", file=sys.stderr, flush=True)
     print(f"medrt listen: {args.ae_title} on {args.bind}:{listener.port}{' (TLS)' if tls else ''}, spool {spool.root} "
           f"({pending} series to finish{', ' + str(recovered['requeued']) + ' resumed' if recovered['requeued'] else ''}),"
-          f" results {out}" + (f", forwarding to {args.forward}" if args.forward else "") + "; Ctrl-C stops",
+          f" results {out}" + (f", forwarding to {args.forward}" if args.forward else "")
+          + f"; {free_mib} MiB free on the spool's disk; Ctrl-C stops",
           flush=True)
     try:
         while not stop.wait(0.5):
