@@ -498,8 +498,9 @@ def _grow(ray: Any, pool: list[_Worker], launch: Callable[..., _Worker], options
           on_gpu: bool) -> None:
     """Workers for the nodes that joined the cluster since the run began (``ray start
     --address`` on another machine): they take series from the queue once their models are
-    loaded."""
-    manned = {w.node for w in pool if w.alive}
+    loaded. Only nodes never given a worker: a lost one is replaced by ``_lose``, and one
+    that could not join (other models, a crash on loading) is not tried again every scan."""
+    manned = {w.node for w in pool}
     try:
         placements = _placements(ray, options, on_gpu)
     except ClusterError:
