@@ -48,6 +48,7 @@ from medrt.batch.run import (
     _settings,
     run_batch,
 )
+from medrt.engine.hardware import cpu_layout, cpu_name, on_gpu
 from medrt.io.atomic import atomic_write_bytes
 from medrt.privacy import describe_exception
 
@@ -90,19 +91,6 @@ def ray_available() -> bool:
     return True
 
 
-def _layout(cpus: float, on_gpu: bool, workers: int | None) -> tuple[int, int | None]:
-    """(inference workers, threads per session) for a worker given ``cpus``: the rule of
-    medrt.commands.options.thread_layout, on the worker's share instead of this machine's."""
-    whole = max(1, int(cpus))
-    if workers is None:
-        workers = 1 if on_gpu else max(1, min(whole, 4))
-    return workers, None if on_gpu else max(1, whole // workers)
-
-
-def _on_gpu(config: Any) -> bool:
-    return getattr(config, "device", "auto") == "cuda" or getattr(config, "backend", "auto") in ("tensorrt", "torch")
-
-
 class SeriesWorker:
     """A Ray actor: the models loaded once, then one series at a time through run_batch."""
 
@@ -115,7 +103,8 @@ class SeriesWorker:
         # driver's console, redacted here as medrt.cli redacts its own
         setup_console_logging(log_level, "%(levelname)s %(name)s: %(message)s")
         logging.getLogger().setLevel(log_level)
-        self.workers, threads = _layout(cpus, _on_gpu(analyzer_config), workers)
+        threads, self.workers = cpu_layout(int(cpus), gpu=on_gpu(analyzer_config.backend, analyzer_config.device),
+                                           workers=workers)
         if analyzer_config.threads is None and threads is not None:
             analyzer_config = replace(analyzer_config, threads=threads)
         self.analyzer = load_analyzer(analyzer_config)
@@ -125,8 +114,6 @@ class SeriesWorker:
 
     def describe(self) -> dict[str, Any]:
         import ray
-
-        from medrt.engine.hardware import cpu_name
 
         return {"medrt": __version__, "settings": _settings(self.analyzer, self.outputs),
                 "node_id": ray.get_runtime_context().get_node_id(), "host": socket.gethostname(),
@@ -186,11 +173,11 @@ def _nodes(ray: Any) -> list[dict[str, Any]]:
     return [n for n in ray.nodes() if n.get("Alive")]
 
 
-def _placements(ray: Any, options: RayOptions, on_gpu: bool) -> list[tuple[dict[str, Any], Any]]:
+def _placements(ray: Any, options: RayOptions, gpu: bool) -> list[tuple[dict[str, Any], Any]]:
     """(actor options, scheduling strategy) for each worker to start."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    gpus = options.gpus_per_actor if options.gpus_per_actor is not None else (1.0 if on_gpu else 0.0)
+    gpus = options.gpus_per_actor if options.gpus_per_actor is not None else (1.0 if gpu else 0.0)
     if options.actors is not None:
         cpus = options.cpus_per_actor if options.cpus_per_actor is not None else 1.0
         return [({"num_cpus": cpus, "num_gpus": gpus}, "SPREAD")] * options.actors
@@ -345,7 +332,7 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
         from medrt.analyzer import AnalyzerConfig
 
         analyzer_config = AnalyzerConfig(threads=None)
-    on_gpu = _on_gpu(analyzer_config)
+    gpu = on_gpu(analyzer_config.backend, analyzer_config.device)
     started = _connect(ray, options)
     pool: list[_Worker] = []
     try:
@@ -360,7 +347,7 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
                 logging.getLogger().getEffectiveLevel())
             return _Worker(handle, placement, ready=handle.describe.remote())
 
-        pool = [launch(p) for p in _placements(ray, options, on_gpu)]
+        pool = [launch(p) for p in _placements(ray, options, gpu)]
         infos = _first_ready(ray, pool, options)
         settings = _agree(infos)
         key = settings_key(settings)
@@ -391,7 +378,7 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
                     break
                 if options.actors is None and queue and time.monotonic() >= next_scan:
                     next_scan = time.monotonic() + options.node_scan_s
-                    _grow(ray, pool, launch, options, on_gpu)
+                    _grow(ray, pool, launch, options, gpu)
                 for w in pool:  # a late or replacement worker whose models are loaded joins the pool
                     if w.ready is not None and w.alive:
                         done, _ = ray.wait([w.ready], timeout=0)
@@ -495,14 +482,14 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
 
 
 def _grow(ray: Any, pool: list[_Worker], launch: Callable[..., _Worker], options: RayOptions,
-          on_gpu: bool) -> None:
+          gpu: bool) -> None:
     """Workers for the nodes that joined the cluster since the run began (``ray start
     --address`` on another machine): they take series from the queue once their models are
     loaded. Only nodes never given a worker: a lost one is replaced by ``_lose``, and one
     that could not join (other models, a crash on loading) is not tried again every scan."""
     manned = {w.node for w in pool}
     try:
-        placements = _placements(ray, options, on_gpu)
+        placements = _placements(ray, options, gpu)
     except ClusterError:
         return
     for placement in placements:

@@ -50,3 +50,14 @@ def test_this_machine_has_a_known_class() -> None:
     """Linux x86-64 and Arm machines (what medrt runs and is measured on) all fall in one."""
     assert int8_kernels() in {"amx", "vnni", "avx512", "avx2", "arm-dot", "arm"}
     assert cpu_name() not in ("", "unknown CPU")
+
+
+def test_cpu_layout_is_one_rule_for_every_command_and_ray_worker():
+    from medrt.engine.hardware import cpu_layout, on_gpu
+
+    assert cpu_layout(2, gpu=False) == (1, 2)  # a worker per core, one ORT thread each
+    assert cpu_layout(16, gpu=False) == (4, 4)  # at most four workers, the cores shared out
+    assert cpu_layout(0, gpu=False) == (1, 1)
+    assert cpu_layout(16, gpu=True) == (None, 1)  # one worker feeds the device
+    assert cpu_layout(8, gpu=False, workers=1, threads=3) == (3, 1)  # as asked
+    assert on_gpu(device="cuda") and on_gpu("tensorrt") and on_gpu("torch") and not on_gpu("onnxruntime", "cpu")

@@ -45,11 +45,11 @@ def ray_vs_local(folder: Path | None = None, repeats: int = 1) -> dict[str, Any]
     from medrt.bands import usable_cores
     from medrt.batch import BatchConfig, run_batch
     from medrt.distributed import RayOptions, run_distributed
+    from medrt.engine.hardware import cpu_layout
 
     folder = default_folder() if folder is None else Path(folder)
     cores = usable_cores()
-    workers = max(1, min(cores, 4))
-    threads = max(1, cores // workers)  # medrt batch's own layout (medrt.commands.options.thread_layout)
+    threads, workers = cpu_layout(cores, gpu=False)  # medrt batch's own layout
     times: dict[str, list[float]] = {"local": [], "one_worker": [], "worker_per_core": []}
     found: dict[str, set[tuple[int, int, int]]] = {k: set() for k in times}
     starts: dict[str, list[float]] = {"one_worker": [], "worker_per_core": []}  # until the models are loaded

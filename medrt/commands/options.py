@@ -95,24 +95,14 @@ def lookahead_misused(args: argparse.Namespace) -> bool:
 
 
 def thread_layout(args: argparse.Namespace) -> tuple[int | None, int]:
-    """(threads per model session, inference workers).
-
-    Measured on the 2-core CI machine: ORT sessions with one intra-op thread and
-    one inference worker per core beat one worker whose session spreads each
-    512² frame over both cores (the per-op thread hand-off costs more than it
-    gains on small frames). On a GPU one worker feeds the device.
-    """
+    """(threads per model session, inference workers) for this process's cores and the
+    command's engine options (:func:`medrt.engine.hardware.cpu_layout`)."""
     from medrt.bands import usable_cores
+    from medrt.engine.hardware import cpu_layout, on_gpu
 
-    cores = usable_cores()  # the cores this process may use (affinity mask)
-    workers = getattr(args, "workers", None)
-    on_gpu = getattr(args, "device", "auto") == "cuda" or getattr(args, "backend", "auto") in ("tensorrt", "torch")
-    if workers is None:
-        workers = 1 if on_gpu else max(1, min(cores, 4))
-    threads = args.threads
-    if threads is None and not on_gpu:
-        threads = max(1, cores // workers)
-    return threads, workers
+    gpu = on_gpu(getattr(args, "backend", "auto"), getattr(args, "device", "auto"))
+    # the cores this process may use (affinity mask)
+    return cpu_layout(usable_cores(), gpu=gpu, workers=getattr(args, "workers", None), threads=args.threads)
 
 
 def analyzer_config(args: argparse.Namespace, **overrides: Any) -> Any:
