@@ -21,6 +21,7 @@ Ray is imported only here, and only when a run asks for it (the ``ray`` extra).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -34,11 +35,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-import numpy as np
-
 from medrt import __version__
 from medrt.batch.outputs import OutputOptions
 from medrt.batch.plan import MANIFEST, Note, SeriesPlan, finished, relative, scan, settings_key
+from medrt.batch.report import STEPS
 from medrt.batch.run import (
     RESULTS,
     BatchConfig,
@@ -55,8 +55,6 @@ from medrt.privacy import describe_exception
 __all__ = ["RayOptions", "ClusterError", "SeriesWorker", "run_distributed", "ray_available"]
 
 log = logging.getLogger(__name__)
-
-STEPS = ("decode", "preprocess", "roi", "segment", "recheck", "postprocess", "total")
 
 
 class ClusterError(RuntimeError):
@@ -153,8 +151,6 @@ class SeriesWorker:
 
 def _rehome(manifest: bytes, here: Path, root: str) -> bytes:
     """The manifest with the notes' reasons quoting ``root`` where they quote ``here``."""
-    import json
-
     data = json.loads(manifest)
     for note in data.get("notes", []):
         note["reason"] = note["reason"].replace(str(here), root)
@@ -252,9 +248,10 @@ def _agree(infos: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _timings(out: Path) -> dict[str, Any]:
-    """Per-step p50/p95/p99 from the frames' own timings (results.jsonl): the cluster's
-    workers time their frames; the driver's pipeline telemetry is not there to ask."""
-    import json
+    """Per-step latency from the frames' own timings (results.jsonl), as a local run's report
+    gives it: the cluster's workers time their frames; the driver's pipeline telemetry is
+    not there to ask."""
+    from medrt.pipeline.telemetry import latency_summary
 
     values: dict[str, list[float]] = {k: [] for k in STEPS}
     path = out / RESULTS
@@ -265,8 +262,7 @@ def _timings(out: Path) -> dict[str, Any]:
                 for k in STEPS:
                     if k in t:
                         values[k].append(float(t[k]))
-    return {k: {"n": len(v), "p50": float(np.percentile(v, 50)), "p95": float(np.percentile(v, 95)),
-                "p99": float(np.percentile(v, 99))} for k, v in values.items() if v}
+    return {k: latency_summary(v) for k, v in values.items() if v}
 
 
 def _connect(ray: Any, options: RayOptions) -> bool:
@@ -557,8 +553,6 @@ def _fail(plan: Any, sp: SeriesPlan, reason: str) -> None:
 
 def _store(folder: Path, files: dict[str, bytes], sp: SeriesPlan, key: str) -> str | None:
     """Write a worker's series folder (manifest last); the reason it was refused, or None."""
-    import json
-
     try:
         manifest = json.loads(files[MANIFEST])
     except (KeyError, ValueError):

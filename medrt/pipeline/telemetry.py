@@ -37,7 +37,7 @@ import numpy as np
 from medrt.io.atomic import atomic_write_bytes
 from medrt.types import StageTimings
 
-__all__ = ["LatencyRecorder", "Telemetry", "MemorySample", "rss_bytes", "gpu_memory_bytes"]
+__all__ = ["LatencyRecorder", "Telemetry", "MemorySample", "latency_summary", "rss_bytes", "gpu_memory_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,12 @@ class LatencyRecorder:
         Linear interpolation, as numpy (and :func:`medrt.bench.percentile`) do.
         """
         return _stats(self.values())
+
+
+def latency_summary(values: Sequence[float]) -> dict[str, Any]:
+    """``p50``, ``p95``, ``p99``, ``max``, ``mean`` (ms, rounded to µs) and ``n`` of
+    ``values``: the shape of every ``timings_ms`` entry in a run's summary and report."""
+    return _rounded(_stats(values))
 
 
 def _stats(values: Sequence[float]) -> dict[str, float]:
@@ -458,7 +464,7 @@ class Telemetry:
             "fps": _round(self.throughput_fps(), 2),
             "e2e_ms": _rounded(self._e2e.percentiles()),
             "stages_ms": {s: _rounded(r.percentiles()) for s, r in self._stage.items()},
-            "timings_ms": {k: _rounded(_stats(v)) for k, v in self._timings().items()},
+            "timings_ms": {k: latency_summary(v) for k, v in self._timings().items()},
             "edges": edges,
             "drops": sum(e["drops"] for e in edges.values()),
             "rejects": sum(e["rejects"] for e in edges.values()),
