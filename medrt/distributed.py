@@ -37,7 +37,7 @@ from typing import Any
 
 from medrt import __version__
 from medrt.batch.outputs import OutputOptions
-from medrt.batch.plan import MANIFEST, Note, SeriesPlan, finished, relative, scan, settings_key
+from medrt.batch.plan import MANIFEST, SeriesPlan, relative, series_notes, settings_key
 from medrt.batch.report import STEPS
 from medrt.batch.run import (
     RESULTS,
@@ -45,7 +45,9 @@ from medrt.batch.run import (
     BatchSummary,
     _assemble,
     _for_these_models,
+    _open,
     _settings,
+    _unfinished,
     run_batch,
 )
 from medrt.engine.hardware import cpu_layout, cpu_name, on_gpu
@@ -316,13 +318,7 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
 
     options = options or RayOptions()
     t0 = time.perf_counter()
-    root, out = Path(config.input), Path(config.out)
-    if not root.exists():
-        raise FileNotFoundError(f"{root}: no such file or folder")
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob(".*.tmp"):
-        stale.unlink(missing_ok=True)
-    plan = scan(root, exclude=out, follow_links=config.follow_links)
+    out, plan = _open(config)
     analyzer_config = config.analyzer
     if analyzer_config is None:
         from medrt.analyzer import AnalyzerConfig
@@ -355,7 +351,7 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
         plan.series, passed_over = _for_these_models(plan, _Refusals(ray, next(w for w in pool if w.info).handle))
         plan.notes.extend(passed_over)
         series_dir = out / "series"
-        pending = [sp for sp in plan.series if finished(series_dir / sp.folder_name, sp, key) is None]
+        pending = _unfinished(plan, series_dir, key)
         resumed = len(plan.series) - len(pending)
         log.info("ray: %d series, %d already finished, %d to analyse", len(plan.series), resumed, len(pending))
         total = sum(sp.n_frames for sp in pending)
@@ -547,8 +543,7 @@ def _lose(ray: Any, w: _Worker, pool: list[_Worker], launch: Callable[..., _Work
 
 def _fail(plan: Any, sp: SeriesPlan, reason: str) -> None:
     """Every file of ``sp`` into errors.csv; its folder stays unfinished, so a rerun retries it."""
-    sops = {str(item.path): item.sop_instance_uid for item in sp.series.items}
-    plan.notes.extend(Note(relative(p, plan.root), "error", "ray", reason, sops.get(str(p), "")) for p in sp.paths)
+    plan.notes.extend(series_notes(sp, plan.root, "error", "ray", reason))
 
 
 def _store(folder: Path, files: dict[str, bytes], sp: SeriesPlan, key: str) -> str | None:

@@ -14,7 +14,8 @@ from typing import Any
 from medrt.io.scan import iter_files
 from medrt.io.series import Series, group_series
 
-__all__ = ["Note", "SeriesPlan", "Plan", "scan", "file_sha256", "settings_key", "finished", "paths_of", "MANIFEST"]
+__all__ = ["Note", "SeriesPlan", "Plan", "scan", "file_sha256", "settings_key", "finished", "paths_of", "MANIFEST",
+           "series_notes"]
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,12 @@ def scan(root: Path, *, exclude: Path | None = None, follow_links: bool = False)
         plans.append(SeriesPlan(series, paths, frames, h.hexdigest(), name))
     plans.sort(key=lambda sp: relative(min(sp.paths), base) if sp.paths else sp.uid)
     return Plan(base, plans, notes, len(files))
+
+
+def series_notes(sp: SeriesPlan, root: Path, kind: str, stage: str, reason: str) -> list[Note]:
+    """One errors.csv row per file of ``sp``, each with its SOPInstanceUID."""
+    sops = {str(item.path): item.sop_instance_uid for item in sp.series.items}
+    return [Note(relative(p, root), kind, stage, reason, sops.get(str(p), "")) for p in sp.paths]
 
 
 def settings_key(settings: Mapping[str, Any]) -> str:

@@ -24,7 +24,7 @@ import numpy as np
 
 from medrt import __version__
 from medrt.batch.outputs import OutputOptions, SeriesOutput
-from medrt.batch.plan import Note, Plan, SeriesPlan, finished, relative, scan, settings_key
+from medrt.batch.plan import Note, Plan, SeriesPlan, finished, scan, series_notes, settings_key
 from medrt.errors import NoModelForImageError
 from medrt.export.write import atomic_write
 
@@ -147,13 +147,7 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
     from medrt.pipeline.stages import analysis_stages
 
     t0 = time.perf_counter()
-    root, out = Path(config.input), Path(config.out)
-    if not root.exists():
-        raise FileNotFoundError(f"{root}: no such file or folder")
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob(".*.tmp"):  # a temp file of a run that was killed mid-write
-        stale.unlink(missing_ok=True)
-    plan = scan(root, exclude=out, follow_links=config.follow_links)
+    out, plan = _open(config)
     if analyzer is None:
         from medrt.analyzer import load_analyzer
 
@@ -161,15 +155,10 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
     settings = _settings(analyzer, config.outputs)
     key = settings_key(settings)
     series_dir = out / "series"
-    pending: list[SeriesPlan] = []
-    resumed = 0
     plan.series, passed_over = _for_these_models(plan, analyzer)
     plan.notes.extend(passed_over)
-    for sp in plan.series:
-        if finished(series_dir / sp.folder_name, sp, key) is not None:
-            resumed += 1
-        else:
-            pending.append(sp)
+    pending = _unfinished(plan, series_dir, key)
+    resumed = len(plan.series) - len(pending)
     log.info("batch: %d series, %d already finished, %d to analyse; %d note(s) from the scan",
              len(plan.series), resumed, len(pending), len(plan.notes))
     outputs: dict[str, SeriesOutput] = {}
@@ -213,6 +202,23 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
     return summary
 
 
+def _open(config: BatchConfig) -> tuple[Path, Plan]:
+    """The output folder (made; temporaries of a run killed mid-write removed) and the plan
+    of the input: a run's first steps, local or on Ray (medrt.distributed)."""
+    root, out = Path(config.input), Path(config.out)
+    if not root.exists():
+        raise FileNotFoundError(f"{root}: no such file or folder")
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(".*.tmp"):
+        stale.unlink(missing_ok=True)
+    return out, scan(root, exclude=out, follow_links=config.follow_links)
+
+
+def _unfinished(plan: Plan, series_dir: Path, key: str) -> list[SeriesPlan]:
+    """The series no earlier run finished with this content and these settings (``key``)."""
+    return [sp for sp in plan.series if finished(series_dir / sp.folder_name, sp, key) is None]
+
+
 def _for_these_models(plan: Plan, analyzer: Any) -> tuple[list[SeriesPlan], list[Note]]:
     """The series the analyzer has models for, and a "skipped" note for each file of the
     others (e.g. MR or ultrasound with the CT and radiograph models), before any is decoded."""
@@ -223,9 +229,7 @@ def _for_these_models(plan: Plan, analyzer: Any) -> tuple[list[SeriesPlan], list
         if reason is None:
             keep.append(sp)
             continue
-        sops = {str(item.path): item.sop_instance_uid for item in sp.series.items}
-        notes.extend(Note(relative(p, plan.root), "skipped", "plan", f"{NoModelForImageError.kind}: {reason}",
-                          sops.get(str(p), "")) for p in sp.paths)
+        notes.extend(series_notes(sp, plan.root, "skipped", "plan", f"{NoModelForImageError.kind}: {reason}"))
     if notes:
         log.info("batch: %d file(s) passed over: no model for their modality", len(notes))
     return keep, notes
