@@ -38,7 +38,7 @@ from typing import Any
 from medrt import __version__
 from medrt.batch.outputs import OutputOptions
 from medrt.batch.plan import MANIFEST, SeriesPlan, relative, series_notes, settings_key
-from medrt.batch.report import STEPS
+from medrt.batch.report import STEPS, write_report
 from medrt.batch.run import (
     RESULTS,
     BatchConfig,
@@ -217,6 +217,17 @@ class _Worker:
     def node(self) -> str | None:
         """The node it was placed on (None: anywhere, with --ray-workers)."""
         return getattr(self.placement[1], "node_id", None)
+
+    def get(self, key: str) -> Any:
+        """What it said of itself once its models were loaded (None before)."""
+        return (self.info or {}).get(key)
+
+    def row(self) -> dict[str, Any]:
+        """Its line in report.json's ``cluster.workers``."""
+        return {"host": self.get("host"), "node_id": self.get("node_id") or self.node,
+                "processor": self.get("processor"), "cpus": self.get("cpus"),
+                "inference_workers": self.get("workers"), "series": self.series, "frames": self.frames,
+                "series_s": round(self.seconds, 2), "lost": not self.alive}
 
 
 class _Refusals:
@@ -421,7 +432,7 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
                         continue
                     except RayTaskError as exc:
                         cause = exc.cause if isinstance(getattr(exc, "cause", None), BaseException) else exc
-                        log.error("ray: series %s failed on %s: %s", sp.uid, (w.info or {}).get("host"),
+                        log.error("ray: series %s failed on %s: %s", sp.uid, w.get("host"),
                                   describe_exception(cause))
                         _fail(plan, sp, f"analysis failed on a Ray worker: {describe_exception(cause)}")
                         continue
@@ -456,16 +467,10 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
     summary.series_analysed = analysed
     cluster = {
         "address": options.address,
-        "workers": [{"host": (w.info or {}).get("host"), "node_id": (w.info or {}).get("node_id") or w.node,
-                     "processor": (w.info or {}).get("processor"), "cpus": (w.info or {}).get("cpus"),
-                     "inference_workers": (w.info or {}).get("workers"), "series": w.series,
-                     "frames": w.frames, "series_s": round(w.seconds, 2), "lost": not w.alive}
-                    for w in pool],
+        "workers": [w.row() for w in pool],
         "workers_lost": lost,
         "series_sent_again": sum(tries.values()),
     }
-    from medrt.batch.report import write_report
-
     engine = {"backend": infos[0]["backend"], "precision": infos[0]["precision"], "models": infos[0]["models"],
               "processor": sorted({i["processor"] for i in infos})}
     summary.report = write_report(summary, plan, settings, None, None, out, engine=engine,
@@ -531,11 +536,10 @@ def _lose(ray: Any, w: _Worker, pool: list[_Worker], launch: Callable[..., _Work
     if not w.alive:
         return 0
     w.alive = False
-    host = (w.info or {}).get("host")
-    node = (w.info or {}).get("node_id")
+    host, node = w.get("host"), w.get("node_id")
     log.warning("ray: lost the worker on %s (%s)", host, type(exc).__name__)
     if on_event is not None:
-        on_event({"event": "lost", "worker": pool.index(w), "node_id": node, "pid": (w.info or {}).get("pid")})
+        on_event({"event": "lost", "worker": pool.index(w), "node_id": node, "pid": w.get("pid")})
     if any(n["NodeID"] == node for n in _nodes(ray)):
         pool.append(launch(w.placement))
     return 1
