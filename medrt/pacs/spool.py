@@ -245,8 +245,6 @@ class Spool:
 
         A series that is not done (waiting, failed, being analysed) is never purged.
         """
-        import shutil
-
         now = time.time() if now is None else now
         with self._lock:
             uids = [r[0] for r in self._db.execute(
