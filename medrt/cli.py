@@ -33,6 +33,7 @@ COMMANDS = (
     "medrt.commands.stream",
     "medrt.commands.batch",
     "medrt.commands.listen",
+    "medrt.commands.spool",
     "medrt.commands.view",
 )
 

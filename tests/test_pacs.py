@@ -256,6 +256,61 @@ def test_results_a_pacs_cannot_take_are_kept_and_sent_on_retry(tmp_path, analyze
     assert len(list(pacs.iterdir())) == 2
 
 
+def test_medrt_spool_lists_the_queue_and_requeues_by_hand(tmp_path, analyzer, storescp, capsys):
+    """What the people running the listener see, and "send those results again" after a PACS lost them."""
+    import json
+
+    dest, pacs = storescp
+    root = tmp_path / "spool"
+    spool = Spool(root)
+    fill(spool, CT[:3])
+    uid = pydicom.dcmread(CT[0], stop_before_pixels=True).SeriesInstanceUID
+    for other, state, detail in (("1.2.826.0.1.3680043.8.498.2", "failed", "forwarding failed: the PACS was down"),
+                                 ("1.2.826.0.1.3680043.8.498.3", "analysing", "")):
+        ds = pydicom.dcmread(CT[3], stop_before_pixels=True)
+        spool.store(CT[3].read_bytes(), study_uid=ds.StudyInstanceUID, series_uid=other,
+                    sop_uid=f"{other}.1", modality="CT", calling_ae="SCANNER", now=2.0)
+        assert spool.claim(other, expect_received=2.0)  # tried just now ...
+        if state == "failed":
+            spool.mark(other, state, detail)  # ... and the PACS said no
+    service = PacsService(spool, tmp_path / "out", analyzer, forward=dest, idle_s=0.0, retry_s=1e9)
+    (first,) = service.run_once()
+    assert first.state == "done" and sorted(first.forwarded) == ["seg.dcm", "sr.dcm"]
+    capsys.readouterr()
+
+    assert main(["spool", str(root)]) == 0
+    table = capsys.readouterr().out
+    assert "done             3      " in table and uid in table
+    assert "failed" in table and "forwarding failed: the PACS was down" in table and "SCANNER" in table
+    assert "3 series (1 analysing, 1 done, 1 failed), 5 image(s)" in table and "MiB free on its disk" in table
+    assert main(["spool", str(root), "--state", "failed"]) == 0
+    assert uid not in capsys.readouterr().out
+
+    assert main(["spool", str(root), "--requeue", uid, "1.2.826.0.1.3680043.8.498.3", "1.2.3"]) == 1
+    out, err = capsys.readouterr()
+    assert f"series {uid}: done -> requeued" in out
+    assert "series 1.2.826.0.1.3680043.8.498.3 is analysing now; not requeued" in err
+    assert "series 1.2.3: not in this spool" in err
+    results = first.out / "results.jsonl"
+    before = results.read_bytes()
+    (again,) = service.run_once()  # the requeued series only; the failed one waits for retry_s
+    assert again.series_uid == uid and again.state == "done" and sorted(again.forwarded) == ["seg.dcm", "sr.dcm"]
+    assert results.read_bytes() == before and again.frames == 3  # resumed, not analysed again; sent again
+    assert len(list(pacs.iterdir())) >= 2
+
+    assert main(["spool", str(root), "--requeue-failed", "--json"]) == 0
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    states = {r["series_uid"]: r["state"] for r in report["series"]}
+    assert states == {uid: "done", "1.2.826.0.1.3680043.8.498.2": "receiving", "1.2.826.0.1.3680043.8.498.3":
+                      "analysing"}
+    assert "failed -> requeued" in err and report["totals"]["instances"] == 5 and report["free_bytes"] > 0
+    assert spool.due(0.0)[0].series_uid == "1.2.826.0.1.3680043.8.498.2"  # due now, not after retry_s
+
+    assert main(["spool", str(tmp_path / "elsewhere")]) == 2
+    assert "not a medrt spool" in capsys.readouterr().err and not (tmp_path / "elsewhere").exists()
+
+
 def test_forward_error_names_the_destination(tmp_path):
     dest = Destination.parse(f"NOBODY@127.0.0.1:{free_port()}")
     with pytest.raises(ForwardError, match=r"NOBODY@127\.0\.0\.1:\d+: association"):

@@ -109,12 +109,19 @@ def check_uid(name: str, value: object) -> str:
 
 
 class Spool:
-    """A durable inbox of received instances, grouped into series. Thread-safe."""
+    """A durable inbox of received instances, grouped into series. Thread-safe.
 
-    def __init__(self, root: str | Path, *, min_free_bytes: int = 0) -> None:
+    Several processes may open one spool (the listener, and ``medrt spool`` to look at it
+    or requeue a series): the index is SQLite in WAL mode. ``create=False`` opens an
+    existing spool only, and raises ``FileNotFoundError`` for a folder that is not one.
+    """
+
+    def __init__(self, root: str | Path, *, min_free_bytes: int = 0, create: bool = True) -> None:
         if min_free_bytes < 0:
             raise ValueError(f'Argument "min_free_bytes" must be >= 0, got {min_free_bytes}.')
         self.root = Path(root).resolve()
+        if not create and not (self.root / "index.sqlite3").is_file():
+            raise FileNotFoundError(errno.ENOENT, "not a medrt spool (no index.sqlite3)", str(self.root))
         self.min_free_bytes = int(min_free_bytes)
         self.inbox = self.root / "inbox"
         self.inbox.mkdir(parents=True, exist_ok=True)
@@ -222,6 +229,34 @@ class Spool:
                     "UPDATE series SET state = ?, detail = ? WHERE series_uid = ? AND last_received <= ?"
                     " AND state != 'receiving'", (state, detail, series_uid, unless_received_after))
             return cur.rowcount == 1
+
+    def requeue(self, series_uid: str) -> str:
+        """Put a ``done`` or ``failed`` series back in the queue now (an operator's "do it
+        again": after a PACS lost the results, or once the cause of a failure is fixed).
+
+        The worker takes it at its next pass: what is unchanged (same images, models and
+        settings) is resumed, not analysed again, and the results are forwarded again.
+        Returns the state it was in. Raises ``KeyError`` for a series the spool does not
+        hold (never received, or purged) and ``ValueError`` for one being analysed or
+        forwarded right now.
+        """
+        with self._lock:
+            row = self._db.execute("SELECT state FROM series WHERE series_uid = ?", (series_uid,)).fetchone()
+            if row is None:
+                raise KeyError(series_uid)
+            if row[0] in ("analysing", "forwarding"):
+                raise ValueError(f"series {series_uid} is {row[0]} now")
+            self._db.execute("UPDATE series SET state = 'receiving', last_attempt = 0, attempts = 0,"
+                             " detail = 'requeued by hand' WHERE series_uid = ?", (series_uid,))
+            return str(row[0])
+
+    def totals(self) -> dict[str, int]:
+        """Series per state, with ``instances`` and ``bytes`` held in the inbox."""
+        with self._lock:
+            counts = dict.fromkeys(STATES, 0)
+            counts.update(self._db.execute("SELECT state, COUNT(*) FROM series GROUP BY state").fetchall())
+            n, size = self._db.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM instances").fetchone()
+        return {**counts, "instances": int(n), "bytes": int(size)}
 
     def series(self, series_uid: str) -> SeriesState | None:
         with self._lock:
