@@ -4,8 +4,11 @@ loopback-only network namespace (``unshare -n``), because Orthanc listens on eve
 1. Orthanc starts with a throw-away database; the CT files are uploaded to it over REST.
 2. ``medrt listen`` starts (a subprocess, as an operator would run it), forwarding to Orthanc.
 3. Orthanc is asked to C-STORE the series to medrt (``POST /modalities/medrt/store``).
-4. We wait until Orthanc holds the SEG and SR that medrt sent back, and print what it holds
-   as one JSON object on stdout (the test checks it).
+4. We wait until Orthanc holds the SEG and SR that medrt sent back.
+5. Orthanc asks medrt for storage commitment of the CT images it sent (and, in a second
+   request, of one more it never sent); medrt reports back to Orthanc's own DICOM port.
+6. We print what Orthanc holds and what it was told as one JSON object on stdout (the
+   test checks it).
 
 Usage: python pacs_orthanc_roundtrip.py WORKDIR FILE.dcm...
 """
@@ -70,7 +73,7 @@ def main() -> None:
         ids = [rest("POST", "/instances", f.read_bytes())["ID"] for f in files]  # type: ignore[index]
         medrt = [sys.executable, "-m", "medrt", "listen", "--spool", str(work / "spool"), "--bind", "127.0.0.1",
                  "--port", str(MEDRT_PORT), "--idle", "2", "--forward", f"ORTHANC_T@127.0.0.1:{ORTHANC_DICOM}",
-                 "--threads", "1", "--workers", "1"]
+                 "--peer", f"ORTHANC_T@127.0.0.1:{ORTHANC_DICOM}", "--threads", "1", "--workers", "1"]
         listen = subprocess.Popen(medrt, stdout=open(work / "listen.log", "wb"), stderr=subprocess.STDOUT)
         procs.append(listen)
         wait_for("medrt listen", lambda: b"Ctrl-C stops" in (work / "listen.log").read_bytes(), 120, procs)
@@ -81,9 +84,20 @@ def main() -> None:
             return tags if sum(t["Modality"] in ("SEG", "SR") for t in tags) >= 2 else None  # type: ignore[index]
 
         tags = wait_for("the SEG and SR back in Orthanc", results, 180, procs)
+        sent = [{"SOPClassUID": t["SOPClassUID"], "SOPInstanceUID": t["SOPInstanceUID"]}  # type: ignore[index]
+                for t in tags if t["Modality"] == "CT"]  # type: ignore[index]
+        never = {"SOPClassUID": sent[0]["SOPClassUID"], "SOPInstanceUID": "2.25.987654321"}
+        commitments = {}
+        for name, instances in (("sent", sent), ("one_never_sent", [*sent, never])):
+            asked = rest("POST", "/modalities/medrt/storage-commitment",
+                         json.dumps({"DicomInstances": instances}).encode())
+            commitments[name] = wait_for(
+                f"Orthanc's storage commitment report {name}",
+                lambda a=asked: (lambda r: r if r["Status"] != "Pending" else None)(rest("GET", a["Path"])),  # type: ignore[index]
+                60, procs)
         listen.send_signal(signal.SIGTERM)
         rc = listen.wait(60)
-        print(json.dumps({"job": job, "listen_rc": rc, "listen_log": (work / "listen.log").read_text(errors="replace"),
+        print(json.dumps({"job": job, "listen_rc": rc, "commitments": commitments, "listen_log": (work / "listen.log").read_text(errors="replace"),
                           "instances": [{k: t.get(k) for k in ("Modality", "SOPClassUID", "SOPInstanceUID",  # type: ignore[union-attr]
                                                                "SeriesInstanceUID", "StudyInstanceUID")}
                                         for t in tags]}))  # type: ignore[union-attr]

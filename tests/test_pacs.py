@@ -159,7 +159,7 @@ def test_dcmtk_sends_a_series_and_the_seg_and_sr_reach_the_pacs(tmp_path, analyz
     with Listener(spool, host="127.0.0.1", port=0, on_stored=service.notify) as listener:
         sent = storescu(listener.port, CT)
         assert sent.returncode == 0, sent.stderr
-        assert listener.counts == {"stored": len(CT), "refused": 0, "failed": 0}
+        assert listener.counts == {"stored": len(CT), "refused": 0, "failed": 0, "commitments": 0}
         # Acknowledged means on disk, byte for byte the file storescu read (-R: no transcoding).
         for src in CT:
             ds = pydicom.dcmread(src, stop_before_pixels=True)
@@ -197,7 +197,7 @@ def test_listener_refuses_what_it_cannot_file_or_store_and_keeps_serving(tmp_pat
     with Listener(spool, host="127.0.0.1", port=0) as listener:
         statuses = c_store(listener.port, [no_series, other, good])
         assert statuses == [STATUS_DATASET_MISMATCH, STATUS_OUT_OF_RESOURCES, 0x0000]
-        assert listener.counts == {"stored": 1, "refused": 1, "failed": 1}
+        assert listener.counts == {"stored": 1, "refused": 1, "failed": 1, "commitments": 0}
         echo = subprocess.run([require_tool("echoscu"), "-aec", "MEDRT", "127.0.0.1", str(listener.port)],
                               capture_output=True, text=True, timeout=30)
         assert echo.returncode == 0, echo.stderr

@@ -1,5 +1,5 @@
 """Orthanc, the real PACS, pushes a CT series to ``medrt listen`` by C-STORE and receives
-the SEG and SR it sends back. Both run inside a loopback-only network namespace
+the SEG and SR it sends back; then it asks medrt for storage commitment of what it sent. Both run inside a loopback-only network namespace
 (``unshare -n``; Orthanc cannot bind to one address), which needs root: CI runs as root.
 """
 
@@ -44,3 +44,11 @@ def test_orthanc_pushes_a_series_and_gets_seg_and_sr_back(tmp_path):
         assert inst["SeriesInstanceUID"] != source.SeriesInstanceUID
     assert f"series {source.SeriesInstanceUID}: done, {len(files)} frame(s)" in result["listen_log"]
     assert "2 object(s) forwarded" in result["listen_log"]
+    # Storage commitment: Orthanc asks, medrt reports on an association to Orthanc's port.
+    sent = sorted(i["SOPInstanceUID"] for i in by_modality["CT"])
+    all_sent, one_not = result["commitments"]["sent"], result["commitments"]["one_never_sent"]
+    assert all_sent["Status"] == "Success" and all_sent["RemoteAET"] == "MEDRT", all_sent
+    assert sorted(i["SOPInstanceUID"] for i in all_sent["Success"]) == sent and not all_sent.get("Failures")
+    assert one_not["Status"] == "Failure" and sorted(i["SOPInstanceUID"] for i in one_not["Success"]) == sent
+    assert [(f["SOPInstanceUID"], f["FailureReason"]) for f in one_not["Failures"]] == [("2.25.987654321", 0x0112)]
+    assert "2 storage commitment request(s), 2 reported" in result["listen_log"]

@@ -36,6 +36,16 @@ def _destination(text: str) -> Any:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _peers(values: list[Any] | None) -> dict[str, Any]:
+    """The peer table from repeated ``--peer AET@HOST:PORT``; one address per AE title."""
+    peers: dict[str, Any] = {}
+    for dest in values or ():
+        if dest.ae_title in peers and peers[dest.ae_title] != dest:
+            raise ValueError(f"--peer {dest}: {dest.ae_title} is already at {peers[dest.ae_title]}")
+        peers[dest.ae_title] = dest
+    return peers
+
+
 def _line(outcome: Any) -> str:
     sent = f", {len(outcome.forwarded)} object(s) forwarded" if outcome.forwarded else ""
     detail = f" ({outcome.detail})" if outcome.detail else ""
@@ -65,6 +75,7 @@ def _tls(args: argparse.Namespace) -> tuple[Any, Any]:
 def run(args: argparse.Namespace) -> int:
     from medrt.analyzer import load_analyzer
     from medrt.batch import OutputOptions
+    from medrt.pacs.commitment import CommitmentReporter
     from medrt.pacs.scp import Listener
     from medrt.pacs.service import PacsService
     from medrt.pacs.spool import Spool
@@ -77,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
     if args.min_free < 0:
         print("medrt listen: --min-free takes MiB >= 0", file=sys.stderr)
         return 2
+    try:
+        peers = _peers(args.peer)
+    except ValueError as exc:
+        print(f"medrt listen: {exc}", file=sys.stderr)
+        return 2
     spool = Spool(args.spool, min_free_bytes=int(args.min_free * 2**20))
     out = Path(args.out) if args.out else spool.root / "results"
     recovered = spool.recover()
@@ -87,8 +103,10 @@ def run(args: argparse.Namespace) -> int:
                           keep_s=None if args.keep_days <= 0 else args.keep_days * 86400.0, forward_tls=forward_tls,
                           outputs=OutputOptions(png="none" if args.no_png else "positive", sc=args.sc))
     service.on_outcome = lambda o: print(_line(o), flush=True)
+    reporter = CommitmentReporter(spool, peers, ae_title=args.ae_title, retry_s=args.retry, tls=forward_tls)
     listener = Listener(spool, ae_title=args.ae_title, host=args.bind, port=args.port,
-                        allowed_callers=args.allow or (), on_stored=service.notify, tls=tls)
+                        allowed_callers=args.allow or (), on_stored=service.notify, tls=tls, peers=peers,
+                        on_commitment=reporter.notify)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -98,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"medrt listen: cannot listen on {args.bind}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     service.start()
+    if peers:
+        reporter.start()
     pending = sum(1 for s in spool.all_series() if s.state not in ("done",))
     free_mib = spool.free_bytes() // 2**20
     if free_mib < args.min_free:
@@ -106,6 +126,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"medrt listen: {args.ae_title} on {args.bind}:{listener.port}{' (TLS)' if tls else ''}, spool {spool.root} "
           f"({pending} series to finish{', ' + str(recovered['requeued']) + ' resumed' if recovered['requeued'] else ''}),"
           f" results {out}" + (f", forwarding to {args.forward}" if args.forward else "")
+          + (f", storage commitment for {', '.join(peers)}" if peers else "")
           + f"; {free_mib} MiB free on the spool's disk; Ctrl-C stops",
           flush=True)
     try:
@@ -114,10 +135,13 @@ def run(args: argparse.Namespace) -> int:
     finally:
         listener.stop()  # no new images; what is stored stays in the spool for the next start
         service.stop()
+        reporter.stop()
         spool.close()
     c = listener.counts
     print(f"medrt listen: stopped; {c['stored']} image(s) stored, {c['refused']} refused, {c['failed']} not stored, "
-          f"{len(service.outcomes)} series processed", flush=True)
+          f"{len(service.outcomes)} series processed"
+          + (f", {c['commitments']} storage commitment request(s), {reporter.reported} reported" if peers else ""),
+          flush=True)
     return 0
 
 
@@ -133,12 +157,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="accept associations only from this calling AE title (repeatable; default: any)")
     p.add_argument("--forward", type=_destination, default=None, metavar="AET@HOST:PORT",
                    help="send each series' SEG and SR (and SC with --sc) there by C-STORE")
+    p.add_argument("--peer", action="append", type=_destination, metavar="AET@HOST:PORT",
+                   help="a sender's own address: accept storage commitment requests from AE title AET and report "
+                        "to HOST:PORT (repeatable)")
     t = p.add_argument_group("DICOM over TLS")
     t.add_argument("--tls-cert", metavar="PEM", help="listen over TLS only, with this certificate (and --tls-key)")
     t.add_argument("--tls-key", metavar="PEM", help="the private key of --tls-cert")
     t.add_argument("--tls-ca", metavar="PEM", help="accept only senders with a certificate these CAs signed")
     t.add_argument("--forward-tls", action="store_true",
-                   help="forward over TLS, checking the destination's certificate against the system's CAs")
+                   help="forward (and send storage commitment reports) over TLS, checking the peer's certificate "
+                        "against the system's CAs")
     t.add_argument("--forward-tls-ca", metavar="PEM", help="forward over TLS, trusting these CAs (implies --forward-tls)")
     t.add_argument("--forward-tls-cert", metavar="PEM", help="our certificate for a destination that asks for one")
     t.add_argument("--forward-tls-key", metavar="PEM", help="the private key of --forward-tls-cert")

@@ -2,7 +2,7 @@
 
 For the people who run ``medrt listen``: one line per series (state, images, modality,
 the AE title that sent it, when its last image came, attempts, and the reason of a
-failure), the totals, and the disk. ``--requeue UID`` or ``--requeue-failed`` puts done or
+failure), the totals, the disk, and storage commitment reports not yet delivered. ``--requeue UID`` or ``--requeue-failed`` puts done or
 failed series back in the queue; a running listener takes them at its next pass
 (analysis resumes what is unchanged, the results are forwarded again). Safe while the
 listener runs: the spool's index is SQLite in WAL mode. Series are named by UID, callers
@@ -64,10 +64,14 @@ def run(args: argparse.Namespace) -> int:
         rows = [_row(s, now) for s in spool.all_series() if not args.state or s.state in args.state]
         totals = spool.totals()
         free = spool.free_bytes()
+        commitments = [{"transaction_uid": c.transaction_uid, "calling_ae": c.calling_ae, "state": c.state,
+                        "instances": len(c.refs), "received": c.received, "attempts": c.attempts, "detail": c.detail}
+                       for c in spool.all_commitments()]
     finally:
         spool.close()
     if args.json:
-        print(json.dumps({"spool": str(spool.root), "series": rows, "totals": totals, "free_bytes": free}, indent=1))
+        print(json.dumps({"spool": str(spool.root), "series": rows, "totals": totals, "free_bytes": free,
+                          "commitments": commitments}, indent=1))
         return 1 if problems else 0
     if rows:
         print(f"{'state':<11} {'images':>6} {'mod':<4} {'from':<16} {'last image':>10} {'tries':>5}  series / detail")
@@ -78,6 +82,13 @@ def run(args: argparse.Namespace) -> int:
     states = ", ".join(f"{totals[s]} {s}" for s in STATES if totals[s])
     print(f"{spool.root}: {sum(totals[s] for s in STATES)} series ({states or 'none'}), {totals['instances']} "
           f"image(s), {totals['bytes'] / 2**20:.1f} MiB in the inbox; {free // 2**20} MiB free on its disk")
+    waiting = [c for c in commitments if c["state"] != "reported"]
+    if commitments:
+        print(f"storage commitment: {totals['commitments_reported']} report(s) sent, "
+              f"{totals['commitments_pending']} pending, {totals['commitments_failed']} failed (retried)")
+    for c in waiting:
+        print(f"  {c['state']:<8} {c['calling_ae']:<16} {c['instances']:>5} instance(s)  {c['transaction_uid']}"
+              + (f"  {c['detail']}" if c["detail"] else ""))
     return 1 if problems else 0
 
 

@@ -10,15 +10,23 @@ and an ``ErrorComment`` saying why, so it keeps the image and can send it again:
 - ``0xC000`` (cannot understand) for a data set that does not decode.
 
 The bytes stored are those the peer sent (``event.encoded_dataset()``), not re-encoded.
+
+With a peer table (``peers``: calling AE title → its address), the listener is also the
+SCP of the Storage Commitment Push Model (:mod:`medrt.pacs.commitment`): an N-ACTION
+is answered Success once the request is on disk in the spool's index, and reported later
+on an association of medrt's own. It answers 0x0110 (processing failure) to a sender
+not in the table, 0x0115 (invalid argument) to a malformed request, 0x0123 to another
+action type, and 0x0213 (resource limitation) when the disk refuses.
 Logs name instances by UID and peers by AE title, never by patient.
 """
 
 from __future__ import annotations
 
 import logging
+import sqlite3
 import ssl
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +41,10 @@ STATUS_SUCCESS = 0x0000
 STATUS_OUT_OF_RESOURCES = 0xA700
 STATUS_DATASET_MISMATCH = 0xA900
 STATUS_CANNOT_UNDERSTAND = 0xC000
+STATUS_PROCESSING_FAILURE = 0x0110
+STATUS_INVALID_ARGUMENT = 0x0115
+STATUS_NO_SUCH_ACTION = 0x0123
+STATUS_RESOURCE_LIMITATION = 0x0213
 
 
 def _accepted_transfer_syntaxes() -> list[str]:
@@ -78,13 +90,18 @@ class Listener:
     empty, is the list of calling AE titles accepted (others are rejected at association).
     ``on_stored(series_uid)`` is called after each acknowledged image (from the
     association's thread; keep it short). ``tls`` (:func:`server_tls`) makes it accept
-    DICOM over TLS only.
+    DICOM over TLS only. ``peers`` (calling AE title → :class:`~medrt.pacs.scu.Destination`)
+    turns on storage commitment for those callers; ``on_commitment()`` is called after
+    each request recorded (wake the :class:`~medrt.pacs.commitment.CommitmentReporter`).
     """
 
     def __init__(self, spool: Spool, *, ae_title: str = "MEDRT", host: str = "0.0.0.0", port: int = 11112,
                  allowed_callers: Sequence[str] = (), on_stored: Callable[[str], None] | None = None,
-                 require_called_aet: bool = True, tls: ssl.SSLContext | None = None) -> None:
+                 require_called_aet: bool = True, tls: ssl.SSLContext | None = None,
+                 peers: Mapping[str, Any] | None = None, on_commitment: Callable[[], None] | None = None) -> None:
         self.spool = spool
+        self.peers = dict(peers or {})
+        self.on_commitment = on_commitment
         self.tls = tls
         self.ae_title = ae_title
         self.host = host
@@ -92,7 +109,7 @@ class Listener:
         self.allowed_callers = list(allowed_callers)
         self.on_stored = on_stored
         self.require_called_aet = require_called_aet
-        self.counts = {"stored": 0, "refused": 0, "failed": 0}
+        self.counts = {"stored": 0, "refused": 0, "failed": 0, "commitments": 0}
         self._lock = threading.Lock()
         self._server: Any = None
 
@@ -110,12 +127,16 @@ class Listener:
         for cx in AllStoragePresentationContexts:
             ae.add_supported_context(cx.abstract_syntax, ACCEPTED_TRANSFER_SYNTAXES)
         ae.add_supported_context(Verification)
+        if self.peers:
+            from medrt.pacs.commitment import STORAGE_COMMITMENT_CLASS
+
+            ae.add_supported_context(STORAGE_COMMITMENT_CLASS)
         ae.require_called_aet = self.require_called_aet
         if self.allowed_callers:
             ae.require_calling_aet = self.allowed_callers
         ae.maximum_pdu_size = 0  # no limit on what a peer may send per P-DATA
         handlers = [(evt.EVT_C_STORE, self._on_store), (evt.EVT_C_ECHO, lambda event: STATUS_SUCCESS),
-                    (evt.EVT_CONN_OPEN, self._on_open)]
+                    (evt.EVT_CONN_OPEN, self._on_open), (evt.EVT_N_ACTION, self._on_action)]
         self._server = ae.start_server((self.host, self.requested_port), block=False, evt_handlers=handlers,
                                        ssl_context=self.tls)
         log.info("listener: %s listening on %s:%d%s (spool %s)", self.ae_title, self.host, self.port,
@@ -173,3 +194,34 @@ class Listener:
         if self.on_stored is not None:
             self.on_stored(str(series))
         return STATUS_SUCCESS
+
+    def _on_action(self, event: Any) -> tuple[Any, None]:
+        """A storage commitment request: recorded durably, then answered; reported later."""
+        from medrt.pacs.commitment import REQUEST_STORAGE_COMMITMENT, parse_request
+
+        calling = str(event.assoc.requestor.ae_title).strip()
+        if int(event.action_type) != REQUEST_STORAGE_COMMITMENT:
+            return _failure(STATUS_NO_SUCH_ACTION, f"action type {event.action_type} is not 1 (request "
+                                                   f"storage commitment)"), None
+        try:
+            transaction, refs = parse_request(event.action_information)
+        except Exception as exc:  # noqa: BLE001 - a malformed request is the peer's error; say what is wrong
+            why = str(exc) if isinstance(exc, ValueError) else f"does not decode: {type(exc).__name__}"
+            log.error("listener: storage commitment request from %s refused: %s", calling, why)
+            return _failure(STATUS_INVALID_ARGUMENT, why), None
+        if calling not in self.peers:
+            log.error("listener: storage commitment request %s from %s refused: no address for that AE title "
+                      "(medrt listen --peer %s@HOST:PORT)", transaction, calling, calling)
+            return _failure(STATUS_PROCESSING_FAILURE, f"no address for AE {calling} to report to"), None
+        try:
+            self.spool.add_commitment(transaction, calling, refs)
+        except (OSError, sqlite3.Error) as exc:  # the disk refused, or the index is locked or full
+            why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+            log.error("listener: storage commitment request %s from %s NOT recorded (%s)", transaction, calling, why)
+            return _failure(STATUS_RESOURCE_LIMITATION, f"could not record: {why}"), None
+        self._count("commitments")
+        log.info("listener: storage commitment request %s from %s for %d instance(s); report to %s", transaction,
+                 calling, len(refs), self.peers[calling])
+        if self.on_commitment is not None:
+            self.on_commitment()
+        return STATUS_SUCCESS, None

@@ -31,6 +31,7 @@ interrupted write are removed.
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import re
 import shutil
@@ -42,7 +43,7 @@ from pathlib import Path
 
 from medrt.io.atomic import atomic_write_bytes
 
-__all__ = ["Spool", "SeriesState", "SpoolError", "STATES"]
+__all__ = ["Spool", "SeriesState", "Commitment", "SpoolError", "STATES", "COMMITMENT_STATES"]
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,18 @@ CREATE TABLE IF NOT EXISTS instances (
     received REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS instances_series ON instances(series_uid);
+CREATE TABLE IF NOT EXISTS commitments (
+    transaction_uid TEXT PRIMARY KEY,
+    calling_ae TEXT NOT NULL,
+    refs TEXT NOT NULL,
+    state TEXT NOT NULL,
+    received REAL NOT NULL,
+    last_attempt REAL NOT NULL DEFAULT 0,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    detail TEXT NOT NULL DEFAULT ''
+);
 """
+COMMITMENT_STATES = ("pending", "reported", "failed")
 
 
 class SpoolError(ValueError):
@@ -96,6 +108,26 @@ class SeriesState:
     last_attempt: float
     attempts: int
     detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class Commitment:
+    """A storage commitment request (PS3.4 J.3): which instances ``calling_ae`` asked us to
+    commit to, under ``transaction_uid``; ``refs`` are (SOP Class UID, SOP Instance UID)."""
+
+    transaction_uid: str
+    calling_ae: str
+    refs: tuple[tuple[str, str], ...]
+    state: str  # pending | reported | failed (the report could not be delivered yet: retried)
+    received: float
+    last_attempt: float
+    attempts: int
+    detail: str
+
+    @classmethod
+    def _from_row(cls, row: tuple) -> Commitment:  # type: ignore[type-arg]
+        refs = tuple((str(c), str(i)) for c, i in json.loads(row[2]))
+        return cls(row[0], row[1], refs, *row[3:])
 
 
 def check_uid(name: str, value: object) -> str:
@@ -250,13 +282,76 @@ class Spool:
                              " detail = 'requeued by hand' WHERE series_uid = ?", (series_uid,))
             return str(row[0])
 
+    # -- storage commitment ------------------------------------------------------------------------------------
+
+    def add_commitment(self, transaction_uid: str, calling_ae: str, refs: list[tuple[str, str]], *,
+                       now: float | None = None) -> None:
+        """Record a storage commitment request durably (before the N-ACTION is answered), so
+        that its report is sent even after a restart. A transaction UID asked again replaces
+        the earlier request and is reported again."""
+        transaction_uid = check_uid("Transaction UID", transaction_uid)
+        now = time.time() if now is None else now
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO commitments VALUES (?, ?, ?, 'pending', ?, 0, 0, '')",
+                             (transaction_uid, calling_ae, json.dumps(refs), now))
+
+    def commitments_due(self, *, retry_s: float = 60.0, now: float | None = None) -> list[Commitment]:
+        """Requests to report now: pending ones, and failed ones last tried ``retry_s`` ago."""
+        now = time.time() if now is None else now
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM commitments WHERE state = 'pending' OR (state = 'failed' AND"
+                                    " last_attempt <= ?) ORDER BY received", (now - retry_s,)).fetchall()
+        return [Commitment._from_row(r) for r in rows]
+
+    def all_commitments(self) -> list[Commitment]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM commitments ORDER BY received").fetchall()
+        return [Commitment._from_row(r) for r in rows]
+
+    def mark_commitment(self, transaction_uid: str, state: str, detail: str = "", *,
+                        now: float | None = None) -> None:
+        if state not in COMMITMENT_STATES:
+            raise ValueError(f"unknown commitment state {state!r}; expected one of {COMMITMENT_STATES}")
+        now = time.time() if now is None else now
+        with self._lock:
+            self._db.execute("UPDATE commitments SET state = ?, detail = ?, last_attempt = ?, attempts = attempts + 1"
+                             " WHERE transaction_uid = ?", (state, detail, now, transaction_uid))
+
+    def held(self, refs: list[tuple[str, str]] | tuple[tuple[str, str], ...]) -> list[int | None]:
+        """For each (SOP Class UID, SOP Instance UID): ``None`` when the spool holds it (indexed,
+        and its file on disk at the size it was stored with), else the PS3.3 C.14.1.1
+        Failure Reason: 0x0112 no such instance, 0x0119 held under another SOP class."""
+        uids = [i for _, i in refs]
+        rows: dict[str, tuple[str, str, int]] = {}
+        with self._lock:
+            for start in range(0, len(uids), 500):  # a study's thousands of images, under SQLite's variable limit
+                chunk = uids[start:start + 500]
+                rows.update((r[0], (r[1], r[2], r[3])) for r in self._db.execute(
+                    f"SELECT sop_uid, sop_class_uid, path, size FROM instances WHERE sop_uid IN"
+                    f" ({','.join('?' * len(chunk))})", chunk))
+        reasons: list[int | None] = []
+        for sop_class, sop in refs:
+            row = rows.get(sop)
+            if row is None:
+                reasons.append(0x0112)
+                continue
+            held_class, path, size = row
+            try:
+                on_disk = Path(path).stat().st_size == size
+            except OSError:
+                on_disk = False
+            reasons.append(0x0112 if not on_disk else 0x0119 if held_class and held_class != sop_class else None)
+        return reasons
+
     def totals(self) -> dict[str, int]:
         """Series per state, with ``instances`` and ``bytes`` held in the inbox."""
         with self._lock:
             counts = dict.fromkeys(STATES, 0)
             counts.update(self._db.execute("SELECT state, COUNT(*) FROM series GROUP BY state").fetchall())
             n, size = self._db.execute("SELECT COUNT(*), COALESCE(SUM(size), 0) FROM instances").fetchone()
-        return {**counts, "instances": int(n), "bytes": int(size)}
+            reports = dict(self._db.execute("SELECT state, COUNT(*) FROM commitments GROUP BY state").fetchall())
+        return {**counts, "instances": int(n), "bytes": int(size),
+                **{f"commitments_{k}": int(reports.get(k, 0)) for k in COMMITMENT_STATES}}
 
     def series(self, series_uid: str) -> SeriesState | None:
         with self._lock:
@@ -296,6 +391,8 @@ class Spool:
                 self._db.execute("COMMIT")
                 shutil.rmtree(self.inbox / uid, ignore_errors=True)
             purged.append(uid)
+        with self._lock:
+            self._db.execute("DELETE FROM commitments WHERE state = 'reported' AND received < ?", (now - older_than_s,))
         if purged:
             log.info("spool: purged the images of %d series done over %.1f day(s) ago", len(purged),
                      older_than_s / 86400)
