@@ -10,6 +10,9 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+import socket
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -108,3 +111,31 @@ def bot(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
     require_module("PySide6.QtWidgets")
     require_module("pytestqt")
     return request.getfixturevalue("qtbot")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def storescp(tmp_path):
+    """DCMTK's storescp as the destination PACS: (Destination, folder it writes into)."""
+    from medrt.pacs.scu import Destination
+
+    exe = require_tool("storescp")
+    folder = tmp_path / "pacs"
+    folder.mkdir()
+    port = free_port()
+    proc = subprocess.Popen([exe, "-aet", "PACS", "-od", str(folder), str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.05)
+    yield Destination("PACS", "127.0.0.1", port), folder
+    proc.terminate()
+    proc.wait(10)

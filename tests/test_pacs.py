@@ -7,7 +7,6 @@ is in tests/test_pacs_orthanc.py.
 from __future__ import annotations
 
 import csv
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import pydicom
 import pytest
 
-from conftest import SAMPLE_DIR, require_tool
+from conftest import SAMPLE_DIR, free_port, require_tool
 from medrt.analyzer import load_analyzer
 from medrt.cli import main
 from medrt.pacs.scp import STATUS_DATASET_MISMATCH, STATUS_OUT_OF_RESOURCES, Listener
@@ -26,35 +25,9 @@ from medrt.pacs.spool import Spool, SpoolError
 CT = sorted((SAMPLE_DIR / "ct_stream").glob("*.dcm"))[12:22]  # ten slices, lesions among them
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def analyzer():
     return load_analyzer(threads=1)
-
-
-@pytest.fixture
-def storescp(tmp_path):
-    """DCMTK's storescp as the destination PACS: (Destination, folder it writes into)."""
-    exe = require_tool("storescp")
-    folder = tmp_path / "pacs"
-    folder.mkdir()
-    port = free_port()
-    proc = subprocess.Popen([exe, "-aet", "PACS", "-od", str(folder), str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.05)
-    yield Destination("PACS", "127.0.0.1", port), folder
-    proc.terminate()
-    proc.wait(10)
 
 
 def storescu(port: int, files: list[Path], *extra: str) -> subprocess.CompletedProcess[str]:

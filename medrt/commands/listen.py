@@ -3,8 +3,8 @@
 Images are acknowledged only once they are on disk in the spool. A series is complete
 when nothing has arrived for it for ``--idle`` seconds; it then goes through the same
 batch core as ``medrt batch`` (one analyzer, loaded and warmed once), its results are
-written to ``--out/<SeriesInstanceUID>/`` and, with ``--forward AET@HOST:PORT``, its SEG
-and SR (and SC with ``--sc``) are sent there by C-STORE. After a crash or a restart, the
+written to ``--out/<SeriesInstanceUID>/`` and, with ``--forward AET@HOST:PORT`` (and
+``--forward-to-sender``), its SEG and SR (and SC with ``--sc``) are sent there by C-STORE. After a crash or a restart, the
 spool's unfinished series are done first. Stop with Ctrl-C or SIGTERM.
 """
 
@@ -46,8 +46,15 @@ def _peers(values: list[Any] | None) -> dict[str, Any]:
     return peers
 
 
+def _targets(args: argparse.Namespace) -> str:
+    names = [str(d) for d in dict.fromkeys(args.forward or ())]
+    return ", ".join(names + (["the sender"] if args.forward_to_sender else []))
+
+
 def _line(outcome: Any) -> str:
     sent = f", {len(outcome.forwarded)} object(s) forwarded" if outcome.forwarded else ""
+    if sent and len(outcome.destinations) > 1:
+        sent += f" to each of {len(outcome.destinations)} destinations"
     detail = f" ({outcome.detail})" if outcome.detail else ""
     return (f"series {outcome.series_uid}: {outcome.state}, {outcome.frames} frame(s), {outcome.lesions} lesion(s), "
             f"{outcome.errors} error(s){sent} in {outcome.elapsed_s:.1f} s{detail} -> {outcome.out}")
@@ -93,12 +100,17 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"medrt listen: {exc}", file=sys.stderr)
         return 2
+    if args.forward_to_sender and not peers:
+        print("medrt listen: --forward-to-sender needs the senders' addresses: --peer AET@HOST:PORT for each",
+              file=sys.stderr)
+        return 2
     spool = Spool(args.spool, min_free_bytes=int(args.min_free * 2**20))
     out = Path(args.out) if args.out else spool.root / "results"
     recovered = spool.recover()
     _, workers = thread_layout(args)
     analyzer = load_analyzer(analyzer_config(args))
-    service = PacsService(spool, out, analyzer, forward=args.forward, calling_ae=args.ae_title, idle_s=args.idle,
+    service = PacsService(spool, out, analyzer, forward=args.forward, peers=peers, to_sender=args.forward_to_sender,
+                          calling_ae=args.ae_title, idle_s=args.idle,
                           retry_s=args.retry, workers=workers,
                           keep_s=None if args.keep_days <= 0 else args.keep_days * 86400.0, forward_tls=forward_tls,
                           outputs=OutputOptions(png="none" if args.no_png else "positive", sc=args.sc))
@@ -125,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
               f"images are refused (0xA700, the senders keep them) until there is room", file=sys.stderr, flush=True)
     print(f"medrt listen: {args.ae_title} on {args.bind}:{listener.port}{' (TLS)' if tls else ''}, spool {spool.root} "
           f"({pending} series to finish{', ' + str(recovered['requeued']) + ' resumed' if recovered['requeued'] else ''}),"
-          f" results {out}" + (f", forwarding to {args.forward}" if args.forward else "")
+          f" results {out}" + (f", forwarding to {_targets(args)}" if args.forward or args.forward_to_sender else "")
           + (f", storage commitment for {', '.join(peers)}" if peers else "")
           + f"; {free_mib} MiB free on the spool's disk; Ctrl-C stops",
           flush=True)
@@ -155,8 +167,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--port", type=int, default=11112, help="TCP port (default 11112; 0: any free port)")
     p.add_argument("--allow", action="append", type=_ae_title, metavar="AET",
                    help="accept associations only from this calling AE title (repeatable; default: any)")
-    p.add_argument("--forward", type=_destination, default=None, metavar="AET@HOST:PORT",
-                   help="send each series' SEG and SR (and SC with --sc) there by C-STORE")
+    p.add_argument("--forward", type=_destination, action="append", metavar="AET@HOST:PORT",
+                   help="send each series' SEG and SR (and SC with --sc) there by C-STORE (repeatable)")
+    p.add_argument("--forward-to-sender", action="store_true",
+                   help="also send them back to the AE that sent the series, at its --peer address")
     p.add_argument("--peer", action="append", type=_destination, metavar="AET@HOST:PORT",
                    help="a sender's own address: accept storage commitment requests from AE title AET and report "
                         "to HOST:PORT (repeatable)")

@@ -5,7 +5,9 @@ A series in the spool is *due* once nothing has arrived for it for ``idle_s`` se
 :func:`medrt.batch.run_batch` on its inbox folder with the one analyzer this process
 loaded (warm, weights resident: every series shares it), which writes
 ``OUT/<SeriesInstanceUID>/`` (results.jsonl, errors.csv, report, ``series/*/seg.dcm``,
-``sr.dcm``, ``sc/``), and then C-STOREs the SEG, SR and SC objects to ``forward``.
+``sr.dcm``, ``sc/``), and then C-STOREs the SEG, SR and SC objects to each ``forward``
+destination and, with ``to_sender``, to the address in ``peers`` of the AE that sent the
+series (a site where several PACS send to one medrt gets each its own results back).
 
 Nothing is lost: a file that does not decode is named in that series' errors.csv and
 the rest of the series is analysed; a series whose analysis raises, or whose results a
@@ -18,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +42,8 @@ class SeriesOutcome:
     lesions: int = 0
     errors: int = 0
     skipped: int = 0
-    forwarded: list[str] = field(default_factory=list)  # file names sent to the destination
+    forwarded: list[str] = field(default_factory=list)  # file names every destination took
+    destinations: list[str] = field(default_factory=list)  # where the results went (AET@HOST:PORT)
     detail: str = ""
     out: Path | None = None
     elapsed_s: float = 0.0
@@ -53,18 +57,24 @@ def result_files(out: Path) -> list[Path]:
 
 
 class PacsService:
-    """Turns due series in ``spool`` into results under ``out``, forwarded to ``forward``."""
+    """Turns due series in ``spool`` into results under ``out``, forwarded to ``forward``
+    (one destination or several) and, with ``to_sender``, back to the sender's address in
+    ``peers`` (calling AE title → :class:`Destination`)."""
 
-    def __init__(self, spool: Spool, out: str | Path, analyzer: Any, *, forward: Destination | None = None,
+    def __init__(self, spool: Spool, out: str | Path, analyzer: Any, *,
+                 forward: Destination | Sequence[Destination] | None = None,
                  calling_ae: str = "MEDRT", idle_s: float = 10.0, retry_s: float = 60.0,
                  outputs: Any = None, workers: int = 1, keep_s: float | None = None,
-                 forward_tls: Any = None) -> None:
+                 forward_tls: Any = None, peers: Mapping[str, Destination] | None = None,
+                 to_sender: bool = False) -> None:
         from medrt.batch import OutputOptions
 
         self.spool = spool
         self.out = Path(out)
         self.analyzer = analyzer
         self.forward = forward
+        self.peers = dict(peers or {})
+        self.to_sender = to_sender
         self.forward_tls = forward_tls  # ssl.SSLContext (medrt.pacs.scu.client_tls) or None
         self.calling_ae = calling_ae
         self.idle_s = idle_s
@@ -129,18 +139,24 @@ class PacsService:
         if summary.exit_code == EXIT_FAILED:  # nothing these models read (an SR, an MR series, ...): not an error
             outcome.detail = f"nothing analysed ({outcome.errors} error(s), {outcome.skipped} passed over)"
         files = result_files(out)
-        if self.forward is not None and files:
+        destinations, problems = self.destinations(state)
+        outcome.destinations = [str(d) for d in destinations]
+        if files and (destinations or problems):
             self.spool.mark(uid, "forwarding", unless_received_after=state.last_received)
-            try:
-                statuses = send(files, self.forward, calling_ae=self.calling_ae, tls=self.forward_tls)
-                refused = failed(statuses)
-            except (ForwardError, OSError) as exc:
-                refused, why = files, describe_exception(exc)
-            else:
-                why = f"{len(refused)} of {len(files)} refused by {self.forward}"
-            outcome.forwarded = [p.name for p in files if p not in refused]
-            if refused:
-                outcome.detail = f"forwarding failed: {why}"
+            delivered = set(files)
+            for dest in destinations:  # each gets all of them: a retry sends to every destination again
+                try:
+                    refused = failed(send(files, dest, calling_ae=self.calling_ae, tls=self.forward_tls))
+                except (ForwardError, OSError) as exc:
+                    refused, why = files, describe_exception(exc)
+                else:
+                    why = f"{len(refused)} of {len(files)} refused by {dest}"
+                delivered -= set(refused)
+                if refused:
+                    problems.append(why)
+            outcome.forwarded = [p.name for p in files if p in delivered and destinations]
+            if problems:
+                outcome.detail = f"forwarding failed: {'; '.join(problems)}"
                 log.error("listener: series %s: %s (retried in %.0f s; results kept in %s)", uid, outcome.detail,
                           self.retry_s, out)
                 self.spool.mark(uid, "failed", outcome.detail, unless_received_after=state.last_received)
@@ -150,8 +166,25 @@ class PacsService:
             outcome.state = "receiving"  # more arrived meanwhile: analysed again once it is quiet
         log.info("listener: series %s %s: %d frame(s), %d lesion(s), %d error(s), %d sent to %s", uid,
                  outcome.state, outcome.frames, outcome.lesions, outcome.errors, len(outcome.forwarded),
-                 self.forward or "-")
+                 ", ".join(outcome.destinations) or "-")
         return self._timed(outcome, t0)
+
+    def destinations(self, state: SeriesState) -> tuple[list[Destination], list[str]]:
+        """Where a series' results go: every ``forward`` destination, then the sender's
+        address with ``to_sender``; and what stands in the way: a sender with no address
+        (no ``--peer`` for its AE title, or images indexed after a crash, whose sender is
+        unknown). The other destinations are served all the same."""
+        forward = self.forward
+        found = [] if forward is None else [forward] if isinstance(forward, Destination) else list(forward)
+        problems = []
+        if self.to_sender:
+            dest = self.peers.get(state.calling_ae)
+            if dest is None:
+                problems.append(f"no address for the sender, AE {state.calling_ae or '(unknown)'}, to send the "
+                                f"results back to (medrt listen --peer AET@HOST:PORT)")
+            else:
+                found.append(dest)
+        return list(dict.fromkeys(found)), problems
 
     @staticmethod
     def _timed(outcome: SeriesOutcome, t0: float) -> SeriesOutcome:

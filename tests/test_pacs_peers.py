@@ -1,7 +1,10 @@
-"""Storage commitment (PS3.4 Annex J): a sender asks whether medrt holds what it sent.
+"""What medrt does for the peers it knows (``medrt listen --peer``): storage commitment
+(PS3.4 Annex J: a sender asks whether medrt holds what it sent) and results sent back to
+the sender.
 
-pynetdicom plays the scanner here (it sends, asks, and takes the report on its own
-listener); Orthanc, the real PACS, does the same in tests/test_pacs_orthanc.py.
+pynetdicom plays the scanner here (it sends, asks, and takes reports and results on its
+own listener); Orthanc, the real PACS, asks for storage commitment in
+tests/test_pacs_orthanc.py.
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ import time
 
 import pydicom
 from pydicom.dataset import Dataset
-from test_pacs import CT, free_port
+from test_pacs import CT
 
+from conftest import free_port
 from medrt.cli import main
 from medrt.pacs.commitment import CommitmentReporter, event_report
 from medrt.pacs.scp import (
@@ -48,20 +52,27 @@ class Scanner:
         self.ae_title = ae_title
         self.port = free_port()
         self.reports: queue.Queue[tuple[int, Dataset, str]] = queue.Queue()
+        self.received: list[Dataset] = []  # what medrt C-STOREd back
         self._server = None
         self.ae = AE(ae_title=ae_title)
 
     def listen(self) -> None:
-        from pynetdicom import AE, evt
+        from pynetdicom import AE, ALL_TRANSFER_SYNTAXES, AllStoragePresentationContexts, evt
 
         def on_report(event):  # type: ignore[no-untyped-def]
             self.reports.put((int(event.event_type), event.event_information, str(event.assoc.requestor.ae_title)))
             return 0x0000, None
 
+        def on_store(event):  # type: ignore[no-untyped-def]
+            self.received.append(event.dataset)
+            return 0x0000
+
         ae = AE(ae_title=self.ae_title)
         ae.add_supported_context(COMMITMENT, scu_role=True, scp_role=True)
+        for cx in AllStoragePresentationContexts:
+            ae.add_supported_context(cx.abstract_syntax, ALL_TRANSFER_SYNTAXES)
         self._server = ae.start_server(("127.0.0.1", self.port), block=False,
-                                       evt_handlers=[(evt.EVT_N_EVENT_REPORT, on_report)])
+                                       evt_handlers=[(evt.EVT_N_EVENT_REPORT, on_report), (evt.EVT_C_STORE, on_store)])
 
     def close(self) -> None:
         if self._server is not None:
@@ -169,3 +180,39 @@ def test_event_report_lists_successes_and_failures_apart():
     kind, ds = event_report("2.25.9", refs, [0x0112, 0x0112])
     assert kind == 2 and "ReferencedSOPSequence" not in ds and len(ds.FailedSOPSequence) == 2
     assert main(["listen", "--spool", "/nonexistent/x", "--peer", "A@h:1", "--peer", "A@h:2"]) == 2
+
+
+def test_results_go_back_to_the_sender_and_to_every_destination(tmp_path, storescp):
+    """Two PACS send to one medrt: each gets its own series' results back at its --peer
+    address, the central archive (--forward) gets both; a sender without an address is
+    named, and the other destinations are served all the same."""
+    from medrt.analyzer import load_analyzer
+    from medrt.pacs.service import PacsService
+
+    dest, archive = storescp
+    site_a, site_b = Scanner("SITE_A"), Scanner("SITE_B")
+    site_a.listen()
+    spool = Spool(tmp_path / "spool")
+    first = [pydicom.dcmread(p) for p in CT[:2]]
+    second = [pydicom.dcmread(p) for p in CT[2:4]]
+    for n, ds in enumerate(second):
+        ds.SeriesInstanceUID, ds.SOPInstanceUID = "1.2.826.0.1.3680043.8.498.77", f"1.2.826.0.1.3680043.8.498.77.{n}"
+    with Listener(spool, host="127.0.0.1", port=0) as listener:
+        site_a.send(listener.port, first, [])
+        site_b.send(listener.port, second, [])
+    peers = {"SITE_A": Destination("SITE_A", "127.0.0.1", site_a.port)}
+    service = PacsService(spool, tmp_path / "out", load_analyzer(threads=1), forward=[dest, dest], peers=peers,
+                          to_sender=True, idle_s=0.0)
+    outcomes = {o.series_uid: o for o in service.run_once()}
+    a, b = outcomes[first[0].SeriesInstanceUID], outcomes["1.2.826.0.1.3680043.8.498.77"]
+    assert a.state == "done" and sorted(a.forwarded) == ["seg.dcm", "sr.dcm"]
+    assert a.destinations == [str(dest), str(peers["SITE_A"])]  # the archive once, though given twice
+    assert sorted(ds.Modality for ds in site_a.received) == ["SEG", "SR"]
+    assert {str(ds.SeriesInstanceUID) for ds in site_a.received} != {first[0].SeriesInstanceUID}
+    assert {str(ds.StudyInstanceUID) for ds in site_a.received} == {first[0].StudyInstanceUID}
+    assert b.state == "failed" and "no address for the sender, AE SITE_B" in b.detail
+    assert sorted(b.forwarded) == ["seg.dcm", "sr.dcm"] and b.destinations == [str(dest)]  # the archive has them
+    assert len(list(archive.iterdir())) == 4 and len(site_a.received) == 2
+    assert spool.series(b.series_uid).detail.startswith("forwarding failed: no address for the sender")
+    site_a.close()
+    assert main(["listen", "--spool", str(tmp_path / "s2"), "--forward-to-sender"]) == 2
