@@ -32,7 +32,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
-from medrt.pacs.scu import Destination, ForwardError
+from medrt.pacs.scu import Destination, ForwardError, new_ae
 from medrt.pacs.spool import Commitment, Spool, check_uid
 
 __all__ = ["CommitmentReporter", "parse_request", "event_report", "send_report", "STORAGE_COMMITMENT_INSTANCE"]
@@ -92,9 +92,9 @@ def send_report(dest: Destination, event_type: int, info: Any, *, calling_ae: st
                 timeout_s: float = 30.0, tls: ssl.SSLContext | None = None) -> None:
     """Send one N-EVENT-REPORT to ``dest`` on a new association, medrt in the SCP role
     (SCP/SCU role selection); :class:`ForwardError` unless the peer answers Success."""
-    from pynetdicom import AE, build_role
+    from pynetdicom import build_role
 
-    ae = AE(ae_title=calling_ae)
+    ae = new_ae(calling_ae)
     ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = timeout_s
     ae.add_requested_context(STORAGE_COMMITMENT_CLASS)
     role = build_role(STORAGE_COMMITMENT_CLASS, scu_role=False, scp_role=True)

@@ -120,10 +120,12 @@ class Listener:
         return int(self._server.server_address[1])
 
     def start(self) -> None:
-        from pynetdicom import AE, AllStoragePresentationContexts, evt
+        from pynetdicom import AllStoragePresentationContexts, evt
         from pynetdicom.sop_class import Verification  # type: ignore[attr-defined]
 
-        ae = AE(ae_title=self.ae_title)
+        from medrt.pacs.scu import new_ae
+
+        ae = new_ae(self.ae_title)
         for cx in AllStoragePresentationContexts:
             ae.add_supported_context(cx.abstract_syntax, ACCEPTED_TRANSFER_SYNTAXES)
         ae.add_supported_context(Verification)

@@ -14,12 +14,31 @@ import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from medrt import __version__
 from medrt.errors import MedrtError
 
-__all__ = ["Destination", "ForwardError", "client_tls", "send"]
+__all__ = ["Destination", "ForwardError", "client_tls", "send", "new_ae", "IMPLEMENTATION_CLASS_UID",
+           "IMPLEMENTATION_VERSION_NAME"]
 
 log = logging.getLogger(__name__)
+
+# How medrt names itself in every association it makes or accepts (A-ASSOCIATE, PS3.7
+# D.3.3.2), so a PACS log or a conformance check tells it from other pynetdicom programs:
+# a UUID-derived UID (PS3.5 B.2) that stays the same, and the version (16 characters).
+IMPLEMENTATION_CLASS_UID = "2.25.198546540251257293241115434414703534064"
+IMPLEMENTATION_VERSION_NAME = f"MEDRT_{__version__}"[:16]
+
+
+def new_ae(ae_title: str) -> Any:
+    """A pynetdicom ``AE`` that introduces itself as medrt."""
+    from pynetdicom import AE
+
+    ae = AE(ae_title=ae_title)
+    ae.implementation_class_uid = IMPLEMENTATION_CLASS_UID
+    ae.implementation_version_name = IMPLEMENTATION_VERSION_NAME
+    return ae
 
 _DEST = re.compile(r"^(?P<aet>[^@]{1,16})@(?P<host>\[[^\]]+\]|[^:@]+):(?P<port>[0-9]{1,5})$")
 
@@ -71,7 +90,6 @@ def send(paths: Sequence[str | Path], dest: Destination, *, calling_ae: str = "M
     handshake that fails ends so), or a file has no SOP class or transfer syntax to propose.
     """
     import pydicom
-    from pynetdicom import AE
 
     files = [Path(p) for p in paths]
     if not files:
@@ -86,7 +104,7 @@ def send(paths: Sequence[str | Path], dest: Destination, *, calling_ae: str = "M
         contexts[(sop_class, ts)] = None
     if len(contexts) > 128:
         raise ForwardError(f"{len(contexts)} SOP class/transfer syntax pairs: over the 128 one association allows")
-    ae = AE(ae_title=calling_ae)
+    ae = new_ae(calling_ae)
     ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = timeout_s
     for sop_class, ts in contexts:
         ae.add_requested_context(sop_class, ts)
