@@ -5,8 +5,8 @@ Importing this package loads no Qt either; ``medrt_gui.app`` does. Start it
 with ``medrt view [PATH]`` or the ``medrt-viewer`` GUI script.
 
 Modules: ``imaging`` (window/level LUTs, presets; no Qt), ``study`` (series,
-slots, problems; no Qt), ``seg`` (DICOM SEG reading; no Qt), ``hotkeys`` (the
-key table Help lists), ``bridge`` (pipeline sessions, the Qt sink, the
+slots, problems; no Qt), ``seg`` (DICOM SEG reading; no Qt), ``measure`` (lengths
+in mm; no Qt), ``hotkeys`` (the key table Help lists), ``bridge`` (pipeline sessions, the Qt sink, the
 decoder), ``canvas`` (the image view), ``hud``, ``panels``, ``streams`` and
 ``window`` (the main window), ``app`` (QApplication, screenshots).
 """

@@ -6,9 +6,11 @@ lines up with the image by construction:
 
 - z 0: the windowed grey image (a QImage over a numpy buffer the item keeps);
 - z 1: the DICOM SEG layer; z 2: the AI overlay (RGBA from ``medrt.overlay``);
-- z 3: ROI crop boxes; z 4: lesion numbers (constant size on screen).
+- z 3: ROI crop boxes; z 4: lesion numbers (constant size on screen);
+- z 5: lengths measured with the length tool, each with its text.
 
-Mouse: wheel scrolls images (Ctrl+wheel zooms), left drag is window/level,
+Mouse: wheel scrolls images (Ctrl+wheel zooms), left drag is window/level (with
+the length tool, ``tool = "length"``, it draws a line and emits ``measured``),
 middle drag (or Shift+left) pans, right drag zooms. The value under the cursor
 is reported through ``hovered``.
 """
@@ -22,6 +24,7 @@ from PySide6.QtGui import QBrush, QColor, QFont, QImage, QPainter, QPen, QPixmap
 from PySide6.QtWidgets import (
     QFrame,
     QGraphicsItem,
+    QGraphicsLineItem,
     QGraphicsPixmapItem,
     QGraphicsRectItem,
     QGraphicsScene,
@@ -92,6 +95,7 @@ class ImageView(QGraphicsView):
     windowDragged = Signal(float, float)  # dx, dy in screen pixels since the last event
     scrolled = Signal(int)  # +1: next image, -1: previous
     zoomChanged = Signal(float)
+    measured = Signal(object)  # a medrt_gui.measure.Length drawn with the length tool
 
     def __init__(self, parent: object = None) -> None:
         super().__init__(parent)
@@ -119,6 +123,9 @@ class ImageView(QGraphicsView):
         self._opacity = 1.0
         self._wheel = 0
         self._drag: tuple[Qt.MouseButton, QPointF] | None = None
+        self.tool = "window"  # or "length": left drag measures
+        self._measuring: tuple[QPointF, QGraphicsLineItem] | None = None
+        self._lengths: list[QGraphicsItem] = []
 
     # -- content -----------------------------------------------------------------
 
@@ -141,6 +148,7 @@ class ImageView(QGraphicsView):
         self.set_seg(None)
         self.set_crops(())
         self.set_lesions(())
+        self.set_lengths(())
 
     def set_overlay(self, layer: Layer | None) -> None:
         self.overlay.show_layer(layer)
@@ -210,6 +218,41 @@ class ImageView(QGraphicsView):
             item.setOpacity(self._opacity)
             self.scene().addItem(item)
             self._labels.append(item)
+
+    @staticmethod
+    def _length_pen() -> QPen:
+        pen = QPen(QColor(255, 220, 0), 2)
+        pen.setCosmetic(True)  # two screen pixels at any zoom
+        return pen
+
+    def set_lengths(self, lengths: tuple[tuple[object, str], ...] | list[tuple[object, str]]) -> None:
+        """Lines measured on this image, each ``(Length, text)``: the line, and the text
+        at its end, constant size on screen."""
+        for item in self._lengths:
+            self.scene().removeItem(item)
+        self._lengths = []
+        font = QFont()
+        font.setPointSize(10)
+        font.setBold(True)
+        for line, text in lengths:
+            (x0, y0), (x1, y1) = line.a, line.b  # type: ignore[attr-defined]
+            item = QGraphicsLineItem(x0, y0, x1, y1)
+            item.setPen(self._length_pen())
+            item.setZValue(5)
+            label = QGraphicsSimpleTextItem(text)
+            label.setFont(font)
+            label.setBrush(QBrush(QColor(255, 220, 0)))
+            label.setPen(QPen(QColor(0, 0, 0), 0.5))
+            label.setFlag(QGraphicsItem.GraphicsItemFlag.ItemIgnoresTransformations)
+            label.setPos(x1 + 2, y1 + 2)
+            label.setZValue(5)
+            for it in (item, label):
+                self.scene().addItem(it)
+                self._lengths.append(it)
+
+    @property
+    def length_items(self) -> list[QGraphicsItem]:
+        return list(self._lengths)
 
     # -- zoom and pan ----------------------------------------------------------------
 
@@ -335,12 +378,27 @@ class ImageView(QGraphicsView):
         button = event.button()  # type: ignore[attr-defined]
         if button == Qt.MouseButton.LeftButton and event.modifiers() & Qt.KeyboardModifier.ShiftModifier:  # type: ignore[attr-defined]
             button = Qt.MouseButton.MiddleButton
+        if button == Qt.MouseButton.LeftButton and self.tool == "length" and self.image_shape is not None:
+            start = self.mapToScene(event.position().toPoint())  # type: ignore[attr-defined]
+            line = QGraphicsLineItem(start.x(), start.y(), start.x(), start.y())
+            line.setPen(self._length_pen())
+            line.setZValue(5)
+            self.scene().addItem(line)
+            self._measuring = (start, line)
+            event.accept()  # type: ignore[attr-defined]
+            return
         self._drag = (button, event.position())  # type: ignore[attr-defined]
         event.accept()  # type: ignore[attr-defined]
 
     def mouseMoveEvent(self, event: object) -> None:  # noqa: N802
         pos = event.position()  # type: ignore[attr-defined]
         self.hovered.emit(self.scene_pixel(pos))
+        if self._measuring is not None:
+            start, line = self._measuring
+            end = self.mapToScene(pos.toPoint())
+            line.setLine(start.x(), start.y(), end.x(), end.y())
+            event.accept()  # type: ignore[attr-defined]
+            return
         if self._drag is None:
             return
         button, last = self._drag
@@ -356,6 +414,15 @@ class ImageView(QGraphicsView):
 
     def mouseReleaseEvent(self, event: object) -> None:  # noqa: N802
         self._drag = None
+        if self._measuring is not None:
+            from medrt_gui.measure import Length
+
+            start, line = self._measuring
+            self._measuring = None
+            self.scene().removeItem(line)  # the window draws it again with its text
+            end = self.mapToScene(event.position().toPoint())  # type: ignore[attr-defined]
+            if (end - start).manhattanLength() * self.zoom >= 3:  # a click is not a length
+                self.measured.emit(Length((start.x(), start.y()), (end.x(), end.y())))
         event.accept()  # type: ignore[attr-defined]
 
     def leaveEvent(self, event: object) -> None:  # noqa: N802

@@ -45,6 +45,8 @@ HOTKEYS: tuple[Hotkey, ...] = (
     *(Hotkey(f"preset_{p.key}", (p.key,), f"{p.name} window (W {p.width:g} / L {p.level:g})")
       for p in PRESETS),
     Hotkey("toggle_segmentation", ("G",), "Show / hide the AI and SEG overlays", "g"),
+    Hotkey("toggle_length", ("M",), "Length tool on / off (left drag measures in mm)", "m"),
+    Hotkey("clear_measurements", ("Delete", "Backspace"), "Delete the lengths measured on this image", "Del"),
 )
 
 MOUSE: tuple[tuple[str, str], ...] = (
@@ -53,6 +55,7 @@ MOUSE: tuple[tuple[str, str], ...] = (
     ("Left drag", "Window/level (right: wider, down: higher level)"),
     ("Middle drag (or Shift + left drag)", "Pan"),
     ("Right drag", "Zoom"),
+    ("Left drag with the length tool (m)", "Measure a length (mm; \"at detector\" on radiographs)"),
     ("Click a lesion in the list", "Centre and zoom on it"),
 )
 

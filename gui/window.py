@@ -25,6 +25,7 @@ from medrt_gui.imaging import (
     value_text,
     window_lut,
 )
+from medrt_gui.measure import Length, length_text
 from medrt_gui.panels import FOLLOW_MODES, Controls, LesionList, SeriesBrowser
 from medrt_gui.seg import seg_overlay
 from medrt_gui.streams import StreamsMixin
@@ -100,6 +101,8 @@ class MainWindow(QMainWindow, StreamsMixin):
         self.view.scrolled.connect(self.step)
         self.view.windowDragged.connect(self._drag_window)
         self.view.hovered.connect(self._hover)
+        self.view.measured.connect(self._measured)
+        self.measurements: dict[str, list[Length]] = {}  # by image key: lengths drawn with the length tool
         self.view.zoomChanged.connect(lambda _z: self._update_hud())
         self.browser.seriesSelected.connect(self.show_series)
         self.lesion_list.lesionActivated.connect(self.focus_lesion)
@@ -397,6 +400,27 @@ class MainWindow(QMainWindow, StreamsMixin):
     def _cine_rate(self, fps: int) -> None:
         self.cine.setInterval(max(1, round(1000 / max(1, fps))))
 
+    def toggle_length(self) -> None:
+        """The length tool on or off: with it, a left drag measures instead of setting W/L."""
+        on = self.view.tool != "length"
+        self.view.tool = "length" if on else "window"
+        self.view.viewport().setCursor(Qt.CursorShape.CrossCursor if on else Qt.CursorShape.ArrowCursor)
+        self.status("Length tool: drag on the image to measure; m again for window/level, Del clears this image"
+                    if on else "Window/level: left drag")
+
+    def clear_measurements(self) -> None:
+        slot = self.current_slot()
+        if slot is not None and self.measurements.pop(slot.key, None):
+            self.request_render()
+
+    def _measured(self, line: Length) -> None:
+        slot = self.current_slot()
+        if slot is None or slot.frame is None or self.shown_key != slot.key:
+            return
+        self.measurements.setdefault(slot.key, []).append(line)
+        self.status(f"Length: {length_text(line, slot.frame.spacing_mm, slot.frame.spacing_source)}")
+        self.request_render()
+
     def focus_lesion(self, lesion: object) -> None:
         self.view.center_on_box(lesion.bbox, center=lesion.centroid)  # type: ignore[attr-defined]
 
@@ -470,6 +494,8 @@ class MainWindow(QMainWindow, StreamsMixin):
         self.view.set_crops(result.crops if result is not None else ())
         lesions = result.lesions if result is not None else ()
         self.view.set_lesions(lesions)
+        self.view.set_lengths([(line, length_text(line, slot.frame.spacing_mm, slot.frame.spacing_source))
+                               for line in self.measurements.get(slot.key, ())])
         self.lesion_list.show_lesions(lesions)
         self.shown_key = slot.key
         self._update_hud()

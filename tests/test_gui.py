@@ -8,6 +8,7 @@ scene (image and visible layers) at 1:1 in source pixels.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import time
@@ -183,6 +184,72 @@ def test_drag_window_level_and_value_under_cursor(bot, make_window) -> None:  # 
     value = float(w.current_slot().frame.pixels[row, col])
     bot.waitUntil(lambda: f"HU {value:.0f}" in w.hud.text("bottom_left"))
     assert f"({col}, {row})" in w.hover_text
+
+
+def test_length_tool_measures_in_mm_and_stays_with_its_image(bot, make_window) -> None:  # type: ignore[no-untyped-def]
+    from PySide6.QtCore import QPoint, Qt
+    from PySide6.QtTest import QTest
+    from PySide6.QtWidgets import QApplication, QGraphicsSimpleTextItem
+
+    def texts() -> list[str]:
+        deadline = time.monotonic() + 10
+        while w.render_pending and time.monotonic() < deadline:
+            QApplication.processEvents()
+        return [it.text() for it in w.view.length_items if isinstance(it, QGraphicsSimpleTextItem)]
+
+    def drag(a: QPoint, b: QPoint) -> None:
+        QTest.mousePress(vp, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, a)
+        QTest.mouseMove(vp, (a + b) / 2)
+        QTest.mouseMove(vp, b)
+        QTest.mouseRelease(vp, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, b)
+
+    w = make_window(analysis=False)
+    w.open_path(CT)
+    wait_shown(bot, w)
+    vp = w.view.viewport()
+    c = vp.rect().center()
+    window0 = w.current_window()
+    key_click(bot, w, Qt.Key.Key_M)
+    assert w.view.tool == "length"
+    a, b = c + QPoint(-60, -20), c + QPoint(60, 40)
+    drag(a, b)
+    assert w.current_window() == window0  # a length, not a window/level drag
+    frame, key = w.current_slot().frame, w.current_slot().key
+    pa, pb = w.view.mapToScene(a), w.view.mapToScene(b)
+    (line,) = w.measurements[key]
+    assert line.a == pytest.approx((pa.x(), pa.y())) and line.b == pytest.approx((pb.x(), pb.y()))
+    mm = math.hypot((pb.x() - pa.x()) * frame.spacing_mm[1], (pb.y() - pa.y()) * frame.spacing_mm[0])
+    assert texts() == [f"{mm:.1f} mm"] and f"Length: {mm:.1f} mm" in w.statusBar().currentMessage()
+    assert 20 < mm < 200  # 120 × 60 screen pixels of a 512² slice fitted in the window, at under 1 mm a pixel
+    yellow = rendered(w)
+    assert ((yellow[:, :, 0] > 200) & (yellow[:, :, 1] > 180) & (yellow[:, :, 2] < 80)).sum() > 50  # drawn, exported
+    drag(c, c + QPoint(1, 1))  # a click is not a length
+    assert len(w.measurements[key]) == 1
+    key_click(bot, w, Qt.Key.Key_Down)
+    wait_shown(bot, w)
+    assert texts() == []  # another image: its own measurements (none)
+    key_click(bot, w, Qt.Key.Key_Up)
+    wait_shown(bot, w)
+    assert texts() == [f"{mm:.1f} mm"]
+    key_click(bot, w, Qt.Key.Key_Delete)
+    assert texts() == [] and key not in w.measurements
+    key_click(bot, w, Qt.Key.Key_M)
+    assert w.view.tool == "window"
+    drag(c, c + QPoint(60, 30))
+    assert w.current_window() != window0 and key not in w.measurements
+
+
+def test_length_text_says_what_a_millimetre_means():
+    from medrt_gui.measure import Length, length_mm, length_text
+
+    from medrt.types import SpacingSource
+
+    line = Length((10.0, 10.0), (13.0, 14.0))  # 3 columns, 4 rows
+    assert length_mm(line, (2.0, 1.0)) == pytest.approx(math.hypot(3 * 1.0, 4 * 2.0))
+    assert length_text(line, (0.5, 0.5), SpacingSource.PIXEL_SPACING) == "2.5 mm"
+    assert length_text(line, (0.5, 0.5), SpacingSource.IMAGER_PIXEL_SPACING) == "2.5 mm at detector"
+    assert length_text(line, (0.5, 0.5), "NominalScannedPixelSpacing") == "2.5 mm (scanned film)"
+    assert length_text(line, None, SpacingSource.NONE) == "5.0 px"  # never an invented mm value
 
 
 def test_zoom_fit_pan_and_series_keys(bot, make_window) -> None:  # type: ignore[no-untyped-def]
