@@ -17,6 +17,7 @@ is answered Success once the request is on disk in the spool's index, and report
 on an association of medrt's own. It answers 0x0110 (processing failure) to a sender
 not in the table, 0x0115 (invalid argument) to a malformed request, 0x0123 to another
 action type, and 0x0213 (resource limitation) when the disk refuses.
+
 Logs name instances by UID and peers by AE title, never by patient.
 """
 
