@@ -203,21 +203,27 @@ class ImageView(QGraphicsView):
         for item in self._labels:
             self.scene().removeItem(item)
         self._labels = []
-        font = QFont()
-        font.setPointSize(10)
-        font.setBold(True)
         for i, les in enumerate(lesions, start=1):
-            item = QGraphicsSimpleTextItem(str(i))
-            item.setFont(font)
-            item.setBrush(QBrush(QColor(*lesion_color(max(les.label, 1)))))
-            item.setPen(QPen(QColor(0, 0, 0), 0.5))
-            item.setFlag(QGraphicsItem.GraphicsItemFlag.ItemIgnoresTransformations)
-            item.setPos(les.bbox[3] + 1, les.bbox[0])
-            item.setZValue(4)
+            item = self._label(str(i), QColor(*lesion_color(max(les.label, 1))), les.bbox[3] + 1, les.bbox[0], z=4)
             item.setVisible(self._overlays_on and self.labels_visible)
             item.setOpacity(self._opacity)
             self.scene().addItem(item)
             self._labels.append(item)
+
+    @staticmethod
+    def _label(text: str, color: QColor, x: float, y: float, z: float) -> QGraphicsSimpleTextItem:
+        """Bold text outlined in black at scene point (x, y), the same size on screen at any zoom."""
+        font = QFont()
+        font.setPointSize(10)
+        font.setBold(True)
+        item = QGraphicsSimpleTextItem(text)
+        item.setFont(font)
+        item.setBrush(QBrush(color))
+        item.setPen(QPen(QColor(0, 0, 0), 0.5))
+        item.setFlag(QGraphicsItem.GraphicsItemFlag.ItemIgnoresTransformations)
+        item.setPos(x, y)
+        item.setZValue(z)
+        return item
 
     @staticmethod
     def _length_pen() -> QPen:
@@ -231,21 +237,12 @@ class ImageView(QGraphicsView):
         for item in self._lengths:
             self.scene().removeItem(item)
         self._lengths = []
-        font = QFont()
-        font.setPointSize(10)
-        font.setBold(True)
         for line, text in lengths:
             (x0, y0), (x1, y1) = line.a, line.b  # type: ignore[attr-defined]
             item = QGraphicsLineItem(x0, y0, x1, y1)
             item.setPen(self._length_pen())
             item.setZValue(5)
-            label = QGraphicsSimpleTextItem(text)
-            label.setFont(font)
-            label.setBrush(QBrush(QColor(255, 220, 0)))
-            label.setPen(QPen(QColor(0, 0, 0), 0.5))
-            label.setFlag(QGraphicsItem.GraphicsItemFlag.ItemIgnoresTransformations)
-            label.setPos(x1 + 2, y1 + 2)
-            label.setZValue(5)
+            label = self._label(text, QColor(255, 220, 0), x1 + 2, y1 + 2, z=5)
             for it in (item, label):
                 self.scene().addItem(it)
                 self._lengths.append(it)

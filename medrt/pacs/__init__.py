@@ -6,5 +6,7 @@
   image is on disk;
 - :mod:`medrt.pacs.service`: complete series through the batch core (the same analyzer
   for every series), SEG/SR (and SC) forwarded;
-- :mod:`medrt.pacs.scu`: the Storage SCU that forwards them.
+- :mod:`medrt.pacs.scu`: the Storage SCU that forwards them;
+- :mod:`medrt.pacs.commitment`: storage commitment reports to the senders;
+- :mod:`medrt.pacs.loop`: the background thread the worker and the reporter share.
 """

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 import logging
 import ssl
-import threading
 from collections.abc import Mapping
 from typing import Any
 
+from medrt.pacs.loop import BackgroundLoop
 from medrt.pacs.scu import Destination, ForwardError, new_ae
 from medrt.pacs.spool import Commitment, Spool, check_uid
 
@@ -119,7 +119,7 @@ def send_report(dest: Destination, event_type: int, info: Any, *, calling_ae: st
             assoc.release()
 
 
-class CommitmentReporter:
+class CommitmentReporter(BackgroundLoop):
     """Sends the report of each storage commitment request in ``spool`` to its sender.
 
     ``peers`` maps a calling AE title to the address its reports go to. Run
@@ -127,6 +127,8 @@ class CommitmentReporter:
     :meth:`notify` is called (the listener does, after each request) and every
     ``tick_s``.
     """
+
+    thread_name = "medrt-commitment"
 
     def __init__(self, spool: Spool, peers: Mapping[str, Destination], *, ae_title: str = "MEDRT",
                  retry_s: float = 60.0, tls: ssl.SSLContext | None = None) -> None:
@@ -136,9 +138,7 @@ class CommitmentReporter:
         self.retry_s = retry_s
         self.tls = tls
         self.reported = 0
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
 
     def run_once(self, now: float | None = None) -> list[tuple[Commitment, str]]:
         """Report every request due now; returns each with ``"reported"`` or the reason it failed."""
@@ -170,26 +170,3 @@ class CommitmentReporter:
         self.reported += 1
         log.info("commitment: transaction %s reported to %s: %s", request.transaction_uid, dest, detail)
         return "reported"
-
-    def notify(self) -> None:
-        self._wake.set()
-
-    def start(self, tick_s: float = 5.0) -> None:
-        def loop() -> None:
-            while not self._stop.is_set():
-                try:
-                    self.run_once()
-                except Exception:  # noqa: BLE001 - e.g. the index's disk went away; log, keep serving
-                    log.exception("commitment: reporting pass failed; trying again")
-                self._wake.wait(tick_s)
-                self._wake.clear()
-
-        self._thread = threading.Thread(target=loop, name="medrt-commitment", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None

@@ -18,13 +18,13 @@ peer refuses or cannot take, is left ``failed`` with the reason and tried again 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from medrt.pacs.loop import BackgroundLoop
 from medrt.pacs.scu import Destination, ForwardError, failed, send
 from medrt.pacs.spool import SeriesState, Spool
 from medrt.privacy import describe_exception
@@ -56,10 +56,12 @@ def result_files(out: Path) -> list[Path]:
     return [p for p in found if not p.name.startswith(".")]
 
 
-class PacsService:
+class PacsService(BackgroundLoop):
     """Turns due series in ``spool`` into results under ``out``, forwarded to ``forward``
     (one destination or several) and, with ``to_sender``, back to the sender's address in
     ``peers`` (calling AE title → :class:`Destination`)."""
+
+    thread_name = "medrt-listener-worker"
 
     def __init__(self, spool: Spool, out: str | Path, analyzer: Any, *,
                  forward: Destination | Sequence[Destination] | None = None,
@@ -83,9 +85,7 @@ class PacsService:
         self.workers = workers
         self.keep_s = keep_s  # None: keep received images for ever; else purge done series this much older
         self._last_purge = 0.0
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
         self.outcomes: list[SeriesOutcome] = []
         self.on_outcome: Any = None  # callable(SeriesOutcome), e.g. the CLI's line per series
 
@@ -190,29 +190,3 @@ class PacsService:
     def _timed(outcome: SeriesOutcome, t0: float) -> SeriesOutcome:
         outcome.elapsed_s = time.perf_counter() - t0
         return outcome
-
-    # -- in the background -------------------------------------------------------------------------------------
-
-    def notify(self, series_uid: str = "") -> None:
-        """An image arrived: look again at the next tick (``Listener.on_stored``)."""
-        self._wake.set()
-
-    def start(self, tick_s: float = 0.5) -> None:
-        def loop() -> None:
-            while not self._stop.is_set():
-                try:
-                    self.run_once()
-                except Exception:  # noqa: BLE001 - e.g. the index's disk went away; log, keep serving
-                    log.exception("listener: worker pass failed; trying again")
-                self._wake.wait(tick_s)
-                self._wake.clear()
-
-        self._thread = threading.Thread(target=loop, name="medrt-listener-worker", daemon=True)
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 30.0) -> None:
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-            self._thread = None
