@@ -4,8 +4,9 @@ Images are acknowledged only once they are on disk in the spool. A series is com
 when nothing has arrived for it for ``--idle`` seconds; it then goes through the same
 batch core as ``medrt batch`` (one analyzer, loaded and warmed once), its results are
 written to ``--out/<SeriesInstanceUID>/`` and, with ``--forward AET@HOST:PORT`` (and
-``--forward-to-sender``), its SEG and SR (and SC with ``--sc``) are sent there by C-STORE. After a crash or a restart, the
-spool's unfinished series are done first. Stop with Ctrl-C or SIGTERM.
+``--forward-to-sender``), its SEG and SR (and SC with ``--sc``) are sent there by
+C-STORE. With ``--peer``, senders may ask for storage commitment. After a crash or a
+restart, the spool's unfinished series are done first. Stop with Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
