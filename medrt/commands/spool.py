@@ -2,9 +2,10 @@
 
 For the people who run ``medrt listen``: one line per series (state, images, modality,
 the AE title that sent it, when its last image came, attempts, and the reason of a
-failure), the totals, the disk, and storage commitment reports not yet delivered. ``--requeue UID`` or ``--requeue-failed`` puts done or
-failed series back in the queue; a running listener takes them at its next pass
-(analysis resumes what is unchanged, the results are forwarded again). Safe while the
+failure), the totals, the disk, and storage commitment reports not yet delivered.
+``--requeue UID`` or ``--requeue-failed`` puts done or failed series back in the queue; a
+running listener takes them at its next pass (analysis resumes what is unchanged, the
+results are forwarded again). Safe while the
 listener runs: the spool's index is SQLite in WAL mode. Series are named by UID, callers
 by AE title; nothing here reads a patient's name or ID.
 """
