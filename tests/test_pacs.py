@@ -179,6 +179,35 @@ def test_listener_refuses_what_it_cannot_file_or_store_and_keeps_serving(tmp_pat
     assert good.SOPInstanceUID in caplog.text and "SCANNER" in caplog.text
 
 
+def test_allow_from_closes_connections_from_other_networks(tmp_path, caplog):
+    """--allow-from: the site's scanners' and PACS' networks only; any other address has its
+    TCP connection closed before any DICOM (a calling AE title is easy to copy, an address
+    on the hospital network less so)."""
+    from pynetdicom import AE
+    from pynetdicom.sop_class import Verification
+
+    def echo(port: int) -> bool:
+        ae = AE(ae_title="SCANNER")
+        ae.add_requested_context(Verification)
+        assoc = ae.associate("127.0.0.1", port, ae_title="MEDRT")
+        established = assoc.is_established
+        if established:
+            assert int(assoc.send_c_echo().Status) == 0
+            assoc.release()
+        return established
+
+    spool = Spool(tmp_path / "spool")
+    with Listener(spool, host="127.0.0.1", port=0, allowed_networks=["10.0.0.0/8", "fd00::/8"]) as listener:
+        assert not echo(listener.port)
+        assert listener.connections_refused == 1
+    with Listener(spool, host="127.0.0.1", port=0, allowed_networks=["10.0.0.0/8", "127.0.0.1"]) as listener:
+        assert echo(listener.port) and listener.connections_refused == 0
+    assert "connection from 127.0.0.1 refused: not in --allow-from" in caplog.text
+    with pytest.raises(SystemExit) as exc:
+        main(["listen", "--spool", str(tmp_path / "cli"), "--allow-from", "hospital.lan"])
+    assert exc.value.code == 2 and not (tmp_path / "cli").exists()
+
+
 def test_a_spool_short_of_disk_refuses_images_until_there_is_room(tmp_path, caplog):
     """Below --min-free the listener answers 0xA700 before writing anything (the sender keeps
     the image), instead of filling the disk the index and results share; with room again, the

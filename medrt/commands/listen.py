@@ -37,6 +37,16 @@ def _destination(text: str) -> Any:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _network(text: str) -> str:
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_network(text.strip(), strict=False))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an address or network (10.2.0.0/16, 192.168.1.7, "
+                                         f"fd00::/8), got {text!r}") from None
+
+
 def _peers(values: list[Any] | None) -> dict[str, Any]:
     """The peer table from repeated ``--peer AET@HOST:PORT``; one address per AE title."""
     peers: dict[str, Any] = {}
@@ -119,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     reporter = CommitmentReporter(spool, peers, ae_title=args.ae_title, retry_s=args.retry, tls=forward_tls)
     listener = Listener(spool, ae_title=args.ae_title, host=args.bind, port=args.port,
                         allowed_callers=args.allow or (), on_stored=service.notify, tls=tls, peers=peers,
-                        on_commitment=reporter.notify)
+                        on_commitment=reporter.notify, allowed_networks=args.allow_from or ())
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -152,7 +162,8 @@ def run(args: argparse.Namespace) -> int:
         spool.close()
     c = listener.counts
     print(f"medrt listen: stopped; {c['stored']} image(s) stored, {c['refused']} refused, {c['failed']} not stored, "
-          f"{len(service.outcomes)} series processed"
+          + (f"{listener.connections_refused} connection(s) refused (--allow-from), " if args.allow_from else "")
+          + f"{len(service.outcomes)} series processed"
           + (f", {c['commitments']} storage commitment request(s), {reporter.reported} reported" if peers else ""),
           flush=True)
     return 0
@@ -168,6 +179,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--port", type=int, default=11112, help="TCP port (default 11112; 0: any free port)")
     p.add_argument("--allow", action="append", type=_ae_title, metavar="AET",
                    help="accept associations only from this calling AE title (repeatable; default: any)")
+    p.add_argument("--allow-from", action="append", type=_network, metavar="CIDR",
+                   help="accept connections only from this address or network, e.g. 10.2.0.0/16 (repeatable; "
+                        "default: any)")
     p.add_argument("--forward", type=_destination, action="append", metavar="AET@HOST:PORT",
                    help="send each series' SEG and SR (and SC with --sc) there by C-STORE (repeatable)")
     p.add_argument("--forward-to-sender", action="store_true",

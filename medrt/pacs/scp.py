@@ -23,6 +23,7 @@ Logs name instances by UID and peers by AE title, never by patient.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import sqlite3
 import ssl
@@ -94,12 +95,15 @@ class Listener:
     DICOM over TLS only. ``peers`` (calling AE title → :class:`~medrt.pacs.scu.Destination`)
     turns on storage commitment for those callers; ``on_commitment()`` is called after
     each request recorded (wake the :class:`~medrt.pacs.commitment.CommitmentReporter`).
+    ``allowed_networks`` (CIDR strings), when not empty, are the addresses connections are
+    taken from; any other is closed at once (TCP, before any DICOM).
     """
 
     def __init__(self, spool: Spool, *, ae_title: str = "MEDRT", host: str = "0.0.0.0", port: int = 11112,
                  allowed_callers: Sequence[str] = (), on_stored: Callable[[str], None] | None = None,
                  require_called_aet: bool = True, tls: ssl.SSLContext | None = None,
-                 peers: Mapping[str, Any] | None = None, on_commitment: Callable[[], None] | None = None) -> None:
+                 peers: Mapping[str, Any] | None = None, on_commitment: Callable[[], None] | None = None,
+                 allowed_networks: Sequence[str] = ()) -> None:
         self.spool = spool
         self.peers = dict(peers or {})
         self.on_commitment = on_commitment
@@ -111,6 +115,8 @@ class Listener:
         self.on_stored = on_stored
         self.require_called_aet = require_called_aet
         self.counts = {"stored": 0, "refused": 0, "failed": 0, "commitments": 0}
+        self.allowed_networks = [ipaddress.ip_network(n, strict=False) for n in allowed_networks]
+        self.connections_refused = 0
         self._lock = threading.Lock()
         self._server: Any = None
 
@@ -140,8 +146,16 @@ class Listener:
         ae.maximum_pdu_size = 0  # no limit on what a peer may send per P-DATA
         handlers = [(evt.EVT_C_STORE, self._on_store), (evt.EVT_C_ECHO, lambda event: STATUS_SUCCESS),
                     (evt.EVT_CONN_OPEN, self._on_open), (evt.EVT_N_ACTION, self._on_action)]
-        self._server = ae.start_server((self.host, self.requested_port), block=False, evt_handlers=handlers,
-                                       ssl_context=self.tls)
+        from pynetdicom.transport import ThreadedAssociationServer
+
+        server = ae.make_server((self.host, self.requested_port), evt_handlers=handlers, ssl_context=self.tls,
+                                server_class=ThreadedAssociationServer)
+        # socketserver asks verify_request before a connection gets a handler: one from an
+        # address outside allowed_networks is closed there, before any DICOM (or TLS) exchange.
+        server.verify_request = self._verify_address
+        ae._servers.append(server)  # as AE.start_server does: the server's shutdown() removes it there
+        threading.Thread(target=server.serve_forever, name="medrt-listener-accept", daemon=True).start()
+        self._server = server
         log.info("listener: %s listening on %s:%d%s (spool %s)", self.ae_title, self.host, self.port,
                  " over TLS" if self.tls is not None else "", self.spool.root)
 
@@ -161,6 +175,18 @@ class Listener:
     def _count(self, what: str) -> None:
         with self._lock:
             self.counts[what] += 1
+
+    def _verify_address(self, request: Any, client_address: tuple[Any, ...]) -> bool:
+        if not self.allowed_networks:
+            return True
+        address = ipaddress.ip_address(str(client_address[0]).split("%")[0])
+        mapped = getattr(address, "ipv4_mapped", None)  # ::ffff:a.b.c.d on a dual-stack socket
+        if any(address in net or (mapped is not None and mapped in net) for net in self.allowed_networks):
+            return True
+        with self._lock:
+            self.connections_refused += 1
+        log.warning("listener: connection from %s refused: not in --allow-from", address)
+        return False
 
     @staticmethod
     def _on_open(event: Any) -> None:
