@@ -151,7 +151,8 @@ class Listener:
         server = ae.make_server((self.host, self.requested_port), evt_handlers=handlers, ssl_context=self.tls,
                                 server_class=ThreadedAssociationServer)
         # socketserver asks verify_request before a connection gets a handler: one from an
-        # address outside allowed_networks is closed there, before any DICOM (or TLS) exchange.
+        # address outside allowed_networks is closed there, before any DICOM exchange (over TLS,
+        # pynetdicom has done the handshake by then: it wraps the socket as it accepts it).
         server.verify_request = self._verify_address
         ae._servers.append(server)  # as AE.start_server does: the server's shutdown() removes it there
         threading.Thread(target=server.serve_forever, name="medrt-listener-accept", daemon=True).start()
