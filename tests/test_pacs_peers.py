@@ -170,6 +170,10 @@ def test_a_report_the_sender_cannot_take_is_kept_and_sent_after_a_restart(tmp_pa
     kind, info, _ = scanner.reports.get(timeout=30)
     assert kind == 1 and str(info.TransactionUID) == "2.25.7" and len(info.ReferencedSOPSequence) == 2
     assert [c.state for c in again.all_commitments()] == ["reported"]
+    again.add_commitment("2.25.8", "SCANNER", held, now=10.0)  # a report never delivered, for days
+    again.mark_commitment("2.25.8", "failed", "report not delivered: ...", now=11.0)
+    again.purge(7 * 86400.0, now=10.0 + 8 * 86400.0)
+    assert [c.transaction_uid for c in again.all_commitments()] == ["2.25.7"]  # the recent one stays
     scanner.close()
 
 

@@ -374,6 +374,8 @@ class Spool:
         ``older_than_s`` (their results stay in the results folder); returns their UIDs.
 
         A series that is not done (waiting, failed, being analysed) is never purged.
+        Storage commitment requests that old go too: reported ones, and those whose report
+        no one took in all that time (logged as given up).
         """
         now = time.time() if now is None else now
         with self._lock:
@@ -391,8 +393,13 @@ class Spool:
                 self._db.execute("COMMIT")
                 shutil.rmtree(self.inbox / uid, ignore_errors=True)
             purged.append(uid)
-        with self._lock:
-            self._db.execute("DELETE FROM commitments WHERE state = 'reported' AND received < ?", (now - older_than_s,))
+        with self._lock:  # commitment requests as old: reported ones, and reports no one took for that long
+            gone = self._db.execute("SELECT transaction_uid, calling_ae FROM commitments WHERE state != 'reported'"
+                                    " AND received < ?", (now - older_than_s,)).fetchall()
+            self._db.execute("DELETE FROM commitments WHERE received < ?", (now - older_than_s,))
+        for transaction, calling in gone:
+            log.warning("spool: storage commitment report %s for %s never delivered in %.1f day(s); given up",
+                        transaction, calling, older_than_s / 86400)
         if purged:
             log.info("spool: purged the images of %d series done over %.1f day(s) ago", len(purged),
                      older_than_s / 86400)
