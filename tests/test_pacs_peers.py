@@ -186,6 +186,13 @@ def test_event_report_lists_successes_and_failures_apart():
     assert main(["listen", "--spool", "/nonexistent/x", "--peer", "A@h:1", "--peer", "A@h:2"]) == 2
 
 
+def test_listen_says_when_a_peer_could_never_connect(tmp_path, capsys):
+    """--allow without the peer's AE title: its requests could never arrive; said at start."""
+    assert main(["listen", "--spool", str(tmp_path / "s"), "--allow", "CT1", "--peer", "PACS@127.0.0.1:1",
+                 "--forward-to-sender", "--min-free", "-1"]) == 2  # stops at the next check, after the warning
+    assert "--peer PACS: not in --allow, so it cannot connect" in capsys.readouterr().err
+
+
 def test_results_go_back_to_the_sender_and_to_every_destination(tmp_path, storescp):
     """Two PACS send to one medrt: each gets its own series' results back at its --peer
     address, the central archive (--forward) gets both; a sender without an address is

@@ -103,17 +103,22 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError: a key that does not match, a bad file
         print(f"medrt listen: TLS: {exc}", file=sys.stderr)
         return 2
-    if args.min_free < 0:
-        print("medrt listen: --min-free takes MiB >= 0", file=sys.stderr)
-        return 2
     try:
         peers = _peers(args.peer)
     except ValueError as exc:
         print(f"medrt listen: {exc}", file=sys.stderr)
         return 2
+    unreachable = [ae for ae in peers if args.allow and ae not in args.allow]
+    if unreachable:
+        print(f"medrt listen: --peer {', '.join(unreachable)}: not in --allow, so "
+              f"{'it' if len(unreachable) == 1 else 'they'} cannot connect at all: no images, no storage commitment "
+              f"(add --allow {unreachable[0]})", file=sys.stderr)
     if args.forward_to_sender and not peers:
         print("medrt listen: --forward-to-sender needs the senders' addresses: --peer AET@HOST:PORT for each",
               file=sys.stderr)
+        return 2
+    if args.min_free < 0:
+        print("medrt listen: --min-free takes MiB >= 0", file=sys.stderr)
         return 2
     spool = Spool(args.spool, min_free_bytes=int(args.min_free * 2**20))
     out = Path(args.out) if args.out else spool.root / "results"
