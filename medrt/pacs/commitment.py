@@ -17,7 +17,8 @@ association). That is how IHE RAD-10 and Orthanc expect it: most senders release
 association as soon as the N-ACTION is answered. A sender not in the table gets its
 N-ACTION refused (0x0110, with the reason), rather than a promise of a report that
 could never arrive. A report that cannot be delivered (the sender is down) is kept and
-sent again after ``retry_s``, also after a restart.
+sent again after ``retry_s``, also after a restart, until the spool's purge gives it up
+(``--keep-days``).
 
 What medrt commits to: it holds the images in its spool until their series is done and
 ``--keep-days`` have passed. It is an analysis node, not an archive; a scanner that
@@ -35,7 +36,8 @@ from medrt.pacs.loop import BackgroundLoop
 from medrt.pacs.scu import Destination, ForwardError, new_ae
 from medrt.pacs.spool import Commitment, Spool, check_uid
 
-__all__ = ["CommitmentReporter", "parse_request", "event_report", "send_report", "STORAGE_COMMITMENT_INSTANCE"]
+__all__ = ["CommitmentReporter", "parse_request", "event_report", "send_report", "STORAGE_COMMITMENT_CLASS",
+           "STORAGE_COMMITMENT_INSTANCE", "REQUEST_STORAGE_COMMITMENT"]
 
 log = logging.getLogger(__name__)
 
