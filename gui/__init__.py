@@ -6,7 +6,7 @@ with ``medrt view [PATH]`` or the ``medrt-viewer`` GUI script.
 
 Modules: ``imaging`` (window/level LUTs, presets; no Qt), ``study`` (series,
 slots, problems; no Qt), ``seg`` (DICOM SEG reading; no Qt), ``measure`` (lengths
-in mm; no Qt), ``hotkeys`` (the key table Help lists), ``bridge`` (pipeline sessions, the Qt sink, the
+and ROI statistics; no Qt), ``hotkeys`` (the key table Help lists), ``bridge`` (pipeline sessions, the Qt sink, the
 decoder), ``canvas`` (the image view), ``hud``, ``panels``, ``streams`` and
 ``window`` (the main window), ``app`` (QApplication, screenshots).
 """

@@ -7,10 +7,12 @@ lines up with the image by construction:
 - z 0: the windowed grey image (a QImage over a numpy buffer the item keeps);
 - z 1: the DICOM SEG layer; z 2: the AI overlay (RGBA from ``medrt.overlay``);
 - z 3: ROI crop boxes; z 4: lesion numbers (constant size on screen);
-- z 5: lengths measured with the length tool, each with its text.
+- z 5: lengths and elliptical ROIs measured with the length and ellipse tools, each
+  with its text.
 
 Mouse: wheel scrolls images (Ctrl+wheel zooms), left drag is window/level (with
-the length tool, ``tool = "length"``, it draws a line and emits ``measured``),
+the length or ellipse tool, ``tool = "length"`` or ``"ellipse"``, it draws one and
+emits ``measured``),
 middle drag (or Shift+left) pans, right drag zooms. The value under the cursor
 is reported through ``hovered``.
 """
@@ -23,6 +25,7 @@ from PySide6.QtCore import QPointF, QRectF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QImage, QPainter, QPen, QPixmap
 from PySide6.QtWidgets import (
     QFrame,
+    QGraphicsEllipseItem,
     QGraphicsItem,
     QGraphicsLineItem,
     QGraphicsPixmapItem,
@@ -95,7 +98,7 @@ class ImageView(QGraphicsView):
     windowDragged = Signal(float, float)  # dx, dy in screen pixels since the last event
     scrolled = Signal(int)  # +1: next image, -1: previous
     zoomChanged = Signal(float)
-    measured = Signal(object)  # a medrt_gui.measure.Length drawn with the length tool
+    measured = Signal(object)  # a medrt_gui.measure.Length or Ellipse drawn with its tool
 
     def __init__(self, parent: object = None) -> None:
         super().__init__(parent)
@@ -123,8 +126,8 @@ class ImageView(QGraphicsView):
         self._opacity = 1.0
         self._wheel = 0
         self._drag: tuple[Qt.MouseButton, QPointF] | None = None
-        self.tool = "window"  # or "length": left drag measures
-        self._measuring: tuple[QPointF, QGraphicsLineItem] | None = None
+        self.tool = "window"  # or "length" / "ellipse": left drag measures
+        self._measuring: tuple[QPointF, QGraphicsItem] | None = None
         self._lengths: list[QGraphicsItem] = []
 
     # -- content -----------------------------------------------------------------
@@ -148,7 +151,7 @@ class ImageView(QGraphicsView):
         self.set_seg(None)
         self.set_crops(())
         self.set_lesions(())
-        self.set_lengths(())
+        self.set_measurements(())
 
     def set_overlay(self, layer: Layer | None) -> None:
         self.overlay.show_layer(layer)
@@ -231,24 +234,34 @@ class ImageView(QGraphicsView):
         pen.setCosmetic(True)  # two screen pixels at any zoom
         return pen
 
-    def set_lengths(self, lengths: tuple[tuple[object, str], ...] | list[tuple[object, str]]) -> None:
-        """Lines measured on this image, each ``(Length, text)``: the line, and the text
-        at its end, constant size on screen."""
+    def _shape_item(self, kind: str, x0: float, y0: float, x1: float, y1: float) -> QGraphicsItem:
+        """A line, or the ellipse in the box, from (x0, y0) to (x1, y1), in the measuring pen."""
+        if kind == "ellipse":
+            item: QGraphicsItem = QGraphicsEllipseItem(QRectF(QPointF(x0, y0), QPointF(x1, y1)).normalized())
+        else:
+            item = QGraphicsLineItem(x0, y0, x1, y1)
+        item.setPen(self._length_pen())  # type: ignore[attr-defined]
+        item.setZValue(5)
+        return item
+
+    def set_measurements(self, shapes: tuple[tuple[object, str], ...] | list[tuple[object, str]]) -> None:
+        """What was measured on this image, each ``(Length or Ellipse, text)``: the shape,
+        and its text beside it, constant size on screen."""
+        from medrt_gui.measure import Ellipse
+
         for item in self._lengths:
             self.scene().removeItem(item)
         self._lengths = []
-        for line, text in lengths:
-            (x0, y0), (x1, y1) = line.a, line.b  # type: ignore[attr-defined]
-            item = QGraphicsLineItem(x0, y0, x1, y1)
-            item.setPen(self._length_pen())
-            item.setZValue(5)
-            label = self._label(text, QColor(255, 220, 0), x1 + 2, y1 + 2, z=5)
+        for shape, text in shapes:
+            (x0, y0), (x1, y1) = shape.a, shape.b  # type: ignore[attr-defined]
+            item = self._shape_item("ellipse" if isinstance(shape, Ellipse) else "length", x0, y0, x1, y1)
+            label = self._label(text, QColor(255, 220, 0), max(x0, x1) + 2, max(y0, y1) + 2, z=5)
             for it in (item, label):
                 self.scene().addItem(it)
                 self._lengths.append(it)
 
     @property
-    def length_items(self) -> list[QGraphicsItem]:
+    def measurement_items(self) -> list[QGraphicsItem]:
         return list(self._lengths)
 
     # -- zoom and pan ----------------------------------------------------------------
@@ -375,13 +388,11 @@ class ImageView(QGraphicsView):
         button = event.button()  # type: ignore[attr-defined]
         if button == Qt.MouseButton.LeftButton and event.modifiers() & Qt.KeyboardModifier.ShiftModifier:  # type: ignore[attr-defined]
             button = Qt.MouseButton.MiddleButton
-        if button == Qt.MouseButton.LeftButton and self.tool == "length" and self.image_shape is not None:
+        if button == Qt.MouseButton.LeftButton and self.tool in ("length", "ellipse") and self.image_shape is not None:
             start = self.mapToScene(event.position().toPoint())  # type: ignore[attr-defined]
-            line = QGraphicsLineItem(start.x(), start.y(), start.x(), start.y())
-            line.setPen(self._length_pen())
-            line.setZValue(5)
-            self.scene().addItem(line)
-            self._measuring = (start, line)
+            item = self._shape_item(self.tool, start.x(), start.y(), start.x(), start.y())
+            self.scene().addItem(item)
+            self._measuring = (start, item)
             event.accept()  # type: ignore[attr-defined]
             return
         self._drag = (button, event.position())  # type: ignore[attr-defined]
@@ -391,9 +402,12 @@ class ImageView(QGraphicsView):
         pos = event.position()  # type: ignore[attr-defined]
         self.hovered.emit(self.scene_pixel(pos))
         if self._measuring is not None:
-            start, line = self._measuring
+            start, item = self._measuring
             end = self.mapToScene(pos.toPoint())
-            line.setLine(start.x(), start.y(), end.x(), end.y())
+            if isinstance(item, QGraphicsEllipseItem):
+                item.setRect(QRectF(start, end).normalized())
+            else:
+                item.setLine(start.x(), start.y(), end.x(), end.y())  # type: ignore[attr-defined]
             event.accept()  # type: ignore[attr-defined]
             return
         if self._drag is None:
@@ -412,14 +426,15 @@ class ImageView(QGraphicsView):
     def mouseReleaseEvent(self, event: object) -> None:  # noqa: N802
         self._drag = None
         if self._measuring is not None:
-            from medrt_gui.measure import Length
+            from medrt_gui.measure import Ellipse, Length
 
-            start, line = self._measuring
+            start, item = self._measuring
             self._measuring = None
-            self.scene().removeItem(line)  # the window draws it again with its text
+            self.scene().removeItem(item)  # the window draws it again with its text
             end = self.mapToScene(event.position().toPoint())  # type: ignore[attr-defined]
-            if (end - start).manhattanLength() * self.zoom >= 3:  # a click is not a length
-                self.measured.emit(Length((start.x(), start.y()), (end.x(), end.y())))
+            if (end - start).manhattanLength() * self.zoom >= 3:  # a click is not a measurement
+                kind = Ellipse if isinstance(item, QGraphicsEllipseItem) else Length
+                self.measured.emit(kind((start.x(), start.y()), (end.x(), end.y())))
         event.accept()  # type: ignore[attr-defined]
 
     def leaveEvent(self, event: object) -> None:  # noqa: N802

@@ -46,7 +46,9 @@ HOTKEYS: tuple[Hotkey, ...] = (
       for p in PRESETS),
     Hotkey("toggle_segmentation", ("G",), "Show / hide the AI and SEG overlays", "g"),
     Hotkey("toggle_length", ("M",), "Length tool on / off (left drag measures in mm)", "m"),
-    Hotkey("clear_measurements", ("Delete", "Backspace"), "Delete the lengths measured on this image", "Del"),
+    Hotkey("toggle_ellipse", ("E",), "Ellipse ROI tool on / off (left drag: mean, SD and area)", "e"),
+    Hotkey("clear_measurements", ("Delete", "Backspace"), "Delete the lengths and ROIs measured on this image",
+           "Del"),
 )
 
 MOUSE: tuple[tuple[str, str], ...] = (
@@ -56,6 +58,7 @@ MOUSE: tuple[tuple[str, str], ...] = (
     ("Middle drag (or Shift + left drag)", "Pan"),
     ("Right drag", "Zoom"),
     ("Left drag with the length tool (m)", "Measure a length (mm; \"at detector\" on radiographs)"),
+    ("Left drag with the ellipse tool (e)", "An ROI: mean and SD (HU on CT) and area"),
     ("Click a lesion in the list", "Centre and zoom on it"),
 )
 

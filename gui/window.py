@@ -25,7 +25,7 @@ from medrt_gui.imaging import (
     value_text,
     window_lut,
 )
-from medrt_gui.measure import Length, length_text
+from medrt_gui.measure import Ellipse, Length, ellipse_text, length_text
 from medrt_gui.panels import FOLLOW_MODES, Controls, LesionList, SeriesBrowser
 from medrt_gui.seg import seg_overlay
 from medrt_gui.streams import StreamsMixin
@@ -102,7 +102,7 @@ class MainWindow(QMainWindow, StreamsMixin):
         self.view.windowDragged.connect(self._drag_window)
         self.view.hovered.connect(self._hover)
         self.view.measured.connect(self._measured)
-        self.measurements: dict[str, list[Length]] = {}  # by image key: lengths drawn with the length tool
+        self.measurements: dict[str, list[Length | Ellipse]] = {}  # by image key: drawn with the length/ellipse tools
         self.view.zoomChanged.connect(lambda _z: self._update_hud())
         self.browser.seriesSelected.connect(self.show_series)
         self.lesion_list.lesionActivated.connect(self.focus_lesion)
@@ -400,25 +400,41 @@ class MainWindow(QMainWindow, StreamsMixin):
     def _cine_rate(self, fps: int) -> None:
         self.cine.setInterval(max(1, round(1000 / max(1, fps))))
 
+    def _set_tool(self, tool: str, text: str) -> None:
+        on = self.view.tool != tool
+        self.view.tool = tool if on else "window"
+        self.view.viewport().setCursor(Qt.CursorShape.CrossCursor if on else Qt.CursorShape.ArrowCursor)
+        self.status(text if on else "Window/level: left drag")
+
     def toggle_length(self) -> None:
         """The length tool on or off: with it, a left drag measures instead of setting W/L."""
-        on = self.view.tool != "length"
-        self.view.tool = "length" if on else "window"
-        self.view.viewport().setCursor(Qt.CursorShape.CrossCursor if on else Qt.CursorShape.ArrowCursor)
-        self.status("Length tool: drag on the image to measure; m again for window/level, Del clears this image"
-                    if on else "Window/level: left drag")
+        self._set_tool("length", "Length tool: drag on the image to measure; m again for window/level, "
+                                 "Del clears this image")
+
+    def toggle_ellipse(self) -> None:
+        """The ellipse tool on or off: a left drag draws an ROI and gives its mean, SD and area."""
+        self._set_tool("ellipse", "Ellipse ROI: drag a box on the image; e again for window/level, "
+                                  "Del clears this image")
+
+    @staticmethod
+    def _measure_text(shape: Length | Ellipse, frame: object) -> str:
+        if isinstance(shape, Ellipse):
+            return ellipse_text(shape, frame.pixels, frame.spacing_mm, frame.spacing_source,  # type: ignore[attr-defined]
+                                frame.modality)  # type: ignore[attr-defined]
+        return length_text(shape, frame.spacing_mm, frame.spacing_source)  # type: ignore[attr-defined]
 
     def clear_measurements(self) -> None:
         slot = self.current_slot()
         if slot is not None and self.measurements.pop(slot.key, None):
             self.request_render()
 
-    def _measured(self, line: Length) -> None:
+    def _measured(self, shape: Length | Ellipse) -> None:
         slot = self.current_slot()
         if slot is None or slot.frame is None or self.shown_key != slot.key:
             return
-        self.measurements.setdefault(slot.key, []).append(line)
-        self.status(f"Length: {length_text(line, slot.frame.spacing_mm, slot.frame.spacing_source)}")
+        self.measurements.setdefault(slot.key, []).append(shape)
+        what = "ROI" if isinstance(shape, Ellipse) else "Length"
+        self.status(f"{what}: {self._measure_text(shape, slot.frame)}")
         self.request_render()
 
     def focus_lesion(self, lesion: object) -> None:
@@ -494,8 +510,8 @@ class MainWindow(QMainWindow, StreamsMixin):
         self.view.set_crops(result.crops if result is not None else ())
         lesions = result.lesions if result is not None else ()
         self.view.set_lesions(lesions)
-        self.view.set_lengths([(line, length_text(line, slot.frame.spacing_mm, slot.frame.spacing_source))
-                               for line in self.measurements.get(slot.key, ())])
+        self.view.set_measurements([(shape, self._measure_text(shape, slot.frame))
+                                    for shape in self.measurements.get(slot.key, ())])
         self.lesion_list.show_lesions(lesions)
         self.shown_key = slot.key
         self._update_hud()

@@ -187,6 +187,7 @@ def test_drag_window_level_and_value_under_cursor(bot, make_window) -> None:  # 
 
 
 def test_length_tool_measures_in_mm_and_stays_with_its_image(bot, make_window) -> None:  # type: ignore[no-untyped-def]
+    from medrt_gui.measure import ellipse_mask
     from PySide6.QtCore import QPoint, Qt
     from PySide6.QtTest import QTest
     from PySide6.QtWidgets import QApplication, QGraphicsSimpleTextItem
@@ -195,7 +196,7 @@ def test_length_tool_measures_in_mm_and_stays_with_its_image(bot, make_window) -
         deadline = time.monotonic() + 10
         while w.render_pending and time.monotonic() < deadline:
             QApplication.processEvents()
-        return [it.text() for it in w.view.length_items if isinstance(it, QGraphicsSimpleTextItem)]
+        return [it.text() for it in w.view.measurement_items if isinstance(it, QGraphicsSimpleTextItem)]
 
     def drag(a: QPoint, b: QPoint) -> None:
         QTest.mousePress(vp, Qt.MouseButton.LeftButton, Qt.KeyboardModifier.NoModifier, a)
@@ -233,6 +234,21 @@ def test_length_tool_measures_in_mm_and_stays_with_its_image(bot, make_window) -
     assert texts() == [f"{mm:.1f} mm"]
     key_click(bot, w, Qt.Key.Key_Delete)
     assert texts() == [] and key not in w.measurements
+    # The ellipse tool: the mean, SD and area of the pixels inside, from the frame's own values.
+    key_click(bot, w, Qt.Key.Key_E)
+    assert w.view.tool == "ellipse"
+    a, b = c + QPoint(-30, -20), c + QPoint(30, 20)
+    drag(a, b)
+    (roi,) = w.measurements[key]
+    pa, pb = w.view.mapToScene(a), w.view.mapToScene(b)
+    (r0, c0), mask = ellipse_mask(roi, frame.pixels.shape)
+    inside = frame.pixels[r0:r0 + mask.shape[0], c0:c0 + mask.shape[1]][mask]
+    area = mask.sum() * frame.spacing_mm[0] * frame.spacing_mm[1]
+    assert roi.a == pytest.approx((pa.x(), pa.y())) and mask.sum() > 50
+    assert texts() == [f"mean {inside.mean():.1f} HU, SD {inside.std():.1f}, {area:.1f} mm²"]
+    key_click(bot, w, Qt.Key.Key_M)  # straight from one tool to the other
+    assert w.view.tool == "length"
+    key_click(bot, w, Qt.Key.Key_Delete)
     key_click(bot, w, Qt.Key.Key_M)
     assert w.view.tool == "window"
     drag(c, c + QPoint(60, 30))
@@ -240,7 +256,14 @@ def test_length_tool_measures_in_mm_and_stays_with_its_image(bot, make_window) -
 
 
 def test_length_text_says_what_a_millimetre_means():
-    from medrt_gui.measure import Length, length_mm, length_text
+    from medrt_gui.measure import (
+        Ellipse,
+        Length,
+        ellipse_mask,
+        ellipse_text,
+        length_mm,
+        length_text,
+    )
 
     from medrt.types import SpacingSource
 
@@ -250,6 +273,18 @@ def test_length_text_says_what_a_millimetre_means():
     assert length_text(line, (0.5, 0.5), SpacingSource.IMAGER_PIXEL_SPACING) == "2.5 mm at detector"
     assert length_text(line, (0.5, 0.5), "NominalScannedPixelSpacing") == "2.5 mm (scanned film)"
     assert length_text(line, None, SpacingSource.NONE) == "5.0 px"  # never an invented mm value
+
+    pixels = np.zeros((20, 20), dtype=np.float32)
+    pixels[:, 10:] = 100.0
+    roi = Ellipse((12.0, 4.0), (4.0, 12.0))  # corners in any order: centre (8, 8), radius 4
+    (r0, c0), mask = ellipse_mask(roi, pixels.shape)
+    assert (r0, c0) == (4, 4) and mask.shape == (8, 8) and mask.sum() == 52  # pixel centres inside
+    assert mask[3, 3] and not mask[0, 0]
+    inside = pixels[4:12, 4:12][mask]
+    assert ellipse_text(roi, pixels, (0.5, 0.5), SpacingSource.PIXEL_SPACING, "CT") == (
+        f"mean {inside.mean():.1f} HU, SD {inside.std():.1f}, 13.0 mm²")
+    assert ellipse_text(roi, pixels, None, SpacingSource.NONE, "DX").endswith(", 52 px")
+    assert ellipse_text(Ellipse((30.0, 30.0), (40.0, 40.0)), pixels, None, "none", "CT") == "no pixel inside"
 
 
 def test_zoom_fit_pan_and_series_keys(bot, make_window) -> None:  # type: ignore[no-untyped-def]
