@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from medrt.pacs.loop import BackgroundLoop
-from medrt.pacs.scu import Destination, ForwardError, new_ae
+from medrt.pacs.scu import Destination, ForwardError, associate
 from medrt.pacs.spool import Commitment, Spool, check_uid
 
 __all__ = ["CommitmentReporter", "parse_request", "event_report", "send_report", "STORAGE_COMMITMENT_CLASS",
@@ -96,15 +96,9 @@ def send_report(dest: Destination, event_type: int, info: Any, *, calling_ae: st
     (SCP/SCU role selection); :class:`ForwardError` unless the peer answers Success."""
     from pynetdicom import build_role
 
-    ae = new_ae(calling_ae)
-    ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = timeout_s
-    ae.add_requested_context(STORAGE_COMMITMENT_CLASS)
     role = build_role(STORAGE_COMMITMENT_CLASS, scu_role=False, scp_role=True)
-    assoc = ae.associate(dest.host, dest.port, ae_title=dest.ae_title, ext_neg=[role],
-                         tls_args=None if tls is None else (tls, None))
-    if not assoc.is_established:
-        why = "rejected" if assoc.is_rejected else "aborted" if assoc.is_aborted else "not established"
-        raise ForwardError(f"{dest}: association {why} (is {calling_ae} known to it, and is it listening?)")
+    assoc = associate(dest, [(STORAGE_COMMITMENT_CLASS, None)], calling_ae=calling_ae, timeout_s=timeout_s, tls=tls,
+                      ext_neg=[role])
     try:
         try:
             status, _ = assoc.send_n_event_report(info, event_type, STORAGE_COMMITMENT_CLASS,

@@ -19,7 +19,7 @@ from typing import Any
 from medrt import __version__
 from medrt.errors import MedrtError
 
-__all__ = ["Destination", "ForwardError", "client_tls", "send", "new_ae", "IMPLEMENTATION_CLASS_UID",
+__all__ = ["Destination", "ForwardError", "associate", "client_tls", "send", "new_ae", "IMPLEMENTATION_CLASS_UID",
            "IMPLEMENTATION_VERSION_NAME"]
 
 log = logging.getLogger(__name__)
@@ -82,6 +82,27 @@ def _is_success(status: int) -> bool:
     return status == 0x0000 or 0xB000 <= status <= 0xBFFF  # warnings: stored, with a coercion or similar
 
 
+def associate(dest: Destination, contexts: Sequence[tuple[str, str | None]], *, calling_ae: str = "MEDRT",
+              timeout_s: float = 30.0, tls: ssl.SSLContext | None = None, ext_neg: Sequence[Any] = ()) -> Any:
+    """An established association from ``calling_ae`` to ``dest`` proposing ``contexts``
+    ((abstract syntax, transfer syntax or None for pynetdicom's defaults), ...), every
+    timeout ``timeout_s``, over TLS with ``tls``; :class:`ForwardError` naming the peer when
+    it is rejected or aborted (a TLS handshake that fails ends so)."""
+    ae = new_ae(calling_ae)
+    ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = timeout_s
+    for abstract, transfer in contexts:
+        if transfer is None:
+            ae.add_requested_context(abstract)  # pynetdicom's uncompressed transfer syntaxes
+        else:
+            ae.add_requested_context(abstract, transfer)
+    assoc = ae.associate(dest.host, dest.port, ae_title=dest.ae_title, ext_neg=list(ext_neg) or None,
+                         tls_args=None if tls is None else (tls, None))
+    if not assoc.is_established:
+        why = "rejected" if assoc.is_rejected else "aborted" if assoc.is_aborted else "not established"
+        raise ForwardError(f"{dest}: association {why} (is {calling_ae} known to it, and is it listening?)")
+    return assoc
+
+
 def send(paths: Sequence[str | Path], dest: Destination, *, calling_ae: str = "MEDRT",
          timeout_s: float = 30.0, tls: ssl.SSLContext | None = None) -> dict[Path, int]:
     """C-STORE each file to ``dest`` over one association; returns each file's status.
@@ -104,15 +125,7 @@ def send(paths: Sequence[str | Path], dest: Destination, *, calling_ae: str = "M
         contexts[(sop_class, ts)] = None
     if len(contexts) > 128:
         raise ForwardError(f"{len(contexts)} SOP class/transfer syntax pairs: over the 128 one association allows")
-    ae = new_ae(calling_ae)
-    ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = timeout_s
-    for sop_class, ts in contexts:
-        ae.add_requested_context(sop_class, ts)
-    assoc = ae.associate(dest.host, dest.port, ae_title=dest.ae_title,
-                         tls_args=None if tls is None else (tls, None))
-    if not assoc.is_established:
-        why = "rejected" if assoc.is_rejected else "aborted" if assoc.is_aborted else "not established"
-        raise ForwardError(f"{dest}: association {why} (is {calling_ae} known to it, and is it listening?)")
+    assoc = associate(dest, list(contexts), calling_ae=calling_ae, timeout_s=timeout_s, tls=tls)
     statuses: dict[Path, int] = {}
     try:
         for path in files:
