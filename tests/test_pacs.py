@@ -257,6 +257,15 @@ def test_results_a_pacs_cannot_take_are_kept_and_sent_on_retry(tmp_path, analyze
     assert again.state == "done" and sorted(again.forwarded) == ["seg.dcm", "sr.dcm"]
     assert len(list(pacs.iterdir())) == 2
 
+    # Another image comes: new results, so the PACS is sent them although it took the old ones.
+    seg = next(p for p in result_files(again.out) if p.name == "seg.dcm")
+    held = spool.deliveries(again.series_uid, str(dest))
+    assert sorted(held) == ["series/" + seg.parent.name + "/seg.dcm", "series/" + seg.parent.name + "/sr.dcm"]
+    fill(spool, CT[3:4])
+    (more,) = service.run_once(now=time.time() + 61.0)
+    assert more.state == "done" and more.frames == 4 and more.sent == {str(dest): 2}
+    assert spool.deliveries(again.series_uid, str(dest)) != held
+
 
 def test_medrt_spool_lists_the_queue_and_requeues_by_hand(tmp_path, analyzer, storescp, capsys):
     """What the people running the listener see, and "send those results again" after a PACS lost them."""
@@ -298,6 +307,7 @@ def test_medrt_spool_lists_the_queue_and_requeues_by_hand(tmp_path, analyzer, st
     (again,) = service.run_once()  # the requeued series only; the failed one waits for retry_s
     assert again.series_uid == uid and again.state == "done" and sorted(again.forwarded) == ["seg.dcm", "sr.dcm"]
     assert results.read_bytes() == before and again.frames == 3  # resumed, not analysed again; sent again
+    assert again.sent == {str(dest): 2}  # a requeue forgets what the PACS took: it lost them
     assert len(list(pacs.iterdir())) >= 2
 
     assert main(["spool", str(root), "--requeue-failed", "--json"]) == 0
@@ -378,7 +388,11 @@ def test_purge_deletes_the_images_of_done_series_only_once_they_are_old(tmp_path
     service = PacsService(spool, tmp_path / "out", analyzer, idle_s=0.0, retry_s=1e9, keep_s=100.0)
     (outcome,) = service.run_once(now=50.0)  # the failed one is not due (retry_s)
     assert outcome.state == "done" and spool.series_dir(outcome.series_uid).is_dir()  # 49 s old: kept
+    assert spool.deliveries(outcome.series_uid, "PACS@pacs:104") == {}
+    spool.record_deliveries(outcome.series_uid, "PACS@pacs:104", {"series/1/seg.dcm": "ab"})
+    assert spool.deliveries(outcome.series_uid, "PACS@pacs:104") == {"series/1/seg.dcm": "ab"}
     service.run_once(now=102.0)
+    assert spool.deliveries(outcome.series_uid, "PACS@pacs:104") == {}  # forgotten with the series
     assert spool.series(outcome.series_uid) is None and not spool.series_dir(outcome.series_uid).exists()
     assert spool.paths(outcome.series_uid) == []
     assert (outcome.out / "results.jsonl").is_file() and result_files(outcome.out)  # results stay

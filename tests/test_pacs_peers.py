@@ -225,5 +225,17 @@ def test_results_go_back_to_the_sender_and_to_every_destination(tmp_path, stores
     assert sorted(b.forwarded) == ["seg.dcm", "sr.dcm"] and b.destinations == [str(dest)]  # the archive has them
     assert len(list(archive.iterdir())) == 4 and len(site_a.received) == 2
     assert spool.series(b.series_uid).detail.startswith("forwarding failed: no address for the sender")
+
+    # SITE_B gets an address; the retry sends it its results, and not the archive a second copy.
+    site_b.listen()
+    service.peers["SITE_B"] = Destination("SITE_B", "127.0.0.1", site_b.port)
+    (retry,) = service.run_once(now=time.time() + service.retry_s + 1)
+    assert retry.series_uid == b.series_uid and retry.state == "done" and sorted(retry.forwarded) == ["seg.dcm", "sr.dcm"]
+    assert retry.sent == {str(dest): 0, f"SITE_B@127.0.0.1:{site_b.port}": 2}
+    assert sorted(ds.Modality for ds in site_b.received) == ["SEG", "SR"]
+    assert len(list(archive.iterdir())) == 4  # storescp would have written the two objects again
+    from medrt.commands.listen import _line
+    assert f"({dest} had them already)" in _line(retry)
     site_a.close()
+    site_b.close()
     assert main(["listen", "--spool", str(tmp_path / "s2"), "--forward-to-sender"]) == 2

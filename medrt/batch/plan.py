@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from medrt.engine.registry import sha256_file as file_sha256
 from medrt.io.scan import iter_files
 from medrt.io.series import Series, group_series
 
@@ -20,7 +21,6 @@ __all__ = ["Note", "SeriesPlan", "Plan", "scan", "file_sha256", "settings_key", 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"  # written last in a series folder: its presence means "finished"
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,14 +64,6 @@ class Plan:
     series: list[SeriesPlan]
     notes: list[Note] = field(default_factory=list)
     files_seen: int = 0
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def relative(path: Path, root: Path) -> str:

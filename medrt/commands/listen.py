@@ -66,6 +66,9 @@ def _line(outcome: Any) -> str:
     sent = f", {len(outcome.forwarded)} object(s) forwarded" if outcome.forwarded else ""
     if sent and len(outcome.destinations) > 1:
         sent += f" to each of {len(outcome.destinations)} destinations"
+    held = [d for d, n in outcome.sent.items() if n == 0]
+    if sent and held:  # a retry: these took the results before and were not sent them again
+        sent += f" ({', '.join(held)} had them already)"
     detail = f" ({outcome.detail})" if outcome.detail else ""
     return (f"series {outcome.series_uid}: {outcome.state}, {outcome.frames} frame(s), {outcome.lesions} lesion(s), "
             f"{outcome.errors} error(s){sent} in {outcome.elapsed_s:.1f} s{detail} -> {outcome.out}")

@@ -5,9 +5,9 @@ the AE title that sent it, when its last image came, attempts, and the reason of
 failure), the totals, the disk, and storage commitment reports not yet delivered.
 ``--requeue UID`` or ``--requeue-failed`` puts done or failed series back in the queue; a
 running listener takes them at its next pass (analysis resumes what is unchanged, the
-results are forwarded again). Safe while the
-listener runs: the spool's index is SQLite in WAL mode. Series are named by UID, callers
-by AE title; nothing here reads a patient's name or ID.
+results are forwarded again, to every destination). Safe while the listener runs: the
+spool's index is SQLite in WAL mode. Series are named by UID, callers by AE title;
+nothing here reads a patient's name or ID.
 """
 
 from __future__ import annotations

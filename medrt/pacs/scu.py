@@ -19,7 +19,7 @@ from typing import Any
 from medrt import __version__
 from medrt.errors import MedrtError
 
-__all__ = ["Destination", "ForwardError", "associate", "client_tls", "send", "new_ae", "IMPLEMENTATION_CLASS_UID",
+__all__ = ["Destination", "ForwardError", "associate", "client_tls", "send", "failed", "taken", "new_ae", "IMPLEMENTATION_CLASS_UID",
            "IMPLEMENTATION_VERSION_NAME"]
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,14 @@ _DEST = re.compile(r"^(?P<aet>[^@]{1,16})@(?P<host>\[[^\]]+\]|[^:@]+):(?P<port>[
 
 
 class ForwardError(MedrtError):
+    """A forward that could not finish. ``statuses`` holds the replies that came before it
+    broke (file → status), so a caller can tell which files the peer did take."""
+
     kind = "forward-error"
+
+    def __init__(self, message: str, statuses: dict[Path, int] | None = None) -> None:
+        super().__init__(message)
+        self.statuses: dict[Path, int] = dict(statuses or {})
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,7 +138,8 @@ def send(paths: Sequence[str | Path], dest: Destination, *, calling_ae: str = "M
         for path in files:
             reply = assoc.send_c_store(path)
             if "Status" not in reply:  # no reply: the association broke or the DIMSE timed out
-                raise ForwardError(f"{dest}: no reply to C-STORE of {path.name} (association lost or timed out)")
+                raise ForwardError(f"{dest}: no reply to C-STORE of {path.name} (association lost or timed out)",
+                                   statuses)
             statuses[path] = int(reply.Status)
             if not _is_success(statuses[path]):
                 log.error("forward: %s refused %s: status 0x%04X %s", dest, path.name, statuses[path],
@@ -144,3 +152,8 @@ def send(paths: Sequence[str | Path], dest: Destination, *, calling_ae: str = "M
 
 def failed(statuses: dict[Path, int]) -> list[Path]:
     return [p for p, s in statuses.items() if not _is_success(s)]
+
+
+def taken(statuses: dict[Path, int]) -> list[Path]:
+    """The files a peer answered Success (or a warning) to."""
+    return [p for p, s in statuses.items() if _is_success(s)]

@@ -12,7 +12,10 @@ series (a site where several PACS send to one medrt gets each its own results ba
 Nothing is lost: a file that does not decode is named in that series' errors.csv and
 the rest of the series is analysed; a series whose analysis raises, or whose results a
 peer refuses or cannot take, is left ``failed`` with the reason and tried again after
-``retry_s`` (the batch core resumes a finished series without analysing it again).
+``retry_s`` (the batch core resumes a finished series without analysing it again). The
+spool records which result files (by content) each destination took, so a retry sends
+each destination only what it lacks: a PACS that was up is not sent the same objects
+twice because another was down. Results that change (more images came) are sent again.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from medrt.engine.registry import sha256_file
 from medrt.pacs.loop import BackgroundLoop
-from medrt.pacs.scu import Destination, ForwardError, failed, send
+from medrt.pacs.scu import Destination, ForwardError, send, taken
 from medrt.pacs.spool import SeriesState, Spool
 from medrt.privacy import describe_exception
 
@@ -42,7 +46,8 @@ class SeriesOutcome:
     lesions: int = 0
     errors: int = 0
     skipped: int = 0
-    forwarded: list[str] = field(default_factory=list)  # file names every destination took
+    forwarded: list[str] = field(default_factory=list)  # file names every destination holds (now or before)
+    sent: dict[str, int] = field(default_factory=dict)  # destination -> files sent to it this time
     destinations: list[str] = field(default_factory=list)  # where the results went (AET@HOST:PORT)
     detail: str = ""
     out: Path | None = None
@@ -143,14 +148,11 @@ class PacsService(BackgroundLoop):
         outcome.destinations = [str(d) for d in destinations]
         if files and (destinations or problems):
             self.spool.mark(uid, "forwarding", unless_received_after=state.last_received)
+            digests = {p: (p.relative_to(out).as_posix(), sha256_file(p)) for p in files}  # name, content
             delivered = set(files)
-            for dest in destinations:  # each gets all of them: a retry sends to every destination again
-                try:
-                    refused = failed(send(files, dest, calling_ae=self.calling_ae, tls=self.forward_tls))
-                except (ForwardError, OSError) as exc:
-                    refused, why = files, describe_exception(exc)
-                else:
-                    why = f"{len(refused)} of {len(files)} refused by {dest}"
+            for dest in destinations:
+                outcome.sent[str(dest)] = 0
+                refused, why = self._deliver(uid, digests, dest, outcome)
                 delivered -= set(refused)
                 if refused:
                     problems.append(why)
@@ -168,6 +170,28 @@ class PacsService(BackgroundLoop):
                  outcome.state, outcome.frames, outcome.lesions, outcome.errors, len(outcome.forwarded),
                  ", ".join(outcome.destinations) or "-")
         return self._timed(outcome, t0)
+
+    def _deliver(self, uid: str, digests: dict[Path, tuple[str, str]], dest: Destination,
+                 outcome: SeriesOutcome) -> tuple[list[Path], str]:
+        """Send ``dest`` those of the files (path → name, sha256) it does not hold yet, as the
+        spool recorded; returns those it did not take, and why."""
+        key = str(dest)
+        held = self.spool.deliveries(uid, key)
+        pending = [p for p, (name, digest) in digests.items() if held.get(name) != digest]
+        if not pending:
+            return [], ""
+        why = ""
+        try:
+            statuses = send(pending, dest, calling_ae=self.calling_ae, tls=self.forward_tls)
+        except (ForwardError, OSError) as exc:
+            statuses, why = getattr(exc, "statuses", {}), describe_exception(exc)
+        took = taken(statuses)
+        self.spool.record_deliveries(uid, key, dict(digests[p] for p in took))
+        outcome.sent[key] = len(took)
+        refused = [p for p in pending if p not in took]
+        if refused and not why:
+            why = f"{len(refused)} of {len(pending)} refused by {dest}"
+        return refused, why
 
     def destinations(self, state: SeriesState) -> tuple[list[Destination], list[str]]:
         """Where a series' results go: every ``forward`` destination, then the sender's

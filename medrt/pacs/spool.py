@@ -77,6 +77,14 @@ CREATE TABLE IF NOT EXISTS instances (
     received REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS instances_series ON instances(series_uid);
+CREATE TABLE IF NOT EXISTS deliveries (
+    series_uid TEXT NOT NULL,
+    destination TEXT NOT NULL,
+    name TEXT NOT NULL,
+    digest TEXT NOT NULL,
+    delivered REAL NOT NULL,
+    PRIMARY KEY (series_uid, destination, name)
+);
 CREATE TABLE IF NOT EXISTS commitments (
     transaction_uid TEXT PRIMARY KEY,
     calling_ae TEXT NOT NULL,
@@ -278,9 +286,31 @@ class Spool:
                 raise KeyError(series_uid)
             if row[0] in ("analysing", "forwarding"):
                 raise ValueError(f"series {series_uid} is {row[0]} now")
+            self._db.execute("BEGIN IMMEDIATE")
             self._db.execute("UPDATE series SET state = 'receiving', last_attempt = 0, attempts = 0,"
                              " detail = 'requeued by hand' WHERE series_uid = ?", (series_uid,))
+            self._db.execute("DELETE FROM deliveries WHERE series_uid = ?", (series_uid,))  # "send them again"
+            self._db.execute("COMMIT")
             return str(row[0])
+
+    # -- what each destination already holds -------------------------------------------------------------------
+
+    def deliveries(self, series_uid: str, destination: str) -> dict[str, str]:
+        """The result files of a series that ``destination`` (``AET@HOST:PORT``) took, by
+        name (relative to the series' results folder), with the sha256 of what it took."""
+        with self._lock:
+            rows = self._db.execute("SELECT name, digest FROM deliveries WHERE series_uid = ? AND destination = ?",
+                                    (series_uid, destination)).fetchall()
+        return dict(rows)
+
+    def record_deliveries(self, series_uid: str, destination: str, digests: dict[str, str], *,
+                          now: float | None = None) -> None:
+        """Note that ``destination`` answered Success to each file (name → sha256), so that
+        a retry after another destination failed does not send it the same objects twice."""
+        now = time.time() if now is None else now
+        with self._lock:
+            self._db.executemany("INSERT OR REPLACE INTO deliveries VALUES (?, ?, ?, ?, ?)",
+                                 [(series_uid, destination, name, digest, now) for name, digest in digests.items()])
 
     # -- storage commitment ------------------------------------------------------------------------------------
 
@@ -390,6 +420,7 @@ class Spool:
                 self._db.execute("BEGIN IMMEDIATE")
                 self._db.execute("DELETE FROM instances WHERE series_uid = ?", (uid,))
                 self._db.execute("DELETE FROM series WHERE series_uid = ?", (uid,))
+                self._db.execute("DELETE FROM deliveries WHERE series_uid = ?", (uid,))
                 self._db.execute("COMMIT")
                 shutil.rmtree(self.inbox / uid, ignore_errors=True)
             purged.append(uid)
