@@ -1,20 +1,23 @@
 """installer/: the systemd unit and the install script of `medrt listen`, used as radiology
 IT would use them: the unit passes systemd's own checks, and a staged install runs the
-listener with the unit's command line, as an unprivileged user, stores images sent by
-DCMTK, stops cleanly on the unit's KillSignal within its TimeoutStopSec, and a second
+listener with the unit's command line, as an unprivileged user, tells systemd it is ready
+(Type=notify) and answers /healthz, stores images sent by DCMTK, stops cleanly on the unit's KillSignal within its TimeoutStopSec, and a second
 install (an update) keeps the site's options.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -52,6 +55,7 @@ def test_a_staged_install_runs_the_listener_as_the_unit_says():
     if os.geteuid() != 0:
         missing("the service's user is played by uid 65534 (setpriv): needs root (CI runs as root)")
     base = Path(tempfile.mkdtemp(prefix="medrt-install-"))  # not under pytest's 0700 folders: nobody reads it
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     try:
         base.chmod(0o755)
         stage = base / "root"
@@ -67,8 +71,9 @@ def test_a_staged_install_runs_the_listener_as_the_unit_says():
         # The site's edit: another port (11112 may be taken on a test machine), then systemd's
         # expansion: EnvironmentFile, then $MEDRT_LISTEN_OPTIONS split at white space.
         env_file = stage / "etc/medrt/listen.env"
-        port = free_port()
-        env_file.write_text(env_file.read_text().replace("--port 11112", f"--port {port} --bind 127.0.0.1"))
+        port, metrics = free_port(), free_port()
+        env_file.write_text(env_file.read_text().replace("--port 11112", f"--port {port} --bind 127.0.0.1 "
+                                                                         f"--metrics {metrics}"))
         options = setting(env_file.read_text(), "MEDRT_LISTEN_OPTIONS").split()
         argv = [str(stage) + a if a.startswith(("/opt/", "/var/")) else a
                 for a in setting(unit, "ExecStart").split() if a != "$MEDRT_LISTEN_OPTIONS"] + options
@@ -77,6 +82,13 @@ def test_a_staged_install_runs_the_listener_as_the_unit_says():
         environment = {k: v.replace("/var/lib/medrt", str(state)) for k, v in environment.items()}
         for path in [state, *state.rglob("*")]:
             os.chown(path, NOBODY, NOBODY)  # StateDirectory= gives it to the service's user
+        # systemd's side of Type=notify: the socket it names in NOTIFY_SOCKET, and WatchdogSec=.
+        assert setting(unit, "Type") == "notify" and setting(unit, "NotifyAccess") == "main"
+        notify.bind(str(base / "notify"))
+        (base / "notify").chmod(0o666)
+        notify.settimeout(30)
+        environment["NOTIFY_SOCKET"] = str(base / "notify")
+        environment["WATCHDOG_USEC"] = str(int(setting(unit, "WatchdogSec")) * 10**6)
         proc = subprocess.Popen([setpriv, f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--", *argv],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 env={"PATH": "/usr/bin:/bin", **environment}, cwd="/")
@@ -87,6 +99,9 @@ def test_a_staged_install_runs_the_listener_as_the_unit_says():
                 if "Ctrl-C stops" in line or len(lines) > 200:
                     break
             assert "Ctrl-C stops" in "".join(lines), "".join(lines)
+            assert notify.recv(4096).decode().startswith("READY=1\nSTATUS=0 image(s) stored")
+            with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/healthz", timeout=10) as reply:
+                assert reply.status == 200 and json.loads(reply.read())["status"] == "ok"
             files = sorted((SAMPLE_DIR / "ct_stream").glob("*.dcm"))[12:14]
             sent = subprocess.run([require_tool("storescu"), "-aec", "MEDRT", "-xt", "-R", "127.0.0.1", str(port),
                                    *map(str, files)], capture_output=True, text=True, timeout=60)
@@ -110,6 +125,7 @@ def test_a_staged_install_runs_the_listener_as_the_unit_says():
         assert f"--port {port}" in env_file.read_text() and (stage / "etc/medrt/listen.env.new").is_file()
         assert "keeping" in run.stdout
     finally:
+        notify.close()
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -12,13 +12,18 @@ restart, the spool's unfinished series are done first. Stop with Ctrl-C or SIGTE
 from __future__ import annotations
 
 import argparse
+import logging
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
+from medrt import sdnotify
 from medrt.commands.options import add_engine_options, analyzer_config, thread_layout
+
+log = logging.getLogger("medrt.listen")
 
 
 def _ae_title(text: str) -> str:
@@ -45,6 +50,15 @@ def _network(text: str) -> str:
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an address or network (10.2.0.0/16, 192.168.1.7, "
                                          f"fd00::/8), got {text!r}") from None
+
+
+def _http_address(text: str) -> tuple[str, int]:
+    """``PORT`` (on 127.0.0.1) or ``HOST:PORT`` (``[::1]:9108`` for IPv6)."""
+    host, _, port = text.strip().rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    if not port.isdigit() or not 0 <= int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected PORT or HOST:PORT (e.g. 9108 or 0.0.0.0:9108), got {text!r}")
+    return host, int(port)
 
 
 def _peers(values: list[Any] | None) -> dict[str, Any]:
@@ -93,10 +107,31 @@ def _tls(args: argparse.Namespace) -> tuple[Any, Any]:
     return tls, forward
 
 
+def _serve(stop: threading.Event, monitor: Any) -> None:
+    """Wait for Ctrl-C or SIGTERM, telling systemd (a ``Type=notify`` unit) that the listener
+    is ready, how it is doing, and, while its threads run, that it is alive (the watchdog)."""
+    sdnotify.notify("READY=1", f"STATUS={monitor.status_line()}")
+    interval = sdnotify.watchdog_interval()
+    last_status = last_ping = time.monotonic()
+    while not stop.wait(0.5):
+        now = time.monotonic()
+        if interval is not None and now - last_ping >= min(interval, 10.0):
+            last_ping = now
+            stuck = monitor.stuck()
+            if stuck:  # no ping: systemd restarts the service once WatchdogSec= runs out
+                log.error("listener: %s; not telling the watchdog all is well", "; ".join(stuck))
+            else:
+                sdnotify.notify("WATCHDOG=1")
+        if now - last_status >= 5.0:
+            last_status = now
+            sdnotify.notify(f"STATUS={monitor.status_line()}")
+
+
 def run(args: argparse.Namespace) -> int:
     from medrt.analyzer import load_analyzer
     from medrt.batch import OutputOptions
     from medrt.pacs.commitment import CommitmentReporter
+    from medrt.pacs.monitor import Monitor, MonitorServer
     from medrt.pacs.scp import Listener
     from medrt.pacs.service import PacsService
     from medrt.pacs.spool import Spool
@@ -133,11 +168,19 @@ def run(args: argparse.Namespace) -> int:
                           retry_s=args.retry, workers=workers,
                           keep_s=None if args.keep_days <= 0 else args.keep_days * 86400.0, forward_tls=forward_tls,
                           outputs=OutputOptions(png="none" if args.no_png else "positive", sc=args.sc))
-    service.on_outcome = lambda o: print(_line(o), flush=True)
     reporter = CommitmentReporter(spool, peers, ae_title=args.ae_title, retry_s=args.retry, tls=forward_tls)
     listener = Listener(spool, ae_title=args.ae_title, host=args.bind, port=args.port,
                         allowed_callers=args.allow or (), on_stored=service.notify, tls=tls, peers=peers,
                         on_commitment=reporter.notify, allowed_networks=args.allow_from or ())
+    monitor = Monitor(spool, listener=listener, service=service, reporter=reporter if peers else None,
+                      ae_title=args.ae_title)
+
+    def on_outcome(outcome: Any) -> None:
+        monitor.observe(outcome)  # first: a scrape after the line sees the series
+        print(_line(outcome), flush=True)
+
+    service.on_outcome = on_outcome
+    web = None if args.metrics is None else MonitorServer(monitor, *args.metrics)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -146,6 +189,14 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"medrt listen: cannot listen on {args.bind}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    if web is not None:
+        try:
+            web.start()
+        except OSError as exc:
+            listener.stop()
+            print(f"medrt listen: --metrics {web.host}:{web.port}: cannot listen: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 2
     service.start()
     if peers:
         reporter.start()
@@ -158,20 +209,23 @@ def run(args: argparse.Namespace) -> int:
           f"({pending} series to finish{', ' + str(recovered['requeued']) + ' resumed' if recovered['requeued'] else ''}),"
           f" results {out}" + (f", forwarding to {_targets(args)}" if args.forward or args.forward_to_sender else "")
           + (f", storage commitment for {', '.join(peers)}" if peers else "")
+          + (f", metrics on http://{web.host}:{web.port}/metrics" if web is not None else "")
           + f"; {free_mib} MiB free on the spool's disk; Ctrl-C stops",
           flush=True)
     try:
-        while not stop.wait(0.5):
-            pass
+        _serve(stop, monitor)
     finally:
+        sdnotify.notify("STOPPING=1", "STATUS=stopping: no new images; what is stored stays in the spool")
         listener.stop()  # no new images; what is stored stays in the spool for the next start
+        if web is not None:
+            web.stop()
         service.stop()
         reporter.stop()
         spool.close()
     c = listener.counts
     print(f"medrt listen: stopped; {c['stored']} image(s) stored, {c['refused']} refused, {c['failed']} not stored, "
           + (f"{listener.connections_refused} connection(s) refused (--allow-from), " if args.allow_from else "")
-          + f"{len(service.outcomes)} series processed"
+          + f"{sum(service.processed.values())} series processed"
           + (f", {c['commitments']} storage commitment request(s), {reporter.reported} reported" if peers else ""),
           flush=True)
     return 0
@@ -217,6 +271,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--min-free", type=float, default=1024.0, metavar="MIB",
                    help="refuse images (status 0xA700, the sender keeps them and retries) while fewer than MIB "
                         "mebibytes would stay free on the spool's disk (default 1024; 0: until the disk is full)")
+    p.add_argument("--metrics", type=_http_address, metavar="[HOST:]PORT",
+                   help="serve /metrics (Prometheus) and /healthz (200 or 503, JSON) over HTTP on PORT "
+                        "(HOST default 127.0.0.1; 0.0.0.0:PORT for a monitoring server elsewhere)")
     p.add_argument("--sc", action="store_true", help="also make (and forward) secondary captures with the overlay")
     p.add_argument("--no-png", action="store_true", help="no overlay PNGs in the results folder")
     add_engine_options(p)

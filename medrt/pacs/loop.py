@@ -31,6 +31,11 @@ class BackgroundLoop:
     def run_once(self, now: float | None = None) -> Any:  # pragma: no cover - defined by subclasses
         raise NotImplementedError
 
+    @property
+    def alive(self) -> bool:
+        """Whether the thread runs (started, not stopped, not dead)."""
+        return self._thread is not None and self._thread.is_alive()
+
     def notify(self, *_: object) -> None:
         """Something arrived: run a pass at once rather than at the next tick."""
         self._wake.set()

@@ -119,6 +119,12 @@ class Listener:
         self.connections_refused = 0
         self._lock = threading.Lock()
         self._server: Any = None
+        self._accept: threading.Thread | None = None
+
+    @property
+    def serving(self) -> bool:
+        """Whether the port is open and its accept loop runs."""
+        return self._server is not None and self._accept is not None and self._accept.is_alive()
 
     @property
     def port(self) -> int:
@@ -155,7 +161,8 @@ class Listener:
         # pynetdicom has done the handshake by then: it wraps the socket as it accepts it).
         server.verify_request = self._verify_address
         ae._servers.append(server)  # as AE.start_server does: the server's shutdown() removes it there
-        threading.Thread(target=server.serve_forever, name="medrt-listener-accept", daemon=True).start()
+        self._accept = threading.Thread(target=server.serve_forever, name="medrt-listener-accept", daemon=True)
+        self._accept.start()
         self._server = server
         log.info("listener: %s listening on %s:%d%s (spool %s)", self.ae_title, self.host, self.port,
                  " over TLS" if self.tls is not None else "", self.spool.root)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter, deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,7 @@ class SeriesOutcome:
     skipped: int = 0
     forwarded: list[str] = field(default_factory=list)  # file names every destination holds (now or before)
     sent: dict[str, int] = field(default_factory=dict)  # destination -> files sent to it this time
+    refused: dict[str, int] = field(default_factory=dict)  # destination -> files it refused or could not take
     destinations: list[str] = field(default_factory=list)  # where the results went (AET@HOST:PORT)
     detail: str = ""
     out: Path | None = None
@@ -91,7 +93,9 @@ class PacsService(BackgroundLoop):
         self.keep_s = keep_s  # None: keep received images for ever; else purge done series this much older
         self._last_purge = 0.0
         super().__init__()
-        self.outcomes: list[SeriesOutcome] = []
+        # The latest outcomes only (a listener runs for months), and how many of each state so far.
+        self.outcomes: deque[SeriesOutcome] = deque(maxlen=256)
+        self.processed: Counter[str] = Counter()
         self.on_outcome: Any = None  # callable(SeriesOutcome), e.g. the CLI's line per series
 
     # -- one pass ----------------------------------------------------------------------------------------------
@@ -107,6 +111,7 @@ class PacsService(BackgroundLoop):
             outcome = self._process(state)
             done.append(outcome)
             self.outcomes.append(outcome)
+            self.processed[outcome.state] += 1
             if self.on_outcome is not None:
                 self.on_outcome(outcome)
         self._purge(now)
@@ -189,6 +194,7 @@ class PacsService(BackgroundLoop):
         self.spool.record_deliveries(uid, key, dict(digests[p] for p in took))
         outcome.sent[key] = len(took)
         refused = [p for p in pending if p not in took]
+        outcome.refused[key] = len(refused)
         if refused and not why:
             why = f"{len(refused)} of {len(pending)} refused by {dest}"
         return refused, why
