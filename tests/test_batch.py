@@ -76,7 +76,24 @@ def test_sample_findings_score_against_ground_truth(sample_run):
     # the main command's table and the report agree with results.jsonl
     assert summary.lesions == sum(len(r["lesions"]) for r in records) > 0
     rep = json.loads((out / "report.json").read_text())
-    assert rep["counts"]["lesions"] == summary.lesions
+    assert rep["counts"]["lesion_sections"] == summary.lesions
+    # Each lesion once: a CT lesion's sections on neighbouring slices share one number.
+    numbers = {(r["series_instance_uid"], les["series_lesion"]) for r in records for les in r["lesions"]}
+    assert rep["counts"]["lesions"] == summary.series_lesions == len(numbers) < summary.lesions
+    with (out / "lesions.csv").open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert {(r["series_instance_uid"], int(r["lesion"])) for r in rows} == numbers
+    ct_rows = [r for r in rows if r["modality"] == "CT"]
+    assert any(int(r["slices"]) > 1 for r in ct_rows) and all(float(r["volume_mm3"]) > 0 for r in ct_rows)
+    assert all(r["volume_mm3"] == "" and r["slices"] == "1" for r in rows if r["modality"] != "CT")
+    for row in rows:  # the longest diameter is that of the section named
+        (largest,) = [les for r in records if r["sop_instance_uid"] == row["largest_sop_instance_uid"]
+                      for les in r["lesions"] if les["id"] == int(row["largest_id"])]
+        assert float(row["diameter_mm"]) == pytest.approx(largest["diameter_mm"], abs=1e-3)
+        assert largest["series_lesion"] == int(row["lesion"])
+        assert max(les["diameter_mm"] for r in records for les in r["lesions"]
+                   if r["series_instance_uid"] == row["series_instance_uid"]
+                   and les["series_lesion"] == int(row["lesion"])) == largest["diameter_mm"]
     assert {"p50", "p95", "p99"} <= set(rep["timings_ms"]["segment"])
     assert (out / "report.md").read_text().startswith("# medrt batch report")
     assert (out / "latency.png").stat().st_size > 0

@@ -20,6 +20,7 @@ from pydicom.sr.codedict import codes
 import medrt
 from conftest import pydicom_test_dir, require_tool
 from medrt.analysis.lesions import lesions_from_probability
+from medrt.analysis.tracking import link_series
 from medrt.export import (
     ExportError,
     build_sc,
@@ -30,7 +31,7 @@ from medrt.export import (
     split_for_seg,
     write_dataset,
 )
-from medrt.export.common import algorithm_parts
+from medrt.export.common import algorithm_parts, frame_number
 from medrt.export.sc import patient_orientation
 from medrt.io.dicom import read_frames
 from medrt.overlay import render
@@ -104,18 +105,25 @@ def check_identity(ds: Dataset, results: list[FrameResult]) -> None:
 
 
 def check_sr(path: Path, results: list[FrameResult], seg: Dataset | list[Dataset] | None) -> None:
-    """One planar group per lesion with its values, referencing its SEG frame (or a box)."""
+    """One planar group per lesion section with its values, referencing its SEG frame (or a
+    box), numbered as its series lesion; one volume group per CT lesion; the count."""
     sr = hd.sr.srread(path)
     groups = sr.content.get_planar_roi_measurement_groups()
-    expected = {f"Lesion {les.label} in {r.frame.key}": (r, les) for r in results for les in r.lesions}
-    assert len(groups) == len(expected)
+    lesions, numbers = link_series(results)
+    expected = {(r.frame.sop_instance_uid, frame_number(r.frame), round(les.area_mm2, 3)): (r, les)
+                for r in results for les in r.lesions}
+    assert len(groups) == len(expected) == len(numbers)
     segs = [] if seg is None else [seg] if isinstance(seg, Dataset) else seg
     frames = {key: (s.SOPInstanceUID, n) for s in segs for key, n in seg_frame_numbers(s).items()}
     for g in groups:
-        r, les = expected.pop(g.tracking_identifier)
-        mm = r.frame.spacing_mm is not None
         (area,) = g.get_measurements(name=codes.SCT.Area)
         (diameter,) = g.get_measurements(name=codes.SCT.LongAxis)
+        source = (g.referenced_segmentation_frame[1] if segs else g.roi.ContentSequence[0]).ReferencedSOPSequence[0]
+        at = int(source.ReferencedFrameNumber) if "ReferencedFrameNumber" in source else None
+        r, les = expected.pop((source.ReferencedSOPInstanceUID, at, round(area.value, 3)))
+        n = numbers[(r.frame.key, les.label)]
+        assert g.tracking_identifier == f"Lesion {n}" and g.tracking_uid == lesions[n - 1].uid
+        mm = r.frame.spacing_mm is not None
         assert area.value == pytest.approx(les.area_mm2, rel=1e-6)
         assert diameter.value == pytest.approx(les.diameter_mm, rel=1e-6)
         assert area.unit.value == ("mm2" if mm else "{pixels}")
@@ -139,9 +147,21 @@ def check_sr(path: Path, results: list[FrameResult], seg: Dataset | list[Dataset
             assert src.ReferencedSOPInstanceUID == r.frame.sop_instance_uid
         if number is not None:
             assert int(src.ReferencedFrameNumber) == number
-    (summary,) = sr.content.get_image_measurement_groups()
+    assert not expected
+    image_groups = {g.tracking_identifier: g for g in sr.content.get_image_measurement_groups()}
+    summary = image_groups.pop("Lesion count")
+    volumes = [les for les in lesions if les.volume_mm3 is not None]
+    assert sorted(image_groups) == sorted(f"Lesion {les.number}" for les in volumes)
+    for les in volumes:
+        g = image_groups[f"Lesion {les.number}"]
+        (volume,) = g.get_measurements(name=codes.SCT.Volume)
+        (longest,) = g.get_measurements(name=codes.SCT.LongAxis)
+        assert g.tracking_uid == les.uid and volume.unit.value == "mm3"
+        assert volume.value == pytest.approx(les.volume_mm3, rel=1e-6)
+        assert longest.value == pytest.approx(les.diameter_mm, rel=1e-6)
+        assert [s.referenced_sop_instance_uid for s in g.source_images] == [s.sop_instance_uid for s in les.sections]
     (count,) = summary.get_measurements(name=codes.SCT.NumberOfLesions)
-    assert count.value == sum(len(r.lesions) for r in results)
+    assert count.value == len(lesions) <= sum(len(r.lesions) for r in results)
     evaluated = {(s.referenced_sop_instance_uid, f) for s in summary.source_images
                  for f in (s.referenced_frame_numbers or [None])}
     assert evaluated == {(r.frame.sop_instance_uid, r.frame.frame_index + 1
@@ -207,6 +227,7 @@ def test_ct_series_seg_and_sr_pass_dciodvfy_and_round_trip(ct, tmp_path, omit) -
 
     sr = build_sr(ct, seg=seg)
     check_identity(sr, ct)
+    assert any(les.slices > 1 for les in link_series(ct)[0])  # so lesions counted once and volumes are checked
     check_sr(dciodvfy(sr, tmp_path / "sr.dcm"), ct, seg)
     build_sc(ct[-1])
     # The headers are shared by every frame of an object: the builders must not touch them.

@@ -8,6 +8,8 @@
         sc/<n>.dcm         secondary captures with the overlay burned in (--sc)
         png/<n>.png        overlay PNGs (fill + outline, sizes labelled)
         frames.jsonl       this series' lines of results.jsonl
+        lesions.json       each lesion once: its sections on neighbouring slices joined (slices,
+                           longest diameter and where, volume; medrt.analysis.tracking)
         masks.npz          label maps of frames with lesions (for medrt eval's Dice)
         manifest.json      content hash, settings, counts, notes
 """
@@ -30,9 +32,11 @@ from medrt.export.write import atomic_write, write_dataset
 from medrt.privacy import describe_exception
 from medrt.types import FrameResult
 
-__all__ = ["frame_record", "SeriesOutput", "OutputOptions", "strip_pixels"]
+__all__ = ["frame_record", "SeriesOutput", "OutputOptions", "strip_pixels", "LESIONS_JSON"]
 
 log = logging.getLogger(__name__)
+
+LESIONS_JSON = "lesions.json"
 
 
 @dataclass(frozen=True)
@@ -150,6 +154,7 @@ class SeriesOutput:
             n_sc = self._export("sc", lambda: self._sc(ok))
             written["sc"] = n_sc or 0
         self._write_masks(ok)
+        series_lesions = self._link(ok)
         lines = "".join(json.dumps(rec) + "\n" for rec in self.records)
         atomic_write(self.folder / "frames.jsonl", lambda fp: fp.write(lines.encode()))
         manifest = {
@@ -161,11 +166,26 @@ class SeriesOutput:
             "files": [self.rel(str(p)) for p in self.plan.paths],
             "frames": len(self.records),
             "lesions": sum(len(r["lesions"]) for r in self.records),
+            "series_lesions": len(series_lesions),
             "outputs": written,
             "notes": [n.as_row() for n in self.notes],
         }
         atomic_write(self.folder / MANIFEST, lambda fp: fp.write(json.dumps(manifest, indent=1).encode()))
         return manifest
+
+    def _link(self, results: list[FrameResult]) -> list[dict[str, Any]]:
+        """Join the sections of each lesion across neighbouring slices: number every lesion
+        record (``series_lesion``) and write ``lesions.json``, one entry per lesion."""
+        from medrt.analysis.tracking import link_series
+
+        lesions, numbers = link_series(results)
+        for rec, result in zip(self.records, self.results, strict=True):
+            for les_rec, les in zip(rec["lesions"], result.lesions, strict=True):
+                les_rec["series_lesion"] = numbers[(result.frame.key, les.label)]
+        entries = [les.to_json() for les in lesions]
+        doc = {"series_instance_uid": self.plan.uid, "lesions": entries}
+        atomic_write(self.folder / LESIONS_JSON, lambda fp: fp.write(json.dumps(doc, indent=1).encode()))
+        return entries
 
     def _export(self, what: str, build: Any) -> Any:
         try:

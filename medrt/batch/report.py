@@ -60,7 +60,7 @@ def write_report(s: Any, plan: Any, settings: dict[str, Any], analyzer: Any, tel
         "counts": {
             "files_seen": s.files_seen, "series": s.series, "series_resumed": s.series_resumed,
             "series_analysed": s.series_analysed, "frames": s.frames,
-            "frames_with_lesions": s.frames_with_lesions, "lesions": s.lesions,
+            "frames_with_lesions": s.frames_with_lesions, "lesions": s.series_lesions, "lesion_sections": s.lesions,
             "errors": s.errors, "skipped": s.skipped,
         },
         "lesions_by_diameter": _buckets(s.findings),
@@ -73,7 +73,7 @@ def write_report(s: Any, plan: Any, settings: dict[str, Any], analyzer: Any, tel
                     "processor": cpu_name(), "int8_kernels": int8_kernels()}),
         "settings": settings,
         **(extra or {}),
-        "files": {"results": "results.jsonl", "errors": "errors.csv", "masks": "masks.npz",
+        "files": {"results": "results.jsonl", "lesions": "lesions.csv", "errors": "errors.csv", "masks": "masks.npz",
                   "histogram": "latency.png" if (out / "latency.png").exists() else None},
     }
     atomic_write(out / "report.json", lambda fp: fp.write(json.dumps(report, indent=2, default=str).encode()))
@@ -98,7 +98,8 @@ def _markdown(r: dict[str, Any]) -> str:
         + (" (**interrupted**: rerun to finish)" if r["interrupted"] else ""),
         f"- engine: {e['backend']} {e['precision']}; models {', '.join(e['models'])}",
         f"- series: {c['series']} ({c['series_resumed']} finished by an earlier run, {c['series_analysed']} now)",
-        f"- frames: {c['frames']}, with lesions: {c['frames_with_lesions']}, lesions: {c['lesions']}",
+        f"- frames: {c['frames']}, with lesions: {c['frames_with_lesions']}; lesions: {c['lesions']}, each counted "
+        f"once ({c['lesion_sections']} sections: a CT lesion shows on each slice it crosses; lesions.csv lists them)",
         f"- errors: {c['errors']}, skipped: {c['skipped']} (see errors.csv)",
         "",
         "## Lesions by longest diameter",
@@ -109,12 +110,13 @@ def _markdown(r: dict[str, Any]) -> str:
         "",
         "## Series",
         "",
-        "| series | modality | frames | lesions | largest (mm) |",
-        "|---|---|---|---|---|",
+        "| series | modality | frames | lesions | sections | largest (mm) |",
+        "|---|---|---|---|---|---|",
     ]
     for f in r["series"]:
         largest = ", ".join(str(d) for d in f["diameters_mm"][:5]) or "-"
-        lines.append(f"| `{f['series_instance_uid']}` | {f['modality']} | {f['frames']} | {f['lesions']} | {largest} |")
+        lines.append(f"| `{f['series_instance_uid']}` | {f['modality']} | {f['frames']} | {f['lesions']} | "
+                     f"{f['sections']} | {largest} |")
     if r["timings_ms"]:
         lines += ["", "## Timings (this run, ms per frame, after warm-up)", "",
                   "| step | n | p50 | p95 | p99 |", "|---|---|---|---|---|"]

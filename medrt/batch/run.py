@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from medrt import __version__
-from medrt.batch.outputs import OutputOptions, SeriesOutput
+from medrt.batch.outputs import LESIONS_JSON, OutputOptions, SeriesOutput
 from medrt.batch.plan import Note, Plan, SeriesPlan, finished, scan, series_notes, settings_key
 from medrt.errors import NoModelForImageError
 from medrt.export.write import atomic_write
@@ -38,11 +38,18 @@ EXIT_FAILED = 2  # nothing analysed: no input, no DICOM image in it, or the mode
 EXIT_INTERRUPTED = 130
 
 RESULTS = "results.jsonl"
+LESIONS_CSV = "lesions.csv"
+LESION_COLUMNS = ["series_instance_uid", "modality", "lesion", "slices", "diameter_mm", "diameter_px", "volume_mm3",
+                  "score", "largest_sop_instance_uid", "largest_frame_index", "largest_id", "first_sop_instance_uid",
+                  "last_sop_instance_uid", "tracking_uid"]
 ERRORS = "errors.csv"
 MASKS = "masks.npz"
 REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 HISTOGRAM = "latency.png"
+# Bumped when what a series folder holds changes, so a rerun redoes series an older medrt
+# finished (2: lesions.json, series_lesion in frames.jsonl, SR lesions counted once).
+OUTPUT_LAYOUT = 2
 
 
 @dataclass(frozen=True)
@@ -68,7 +75,8 @@ class BatchSummary:
     series_analysed: int = 0
     frames: int = 0
     frames_with_lesions: int = 0
-    lesions: int = 0
+    lesions: int = 0  # lesion sections: a CT lesion counts once per slice it shows on
+    series_lesions: int = 0  # each lesion once (its sections on neighbouring slices joined)
     errors: int = 0
     skipped: int = 0
     interrupted: bool = False
@@ -128,7 +136,8 @@ def _settings(analyzer: Any, options: OutputOptions) -> dict[str, Any]:
         "backend": analyzer.backend_name, "precision": analyzer.precision,
         "threshold": [analyzer.threshold_for(s) for s in analyzer.segs], "crop": analyzer.config.crop,
         "outputs": {"png": options.png, "png_max_side": options.png_max_side, "sc": options.sc,
-                    "seg": options.seg, "sr": options.sr, "omit_empty_frames": options.omit_empty_frames},
+                    "seg": options.seg, "sr": options.sr, "omit_empty_frames": options.omit_empty_frames,
+                    "layout": OUTPUT_LAYOUT},
     }
 
 
@@ -240,6 +249,7 @@ def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bo
     lines: list[str] = []
     notes: list[Note] = list(plan.notes)
     masks: dict[str, np.ndarray] = {}
+    rows: list[dict[str, Any]] = []
     s = BatchSummary(exit_code=EXIT_OK, files_seen=plan.files_seen, series=len(plan.series), out=out,
                      interrupted=interrupted)
     for sp in plan.series:
@@ -257,12 +267,21 @@ def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bo
         if (folder / MASKS).is_file():
             with np.load(folder / MASKS) as npz:
                 masks.update({k: npz[k] for k in npz.files})
+        found = json.loads((folder / LESIONS_JSON).read_text(encoding="utf-8"))["lesions"]
+        s.series_lesions += len(found)
+        rows.extend({"series_instance_uid": sp.uid, "modality": sp.series.modality, **_lesion_row(f)} for f in found)
         s.findings.append({"series_instance_uid": sp.uid, "modality": sp.series.modality,
-                           "frames": len(recs), "lesions": sum(len(r["lesions"]) for r in recs),
-                           "diameters_mm": sorted((round(les["diameter_mm"], 1) for r in recs
-                                                   for les in r["lesions"]), reverse=True),
+                           "frames": len(recs), "lesions": len(found),
+                           "sections": sum(len(r["lesions"]) for r in recs),
+                           "diameters_mm": sorted((round(f["diameter_mm"] if f["diameter_mm"] is not None
+                                                         else f["diameter_px"], 1) for f in found), reverse=True),
                            "folder": str(folder.relative_to(out))})
     atomic_write(out / RESULTS, lambda fp: fp.write("".join(lines).encode()))
+    table = io.StringIO()
+    writer = csv.DictWriter(table, fieldnames=LESION_COLUMNS)
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write(out / LESIONS_CSV, lambda fp: fp.write(table.getvalue().encode()))
     buf = io.BytesIO()
     np.savez_compressed(buf, **masks)
     atomic_write(out / MASKS, lambda fp: fp.write(buf.getvalue()))
@@ -282,6 +301,16 @@ def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bo
     elif s.errors:
         s.exit_code = EXIT_ERRORS
     return s
+
+
+def _lesion_row(entry: dict[str, Any]) -> dict[str, Any]:
+    """One row of lesions.csv from an entry of a series' lesions.json."""
+    return {"lesion": entry["lesion"], "slices": entry["slices"], "diameter_mm": entry["diameter_mm"],
+            "diameter_px": entry["diameter_px"], "volume_mm3": entry["volume_mm3"], "score": entry["score"],
+            "largest_sop_instance_uid": entry["largest"]["sop_instance_uid"],
+            "largest_frame_index": entry["largest"]["frame_index"], "largest_id": entry["largest"]["id"],
+            "first_sop_instance_uid": entry["first"]["sop_instance_uid"],
+            "last_sop_instance_uid": entry["last"]["sop_instance_uid"], "tracking_uid": entry["tracking_uid"]}
 
 
 def _report(s: BatchSummary, plan: Plan, settings: dict[str, Any], analyzer: Any, telemetry: Any,

@@ -69,7 +69,7 @@ def listener_vs_batch(folder: Path | None = None, repeats: int = 3, workers: int
                 summary = run_batch(BatchConfig(input=folder, out=root / f"batch{r}", workers=workers),
                                     analyzer=analyzer)
                 batch.append(time.perf_counter() - t0)
-                lesions["batch"].add(summary.lesions)
+                lesions["batch"].add(summary.series_lesions)  # each lesion once, as the listener counts
 
             def listened(r: int) -> None:
                 spool = Spool(root / f"spool{r}")

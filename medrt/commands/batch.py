@@ -116,9 +116,10 @@ def run(args: argparse.Namespace) -> int:
         print(_table(summary))
         print()
     c = summary.report["counts"]
-    print(f"{c['lesions']} lesion(s) in {c['frames_with_lesions']} of {c['frames']} frame(s), {c['series']} series "
+    sections = f" ({c['lesion_sections']} sections on CT slices)" if c["lesion_sections"] != c["lesions"] else ""
+    print(f"{c['lesions']} lesion(s){sections} in {c['frames_with_lesions']} of {c['frames']} frame(s), {c['series']} series "
           f"({c['series_resumed']} already done); {c['errors']} error(s), {c['skipped']} skipped "
-          f"-> {out / 'results.jsonl'}, report {out / 'report.md'}"
+          f"-> {out / 'results.jsonl'}, {out / 'lesions.csv'}, report {out / 'report.md'}"
           + (f", see {out / 'errors.csv'}" if c["errors"] or c["skipped"] else ""))
     if summary.interrupted:
         print("medrt batch: interrupted; run the same command again to finish", file=sys.stderr)

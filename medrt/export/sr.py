@@ -2,17 +2,24 @@
 
 The document holds, under "Imaging Measurements":
 
-- one **Planar ROI group** (TID 1410) per lesion: tracking identifier
-  ``Lesion <label> in <SOPInstanceUID>[#frame]``, finding Lesion, the area
-  (SCT Area, mm², UCUM ``mm2``) and the longest diameter (SCT Long axis, mm),
+- one **Planar ROI group** (TID 1410) per lesion section (a lesion on one frame):
+  tracking identifier ``Lesion <n>`` with the lesion's Tracking UID, finding Lesion,
+  the area (SCT Area, mm², UCUM ``mm2``) and the longest diameter (SCT Long axis, mm),
   each measured by medrt's :class:`highdicom.sr.AlgorithmIdentification`. The
+  sections of one lesion on neighbouring CT slices (:func:`medrt.analysis.tracking.
+  link_series`) share its number and Tracking Unique Identifier (DCM 112040), which is how
+  a TID 1500 report says "the same lesion". The
   ROI is the lesion's SEG frame ("Referenced Segmentation Frame": the frame of
   segment 1 derived from the lesion's image) when ``seg`` is given, else its
   bounding box as a closed polyline on the source image. A SEG frame names its
   segment, so the reference carries the frame number and no segment number
   (the Image SOP Instance Reference Macro allows only one of the two; dciodvfy
   enforces it, highdicom writes both).
-- one **summary group** (TID 1501): "Number of lesions" over every evaluated
+- one **lesion group** (TID 1501) per lesion of a CT series (slice positions and mm
+  known): the same tracking identifier and UID, its longest diameter over its sections
+  and its volume (SCT Volume, mm³: section areas times the slice spacing), with its
+  sections' images as source images.
+- one **summary group** (TID 1501): "Number of lesions" (each lesion once) over every evaluated
   image, listed as its source images, so frames without a lesion still appear as
   evaluated, and a negative study gets an SR that says 0 lesions.
 
@@ -35,6 +42,7 @@ from pydicom.dataset import Dataset
 from pydicom.sr.codedict import codes
 from pydicom.sr.coding import Code
 
+from medrt.analysis.tracking import link_series
 from medrt.export.common import (
     AI_FAMILY,
     DEVICE_SERIAL_NUMBER,
@@ -227,23 +235,44 @@ def build_sr(
     study = items[0].frame.study_instance_uid
     segs, seg_frames = _check_segs(seg, study)
     algorithm = _algorithm(items[0].models)
+    series_lesions, numbers = link_series(items)
+    uids = {les.number: les.uid for les in series_lesions}
     groups: list[object] = []
-    n_lesions = 0
     for r in items:
         for lesion in r.lesions:
-            n_lesions += 1
+            n = numbers[(r.frame.key, lesion.label)]
             ref = {"referenced_segment": _segment_ref(seg_frames, r.frame)} if segs \
                 else {"referenced_region": _region(r.frame, lesion)}
             groups.append(hd.sr.PlanarROIMeasurementsAndQualitativeEvaluations(
-                tracking_identifier=hd.sr.TrackingIdentifier(
-                    uid=hd.UID(), identifier=f"Lesion {lesion.label} in {r.frame.key}"
-                ),
+                tracking_identifier=hd.sr.TrackingIdentifier(uid=uids[n], identifier=f"Lesion {n}"),
                 finding_type=codes.SCT.Lesion,
                 finding_category=codes.SCT.MorphologicallyAbnormalStructure,
                 algorithm_id=algorithm,
                 measurements=_measurements(r.frame, lesion, algorithm),
                 **ref,
             ))
+    by_frame = {r.frame.key: r.frame for r in items}
+    for les in series_lesions:
+        if les.volume_mm3 is None:
+            continue  # a radiograph, a lone slice: its planar group says it all
+        groups.append(hd.sr.MeasurementsAndQualitativeEvaluations(
+            tracking_identifier=hd.sr.TrackingIdentifier(uid=les.uid, identifier=f"Lesion {les.number}"),
+            finding_type=codes.SCT.Lesion,
+            finding_category=codes.SCT.MorphologicallyAbnormalStructure,
+            algorithm_id=algorithm,
+            measurements=[
+                hd.sr.Measurement(name=codes.SCT.LongAxis, value=float(les.diameter_mm),
+                                  unit=codes.UCUM.Millimeter, algorithm_id=algorithm),
+                hd.sr.Measurement(name=codes.SCT.Volume, value=float(les.volume_mm3),
+                                  unit=codes.UCUM.CubicMillimeter, algorithm_id=algorithm),
+            ],
+            source_images=[hd.sr.SourceImageForMeasurementGroup(
+                referenced_sop_class_uid=by_frame[s.key].sop_class_uid,
+                referenced_sop_instance_uid=s.sop_instance_uid,
+                referenced_frame_numbers=_frames_of(by_frame[s.key]),
+            ) for s in les.sections],
+        ))
+    n_lesions = len(series_lesions)
     groups.append(hd.sr.MeasurementsAndQualitativeEvaluations(
         tracking_identifier=hd.sr.TrackingIdentifier(uid=hd.UID(), identifier="Lesion count"),
         finding_type=codes.SCT.Lesion,
@@ -272,6 +301,6 @@ def build_sr(
         series_description=series_description,
         is_complete=True,
     )
-    log.info("SR %s: %d lesions in %d frames of study %s, SEG %s", sr.SOPInstanceUID, n_lesions,
-             len(items), study, ", ".join(s.SOPInstanceUID for s in segs) or "none")
+    log.info("SR %s: %d lesion(s) (%d section(s)) in %d frames of study %s, SEG %s", sr.SOPInstanceUID, n_lesions,
+             sum(len(r.lesions) for r in items), len(items), study, ", ".join(s.SOPInstanceUID for s in segs) or "none")
     return sr

@@ -1,0 +1,175 @@
+"""The lesions of a series: the sections of one lesion on neighbouring slices joined.
+
+The analyzer works slice by slice, so a CT nodule 8 mm across on 3 mm slices is found
+three or four times, once per slice it crosses. A radiologist counts it once, gives its
+longest axial diameter on the slice where it is largest (as RECIST and Lung-RADS
+measure), and may follow its volume. :func:`link_series` joins the sections:
+
+- Frames are put in slice order (by position along the slice normal, head first), and
+  two of them are neighbours when :func:`medrt.analysis.slices.adjacent` says so (same
+  series, size, pixel spacing, orientation, at most ``MAX_GAP_MM`` apart) and they share
+  their pixel grid (in-plane offset under half a pixel). A missing slice breaks a lesion
+  in two rather than joining across the gap.
+- Two lesions on neighbouring slices are one when their masks (in the frames' label
+  maps) overlap by at least :data:`MIN_OVERLAP` of the smaller one's area, and at least
+  one pixel.
+- Each series lesion gets a number (1, 2, ... in slice order from the head, then by
+  row and column), a tracking UID derived from its series and first section (the same
+  for the same results, so the SR and ``lesions.csv`` of a rerun agree), its longest
+  section diameter and which section that is, and, where positions along the normal are
+  known and the spacing is in mm, its volume: the sum of its section areas times the
+  slice spacing (the median step between neighbouring slices; Cavalieri's estimate, so
+  a lesion seen on one slice has the volume of a slab that thick).
+
+A radiograph, a lone image, or a frame whose neighbours are missing has series lesions
+of one section each (volume None). No library offered this: scikit-image and
+scipy.ndimage label connected voxels in a regular volume, which would need every slice's
+full mask stacked and a regular spacing, and would merge two lesions the analyzer kept
+apart on one slice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from medrt.analysis.slices import _along, adjacent
+from medrt.types import Frame, FrameResult, Lesion
+
+__all__ = ["MIN_OVERLAP", "Section", "SeriesLesion", "link_series"]
+
+MIN_OVERLAP = 0.1  # of the smaller section's pixels
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """One lesion on one frame: the frame's key (``SOPInstanceUID[#frame]``), SOP Instance
+    UID and frame index, the lesion's label in that frame's label map, and its record."""
+
+    key: str
+    sop_instance_uid: str
+    frame_index: int
+    slice: int  # position in slice order, from 0 (head first when positions are known)
+    lesion: Lesion
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesLesion:
+    number: int
+    uid: str  # Tracking UID (TID 1500): the same for every section and measurement of this lesion
+    sections: tuple[Section, ...]  # in slice order
+    largest: Section  # the section with the longest diameter
+    diameter_mm: float  # the longest section diameter (pixel widths when in_mm is False)
+    volume_mm3: float | None  # sum of section areas x slice spacing; None without positions or mm
+    score: float  # the highest section score
+    in_mm: bool  # sizes in mm; else in pixels (no pixel spacing in the header)
+
+    @property
+    def slices(self) -> int:
+        return len(self.sections)
+
+    def to_json(self) -> dict[str, Any]:
+        first, last = self.sections[0], self.sections[-1]
+        return {
+            "lesion": self.number,
+            "tracking_uid": self.uid,
+            "slices": self.slices,
+            "first": {"sop_instance_uid": first.sop_instance_uid, "frame_index": first.frame_index},
+            "last": {"sop_instance_uid": last.sop_instance_uid, "frame_index": last.frame_index},
+            "largest": {"sop_instance_uid": self.largest.sop_instance_uid, "frame_index": self.largest.frame_index,
+                        "id": int(self.largest.lesion.label)},
+            "diameter_mm": round(self.diameter_mm, 4) if self.in_mm else None,
+            "diameter_px": None if self.in_mm else round(self.diameter_mm, 4),
+            "volume_mm3": None if self.volume_mm3 is None else round(self.volume_mm3, 3),
+            "score": round(self.score, 4),
+        }
+
+
+def _order(results: Sequence[FrameResult]) -> list[FrameResult]:
+    """Slice order: by position along the normal, head (larger) first, when every frame has
+    one; else as given (a multi-frame object's frame order)."""
+    positions = [_along(r.frame) for r in results]
+    if results and all(p is not None for p in positions):
+        order = sorted(range(len(results)), key=lambda i: (-positions[i], results[i].frame.frame_index))  # type: ignore[operator]
+        return [results[i] for i in order]
+    return list(results)
+
+
+def _same_grid(a: Frame, b: Frame) -> bool:
+    if a.geometry is None or b.geometry is None:
+        return True  # frames of one multi-frame object (adjacent checked that)
+    step = np.subtract(b.geometry.position, a.geometry.position)
+    normal = np.asarray(a.geometry.normal, dtype=float)
+    in_plane = step - normal * float(np.dot(step, normal))
+    pixel = min(a.spacing_mm) if a.spacing_mm else 1.0
+    return float(np.linalg.norm(in_plane)) < 0.5 * pixel
+
+
+def _overlap(a: FrameResult, la: Lesion, b: FrameResult, lb: Lesion) -> bool:
+    r0, c0 = max(la.bbox[0], lb.bbox[0]), max(la.bbox[1], lb.bbox[1])
+    r1, c1 = min(la.bbox[2], lb.bbox[2]), min(la.bbox[3], lb.bbox[3])
+    if r0 >= r1 or c0 >= c1:
+        return False
+    both = int(np.count_nonzero((a.labels[r0:r1, c0:c1] == la.label) & (b.labels[r0:r1, c0:c1] == lb.label)))
+    return both >= max(1.0, MIN_OVERLAP * min(_pixels(a, la), _pixels(b, lb)))
+
+
+def _pixels(r: FrameResult, les: Lesion) -> int:
+    r0, c0, r1, c1 = les.bbox
+    return int(np.count_nonzero(r.labels[r0:r1, c0:c1] == les.label))
+
+
+def link_series(results: Sequence[FrameResult]) -> tuple[list[SeriesLesion], dict[tuple[str, int], int]]:
+    """The series lesions of ``results`` (the frames of one series, in any order), and each
+    section's number: ``{(frame key, lesion label): series lesion number}``."""
+    from pydicom.uid import generate_uid
+
+    ordered = _order(results)
+    sections: list[Section] = []
+    index: dict[tuple[int, int], int] = {}  # (slice, label) -> section
+    for i, r in enumerate(ordered):
+        for les in r.lesions:
+            index[(i, les.label)] = len(sections)
+            sections.append(Section(r.frame.key, r.frame.sop_instance_uid, r.frame.frame_index, i, les))
+    parent = list(range(len(sections)))
+
+    def root(k: int) -> int:
+        while parent[k] != k:
+            parent[k] = parent[parent[k]]
+            k = parent[k]
+        return k
+
+    steps: list[float] = []
+    for i in range(len(ordered) - 1):
+        a, b = ordered[i], ordered[i + 1]
+        if not adjacent(a.frame, b.frame) or not _same_grid(a.frame, b.frame):
+            continue
+        pa, pb = _along(a.frame), _along(b.frame)
+        if pa is not None and pb is not None:
+            steps.append(abs(pa - pb))
+        for la in a.lesions:
+            for lb in b.lesions:
+                if _overlap(a, la, b, lb):
+                    parent[root(index[(i, la.label)])] = root(index[(i + 1, lb.label)])
+    groups: dict[int, list[Section]] = {}
+    for k, s in enumerate(sections):
+        groups.setdefault(root(k), []).append(s)
+    step = float(np.median(steps)) if steps else None
+    found = sorted(groups.values(), key=lambda g: (g[0].slice, g[0].lesion.centroid[0], g[0].lesion.centroid[1]))
+    series_uid = ordered[0].frame.series_instance_uid if ordered else ""
+    lesions: list[SeriesLesion] = []
+    numbers: dict[tuple[str, int], int] = {}
+    for n, group in enumerate(found, start=1):
+        in_mm = ordered[group[0].slice].frame.spacing_mm is not None
+        largest = max(group, key=lambda s: (s.lesion.diameter_mm, -s.slice))
+        volume = None
+        if in_mm and step is not None and _along(ordered[group[0].slice].frame) is not None:
+            volume = float(sum(s.lesion.area_mm2 for s in group) * step)
+        uid = generate_uid(entropy_srcs=["medrt series lesion", series_uid, group[0].key, str(group[0].lesion.label)])
+        lesions.append(SeriesLesion(n, uid, tuple(group), largest, float(largest.lesion.diameter_mm), volume,
+                                    float(max(s.lesion.score for s in group)), in_mm))
+        numbers.update({(s.key, s.lesion.label): n for s in group})
+    return lesions, numbers

@@ -1,0 +1,105 @@
+"""Series lesions: the sections of one lesion on neighbouring CT slices counted once.
+
+The phantom's ground truth keeps a 3-D lesion's label on every slice it crosses, so what
+a perfect analyzer finds slice by slice must link back into exactly those lesions.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from test_export import truth_result
+
+from medrt import read_frames
+from medrt.analysis.tracking import link_series
+from medrt.phantom import load_ground_truth, write_ct_series, write_radiographs
+from medrt.types import FrameResult
+
+
+@pytest.fixture(scope="module")
+def ct(tmp_path_factory: pytest.TempPathFactory) -> tuple[list[FrameResult], list[np.ndarray]]:
+    """A 40-slice 256² CT phantom read back from disk, the truth of each slice beside it."""
+    folder = tmp_path_factory.mktemp("ct")
+    paths = write_ct_series(folder, 11, n_frames=40, size=256, compress="none")
+    truth = load_ground_truth(folder)
+    frames = [f for p in paths for f in read_frames(p)]
+    masks = [np.asarray(truth[f.sop_instance_uid].mask) for f in frames]
+    return [truth_result(f, m) for f, m in zip(frames, masks, strict=True)], masks
+
+
+def true_label(result: FrameResult, mask: np.ndarray, label: int) -> int:
+    values = mask[(result.labels == label) & (mask > 0)]
+    return int(np.bincount(values).argmax())
+
+
+def test_sections_link_into_the_phantoms_3d_lesions(ct) -> None:  # type: ignore[no-untyped-def]
+    results, masks = ct
+    lesions, numbers = link_series(results)
+    truth: dict[tuple[str, int], int] = {}  # section -> the 3-D lesion it is a section of
+    for r, m in zip(results, masks, strict=True):
+        for les in r.lesions:
+            truth[(r.frame.key, les.label)] = true_label(r, m, les.label)
+    assert set(numbers) == set(truth) and len(truth) > len(lesions) > 2  # several lesions, most on several slices
+    by_number: dict[int, set[int]] = {}
+    for key, n in numbers.items():
+        by_number.setdefault(n, set()).add(truth[key])
+    assert all(len(v) == 1 for v in by_number.values())  # no two true lesions joined
+    assert len({next(iter(v)) for v in by_number.values()}) == len(lesions)  # no true lesion split
+
+    step = abs(float(np.dot(results[1].frame.geometry.position, results[1].frame.geometry.normal))
+               - float(np.dot(results[0].frame.geometry.position, results[0].frame.geometry.normal)))
+    assert step in (3.0, 5.0)
+    keys = [r.frame.key for r in results]  # head first, as written
+    for les in lesions:
+        assert [s.slice for s in les.sections] == sorted(s.slice for s in les.sections)
+        assert les.slices == len(les.sections) and les.in_mm
+        assert les.diameter_mm == max(s.lesion.diameter_mm for s in les.sections) == les.largest.lesion.diameter_mm
+        assert les.volume_mm3 == pytest.approx(sum(s.lesion.area_mm2 for s in les.sections) * step)
+        record = les.to_json()
+        assert record["lesion"] == les.number and record["first"]["sop_instance_uid"] == les.sections[0].sop_instance_uid
+        assert record["slices"] == les.slices and record["diameter_px"] is None
+    firsts = [keys.index(les.sections[0].key) for les in lesions]
+    assert firsts == sorted(firsts) and [les.number for les in lesions] == list(range(1, len(lesions) + 1))
+
+    shuffled = results[:]
+    random.Random(3).shuffle(shuffled)
+    again, again_numbers = link_series(shuffled)  # the order frames arrive in does not matter
+    assert again_numbers == numbers and [les.uid for les in again] == [les.uid for les in lesions]
+    assert len({les.uid for les in lesions}) == len(lesions)
+
+
+def test_a_gap_in_the_series_breaks_a_lesion_and_no_mm_means_no_volume(ct) -> None:  # type: ignore[no-untyped-def]
+    from medrt.analysis.slices import MAX_GAP_MM
+
+    results, _ = ct
+    lesions, _ = link_series(results)
+    g0, g1 = (r.frame.geometry for r in results[:2])
+    step = abs(float(np.dot(np.subtract(g0.position, g1.position), g0.normal)))
+    k = int(MAX_GAP_MM // step)  # this many slices missing leaves a gap over MAX_GAP_MM
+    tall = max(lesions, key=lambda les: les.slices)
+    assert tall.slices >= k + 2
+    first = tall.sections[1].slice
+    kept = results[:first] + results[first + k:]
+    _, numbers = link_series(kept)
+    before, after = tall.sections[0], tall.sections[-1]
+    assert numbers[(before.key, before.lesion.label)] != numbers[(after.key, after.lesion.label)]
+    _, whole = link_series(results[:first] + results[first + k - 1:])  # one slice fewer: within the gap
+    assert whole[(before.key, before.lesion.label)] == whole[(after.key, after.lesion.label)]
+
+    no_mm = [replace(r, frame=replace(r.frame, spacing_mm=None)) for r in results]
+    pixels, _ = link_series(no_mm)
+    assert len(pixels) == len(lesions) and all(les.volume_mm3 is None and not les.in_mm for les in pixels)
+    assert pixels[0].to_json()["diameter_mm"] is None and pixels[0].to_json()["diameter_px"] is not None
+
+
+def test_radiographs_keep_one_lesion_per_section(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    paths = write_radiographs(tmp_path, 5, count=2, size=512, compress="none")
+    truth = load_ground_truth(tmp_path)
+    results = [truth_result(f, truth[f.sop_instance_uid].mask) for p in paths for f in read_frames(p)]
+    lesions, numbers = link_series(results)
+    assert len(lesions) == sum(len(r.lesions) for r in results) > 0
+    assert all(les.slices == 1 and les.volume_mm3 is None for les in lesions)
+    assert link_series([]) == ([], {})
