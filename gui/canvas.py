@@ -19,6 +19,8 @@ is reported through ``hovered``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from medrt_gui.imaging import Layer
 from PySide6.QtCore import QPointF, QRectF, Qt, Signal
@@ -201,12 +203,14 @@ class ImageView(QGraphicsView):
     def crop_items(self) -> list[QGraphicsRectItem]:
         return list(self._crops)
 
-    def set_lesions(self, lesions: tuple[Lesion, ...]) -> None:
-        """Each lesion's number beside it, in its overlay colour, constant size on screen."""
+    def set_lesions(self, lesions: tuple[Lesion, ...], numbers: Sequence[int] | None = None) -> None:
+        """Each lesion's number (``numbers``, its number in the series; else 1, 2, ...) beside
+        it, in its overlay colour, constant size on screen."""
         for item in self._labels:
             self.scene().removeItem(item)
         self._labels = []
-        for i, les in enumerate(lesions, start=1):
+        numbers = list(numbers) if numbers is not None else list(range(1, len(lesions) + 1))
+        for i, les in zip(numbers, lesions, strict=True):
             item = self._label(str(i), QColor(*lesion_color(max(les.label, 1))), les.bbox[3] + 1, les.bbox[0], z=4)
             item.setVisible(self._overlays_on and self.labels_visible)
             item.setOpacity(self._opacity)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from medrt_gui.study import Problem, Study
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
@@ -25,12 +28,23 @@ from PySide6.QtWidgets import (
 from medrt.overlay import lesion_color
 from medrt.types import Lesion
 
-__all__ = ["SeriesBrowser", "LesionList", "Controls", "LESION_COLUMNS", "FOLLOW_MODES"]
+__all__ = ["SeriesBrowser", "LesionList", "LesionRow", "Controls", "LESION_COLUMNS", "FOLLOW_MODES"]
 
 #: Following a live stream shows ... (the combo box's text, the mode's name).
 FOLLOW_MODES = (("the newest AI result", "results"), ("the newest image", "images"))
 
-LESION_COLUMNS = ("#", "area mm²", "diam. mm", "score", "recheck")
+LESION_COLUMNS = ("#", "slice", "area mm²", "diam. mm", "vol. mm³", "score", "recheck")
+
+
+@dataclass(frozen=True, slots=True)
+class LesionRow:
+    """Where a section stands in its lesion: the lesion's number in the series, which of
+    its slices this is (1-based) of how many, and the lesion's volume (None: unknown)."""
+
+    number: int
+    slice: int
+    slices: int
+    volume_mm3: float | None
 
 
 class SeriesBrowser(QWidget):
@@ -104,16 +118,21 @@ class LesionList(QTableWidget):
         self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
         self.setMinimumWidth(300)
         self.lesions: tuple[Lesion, ...] = ()
+        self.rows: tuple[LesionRow, ...] = ()
         self.cellClicked.connect(lambda row, _col: self.activate(row))
 
-    def show_lesions(self, lesions: tuple[Lesion, ...]) -> None:
-        if lesions == self.lesions:
+    def show_lesions(self, lesions: tuple[Lesion, ...], rows: Sequence[LesionRow] | None = None) -> None:
+        """The lesions of the image shown; ``rows`` (one per lesion) number them as lesions of
+        the series, a lesion on several slices keeping its number on each."""
+        rows = tuple(rows) if rows is not None else tuple(LesionRow(i + 1, 1, 1, None) for i in range(len(lesions)))
+        if (lesions, rows) == (self.lesions, self.rows):
             return
-        self.lesions = tuple(lesions)
+        self.lesions, self.rows = tuple(lesions), rows
         self.setRowCount(len(self.lesions))
-        for row, les in enumerate(self.lesions):
-            cells = (str(row + 1), f"{les.area_mm2:.1f}", f"{les.diameter_mm:.1f}", f"{les.score:.2f}",
-                     "yes" if les.rechecked else "no")
+        for row, (les, where) in enumerate(zip(self.lesions, rows, strict=True)):
+            volume = "–" if where.volume_mm3 is None else f"{where.volume_mm3:.0f}"
+            cells = (str(where.number), f"{where.slice}/{where.slices}", f"{les.area_mm2:.1f}",
+                     f"{les.diameter_mm:.1f}", volume, f"{les.score:.2f}", "yes" if les.rechecked else "no")
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)

@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from medrt_gui.imaging import DisplayIndex, Layer
@@ -23,6 +24,9 @@ from medrt.io.scan import iter_files
 from medrt.io.series import group_series
 from medrt.privacy import describe_exception
 from medrt.types import Frame, FrameResult
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from medrt.analysis.tracking import SeriesLesion
 
 __all__ = ["Slot", "SeriesEntry", "Problem", "Study", "SEG_SOP_CLASSES", "describe_error"]
 
@@ -87,6 +91,7 @@ class SeriesEntry:
     slots: list[Slot] = field(default_factory=list)
     live: bool = False
     _by_key: dict[str, Slot] = field(default_factory=dict, repr=False)
+    _linked: tuple[tuple[tuple[str, int], ...], Any] = field(default=((), ([], {})), repr=False)
 
     def add(self, slot: Slot) -> Slot:
         self.slots.append(slot)
@@ -117,6 +122,19 @@ class SeriesEntry:
     @property
     def analysed(self) -> int:
         return sum(1 for s in self.slots if s.result is not None)
+
+    def series_lesions(self) -> tuple[list[SeriesLesion], dict[tuple[str, int], int]]:
+        """The lesions of the results so far, each once (:func:`medrt.analysis.tracking.
+        link_series`: sections on neighbouring slices joined); worked out again only when a
+        result has come or gone since the last call."""
+        from medrt.analysis.tracking import link_series
+
+        done = [s for s in self.slots if s.result is not None]
+        signature = tuple((s.key, s.version) for s in done)
+        if signature != self._linked[0]:
+            results = [s.result for s in done]
+            self._linked = (signature, link_series(results))
+        return self._linked[1]
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,13 +26,15 @@ from medrt_gui.imaging import (
     window_lut,
 )
 from medrt_gui.measure import Ellipse, Length, ellipse_text, length_text
-from medrt_gui.panels import FOLLOW_MODES, Controls, LesionList, SeriesBrowser
+from medrt_gui.panels import FOLLOW_MODES, Controls, LesionList, LesionRow, SeriesBrowser
 from medrt_gui.seg import seg_overlay
 from medrt_gui.streams import StreamsMixin
 from medrt_gui.study import SeriesEntry, Slot, Study
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox
+
+from medrt.types import FrameResult
 
 __all__ = ["MainWindow"]
 
@@ -509,13 +511,28 @@ class MainWindow(QMainWindow, StreamsMixin):
         result = slot.result
         self.view.set_crops(result.crops if result is not None else ())
         lesions = result.lesions if result is not None else ()
-        self.view.set_lesions(lesions)
+        rows = self._lesion_rows(result)
+        self.view.set_lesions(lesions, [row.number for row in rows])
         self.view.set_measurements([(shape, self._measure_text(shape, slot.frame))
                                     for shape in self.measurements.get(slot.key, ())])
-        self.lesion_list.show_lesions(lesions)
+        self.lesion_list.show_lesions(lesions, rows)
         self.shown_key = slot.key
         self._update_hud()
         self.rendered.emit(slot.key)
+
+    def _lesion_rows(self, result: FrameResult | None) -> list[LesionRow]:
+        """Each lesion of ``result`` as a lesion of its series: its number (the same on every
+        slice it shows on), which of its slices this is, and its volume."""
+        entry = self.current_series
+        if result is None or not result.lesions or entry is None:
+            return []
+        lesions, numbers = entry.series_lesions()
+        rows = []
+        for les in result.lesions:
+            whole = lesions[numbers[(result.frame.key, les.label)] - 1]
+            at = next(i for i, s in enumerate(whole.sections, start=1) if s.key == result.frame.key)
+            rows.append(LesionRow(whole.number, at, whole.slices, whole.volume_mm3))
+        return rows
 
     def _want_decoded(self, slot: Slot) -> None:
         """Ask the decoder for this image and its neighbours (files not decoded yet)."""

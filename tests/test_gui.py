@@ -473,9 +473,9 @@ def test_lesion_list_click_centres_and_zooms(bot, analysed) -> None:  # type: ig
     table = w.lesion_list
     assert table.rowCount() == len(lesions) >= 1
     for row, les in enumerate(lesions):
-        assert table.item(row, 2).text() == f"{les.diameter_mm:.1f}"
-        assert table.item(row, 1).text() == f"{les.area_mm2:.1f}"
-        assert table.item(row, 4).text() in ("yes", "no")
+        assert table.item(row, 3).text() == f"{les.diameter_mm:.1f}"
+        assert table.item(row, 2).text() == f"{les.area_mm2:.1f}"
+        assert table.item(row, 6).text() in ("yes", "no")
     row = len(lesions) - 1
     rect = table.visualItemRect(table.item(row, 0))
     bot.mouseClick(table.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
@@ -485,6 +485,27 @@ def test_lesion_list_click_centres_and_zooms(bot, analysed) -> None:  # type: ig
     assert w.view.zoom > 1.9 * fit
     key_click(bot, w, Qt.Key.Key_Equal)
     assert w.view.zoom == pytest.approx(fit, rel=1e-3)
+
+
+def test_a_lesion_keeps_its_number_on_every_slice_it_shows_on(bot, analysed) -> None:  # type: ignore[no-untyped-def]
+    """The list and the labels on the image number lesions of the series, as lesions.csv and
+    the SR do: a nodule on three slices is lesion 4 on each, slice 1/3, 2/3, 3/3."""
+    w = analysed
+    lesions, numbers = w.current_series.series_lesions()
+    assert len(lesions) < len(numbers)  # sections joined
+    tall = max(lesions, key=lambda les: les.slices)
+    assert tall.slices >= 2 and tall.volume_mm3 is not None
+    keys = [slot.key for slot in w.current_series.slots]
+    for at, section in enumerate(tall.sections, start=1):
+        w.show_image(keys.index(section.key))
+        wait_shown(bot, w)
+        table = w.lesion_list
+        (row,) = [r for r, les in enumerate(table.lesions) if les.label == section.lesion.label]
+        assert table.item(row, 0).text() == str(tall.number)
+        assert table.item(row, 1).text() == f"{at}/{tall.slices}"
+        assert table.item(row, 4).text() == f"{tall.volume_mm3:.0f}"
+        assert str(tall.number) in [item.text() for item in w.view._labels]
+    assert w.current_series.series_lesions()[0] is lesions  # worked out once while nothing changed
 
 
 # -- SEG, export, help, bad files ---------------------------------------------------------
