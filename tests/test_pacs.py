@@ -267,6 +267,89 @@ def test_results_a_pacs_cannot_take_are_kept_and_sent_on_retry(tmp_path, analyze
     assert spool.deliveries(again.series_uid, str(dest)) != held
 
 
+class SilentPeer:
+    """A host that takes TCP connections and never says a word (a hung PACS, or a proxy in
+    front of one that is gone): counts the connections it got."""
+
+    def __init__(self) -> None:
+        import socket
+        import threading
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.accepted: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        try:
+            while True:
+                conn, _ = self.sock.accept()
+                self.accepted.append(conn)
+        except OSError:
+            return
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.accepted:
+            conn.close()
+
+
+def test_a_destination_that_never_answers_holds_up_one_series_not_each(tmp_path, analyzer, storescp):
+    """Three series due and the PACS hung: the first waits for --forward-timeout, the other two
+    are failed at once (not tried before --retry), and all three go out once it is back."""
+    dest, pacs = storescp
+    silent = SilentPeer()
+    spool = Spool(tmp_path / "spool")
+    for n in range(3):
+        for path in CT[3 * n:3 * n + 3]:
+            ds = pydicom.dcmread(path, stop_before_pixels=True)
+            spool.store(path.read_bytes(), study_uid=ds.StudyInstanceUID, series_uid=f"1.2.826.0.1.3680043.8.498.5{n}",
+                        sop_uid=ds.SOPInstanceUID, now=1.0)
+    hung = Destination("PACS", "127.0.0.1", silent.port)
+    service = PacsService(spool, tmp_path / "out", analyzer, forward=hung, idle_s=0.0, retry_s=60.0,
+                          forward_timeout_s=1.0)
+    try:
+        outcomes = service.run_once()
+        assert [o.state for o in outcomes] == ["failed"] * 3
+        assert len(silent.accepted) == 1  # asked once, not once per series
+        assert all(f"{hung} not tried: it took no association" in o.detail for o in outcomes[1:])
+        assert all(o.refused == {str(hung): 2} for o in outcomes)
+    finally:
+        silent.close()
+    service.forward = dest  # back, at its address
+    later = service.run_once(now=time.time() + 61.0)
+    assert [o.state for o in later] == ["done"] * 3 and len(list(pacs.iterdir())) == 6
+
+
+def test_a_host_that_drops_connections_times_out_as_asked(tmp_path):
+    """A peer whose host drops SYNs (here: a full accept queue) fails after the timeout given,
+    not the two minutes of the OS's connect retries."""
+    import socket
+
+    full = socket.socket()
+    full.bind(("127.0.0.1", 0))
+    full.listen(0)
+    port = full.getsockname()[1]
+    queued = []
+    for _ in range(3):  # fill the accept queue; later SYNs are dropped
+        c = socket.socket()
+        c.setblocking(False)
+        c.connect_ex(("127.0.0.1", port))
+        queued.append(c)
+    time.sleep(0.2)
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(ForwardError, match=r"association (aborted|not established)"):
+            send([CT[0]], Destination("PACS", "127.0.0.1", port), timeout_s=2.0)
+        assert time.monotonic() - t0 < 60.0  # two minutes without connection_timeout; 2 s with it
+    finally:
+        for c in queued:
+            c.close()
+        full.close()
+
+
 def test_medrt_spool_lists_the_queue_and_requeues_by_hand(tmp_path, analyzer, storescp, capsys):
     """What the people running the listener see, and "send those results again" after a PACS lost them."""
     import json

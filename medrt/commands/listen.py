@@ -158,6 +158,9 @@ def run(args: argparse.Namespace) -> int:
     if args.min_free < 0:
         print("medrt listen: --min-free takes MiB >= 0", file=sys.stderr)
         return 2
+    if args.forward_timeout <= 0:
+        print("medrt listen: --forward-timeout takes seconds > 0", file=sys.stderr)
+        return 2
     spool = Spool(args.spool, min_free_bytes=int(args.min_free * 2**20))
     out = Path(args.out) if args.out else spool.root / "results"
     recovered = spool.recover()
@@ -165,10 +168,11 @@ def run(args: argparse.Namespace) -> int:
     analyzer = load_analyzer(analyzer_config(args))
     service = PacsService(spool, out, analyzer, forward=args.forward, peers=peers, to_sender=args.forward_to_sender,
                           calling_ae=args.ae_title, idle_s=args.idle,
-                          retry_s=args.retry, workers=workers,
+                          retry_s=args.retry, workers=workers, forward_timeout_s=args.forward_timeout,
                           keep_s=None if args.keep_days <= 0 else args.keep_days * 86400.0, forward_tls=forward_tls,
                           outputs=OutputOptions(png="none" if args.no_png else "positive", sc=args.sc))
-    reporter = CommitmentReporter(spool, peers, ae_title=args.ae_title, retry_s=args.retry, tls=forward_tls)
+    reporter = CommitmentReporter(spool, peers, ae_title=args.ae_title, retry_s=args.retry, tls=forward_tls,
+                                  timeout_s=args.forward_timeout)
     listener = Listener(spool, ae_title=args.ae_title, host=args.bind, port=args.port,
                         allowed_callers=args.allow or (), on_stored=service.notify, tls=tls, peers=peers,
                         on_commitment=reporter.notify, allowed_networks=args.allow_from or ())
@@ -263,6 +267,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     t.add_argument("--forward-tls-key", metavar="PEM", help="the private key of --forward-tls-cert")
     p.add_argument("--idle", type=float, default=10.0, metavar="S",
                    help="a series is complete after S seconds without a new image (default 10)")
+    p.add_argument("--forward-timeout", type=float, default=30.0, metavar="S",
+                   help="give up on a destination (and storage commitment receiver) that does not answer "
+                        "within S seconds: connecting, associating, each C-STORE (default 30)")
     p.add_argument("--retry", type=float, default=60.0, metavar="S",
                    help="try a failed series (analysis or forwarding) again after S seconds (default 60)")
     p.add_argument("--keep-days", type=float, default=7.0, metavar="D",

@@ -127,8 +127,9 @@ class CommitmentReporter(BackgroundLoop):
     thread_name = "medrt-commitment"
 
     def __init__(self, spool: Spool, peers: Mapping[str, Destination], *, ae_title: str = "MEDRT",
-                 retry_s: float = 60.0, tls: ssl.SSLContext | None = None) -> None:
+                 retry_s: float = 60.0, tls: ssl.SSLContext | None = None, timeout_s: float = 30.0) -> None:
         self.spool = spool
+        self.timeout_s = timeout_s
         self.peers = dict(peers)
         self.ae_title = ae_title
         self.retry_s = retry_s
@@ -154,7 +155,7 @@ class CommitmentReporter(BackgroundLoop):
             if dest is None:  # the table changed since the request was taken
                 raise ForwardError(f"no address for AE {request.calling_ae} (medrt listen --peer "
                                    f"{request.calling_ae}@HOST:PORT)")
-            send_report(dest, event_type, info, calling_ae=self.ae_title, tls=self.tls)
+            send_report(dest, event_type, info, calling_ae=self.ae_title, tls=self.tls, timeout_s=self.timeout_s)
         except (ForwardError, OSError) as exc:
             detail = f"report not delivered: {exc}"
             log.error("commitment: transaction %s from %s: %s (retried in %.0f s)", request.transaction_uid,

@@ -96,7 +96,9 @@ def associate(dest: Destination, contexts: Sequence[tuple[str, str | None]], *, 
     timeout ``timeout_s``, over TLS with ``tls``; :class:`ForwardError` naming the peer when
     it is rejected or aborted (a TLS handshake that fails ends so)."""
     ae = new_ae(calling_ae)
-    ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = timeout_s
+    # connection_timeout too: left unset, a peer whose host drops packets (switched off behind
+    # a firewall) holds the TCP connect for the OS's SYN retries, about two minutes on Linux.
+    ae.acse_timeout = ae.dimse_timeout = ae.network_timeout = ae.connection_timeout = timeout_s
     for abstract, transfer in contexts:
         if transfer is None:
             ae.add_requested_context(abstract)  # pynetdicom's uncompressed transfer syntaxes

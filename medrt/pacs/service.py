@@ -75,7 +75,7 @@ class PacsService(BackgroundLoop):
                  calling_ae: str = "MEDRT", idle_s: float = 10.0, retry_s: float = 60.0,
                  outputs: Any = None, workers: int = 1, keep_s: float | None = None,
                  forward_tls: Any = None, peers: Mapping[str, Destination] | None = None,
-                 to_sender: bool = False) -> None:
+                 to_sender: bool = False, forward_timeout_s: float = 30.0) -> None:
         from medrt.batch import OutputOptions
 
         self.spool = spool
@@ -86,6 +86,10 @@ class PacsService(BackgroundLoop):
         self.to_sender = to_sender
         self.forward_tls = forward_tls  # ssl.SSLContext (medrt.pacs.scu.client_tls) or None
         self.calling_ae = calling_ae
+        self.forward_timeout_s = forward_timeout_s
+        # Destinations that took no association, and until when they are not tried again: a
+        # peer down makes one series wait for the timeout per --retry, not every series.
+        self._unreachable: dict[str, tuple[float, str]] = {}
         self.idle_s = idle_s
         self.retry_s = retry_s
         self.outputs = outputs if outputs is not None else OutputOptions()
@@ -108,7 +112,7 @@ class PacsService(BackgroundLoop):
                 break
             if not self.spool.claim(state.series_uid, expect_received=state.last_received, now=now):
                 continue  # an instance arrived since it was listed: not complete yet
-            outcome = self._process(state)
+            outcome = self._process(state, time.time() if now is None else now)
             done.append(outcome)
             self.outcomes.append(outcome)
             self.processed[outcome.state] += 1
@@ -123,7 +127,7 @@ class PacsService(BackgroundLoop):
             self._last_purge = t
             self.spool.purge(self.keep_s, now=now)
 
-    def _process(self, state: SeriesState) -> SeriesOutcome:
+    def _process(self, state: SeriesState, now: float) -> SeriesOutcome:
         from medrt.batch import EXIT_FAILED, EXIT_INTERRUPTED, BatchConfig, run_batch
 
         t0 = time.perf_counter()
@@ -157,7 +161,7 @@ class PacsService(BackgroundLoop):
             delivered = set(files)
             for dest in destinations:
                 outcome.sent[str(dest)] = 0
-                refused, why = self._deliver(uid, digests, dest, outcome)
+                refused, why = self._deliver(uid, digests, dest, outcome, now)
                 delivered -= set(refused)
                 if refused:
                     problems.append(why)
@@ -177,19 +181,30 @@ class PacsService(BackgroundLoop):
         return self._timed(outcome, t0)
 
     def _deliver(self, uid: str, digests: dict[Path, tuple[str, str]], dest: Destination,
-                 outcome: SeriesOutcome) -> tuple[list[Path], str]:
+                 outcome: SeriesOutcome, now: float) -> tuple[list[Path], str]:
         """Send ``dest`` those of the files (path → name, sha256) it does not hold yet, as the
-        spool recorded; returns those it did not take, and why."""
+        spool recorded; returns those it did not take, and why. A destination that took no
+        association is not tried again, for any series, before ``retry_s`` has passed."""
         key = str(dest)
         held = self.spool.deliveries(uid, key)
         pending = [p for p, (name, digest) in digests.items() if held.get(name) != digest]
         if not pending:
             return [], ""
+        down = self._unreachable.get(key)
+        if down is not None and now < down[0]:
+            outcome.refused[key] = len(pending)
+            return pending, (f"{dest} not tried: it took no association {now - down[0] + self.retry_s:.0f} s ago "
+                             f"({down[1]}); tried again after --retry")
         why = ""
         try:
-            statuses = send(pending, dest, calling_ae=self.calling_ae, tls=self.forward_tls)
+            statuses = send(pending, dest, calling_ae=self.calling_ae, tls=self.forward_tls,
+                            timeout_s=self.forward_timeout_s)
         except (ForwardError, OSError) as exc:
             statuses, why = getattr(exc, "statuses", {}), describe_exception(exc)
+            if not statuses:  # not one reply: down, unreachable, or refusing us
+                self._unreachable[key] = (now + self.retry_s, why)
+        else:
+            self._unreachable.pop(key, None)
         took = taken(statuses)
         self.spool.record_deliveries(uid, key, dict(digests[p] for p in took))
         outcome.sent[key] = len(took)
