@@ -48,11 +48,13 @@ install -d -m 0755 "$ROOT$PREFIX"
 "$ROOT$PREFIX/venv/bin/medrt" --version
 
 install -d -m 0755 "$ROOT/etc/medrt" "$ROOT/etc/systemd/system"
+# 0600, root's: it may hold DICOMweb credentials (systemd reads it before dropping to medrt).
 if [ -e "$ROOT/etc/medrt/listen.env" ]; then
     echo "install-listener: keeping $ROOT/etc/medrt/listen.env (the new default is $ROOT/etc/medrt/listen.env.new)"
-    install -m 0644 "$SRC/installer/listen.env" "$ROOT/etc/medrt/listen.env.new"
+    install -m 0600 "$SRC/installer/listen.env" "$ROOT/etc/medrt/listen.env.new"
+    chmod go-rwx "$ROOT/etc/medrt/listen.env"
 else
-    install -m 0644 "$SRC/installer/listen.env" "$ROOT/etc/medrt/listen.env"
+    install -m 0600 "$SRC/installer/listen.env" "$ROOT/etc/medrt/listen.env"
 fi
 sed "s|@PREFIX@|$PREFIX|g" "$SRC/installer/medrt-listen.service" > "$ROOT/etc/systemd/system/medrt-listen.service"
 chmod 0644 "$ROOT/etc/systemd/system/medrt-listen.service"

@@ -10,11 +10,16 @@ loopback-only network namespace (``unshare -n``), because Orthanc listens on eve
 6. We print what Orthanc holds and what it was told as one JSON object on stdout (the
    test checks it).
 
-Usage: python pacs_orthanc_roundtrip.py WORKDIR FILE.dcm...
+With ``--stow`` (Orthanc with its DICOMweb plugin, and HTTP basic authentication), medrt
+sends the results by STOW-RS to Orthanc's ``/dicom-web`` instead of C-STORE, and no
+storage commitment is asked.
+
+Usage: python pacs_orthanc_roundtrip.py WORKDIR [--stow] FILE.dcm...
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import signal
@@ -27,10 +32,13 @@ from pathlib import Path
 HTTP = 18042
 ORTHANC_DICOM = 14242
 MEDRT_PORT = 11112
+USER, PASSWORD = "medrt", "s3cret-for-the-test"
+AUTH = {"Authorization": "Basic " + base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()}
+DICOMWEB_PLUGIN = "/usr/share/orthanc/plugins/libOrthancDicomWeb.so"
 
 
 def rest(method: str, path: str, body: bytes | None = None) -> object:
-    req = urllib.request.Request(f"http://127.0.0.1:{HTTP}{path}", data=body, method=method)
+    req = urllib.request.Request(f"http://127.0.0.1:{HTTP}{path}", data=body, method=method, headers=AUTH)
     with urllib.request.urlopen(req, timeout=60) as r:
         return json.loads(r.read() or b"null")
 
@@ -53,13 +61,16 @@ def wait_for(what: str, check, timeout_s: float, procs: list[subprocess.Popen]) 
 
 def main() -> None:
     work = Path(sys.argv[1])
-    files = [Path(p) for p in sys.argv[2:]]
+    stow = sys.argv[2] == "--stow"
+    files = [Path(p) for p in sys.argv[3 if stow else 2:]]
     (work / "db").mkdir(parents=True)
     config = {
         "Name": "TestOrthanc", "StorageDirectory": str(work / "db"), "IndexDirectory": str(work / "db"),
-        "HttpPort": HTTP, "RemoteAccessAllowed": False, "AuthenticationEnabled": False,
+        "HttpPort": HTTP, "RemoteAccessAllowed": False, "AuthenticationEnabled": True,
+        "RegisteredUsers": {USER: PASSWORD},
         "DicomAet": "ORTHANC_T", "DicomPort": ORTHANC_DICOM, "DicomCheckCalledAet": True,
-        "DicomAlwaysAllowStore": False, "StableAge": 3, "Plugins": [],
+        "DicomAlwaysAllowStore": False, "StableAge": 3, "Plugins": [DICOMWEB_PLUGIN] if stow else [],
+        "DicomWeb": {"Enable": True, "Root": "/dicom-web/"},
         "DicomModalities": {"medrt": ["MEDRT", "127.0.0.1", MEDRT_PORT]},
     }
     (work / "orthanc.json").write_text(json.dumps(config))
@@ -72,9 +83,13 @@ def main() -> None:
         wait_for("Orthanc's REST API", lambda: rest("GET", "/system"), 60, procs)
         ids = [rest("POST", "/instances", f.read_bytes())["ID"] for f in files]  # type: ignore[index]
         medrt = [sys.executable, "-m", "medrt", "listen", "--spool", str(work / "spool"), "--bind", "127.0.0.1",
-                 "--port", str(MEDRT_PORT), "--idle", "2", "--forward", f"ORTHANC_T@127.0.0.1:{ORTHANC_DICOM}",
-                 "--peer", f"ORTHANC_T@127.0.0.1:{ORTHANC_DICOM}", "--threads", "1", "--workers", "1"]
-        listen = subprocess.Popen(medrt, stdout=open(work / "listen.log", "wb"), stderr=subprocess.STDOUT)
+                 "--port", str(MEDRT_PORT), "--idle", "2", "--threads", "1", "--workers", "1"]
+        if stow:
+            medrt += ["--forward", f"http://127.0.0.1:{HTTP}/dicom-web"]
+        else:
+            medrt += ["--forward", f"ORTHANC_T@127.0.0.1:{ORTHANC_DICOM}", "--peer", f"ORTHANC_T@127.0.0.1:{ORTHANC_DICOM}"]
+        env = {**os.environ, "MEDRT_DICOMWEB_USER": USER, "MEDRT_DICOMWEB_PASSWORD": PASSWORD}
+        listen = subprocess.Popen(medrt, stdout=open(work / "listen.log", "wb"), stderr=subprocess.STDOUT, env=env)
         procs.append(listen)
         wait_for("medrt listen", lambda: b"Ctrl-C stops" in (work / "listen.log").read_bytes(), 120, procs)
         job = rest("POST", "/modalities/medrt/store", json.dumps({"Resources": ids, "Synchronous": True}).encode())
@@ -88,7 +103,7 @@ def main() -> None:
                 for t in tags if t["Modality"] == "CT"]  # type: ignore[index]
         never = {"SOPClassUID": sent[0]["SOPClassUID"], "SOPInstanceUID": "2.25.987654321"}
         commitments = {}
-        for name, instances in (("sent", sent), ("one_never_sent", [*sent, never])):
+        for name, instances in () if stow else (("sent", sent), ("one_never_sent", [*sent, never])):
             asked = rest("POST", "/modalities/medrt/storage-commitment",
                          json.dumps({"DicomInstances": instances}).encode())
             commitments[name] = wait_for(

@@ -71,6 +71,7 @@ def test_a_staged_install_runs_the_listener_as_the_unit_says():
         # The site's edit: another port (11112 may be taken on a test machine), then systemd's
         # expansion: EnvironmentFile, then $MEDRT_LISTEN_OPTIONS split at white space.
         env_file = stage / "etc/medrt/listen.env"
+        assert env_file.stat().st_mode & 0o777 == 0o600  # it may hold DICOMweb credentials
         port, metrics = free_port(), free_port()
         env_file.write_text(env_file.read_text().replace("--port 11112", f"--port {port} --bind 127.0.0.1 "
                                                                          f"--metrics {metrics}"))

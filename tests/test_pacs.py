@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -314,7 +315,7 @@ def test_a_destination_that_never_answers_holds_up_one_series_not_each(tmp_path,
         outcomes = service.run_once()
         assert [o.state for o in outcomes] == ["failed"] * 3
         assert len(silent.accepted) == 1  # asked once, not once per series
-        assert all(f"{hung} not tried: it took no association" in o.detail for o in outcomes[1:])
+        assert all(f"{hung} not tried: it took nothing" in o.detail for o in outcomes[1:])
         assert all(o.refused == {str(hung): 2} for o in outcomes)
     finally:
         silent.close()
@@ -348,6 +349,51 @@ def test_a_host_that_drops_connections_times_out_as_asked(tmp_path):
         for c in queued:
             c.close()
         full.close()
+
+
+def test_a_dicomweb_server_that_refuses_us_is_named_with_the_reason(tmp_path, analyzer, monkeypatch):
+    """STOW-RS to a server that answers 401: the series fails saying which credentials medrt
+    reads; a URL with credentials in it is refused before anything starts."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from medrt.pacs.stow import StowDestination
+
+    seen: list[str] = []
+
+    class Refuse(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            seen.append(self.headers.get("Authorization", ""))
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(401, "Unauthorized")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("MEDRT_DICOMWEB_TOKEN", "not-a-real-token")
+    try:
+        spool = Spool(tmp_path / "spool")
+        fill(spool, CT[:3])
+        web = StowDestination.parse(f"http://127.0.0.1:{server.server_address[1]}/dicom-web/")
+        assert str(web).endswith("/dicom-web")
+        service = PacsService(spool, tmp_path / "out", analyzer, forward=web, idle_s=0.0)
+        (outcome,) = service.run_once()
+    finally:
+        server.shutdown()
+    assert outcome.state == "failed" and outcome.refused == {str(web): 2}
+    assert f"{web}: HTTP 401 Unauthorized (credentials: MEDRT_DICOMWEB_TOKEN" in outcome.detail
+    assert seen == ["Bearer not-a-real-token"]  # the token from the environment, on the one request
+    for bad, why in (("https://user:pw@pacs/dicom-web", "no credentials in the URL"),
+                     ("https://pacs/dicom-web?x=1", "no query"), ("ftp://pacs/x", "expected a DICOMweb URL")):
+        with pytest.raises(ValueError, match=why):
+            StowDestination.parse(bad)
+    run = subprocess.run([sys.executable, "-m", "medrt", "listen", "--spool", str(tmp_path / "s"), "--forward",
+                          "https://user:hunter2@pacs/dicom-web"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "no credentials in the URL" in run.stderr and "hunter2" not in run.stderr
 
 
 def test_medrt_spool_lists_the_queue_and_requeues_by_hand(tmp_path, analyzer, storescp, capsys):

@@ -42,6 +42,18 @@ def _destination(text: str) -> Any:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _forward_target(text: str) -> Any:
+    """``AET@HOST:PORT`` (C-STORE) or a DICOMweb URL (STOW-RS)."""
+    from medrt.pacs.stow import StowDestination, is_url
+
+    if not is_url(text):
+        return _destination(text)
+    try:
+        return StowDestination.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _network(text: str) -> str:
     import ipaddress
 
@@ -107,6 +119,17 @@ def _tls(args: argparse.Namespace) -> tuple[Any, Any]:
     return tls, forward
 
 
+def _with_tls(args: argparse.Namespace) -> list[Any]:
+    """The --forward destinations, each DICOMweb one with the --forward-tls-* files (a DIMSE
+    one takes them as the forward's ssl context)."""
+    from dataclasses import replace
+
+    from medrt.pacs.stow import StowDestination
+
+    return [replace(d, ca=args.forward_tls_ca, cert=args.forward_tls_cert, key=args.forward_tls_key)
+            if isinstance(d, StowDestination) else d for d in args.forward or ()]
+
+
 def _serve(stop: threading.Event, monitor: Any) -> None:
     """Wait for Ctrl-C or SIGTERM, telling systemd (a ``Type=notify`` unit) that the listener
     is ready, how it is doing, and, while its threads run, that it is alive (the watchdog)."""
@@ -161,12 +184,13 @@ def run(args: argparse.Namespace) -> int:
     if args.forward_timeout <= 0:
         print("medrt listen: --forward-timeout takes seconds > 0", file=sys.stderr)
         return 2
+    forward = _with_tls(args)
     spool = Spool(args.spool, min_free_bytes=int(args.min_free * 2**20))
     out = Path(args.out) if args.out else spool.root / "results"
     recovered = spool.recover()
     _, workers = thread_layout(args)
     analyzer = load_analyzer(analyzer_config(args))
-    service = PacsService(spool, out, analyzer, forward=args.forward, peers=peers, to_sender=args.forward_to_sender,
+    service = PacsService(spool, out, analyzer, forward=forward, peers=peers, to_sender=args.forward_to_sender,
                           calling_ae=args.ae_title, idle_s=args.idle,
                           retry_s=args.retry, workers=workers, forward_timeout_s=args.forward_timeout,
                           keep_s=None if args.keep_days <= 0 else args.keep_days * 86400.0, forward_tls=forward_tls,
@@ -248,8 +272,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--allow-from", action="append", type=_network, metavar="CIDR",
                    help="accept connections only from this address or network, e.g. 10.2.0.0/16 (repeatable; "
                         "default: any)")
-    p.add_argument("--forward", type=_destination, action="append", metavar="AET@HOST:PORT",
-                   help="send each series' SEG and SR (and SC with --sc) there by C-STORE (repeatable)")
+    p.add_argument("--forward", type=_forward_target, action="append", metavar="AET@HOST:PORT|URL",
+                   help="send each series' SEG and SR (and SC with --sc) there: by C-STORE, or by STOW-RS to a "
+                        "DICOMweb service root such as https://pacs.example.org/dicom-web (credentials from "
+                        "MEDRT_DICOMWEB_TOKEN, or MEDRT_DICOMWEB_USER and MEDRT_DICOMWEB_PASSWORD) (repeatable)")
     p.add_argument("--forward-to-sender", action="store_true",
                    help="also send them back to the AE that sent the series, at its --peer address")
     p.add_argument("--peer", action="append", type=_destination, metavar="AET@HOST:PORT",
@@ -262,8 +288,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     t.add_argument("--forward-tls", action="store_true",
                    help="forward (and send storage commitment reports) over TLS, checking the peer's certificate "
                         "against the system's CAs")
-    t.add_argument("--forward-tls-ca", metavar="PEM", help="forward over TLS, trusting these CAs (implies --forward-tls)")
-    t.add_argument("--forward-tls-cert", metavar="PEM", help="our certificate for a destination that asks for one")
+    t.add_argument("--forward-tls-ca", metavar="PEM", help="forward over TLS, trusting these CAs (implies --forward-tls;"
+                                                          " for https:// destinations too)")
+    t.add_argument("--forward-tls-cert", metavar="PEM", help="our certificate for a destination that asks for one "
+                                                            "(https:// destinations too)")
     t.add_argument("--forward-tls-key", metavar="PEM", help="the private key of --forward-tls-cert")
     p.add_argument("--idle", type=float, default=10.0, metavar="S",
                    help="a series is complete after S seconds without a new image (default 10)")

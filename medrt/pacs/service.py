@@ -5,9 +5,11 @@ A series in the spool is *due* once nothing has arrived for it for ``idle_s`` se
 :func:`medrt.batch.run_batch` on its inbox folder with the one analyzer this process
 loaded (warm, weights resident: every series shares it), which writes
 ``OUT/<SeriesInstanceUID>/`` (results.jsonl, errors.csv, report, ``series/*/seg.dcm``,
-``sr.dcm``, ``sc/``), and then C-STOREs the SEG, SR and SC objects to each ``forward``
-destination and, with ``to_sender``, to the address in ``peers`` of the AE that sent the
-series (a site where several PACS send to one medrt gets each its own results back).
+``sr.dcm``, ``sc/``), and then sends the SEG, SR and SC objects to each ``forward``
+destination (C-STORE to a :class:`~medrt.pacs.scu.Destination`, STOW-RS to a
+:class:`~medrt.pacs.stow.StowDestination`) and, with ``to_sender``, to the address in
+``peers`` of the AE that sent the series (a site where several PACS send to one medrt
+gets each its own results back).
 
 Nothing is lost: a file that does not decode is named in that series' errors.csv and
 the rest of the series is analysed; a series whose analysis raises, or whose results a
@@ -32,6 +34,7 @@ from medrt.engine.registry import sha256_file
 from medrt.pacs.loop import BackgroundLoop
 from medrt.pacs.scu import Destination, ForwardError, send, taken
 from medrt.pacs.spool import SeriesState, Spool
+from medrt.pacs.stow import StowDestination, send_stow
 from medrt.privacy import describe_exception
 
 __all__ = ["PacsService", "SeriesOutcome", "result_files"]
@@ -71,7 +74,7 @@ class PacsService(BackgroundLoop):
     thread_name = "medrt-listener-worker"
 
     def __init__(self, spool: Spool, out: str | Path, analyzer: Any, *,
-                 forward: Destination | Sequence[Destination] | None = None,
+                 forward: Destination | StowDestination | Sequence[Destination | StowDestination] | None = None,
                  calling_ae: str = "MEDRT", idle_s: float = 10.0, retry_s: float = 60.0,
                  outputs: Any = None, workers: int = 1, keep_s: float | None = None,
                  forward_tls: Any = None, peers: Mapping[str, Destination] | None = None,
@@ -180,7 +183,7 @@ class PacsService(BackgroundLoop):
                  ", ".join(outcome.destinations) or "-")
         return self._timed(outcome, t0)
 
-    def _deliver(self, uid: str, digests: dict[Path, tuple[str, str]], dest: Destination,
+    def _deliver(self, uid: str, digests: dict[Path, tuple[str, str]], dest: Destination | StowDestination,
                  outcome: SeriesOutcome, now: float) -> tuple[list[Path], str]:
         """Send ``dest`` those of the files (path → name, sha256) it does not hold yet, as the
         spool recorded; returns those it did not take, and why. A destination that took no
@@ -193,15 +196,18 @@ class PacsService(BackgroundLoop):
         down = self._unreachable.get(key)
         if down is not None and now < down[0]:
             outcome.refused[key] = len(pending)
-            return pending, (f"{dest} not tried: it took no association {now - down[0] + self.retry_s:.0f} s ago "
+            return pending, (f"{dest} not tried: it took nothing {now - down[0] + self.retry_s:.0f} s ago "
                              f"({down[1]}); tried again after --retry")
         why = ""
         try:
-            statuses = send(pending, dest, calling_ae=self.calling_ae, tls=self.forward_tls,
-                            timeout_s=self.forward_timeout_s)
+            if isinstance(dest, StowDestination):
+                statuses = send_stow(pending, dest, timeout_s=self.forward_timeout_s)
+            else:
+                statuses = send(pending, dest, calling_ae=self.calling_ae, tls=self.forward_tls,
+                                timeout_s=self.forward_timeout_s)
         except (ForwardError, OSError) as exc:
             statuses, why = getattr(exc, "statuses", {}), describe_exception(exc)
-            if not statuses:  # not one reply: down, unreachable, or refusing us
+            if not statuses:  # not one reply: down, unreachable, or refusing us (no association, HTTP 4xx/5xx)
                 self._unreachable[key] = (now + self.retry_s, why)
         else:
             self._unreachable.pop(key, None)
@@ -214,13 +220,14 @@ class PacsService(BackgroundLoop):
             why = f"{len(refused)} of {len(pending)} refused by {dest}"
         return refused, why
 
-    def destinations(self, state: SeriesState) -> tuple[list[Destination], list[str]]:
+    def destinations(self, state: SeriesState) -> tuple[list[Destination | StowDestination], list[str]]:
         """Where a series' results go: every ``forward`` destination, then the sender's
         address with ``to_sender``; and what stands in the way: a sender with no address
         (no ``--peer`` for its AE title, or images indexed after a crash, whose sender is
         unknown). The other destinations are served all the same."""
         forward = self.forward
-        found = [] if forward is None else [forward] if isinstance(forward, Destination) else list(forward)
+        found = [] if forward is None else [forward] if isinstance(forward, (Destination, StowDestination)) \
+            else list(forward)
         problems = []
         if self.to_sender:
             dest = self.peers.get(state.calling_ae)
