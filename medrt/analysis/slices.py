@@ -24,7 +24,7 @@ import numpy as np
 from medrt.preprocess import normalize
 from medrt.types import Frame
 
-__all__ = ["MAX_GAP_MM", "Neighbours", "Sides", "adjacent", "ordered_sides", "slice_stack", "series_neighbours",
+__all__ = ["MAX_GAP_MM", "Neighbours", "Sides", "adjacent", "along_normal", "ordered_sides", "slice_stack", "series_neighbours",
            "stack_pixels", "phantom_input", "phantom_sides"]
 
 # The farthest a neighbour may lie from the slice along its normal; the models were
@@ -34,7 +34,9 @@ MAX_GAP_MM = 10.0
 Neighbours = tuple["Frame | None", "Frame | None"]
 
 
-def _along(frame: Frame) -> float | None:
+def along_normal(frame: Frame) -> float | None:
+    """The frame's position along its slice normal (mm; larger is towards the head for
+    axial slices), or None without patient geometry."""
     g = frame.geometry
     if g is None:
         return None
@@ -54,7 +56,7 @@ def adjacent(frame: Frame, other: Frame | None) -> bool:
         return a is None and b is None and other.sop_instance_uid == frame.sop_instance_uid
     if float(np.dot(a.normal, b.normal)) < 0.999:
         return False
-    gap = abs(_along(other) - _along(frame))  # type: ignore[operator]
+    gap = abs(along_normal(other) - along_normal(frame))  # type: ignore[operator]
     return 0.0 < gap <= MAX_GAP_MM
 
 
@@ -66,12 +68,12 @@ def ordered_sides(frame: Frame, neighbours: Neighbours | None = None) -> Sides:
     normal) and of the one on the feet side, whichever order the series was read in (the
     models were trained head to feet); None for one that is missing or not :func:`adjacent`."""
     prev, nxt = (nb if adjacent(frame, nb) else None for nb in (neighbours or (None, None)))
-    here = _along(frame)
+    here = along_normal(frame)
     if here is not None:
         sides: list[Frame | None] = [None, None]
         for nb in (prev, nxt):
             if nb is not None:
-                sides[0 if _along(nb) > here else 1] = nb  # type: ignore[operator]
+                sides[0 if along_normal(nb) > here else 1] = nb  # type: ignore[operator]
         prev, nxt = sides
     return (None if prev is None else prev.pixels, None if nxt is None else nxt.pixels)
 

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from medrt.analysis.slices import _along, adjacent
+from medrt.analysis.slices import adjacent, along_normal
 from medrt.types import Frame, FrameResult, Lesion
 
 __all__ = ["MIN_OVERLAP", "Section", "SeriesLesion", "link_series"]
@@ -91,7 +91,7 @@ class SeriesLesion:
 def _order(results: Sequence[FrameResult]) -> list[FrameResult]:
     """Slice order: by position along the normal, head (larger) first, when every frame has
     one; else as given (a multi-frame object's frame order)."""
-    positions = [_along(r.frame) for r in results]
+    positions = [along_normal(r.frame) for r in results]
     if results and all(p is not None for p in positions):
         order = sorted(range(len(results)), key=lambda i: (-positions[i], results[i].frame.frame_index))  # type: ignore[operator]
         return [results[i] for i in order]
@@ -147,7 +147,7 @@ def link_series(results: Sequence[FrameResult]) -> tuple[list[SeriesLesion], dic
         a, b = ordered[i], ordered[i + 1]
         if not adjacent(a.frame, b.frame) or not _same_grid(a.frame, b.frame):
             continue
-        pa, pb = _along(a.frame), _along(b.frame)
+        pa, pb = along_normal(a.frame), along_normal(b.frame)
         if pa is not None and pb is not None:
             steps.append(abs(pa - pb))
         for la in a.lesions:
@@ -166,7 +166,7 @@ def link_series(results: Sequence[FrameResult]) -> tuple[list[SeriesLesion], dic
         in_mm = ordered[group[0].slice].frame.spacing_mm is not None
         largest = max(group, key=lambda s: (s.lesion.diameter_mm, -s.slice))
         volume = None
-        if in_mm and step is not None and _along(ordered[group[0].slice].frame) is not None:
+        if in_mm and step is not None and along_normal(ordered[group[0].slice].frame) is not None:
             volume = float(sum(s.lesion.area_mm2 for s in group) * step)
         uid = generate_uid(entropy_srcs=["medrt series lesion", series_uid, group[0].key, str(group[0].lesion.label)])
         lesions.append(SeriesLesion(n, uid, tuple(group), largest, float(largest.lesion.diameter_mm), volume,
