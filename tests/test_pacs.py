@@ -421,6 +421,7 @@ def test_medrt_spool_lists_the_queue_and_requeues_by_hand(tmp_path, analyzer, st
     assert main(["spool", str(root)]) == 0
     table = capsys.readouterr().out
     assert "done             3      " in table and uid in table
+    assert f"sent: {dest} (2)" in table  # the PACS took the SEG and SR
     assert "failed" in table and "forwarding failed: the PACS was down" in table and "SCANNER" in table
     assert "3 series (1 analysing, 1 done, 1 failed), 5 image(s)" in table and "MiB free on its disk" in table
     assert main(["spool", str(root), "--state", "failed"]) == 0
@@ -443,6 +444,7 @@ def test_medrt_spool_lists_the_queue_and_requeues_by_hand(tmp_path, analyzer, st
     out, err = capsys.readouterr()
     report = json.loads(out)
     states = {r["series_uid"]: r["state"] for r in report["series"]}
+    assert {r["series_uid"]: r["delivered"] for r in report["series"]}[uid] == {str(dest): 2}  # sent again
     assert states == {uid: "done", "1.2.826.0.1.3680043.8.498.2": "receiving", "1.2.826.0.1.3680043.8.498.3":
                       "analysing"}
     assert "failed -> requeued" in err and report["totals"]["instances"] == 5 and report["free_bytes"] > 0

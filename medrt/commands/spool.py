@@ -1,9 +1,9 @@
 """``medrt spool SPOOL``: what a listener's spool holds, and series put back in its queue.
 
 For the people who run ``medrt listen``: one line per series (state, images, modality,
-the AE title that sent it, when its last image came, attempts, and the reason of a
-failure), the totals, the disk, and storage commitment reports not yet delivered.
-``--requeue UID`` or ``--requeue-failed`` puts done or failed series back in the queue; a
+the AE title that sent it, when its last image came, attempts, the reason of a failure,
+and how many result objects each destination has taken), the totals, the disk, and
+storage commitment reports not yet delivered. ``--requeue UID`` or ``--requeue-failed`` puts done or failed series back in the queue; a
 running listener takes them at its next pass (analysis resumes what is unchanged, the
 results are forwarded again, to every destination). Safe while the listener runs: the
 spool's index is SQLite in WAL mode. Series are named by UID, callers by AE title;
@@ -29,11 +29,12 @@ def _age(seconds: float) -> str:
     return f"{seconds:.0f} s"
 
 
-def _row(state: Any, now: float) -> dict[str, Any]:
+def _row(state: Any, now: float, delivered: dict[str, int]) -> dict[str, Any]:
     return {"series_uid": state.series_uid, "study_uid": state.study_uid, "state": state.state,
             "instances": state.instances, "modality": state.modality, "calling_ae": state.calling_ae,
             "first_received": state.first_received, "last_received": state.last_received,
-            "idle_s": round(now - state.last_received, 1), "attempts": state.attempts, "detail": state.detail}
+            "idle_s": round(now - state.last_received, 1), "attempts": state.attempts, "detail": state.detail,
+            "delivered": delivered}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
             else:
                 print(f"series {uid}: {was} -> requeued", file=sys.stderr if args.json else sys.stdout)
         now = time.time()
-        rows = [_row(s, now) for s in spool.all_series() if not args.state or s.state in args.state]
+        delivered = spool.delivery_counts()
+        rows = [_row(s, now, delivered.get(s.series_uid, {})) for s in spool.all_series()
+                if not args.state or s.state in args.state]
         totals = spool.totals()
         free = spool.free_bytes()
         commitments = [{"transaction_uid": c.transaction_uid, "calling_ae": c.calling_ae, "state": c.state,
@@ -79,7 +82,9 @@ def run(args: argparse.Namespace) -> int:
         for r in rows:
             print(f"{r['state']:<11} {r['instances']:>6} {r['modality'][:4]:<4} {r['calling_ae'][:16]:<16} "
                   f"{_age(r['idle_s']) + ' ago':>10} {r['attempts']:>5}  {r['series_uid']}"
-                  + (f"\n{'':>57}{r['detail']}" if r["detail"] else ""))
+                  + (f"\n{'':>57}{r['detail']}" if r["detail"] else "")
+                  + (f"\n{'':>57}sent: " + ", ".join(f"{d} ({n})" for d, n in r["delivered"].items())
+                     if r["delivered"] else ""))
     states = ", ".join(f"{totals[s]} {s}" for s in STATES if totals[s])
     print(f"{spool.root}: {sum(totals[s] for s in STATES)} series ({states or 'none'}), {totals['instances']} "
           f"image(s), {totals['bytes'] / 2**20:.1f} MiB in the inbox; {free // 2**20} MiB free on its disk")

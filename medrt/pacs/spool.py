@@ -303,6 +303,16 @@ class Spool:
                                     (series_uid, destination)).fetchall()
         return dict(rows)
 
+    def delivery_counts(self) -> dict[str, dict[str, int]]:
+        """For each series, how many of its result files each destination took."""
+        with self._lock:
+            rows = self._db.execute("SELECT series_uid, destination, COUNT(*) FROM deliveries"
+                                    " GROUP BY series_uid, destination ORDER BY series_uid, destination").fetchall()
+        counts: dict[str, dict[str, int]] = {}
+        for uid, dest, n in rows:
+            counts.setdefault(uid, {})[dest] = int(n)
+        return counts
+
     def record_deliveries(self, series_uid: str, destination: str, digests: dict[str, str], *,
                           now: float | None = None) -> None:
         """Note that ``destination`` answered Success to each file (name → sha256), so that
