@@ -154,7 +154,7 @@ class SeriesOutput:
             n_sc = self._export("sc", lambda: self._sc(ok))
             written["sc"] = n_sc or 0
         self._write_masks(ok)
-        series_lesions = self._link(ok)
+        series_lesions = self._export("lesions", lambda: self._link(ok)) or []
         lines = "".join(json.dumps(rec) + "\n" for rec in self.records)
         atomic_write(self.folder / "frames.jsonl", lambda fp: fp.write(lines.encode()))
         manifest = {

@@ -267,7 +267,8 @@ def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bo
         if (folder / MASKS).is_file():
             with np.load(folder / MASKS) as npz:
                 masks.update({k: npz[k] for k in npz.files})
-        found = json.loads((folder / LESIONS_JSON).read_text(encoding="utf-8"))["lesions"]
+        linked = folder / LESIONS_JSON  # absent only when linking failed (errors.csv says so)
+        found = json.loads(linked.read_text(encoding="utf-8"))["lesions"] if linked.is_file() else []
         s.series_lesions += len(found)
         rows.extend({"series_instance_uid": sp.uid, "modality": sp.series.modality, **_lesion_row(f)} for f in found)
         s.findings.append({"series_instance_uid": sp.uid, "modality": sp.series.modality,
