@@ -14,7 +14,7 @@ import pytest
 from test_export import truth_result
 
 from medrt import read_frames
-from medrt.analysis.tracking import link_series
+from medrt.analysis.tracking import LesionCounter, link_series
 from medrt.phantom import load_ground_truth, write_ct_series, write_radiographs
 from medrt.types import FrameResult
 
@@ -103,3 +103,24 @@ def test_radiographs_keep_one_lesion_per_section(tmp_path) -> None:  # type: ign
     assert len(lesions) == sum(len(r.lesions) for r in results) > 0
     assert all(les.slices == 1 and les.volume_mm3 is None for les in lesions)
     assert link_series([]) == ([], {})
+
+
+def test_a_stream_counts_each_lesion_once_as_the_slices_come(ct) -> None:  # type: ignore[no-untyped-def]
+    """medrt stream links each slice to the one before: on the whole series, as the
+    scanner sends it, the same lesions as link_series, holding one frame at a time."""
+    results, _ = ct
+    lesions, numbers = link_series(results)
+    counter = LesionCounter()
+    streamed = {}
+    for r in results:  # head first, as written and replayed
+        for les, n in zip(r.lesions, counter.add(r), strict=True):
+            streamed[(r.frame.key, les.label)] = n
+    assert counter.lesions == len(lesions) and counter.sections == len(numbers)
+    assert streamed == numbers  # numbered in the same order, too
+    dropped = LesionCounter()
+    tall = max(lesions, key=lambda les: les.slices)
+    gone = {s.key for s in tall.sections[1:-1]}
+    for r in results:  # the stream dropped the middle of the tallest lesion: over the gap, a new one
+        if r.frame.key not in gone or tall.slices < 4:
+            dropped.add(r)
+    assert dropped.lesions >= len(lesions)

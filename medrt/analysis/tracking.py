@@ -39,7 +39,7 @@ import numpy as np
 from medrt.analysis.slices import adjacent, along_normal
 from medrt.types import Frame, FrameResult, Lesion
 
-__all__ = ["MIN_OVERLAP", "Section", "SeriesLesion", "link_series"]
+__all__ = ["MIN_OVERLAP", "Section", "SeriesLesion", "link_series", "LesionCounter"]
 
 MIN_OVERLAP = 0.1  # of the smaller section's pixels
 
@@ -173,3 +173,45 @@ def link_series(results: Sequence[FrameResult]) -> tuple[list[SeriesLesion], dic
                                     float(max(s.lesion.score for s in group)), in_mm))
         numbers.update({(s.key, s.lesion.label): n for s in group})
     return lesions, numbers
+
+
+class LesionCounter:
+    """Lesions counted once in a stream of results (``medrt stream``), as they arrive.
+
+    A live stream keeps no series whole, so this links each frame's lesions only to those
+    of the frame before it in the same series (when :func:`adjacent`, on the same grid, by
+    the same overlap rule as :func:`link_series`), holding one frame per series for the
+    last ``keep`` series. A scanner sends slices in order, so on a whole stream the count
+    is :func:`link_series`'s, except for a lesion whose parts join only on a later slice
+    (counted once per part) and across frames the stream dropped (a gap over
+    ``MAX_GAP_MM`` starts a new lesion).
+    """
+
+    def __init__(self, keep: int = 8) -> None:
+        self.keep = keep
+        self.lesions = 0
+        self.sections = 0
+        self._last: dict[str, tuple[FrameResult, dict[int, int]]] = {}
+
+    def add(self, result: FrameResult) -> list[int]:
+        """Count ``result``'s lesions; returns each one's number in this stream."""
+        series = result.frame.series_instance_uid
+        before = self._last.pop(series, None)
+        linkable = before is not None and adjacent(result.frame, before[0].frame) \
+            and _same_grid(before[0].frame, result.frame)
+        numbers: dict[int, int] = {}
+        if linkable:
+            prev, ids = before  # type: ignore[misc]
+            for les in result.lesions:
+                found = next((ids[p.label] for p in prev.lesions if _overlap(prev, p, result, les)), None)
+                if found is not None:
+                    numbers[les.label] = found
+        for les in sorted(result.lesions, key=lambda les: les.centroid):  # new ones as link_series numbers them
+            if les.label not in numbers:
+                self.lesions += 1
+                numbers[les.label] = self.lesions
+        self.sections += len(result.lesions)
+        self._last[series] = (result, numbers)
+        while len(self._last) > self.keep:
+            self._last.pop(next(iter(self._last)))
+        return [numbers[les.label] for les in result.lesions]

@@ -27,18 +27,19 @@ class _Findings:
     """Counts what the stream found (a sink: runs on the pipeline's sink thread)."""
 
     def __init__(self) -> None:
+        from medrt.analysis.tracking import LesionCounter
+
         self.frames = 0
         self.positive = 0
-        self.lesions = 0
+        self.counter = LesionCounter()  # each lesion once: its sections on the slices before joined
         self.errors: list[tuple[str, str]] = []
         self.skipped = 0  # not DICOM
         self.no_model: list[tuple[str, str]] = []  # frames of a modality no loaded model is for
 
     def on_result(self, result: Any, env: Any) -> None:
         self.frames += 1
-        if result.lesions:
-            self.positive += 1
-            self.lesions += len(result.lesions)
+        self.positive += bool(result.lesions)
+        self.counter.add(result)
 
     def on_error(self, error: Any, env: Any) -> None:
         if isinstance(error.error, NoModelForImageError):
@@ -121,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
     summary["pipeline"] = {"policy": entry, "depth": pipe.depth, "workers": workers, "max_in_flight": bound,
                            "edges": pipe.counters(), "sink_errors": pipe.sink_errors}
     summary["findings"] = {"frames": findings.frames, "positive_frames": findings.positive,
-                           "lesions": findings.lesions, "errors": len(findings.errors),
+                           "lesions": findings.counter.lesions, "lesion_sections": findings.counter.sections,
+                           "errors": len(findings.errors),
                            "skipped_not_dicom": findings.skipped, "skipped_no_model": len(findings.no_model)}
     summary["engine"] = {"backend": analyzer.backend_name, "precision": analyzer.precision,
                          "models": list(analyzer.models)}
@@ -137,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(tel.summary_table())
         f = summary["findings"]
-        print(f"findings: {f['lesions']} lesion(s) in {f['positive_frames']} of {f['frames']} frame(s); "
+        sections = f" ({f['lesion_sections']} sections)" if f["lesion_sections"] != f["lesions"] else ""
+        print(f"findings: {f['lesions']} lesion(s){sections} in {f['positive_frames']} of {f['frames']} frame(s); "
               f"{f['errors']} unreadable input(s), {f['skipped_not_dicom']} non-DICOM file(s) skipped"
               + (f", {f['skipped_no_model']} frame(s) no model is for" if f["skipped_no_model"] else "")
               + f"; backend {analyzer.backend_name} {analyzer.precision}; "
