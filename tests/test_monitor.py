@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pydicom
 import pytest
@@ -174,3 +175,84 @@ def test_sd_notify_follows_the_protocol(tmp_path, monkeypatch):
     monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
     monkeypatch.setenv("WATCHDOG_USEC", "0")
     assert sdnotify.watchdog_interval() is None
+
+
+ALERTS = Path(__file__).resolve().parent.parent / "installer" / "medrt-alerts.yml"
+PROMTOOL_TESTS = """
+rule_files: [{rules}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      - series: 'medrt_spool_series{{state="failed", instance="a", job="medrt"}}'
+        values: '0 1x40'
+      - series: 'medrt_spool_disk_free_bytes{{instance="a", job="medrt"}}'
+        values: '500x40'
+      - series: 'medrt_spool_disk_min_free_bytes{{instance="a", job="medrt"}}'
+        values: '1000x40'
+      - series: 'medrt_forward_refused_objects_total{{destination="PACS@pacs:104", instance="a", job="medrt"}}'
+        values: '0+2x60'
+      - series: 'medrt_forwarded_objects_total{{destination="PACS@pacs:104", instance="a", job="medrt"}}'
+        values: '0x60'
+      - series: 'medrt_forward_refused_objects_total{{destination="VNA@vna:104", instance="a", job="medrt"}}'
+        values: '0+1x60'
+      - series: 'medrt_forwarded_objects_total{{destination="VNA@vna:104", instance="a", job="medrt"}}'
+        values: '0+2x60'
+    alert_rule_test:
+      - eval_time: 5m
+        alertname: MedrtSeriesFailed
+        exp_alerts: []
+      - eval_time: 20m
+        alertname: MedrtSeriesFailed
+        exp_alerts:
+          - exp_labels: {{severity: warning, state: failed, instance: a, job: medrt}}
+            exp_annotations:
+              summary: "1 series failed on a (analysis or forwarding)"
+              description: "They are retried every --retry; medrt spool SPOOL --state failed says why."
+      - eval_time: 5m
+        alertname: MedrtRefusingImages
+        exp_alerts:
+          - exp_labels: {{severity: critical, instance: a, job: medrt}}
+            exp_annotations:
+              summary: "medrt on a refuses images: its spool's disk is below --min-free"
+              description: "Senders keep the images and retry (status 0xA700); free space on the spool's disk."
+      - eval_time: 40m
+        alertname: MedrtDestinationTakesNothing
+        exp_alerts:
+          - exp_labels: {{severity: warning, destination: "PACS@pacs:104", instance: a, job: medrt}}
+            exp_annotations:
+              summary: "PACS@pacs:104 took none of medrt's results for 30 minutes"
+              description: "It is down, unreachable or refusing them; the results are kept and sent again."
+"""
+
+
+def test_the_alert_rules_pass_promtool_and_name_only_metrics_the_listener_serves(tmp_path):
+    """installer/medrt-alerts.yml: valid PromQL, each alert firing when it should (promtool's
+    own rule tests), and no metric name in it that /metrics does not serve."""
+    from conftest import require_tool
+    from medrt.pacs.commitment import CommitmentReporter
+    from medrt.pacs.service import PacsService, SeriesOutcome
+
+    promtool = require_tool("promtool")
+    check = subprocess.run([promtool, "check", "rules", str(ALERTS)], capture_output=True, text=True, timeout=60)
+    assert check.returncode == 0, check.stdout + check.stderr
+    (tmp_path / "tests.yml").write_text(PROMTOOL_TESTS.format(rules=json.dumps(str(ALERTS))))
+    run = subprocess.run([promtool, "test", "rules", str(tmp_path / "tests.yml")], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+    spool = Spool(tmp_path / "spool")
+    service = PacsService(spool, tmp_path / "out", analyzer=None)
+    monitor = Monitor(spool, listener=Listener(spool, host="127.0.0.1", port=0), service=service,
+                      reporter=CommitmentReporter(spool, {}))
+    monitor.observe(SeriesOutcome("1.2.3", "done", frames=3, lesions=1, sent={"PACS@pacs:104": 2},
+                                  refused={"PACS@pacs:104": 0}, elapsed_s=1.5))
+    web = MonitorServer(monitor, "127.0.0.1", 0)
+    web.start()
+    try:
+        served = {name for name, _ in scrape(web.port)}
+    finally:
+        web.stop()
+        spool.close()
+    named = set(re.findall(r"\bmedrt_[a-z0-9_]+", ALERTS.read_text()))
+    assert len(named) >= 8 and named <= served, named - served
