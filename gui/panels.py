@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from medrt_gui.study import Problem, Study
 from PySide6.QtCore import Qt, Signal
@@ -28,7 +29,7 @@ from PySide6.QtWidgets import (
 from medrt.overlay import lesion_color
 from medrt.types import Lesion
 
-__all__ = ["SeriesBrowser", "LesionList", "LesionRow", "Controls", "LESION_COLUMNS", "FOLLOW_MODES"]
+__all__ = ["SeriesBrowser", "LesionList", "LesionRow", "SeriesLesionTable", "Controls", "LESION_COLUMNS", "FOLLOW_MODES"]
 
 #: Following a live stream shows ... (the combo box's text, the mode's name).
 FOLLOW_MODES = (("the newest AI result", "results"), ("the newest image", "images"))
@@ -144,6 +145,46 @@ class LesionList(QTableWidget):
         if 0 <= row < len(self.lesions):
             self.selectRow(row)
             self.lesionActivated.emit(self.lesions[row])
+
+
+SERIES_LESION_COLUMNS = ("#", "slices", "longest mm", "vol. mm³", "score")
+
+
+class SeriesLesionTable(QTableWidget):
+    """Every lesion of the series shown, each once (its sections on neighbouring slices
+    joined); a click goes to the slice where it is largest."""
+
+    lesionChosen = Signal(object)  # a medrt.analysis.tracking.SeriesLesion
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(0, len(SERIES_LESION_COLUMNS), parent)
+        self.setHorizontalHeaderLabels(list(SERIES_LESION_COLUMNS))
+        self.verticalHeader().setVisible(False)
+        self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+        self.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
+        self.lesions: tuple[Any, ...] = ()
+        self.cellClicked.connect(lambda row, _col: self.activate(row))
+
+    def show_series_lesions(self, lesions: Sequence[Any]) -> None:
+        if tuple(lesions) == self.lesions:
+            return
+        self.lesions = tuple(lesions)
+        self.setRowCount(len(self.lesions))
+        for row, les in enumerate(self.lesions):
+            volume = "–" if les.volume_mm3 is None else f"{les.volume_mm3:.0f}"
+            longest = f"{les.diameter_mm:.1f}" + ("" if les.in_mm else " px")
+            for col, text in enumerate((str(les.number), str(les.slices), longest, volume, f"{les.score:.2f}")):
+                item = QTableWidgetItem(text)
+                item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+                self.setItem(row, col, item)
+
+    def activate(self, row: int) -> None:
+        if 0 <= row < len(self.lesions):
+            self.selectRow(row)
+            self.lesionChosen.emit(self.lesions[row])
 
 
 class Controls(QWidget):

@@ -26,14 +26,22 @@ from medrt_gui.imaging import (
     window_lut,
 )
 from medrt_gui.measure import Ellipse, Length, ellipse_text, length_text
-from medrt_gui.panels import FOLLOW_MODES, Controls, LesionList, LesionRow, SeriesBrowser
+from medrt_gui.panels import (
+    FOLLOW_MODES,
+    Controls,
+    LesionList,
+    LesionRow,
+    SeriesBrowser,
+    SeriesLesionTable,
+)
 from medrt_gui.seg import seg_overlay
 from medrt_gui.streams import StreamsMixin
 from medrt_gui.study import SeriesEntry, Slot, Study
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox
+from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox, QTabWidget
 
+from medrt.analysis.tracking import SeriesLesion
 from medrt.types import FrameResult
 
 __all__ = ["MainWindow"]
@@ -95,9 +103,13 @@ class MainWindow(QMainWindow, StreamsMixin):
         self.hud = Hud(self.view.viewport())
         self.browser = SeriesBrowser()
         self.lesion_list = LesionList()
+        self.series_lesions = SeriesLesionTable()
+        self.lesion_tabs = QTabWidget()
+        self.lesion_tabs.addTab(self.lesion_list, "This image")
+        self.lesion_tabs.addTab(self.series_lesions, "Series")
         self.controls = Controls()
         self._dock("Series", self.browser, Qt.DockWidgetArea.LeftDockWidgetArea)
-        self._dock("Lesions", self.lesion_list, Qt.DockWidgetArea.RightDockWidgetArea)
+        self._dock("Lesions", self.lesion_tabs, Qt.DockWidgetArea.RightDockWidgetArea)
         self._dock("Display", self.controls, Qt.DockWidgetArea.RightDockWidgetArea)
 
         self.view.scrolled.connect(self.step)
@@ -108,6 +120,7 @@ class MainWindow(QMainWindow, StreamsMixin):
         self.view.zoomChanged.connect(lambda _z: self._update_hud())
         self.browser.seriesSelected.connect(self.show_series)
         self.lesion_list.lesionActivated.connect(self.focus_lesion)
+        self.series_lesions.lesionChosen.connect(self.go_to_lesion)
         c = self.controls
         c.overlay.toggled.connect(self._overlay_toggled)
         c.opacity.valueChanged.connect(lambda v: self.view.set_opacity(v / 100.0))
@@ -442,6 +455,15 @@ class MainWindow(QMainWindow, StreamsMixin):
     def focus_lesion(self, lesion: object) -> None:
         self.view.center_on_box(lesion.bbox, center=lesion.centroid)  # type: ignore[attr-defined]
 
+    def go_to_lesion(self, lesion: SeriesLesion) -> None:
+        """The slice where a lesion of the series is largest, centred and zoomed on it."""
+        entry = self.current_series
+        keys = [slot.key for slot in entry.slots] if entry is not None else []
+        if lesion.largest.key not in keys:
+            return  # a live stream's history moved on
+        self.show_image(keys.index(lesion.largest.key))
+        self.focus_lesion(lesion.largest.lesion)
+
     def _hover(self, pixel: tuple[int, int] | None) -> None:
         self._hover_pixel = pixel
         self._update_hud()
@@ -482,6 +504,8 @@ class MainWindow(QMainWindow, StreamsMixin):
         if slot is None or slot.frame is None:
             self.view.blank()
             self.lesion_list.show_lesions(())
+            entry = self.current_series
+            self.series_lesions.show_series_lesions(entry.series_lesions()[0] if entry is not None else ())
             self._image_key = None
             self.shown_key = None
             self._update_hud()
@@ -516,6 +540,8 @@ class MainWindow(QMainWindow, StreamsMixin):
         self.view.set_measurements([(shape, self._measure_text(shape, slot.frame))
                                     for shape in self.measurements.get(slot.key, ())])
         self.lesion_list.show_lesions(lesions, rows)
+        entry = self.current_series
+        self.series_lesions.show_series_lesions(entry.series_lesions()[0] if entry is not None else ())
         self.shown_key = slot.key
         self._update_hud()
         self.rendered.emit(slot.key)

@@ -508,6 +508,31 @@ def test_a_lesion_keeps_its_number_on_every_slice_it_shows_on(bot, analysed) -> 
     assert w.current_series.series_lesions()[0] is lesions  # worked out once while nothing changed
 
 
+def test_the_series_tab_lists_each_lesion_once_and_goes_to_where_it_is_largest(bot, analysed) -> None:  # type: ignore[no-untyped-def]
+    from PySide6.QtCore import Qt
+
+    w = analysed
+    w.show_image(0)
+    wait_shown(bot, w)
+    lesions, _ = w.current_series.series_lesions()
+    table = w.series_lesions
+    assert table.rowCount() == len(lesions) >= 2
+    for row, les in enumerate(lesions):
+        assert [table.item(row, c).text() for c in range(3)] == [str(les.number), str(les.slices),
+                                                                 f"{les.diameter_mm:.1f}"]
+    w.lesion_tabs.setCurrentWidget(table)
+    w.view.fit()
+    fit = w.view.zoom
+    row = max(range(len(lesions)), key=lambda r: lesions[r].slices)
+    bot.mouseClick(table.viewport(), Qt.MouseButton.LeftButton, pos=table.visualItemRect(table.item(row, 0)).center())
+    wait_shown(bot, w)
+    largest = lesions[row].largest
+    assert w.current_slot().key == largest.key
+    r, c = w.view.view_center()
+    assert abs(r - (largest.lesion.centroid[0] + 0.5)) < 2 and abs(c - (largest.lesion.centroid[1] + 0.5)) < 2
+    assert w.view.zoom > 1.9 * fit
+
+
 # -- SEG, export, help, bad files ---------------------------------------------------------
 
 
