@@ -8,8 +8,8 @@ measure), and may follow its volume. :func:`link_series` joins the sections:
 - Frames are put in slice order (by position along the slice normal, head first), and
   two of them are neighbours when :func:`medrt.analysis.slices.adjacent` says so (same
   series, size, pixel spacing, orientation, at most ``MAX_GAP_MM`` apart) and they share
-  their pixel grid (in-plane offset under half a pixel). A missing slice breaks a lesion
-  in two rather than joining across the gap.
+  their pixel grid (in-plane offset under half a pixel). A gap wider than that (a
+  missing stretch of slices) breaks a lesion in two rather than joining across it.
 - Two lesions on neighbouring slices are one when their masks (in the frames' label
   maps) overlap by at least :data:`MIN_OVERLAP` of the smaller one's area, and at least
   one pixel.

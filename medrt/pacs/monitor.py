@@ -177,7 +177,7 @@ class _Live:
                                 value=time.time() - m.started)
         try:
             totals = m.spool.totals()
-            series = m.spool.all_series()
+            oldest = m.spool.oldest_unfinished()
         except sqlite3.Error:  # /healthz says so; the counters above still go out
             return
         states = GaugeMetricFamily("medrt_spool_series", "Series in the spool, by state", labels=["state"])
@@ -191,10 +191,9 @@ class _Live:
         yield reports
         yield GaugeMetricFamily("medrt_spool_images", "Images held in the spool's inbox", value=totals["instances"])
         yield GaugeMetricFamily("medrt_spool_bytes", "Bytes of images held in the spool's inbox", value=totals["bytes"])
-        unfinished = [s.first_received for s in series if s.state != "done"]
         yield GaugeMetricFamily("medrt_spool_oldest_unfinished_seconds", "Age of the first image of the oldest series "
                                 "not done yet (0 when none): a queue that does not drain",
-                                value=time.time() - min(unfinished) if unfinished else 0.0)
+                                value=0.0 if oldest is None else time.time() - oldest)
         try:
             free = m.spool.free_bytes()
         except OSError:

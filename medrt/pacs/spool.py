@@ -393,6 +393,12 @@ class Spool:
         return {**counts, "instances": int(n), "bytes": int(size),
                 **{f"commitments_{k}": int(reports.get(k, 0)) for k in COMMITMENT_STATES}}
 
+    def oldest_unfinished(self) -> float | None:
+        """When the first image of the oldest series not done yet came (None: all done)."""
+        with self._lock:
+            (value,) = self._db.execute("SELECT MIN(first_received) FROM series WHERE state != 'done'").fetchone()
+        return None if value is None else float(value)
+
     def series(self, series_uid: str) -> SeriesState | None:
         with self._lock:
             row = self._db.execute("SELECT * FROM series WHERE series_uid = ?", (series_uid,)).fetchone()
