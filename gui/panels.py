@@ -103,6 +103,17 @@ class SeriesBrowser(QWidget):
         self.problems.addItem(item)
 
 
+def _read_only_rows(table: QTableWidget, columns: Sequence[str]) -> None:
+    """A table of whole rows to click on: headers ``columns``, not editable, one row selected."""
+    table.setHorizontalHeaderLabels(list(columns))
+    table.verticalHeader().setVisible(False)
+    table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+    table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+    table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+    table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+    table.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
+
+
 class LesionList(QTableWidget):
     """The lesions of the shown frame; clicking one emits ``lesionActivated``."""
 
@@ -110,13 +121,7 @@ class LesionList(QTableWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(0, len(LESION_COLUMNS), parent)
-        self.setHorizontalHeaderLabels(list(LESION_COLUMNS))
-        self.verticalHeader().setVisible(False)
-        self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
+        _read_only_rows(self, LESION_COLUMNS)
         self.setMinimumWidth(300)
         self.lesions: tuple[Lesion, ...] = ()
         self.rows: tuple[LesionRow, ...] = ()
@@ -158,13 +163,7 @@ class SeriesLesionTable(QTableWidget):
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(0, len(SERIES_LESION_COLUMNS), parent)
-        self.setHorizontalHeaderLabels(list(SERIES_LESION_COLUMNS))
-        self.verticalHeader().setVisible(False)
-        self.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
-        self.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
-        self.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
+        _read_only_rows(self, SERIES_LESION_COLUMNS)
         self.lesions: tuple[Any, ...] = ()
         self.cellClicked.connect(lambda row, _col: self.activate(row))
 
