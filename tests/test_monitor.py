@@ -132,13 +132,14 @@ def test_medrt_listen_reports_to_prometheus_and_to_systemd(tmp_path, storescp):
         assert values[("medrt_spool_series", (("state", "done"),))] == 1.0
         assert values[("medrt_spool_oldest_unfinished_seconds", ())] == 0.0
         assert values[("medrt_up", (("component", "series_worker"),))] == 1.0
+        assert values[("medrt_up", (("component", "forwarder"),))] == 1.0
         assert values[("medrt_listener_info", (("ae_title", "MEDRT"), ("version", __version__)))] == 1.0
         assert values[("medrt_spool_disk_free_bytes", ())] > 0
         assert health(web)[0] == 200
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not any("3 image(s) stored, 1 series processed" in m for m in messages):
             drain()
-        assert any(m.startswith("STATUS=3 image(s) stored, 1 series processed, 0 waiting, 0 failed")
+        assert any(m.startswith("STATUS=3 image(s) stored, 1 series processed, 0 waiting, 0 failed, 0 unsent")
                    for m in messages), messages
         assert "WATCHDOG=1" in messages
         proc.send_signal(signal.SIGTERM)
@@ -152,6 +153,25 @@ def test_medrt_listen_reports_to_prometheus_and_to_systemd(tmp_path, storescp):
     assert messages[-1].startswith("STOPPING=1\n")
     assert len(list(pacs.iterdir())) == 2
 
+
+
+def test_a_stopped_forwarder_is_a_problem_a_restart_mends(tmp_path):
+    from medrt.pacs.service import PacsService
+
+    spool = Spool(tmp_path / "spool")
+    service = PacsService(spool, tmp_path / "out", analyzer=None)  # nothing due: never analyses
+    monitor = Monitor(spool, service=service)
+    service.start(tick_s=0.1)
+    try:
+        assert monitor.problems() == []
+        service.forwarder.stop()  # as if its thread had died
+        assert monitor.stuck() == ["the forwarder has stopped"] and service.alive
+        collected = {s.labels["component"]: s.value for family in monitor.registry.collect()
+                     if family.name == "medrt_up" for s in family.samples}
+        assert collected == {"series_worker": 1.0, "forwarder": 0.0}
+    finally:
+        service.stop()
+        spool.close()
 
 
 def test_sd_notify_follows_the_protocol(tmp_path, monkeypatch):
@@ -186,6 +206,8 @@ tests:
     input_series:
       - series: 'medrt_spool_series{{state="failed", instance="a", job="medrt"}}'
         values: '0 1x40'
+      - series: 'medrt_spool_series{{state="unsent", instance="a", job="medrt"}}'
+        values: '0 2x40'
       - series: 'medrt_spool_disk_free_bytes{{instance="a", job="medrt"}}'
         values: '500x40'
       - series: 'medrt_spool_disk_min_free_bytes{{instance="a", job="medrt"}}'
@@ -207,8 +229,18 @@ tests:
         exp_alerts:
           - exp_labels: {{severity: warning, state: failed, instance: a, job: medrt}}
             exp_annotations:
-              summary: "1 series failed on a (analysis or forwarding)"
-              description: "They are retried every --retry; medrt spool SPOOL --state failed says why."
+              summary: "1 series failed on a (analysis)"
+              description: "They are analysed again every --retry; medrt spool SPOOL --state failed says why."
+      - eval_time: 20m
+        alertname: MedrtResultsUnsent
+        exp_alerts: []
+      - eval_time: 35m
+        alertname: MedrtResultsUnsent
+        exp_alerts:
+          - exp_labels: {{severity: warning, state: unsent, instance: a, job: medrt}}
+            exp_annotations:
+              summary: "2 series' results on a not taken by a destination"
+              description: "They are kept and sent again every --retry; medrt spool SPOOL --state unsent names the destination and why."
       - eval_time: 5m
         alertname: MedrtRefusingImages
         exp_alerts:

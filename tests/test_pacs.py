@@ -250,12 +250,18 @@ def test_results_a_pacs_cannot_take_are_kept_and_sent_on_retry(tmp_path, analyze
     down = Destination("PACS", "127.0.0.1", free_port())
     service = PacsService(spool, tmp_path / "out", analyzer, forward=down, idle_s=0.0, retry_s=60.0)
     (outcome,) = service.run_once()
-    assert outcome.state == "failed" and str(down) in outcome.detail and outcome.forwarded == []
+    assert outcome.state == "unsent" and str(down) in outcome.detail and outcome.forwarded == []
+    assert outcome.analysed and outcome.frames == 3
+    assert spool.series(outcome.series_uid).state == "unsent"  # for the forwarder, not the analysis worker
+    assert spool.due(0.0, retry_s=0.0) == []
     assert [p.name for p in result_files(outcome.out)] == ["seg.dcm", "sr.dcm"]  # kept for the retry
+    before = (outcome.out / "results.jsonl").read_bytes()
     assert service.run_once() == []  # not before retry_s
     service.forward = dest
     (again,) = service.run_once(now=time.time() + 61.0)
     assert again.state == "done" and sorted(again.forwarded) == ["seg.dcm", "sr.dcm"]
+    assert not again.analysed and again.frames == 3  # sent again, not analysed again (counts from its report)
+    assert (outcome.out / "results.jsonl").read_bytes() == before
     assert len(list(pacs.iterdir())) == 2
 
     # Another image comes: new results, so the PACS is sent them although it took the old ones.
@@ -313,7 +319,7 @@ def test_a_destination_that_never_answers_holds_up_one_series_not_each(tmp_path,
                           forward_timeout_s=1.0)
     try:
         outcomes = service.run_once()
-        assert [o.state for o in outcomes] == ["failed"] * 3
+        assert [o.state for o in outcomes] == ["unsent"] * 3
         assert len(silent.accepted) == 1  # asked once, not once per series
         assert all(f"{hung} not tried: it took nothing" in o.detail for o in outcomes[1:])
         assert all(o.refused == {str(hung): 2} for o in outcomes)
@@ -322,6 +328,81 @@ def test_a_destination_that_never_answers_holds_up_one_series_not_each(tmp_path,
     service.forward = dest  # back, at its address
     later = service.run_once(now=time.time() + 61.0)
     assert [o.state for o in later] == ["done"] * 3 and len(list(pacs.iterdir())) == 6
+
+
+def wait_for(what, timeout_s: float = 60.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = what()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout_s} s")
+
+
+def test_a_hung_pacs_does_not_hold_up_the_analysis_of_the_next_series(tmp_path, analyzer):
+    """The worker and the forwarder on their threads, as ``medrt listen`` runs them: while the
+    forwarder waits on a PACS that accepted the connection and says nothing, the next series
+    is analysed; each is left ``unsent`` once the PACS goes, and nothing is analysed twice."""
+    silent = SilentPeer()
+    spool = Spool(tmp_path / "spool")
+    hung = Destination("PACS", "127.0.0.1", silent.port)
+    service = PacsService(spool, tmp_path / "out", analyzer, forward=hung, idle_s=0.0, retry_s=600.0,
+                          forward_timeout_s=120.0)
+    done = []
+    service.on_outcome = done.append
+    first, second = "1.2.826.0.1.3680043.8.498.61", "1.2.826.0.1.3680043.8.498.62"
+    service.start(tick_s=0.1)
+    try:
+        for uid, files in ((first, CT[:3]), (second, CT[3:6])):
+            for n, path in enumerate(files):
+                ds = pydicom.dcmread(path, stop_before_pixels=True)
+                spool.store(path.read_bytes(), study_uid=ds.StudyInstanceUID, series_uid=uid, sop_uid=f"{uid}.{n + 1}")
+            service.notify()
+            if uid == first:  # the forwarder takes it and hangs on the PACS
+                wait_for(lambda: silent.accepted and spool.series(first).state == "forwarding")
+        wait_for(lambda: spool.series(second).state == "analysed")  # analysed while the first is being sent
+        assert spool.series(first).state == "forwarding" and done == []
+        assert (tmp_path / "out" / second / "results.jsonl").is_file()
+        silent.close()  # the PACS goes away: the forwarder's association ends
+        wait_for(lambda: len(done) == 2)
+    finally:
+        silent.close()
+        service.stop()
+    assert [(o.series_uid, o.state) for o in done] == [(first, "unsent"), (second, "unsent")]
+    assert all(o.analysed and o.frames == 3 and o.refused == {str(hung): 2} for o in done)
+    assert "not tried: it took nothing" in done[1].detail  # the second did not wait for a timeout of its own
+    assert [s.attempts for s in spool.all_series()] == [2, 2]  # analysed once, sent once
+
+
+def test_a_series_caught_being_sent_is_sent_again_after_a_restart_not_analysed_again(tmp_path, analyzer, storescp):
+    dest, pacs = storescp
+    spool = Spool(tmp_path / "spool")
+    fill(spool, CT[:3])
+    uid = pydicom.dcmread(CT[0], stop_before_pixels=True).SeriesInstanceUID
+    service = PacsService(spool, tmp_path / "out", analyzer, idle_s=0.0)
+    (outcome,) = service.run_once()  # nowhere to send: done
+    assert outcome.state == "done" and outcome.destinations == []
+    spool.mark(uid, "forwarding")  # as a process killed while sending would have left it
+    spool.close()
+
+    spool = Spool(tmp_path / "spool")
+    assert spool.recover()["requeued"] == 1 and spool.series(uid).state == "analysed"
+    before = (outcome.out / "results.jsonl").read_bytes()
+    service = PacsService(spool, tmp_path / "out", analyzer, forward=dest, idle_s=0.0)
+    (again,) = service.run_once()
+    assert again.state == "done" and not again.analysed and again.frames == 3 and again.sent == {str(dest): 2}
+    assert (outcome.out / "results.jsonl").read_bytes() == before and len(list(pacs.iterdir())) == 2
+
+    # Its results gone meanwhile (a results disk replaced): analysed again, not "done" with nothing sent.
+    import shutil
+
+    spool.mark(uid, "analysed")
+    shutil.rmtree(outcome.out / "series")
+    (missing,) = service.run_once()
+    assert missing.state == "receiving" and "no results" in missing.detail
+    (redone,) = service.run_once()
+    assert redone.state == "done" and redone.analysed and redone.sent == {str(dest): 2}
 
 
 def test_a_host_that_drops_connections_times_out_as_asked(tmp_path):
@@ -384,7 +465,7 @@ def test_a_dicomweb_server_that_refuses_us_is_named_with_the_reason(tmp_path, an
         (outcome,) = service.run_once()
     finally:
         server.shutdown()
-    assert outcome.state == "failed" and outcome.refused == {str(web): 2}
+    assert outcome.state == "unsent" and outcome.refused == {str(web): 2}
     assert f"{web}: HTTP 401 Unauthorized (credentials: MEDRT_DICOMWEB_TOKEN" in outcome.detail
     assert seen == ["Bearer not-a-real-token"]  # the token from the environment, on the one request
     for bad, why in (("https://user:pw@pacs/dicom-web", "no credentials in the URL"),
@@ -405,13 +486,13 @@ def test_medrt_spool_lists_the_queue_and_requeues_by_hand(tmp_path, analyzer, st
     spool = Spool(root)
     fill(spool, CT[:3])
     uid = pydicom.dcmread(CT[0], stop_before_pixels=True).SeriesInstanceUID
-    for other, state, detail in (("1.2.826.0.1.3680043.8.498.2", "failed", "forwarding failed: the PACS was down"),
+    for other, state, detail in (("1.2.826.0.1.3680043.8.498.2", "unsent", "forwarding failed: the PACS was down"),
                                  ("1.2.826.0.1.3680043.8.498.3", "analysing", "")):
         ds = pydicom.dcmread(CT[3], stop_before_pixels=True)
         spool.store(CT[3].read_bytes(), study_uid=ds.StudyInstanceUID, series_uid=other,
                     sop_uid=f"{other}.1", modality="CT", calling_ae="SCANNER", now=2.0)
         assert spool.claim(other, expect_received=2.0)  # tried just now ...
-        if state == "failed":
+        if state == "unsent":
             spool.mark(other, state, detail)  # ... and the PACS said no
     service = PacsService(spool, tmp_path / "out", analyzer, forward=dest, idle_s=0.0, retry_s=1e9)
     (first,) = service.run_once()
@@ -422,9 +503,9 @@ def test_medrt_spool_lists_the_queue_and_requeues_by_hand(tmp_path, analyzer, st
     table = capsys.readouterr().out
     assert "done             3      " in table and uid in table
     assert f"sent: {dest} (2)" in table  # the PACS took the SEG and SR
-    assert "failed" in table and "forwarding failed: the PACS was down" in table and "SCANNER" in table
-    assert "3 series (1 analysing, 1 done, 1 failed), 5 image(s)" in table and "MiB free on its disk" in table
-    assert main(["spool", str(root), "--state", "failed"]) == 0
+    assert "unsent" in table and "forwarding failed: the PACS was down" in table and "SCANNER" in table
+    assert "3 series (1 analysing, 1 unsent, 1 done), 5 image(s)" in table and "MiB free on its disk" in table
+    assert main(["spool", str(root), "--state", "unsent"]) == 0
     assert uid not in capsys.readouterr().out
 
     assert main(["spool", str(root), "--requeue", uid, "1.2.826.0.1.3680043.8.498.3", "1.2.3"]) == 1
@@ -434,7 +515,7 @@ def test_medrt_spool_lists_the_queue_and_requeues_by_hand(tmp_path, analyzer, st
     assert "series 1.2.3: not in this spool" in err
     results = first.out / "results.jsonl"
     before = results.read_bytes()
-    (again,) = service.run_once()  # the requeued series only; the failed one waits for retry_s
+    (again,) = service.run_once()  # the requeued series only; the unsent one waits for retry_s
     assert again.series_uid == uid and again.state == "done" and sorted(again.forwarded) == ["seg.dcm", "sr.dcm"]
     assert results.read_bytes() == before and again.frames == 3  # resumed, not analysed again; sent again
     assert again.sent == {str(dest): 2}  # a requeue forgets what the PACS took: it lost them
@@ -447,7 +528,7 @@ def test_medrt_spool_lists_the_queue_and_requeues_by_hand(tmp_path, analyzer, st
     assert {r["series_uid"]: r["delivered"] for r in report["series"]}[uid] == {str(dest): 2}  # sent again
     assert states == {uid: "done", "1.2.826.0.1.3680043.8.498.2": "receiving", "1.2.826.0.1.3680043.8.498.3":
                       "analysing"}
-    assert "failed -> requeued" in err and report["totals"]["instances"] == 5 and report["free_bytes"] > 0
+    assert "unsent -> requeued" in err and report["totals"]["instances"] == 5 and report["free_bytes"] > 0
     assert spool.due(0.0)[0].series_uid == "1.2.826.0.1.3680043.8.498.2"  # due now, not after retry_s
 
     assert main(["spool", str(tmp_path / "elsewhere")]) == 2

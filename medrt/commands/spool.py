@@ -3,9 +3,10 @@
 For the people who run ``medrt listen``: one line per series (state, images, modality,
 the AE title that sent it, when its last image came, attempts, the reason of a failure,
 and how many result objects each destination has taken), the totals, the disk, and
-storage commitment reports not yet delivered. ``--requeue UID`` or ``--requeue-failed`` puts done or failed series back in the queue; a
-running listener takes them at its next pass (analysis resumes what is unchanged, the
-results are forwarded again, to every destination). Safe while the listener runs: the
+storage commitment reports not yet delivered. ``--requeue UID`` puts a series back in
+the queue, ``--requeue-failed`` every failed or unsent one; a running listener takes them
+at its next pass (analysis resumes what is unchanged, the results are forwarded again, to
+every destination). Safe while the listener runs: the
 spool's index is SQLite in WAL mode. Series are named by UID, callers by AE title;
 nothing here reads a patient's name or ID.
 """
@@ -48,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         requeue = list(args.requeue or [])
         if args.requeue_failed:
-            requeue += [s.series_uid for s in spool.all_series() if s.state == "failed"]
+            requeue += [s.series_uid for s in spool.all_series() if s.state in ("failed", "unsent")]
         problems = 0
         for uid in requeue:
             try:
@@ -104,6 +105,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("spool", help="the folder given to medrt listen --spool")
     p.add_argument("--state", action="append", choices=STATES, help="list only series in this state (repeatable)")
     p.add_argument("--requeue", nargs="+", metavar="UID", help="put these done or failed series back in the queue")
-    p.add_argument("--requeue-failed", action="store_true", help="put every failed series back in the queue")
+    p.add_argument("--requeue-failed", action="store_true", help="put every failed (analysis) or unsent (forwarding) series back in the queue")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     p.set_defaults(func=run)

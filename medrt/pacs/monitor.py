@@ -59,7 +59,7 @@ class Monitor:
         self._series = Counter("medrt_series_processed", "Series the worker finished since start, by outcome",
                                ["state"], registry=self.registry)
         self._duration = Histogram("medrt_series_duration_seconds", "Seconds from taking a series to its outcome "
-                                   "(analysis and forwarding)", buckets=DURATION_BUCKETS, registry=self.registry)
+                                   "(analysis, waiting to be sent, sending)", buckets=DURATION_BUCKETS, registry=self.registry)
         self._frames = Counter("medrt_frames_analysed", "Frames of processed series", registry=self.registry)
         self._lesions = Counter("medrt_lesions_found", "Lesions reported in processed series", registry=self.registry)
         self._decode_errors = Counter("medrt_image_errors", "Images of processed series that could not be analysed "
@@ -68,7 +68,7 @@ class Monitor:
                              ["destination"], registry=self.registry)
         self._refused = Counter("medrt_forward_refused_objects", "Result objects a destination refused or could "
                                 "not take (kept and sent again after --retry)", ["destination"], registry=self.registry)
-        for state in ("done", "failed"):
+        for state in ("done", "failed", "unsent"):
             self._series.labels(state)  # present at 0 from the start, so rate() and alerts see them
         self.registry.register(_Live(self))
 
@@ -76,9 +76,10 @@ class Monitor:
         """Count one :class:`~medrt.pacs.service.SeriesOutcome`."""
         self._series.labels(outcome.state).inc()
         self._duration.observe(outcome.elapsed_s)
-        self._frames.inc(outcome.frames)
-        self._lesions.inc(outcome.lesions)
-        self._decode_errors.inc(outcome.errors)
+        if getattr(outcome, "analysed", True):  # a series only sent again was counted when it was analysed
+            self._frames.inc(outcome.frames)
+            self._lesions.inc(outcome.lesions)
+            self._decode_errors.inc(outcome.errors)
         for dest, n in getattr(outcome, "sent", {}).items():
             self._sent.labels(dest).inc(n)
         for dest, n in getattr(outcome, "refused", {}).items():
@@ -102,6 +103,8 @@ class Monitor:
                           f"{self.listener.port})", True))
         if self.service is not None and not self.service.alive:
             found.append(("the series worker has stopped", True))
+        if self.service is not None and not self.service.forwarder.alive:
+            found.append(("the forwarder has stopped", True))
         if self.reporter is not None and not self.reporter.alive:
             found.append(("the storage commitment reporter has stopped", True))
         try:
@@ -135,7 +138,7 @@ class Monitor:
         stored = self.listener.counts["stored"] if self.listener is not None else 0
         processed = sum(self.service.processed.values()) if self.service is not None else 0
         return (f"{stored} image(s) stored, {processed} series processed, {waiting} waiting, "
-                f"{totals['failed']} failed; {free // 2**20} MiB free")
+                f"{totals['failed']} failed, {totals['unsent']} unsent; {free // 2**20} MiB free")
 
 
 class _Live:
@@ -155,6 +158,7 @@ class _Live:
             up.add_metric(["dicom_port"], float(m.listener.serving))
         if m.service is not None:
             up.add_metric(["series_worker"], float(m.service.alive))
+            up.add_metric(["forwarder"], float(m.service.forwarder.alive))
         if m.reporter is not None:
             up.add_metric(["commitment_reporter"], float(m.reporter.alive))
         yield up

@@ -1,28 +1,30 @@
-"""The listener's worker: each complete series through the batch core, results forwarded.
+"""The listener's analysis worker: each complete series through the batch core.
 
 A series in the spool is *due* once nothing has arrived for it for ``idle_s`` seconds
 (:meth:`Spool.due`). :meth:`PacsService.run_once` takes each due series, runs
 :func:`medrt.batch.run_batch` on its inbox folder with the one analyzer this process
 loaded (warm, weights resident: every series shares it), which writes
 ``OUT/<SeriesInstanceUID>/`` (results.jsonl, errors.csv, report, ``series/*/seg.dcm``,
-``sr.dcm``, ``sc/``), and then sends the SEG, SR and SC objects to each ``forward``
-destination (C-STORE to a :class:`~medrt.pacs.scu.Destination`, STOW-RS to a
-:class:`~medrt.pacs.stow.StowDestination`) and, with ``to_sender``, to the address in
-``peers`` of the AE that sent the series (a site where several PACS send to one medrt
-gets each its own results back).
+``sr.dcm``, ``sc/``), and hands the series to its :class:`~medrt.pacs.forward.Forwarder`,
+which sends the SEG, SR and SC objects to each ``forward`` destination and, with
+``to_sender``, to the address in ``peers`` of the AE that sent the series, on a thread of
+its own: a slow or dead PACS never holds up the analysis of the next series.
 
 Nothing is lost: a file that does not decode is named in that series' errors.csv and
-the rest of the series is analysed; a series whose analysis raises, or whose results a
-peer refuses or cannot take, is left ``failed`` with the reason and tried again after
-``retry_s`` (the batch core resumes a finished series without analysing it again). The
-spool records which result files (by content) each destination took, so a retry sends
-each destination only what it lacks: a PACS that was up is not sent the same objects
-twice because another was down. Results that change (more images came) are sent again.
+the rest of the series is analysed; a series whose analysis raises is left ``failed``
+with the reason and analysed again after ``retry_s`` (the batch core resumes what it
+finished); results a destination refuses or cannot take leave the series ``unsent`` and
+are sent again after ``retry_s``, each destination only what it lacks (the spool records
+what each took, by content). Results that change (more images came) are sent again.
+
+Without :meth:`start` (tests, benchmarks), :meth:`run_once` analyses what is due and
+then sends what is ready in the same call.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Mapping, Sequence
@@ -30,14 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from medrt.engine.registry import sha256_file
+from medrt.pacs.forward import Forwarder, result_files
 from medrt.pacs.loop import BackgroundLoop
-from medrt.pacs.scu import Destination, ForwardError, send, taken
+from medrt.pacs.scu import Destination
 from medrt.pacs.spool import SeriesState, Spool
-from medrt.pacs.stow import StowDestination, send_stow
+from medrt.pacs.stow import StowDestination
 from medrt.privacy import describe_exception
 
-__all__ = ["PacsService", "SeriesOutcome", "result_files"]
+__all__ = ["PacsService", "SeriesOutcome", "result_files"]  # result_files: from medrt.pacs.forward
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +47,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class SeriesOutcome:
     series_uid: str
-    state: str  # done | failed | receiving (more arrived while it was analysed: redone later)
+    state: str  # done | failed (analysis) | unsent (a destination did not take all) | receiving (redone later)
     frames: int = 0
     lesions: int = 0
     errors: int = 0
@@ -56,14 +58,13 @@ class SeriesOutcome:
     destinations: list[str] = field(default_factory=list)  # where the results went (AET@HOST:PORT)
     detail: str = ""
     out: Path | None = None
-    elapsed_s: float = 0.0
+    elapsed_s: float = 0.0  # from taking the series to this outcome (analysis, waiting to be sent, sending)
+    analysed: bool = True  # False: only sent (again) this time; frames and lesions are those of the report
+    started: float = field(default_factory=time.perf_counter, repr=False)
 
-
-def result_files(out: Path) -> list[Path]:
-    """The DICOM objects a batch run wrote under ``out`` (SEG, SR, SC), in a stable order."""
-    series = out / "series"
-    found = sorted(series.glob("*/seg*.dcm")) + sorted(series.glob("*/sr.dcm")) + sorted(series.glob("*/sc/*.dcm"))
-    return [p for p in found if not p.name.startswith(".")]
+    def timed(self) -> SeriesOutcome:
+        self.elapsed_s = time.perf_counter() - self.started
+        return self
 
 
 class PacsService(BackgroundLoop):
@@ -84,15 +85,9 @@ class PacsService(BackgroundLoop):
         self.spool = spool
         self.out = Path(out)
         self.analyzer = analyzer
-        self.forward = forward
-        self.peers = dict(peers or {})
-        self.to_sender = to_sender
-        self.forward_tls = forward_tls  # ssl.SSLContext (medrt.pacs.scu.client_tls) or None
-        self.calling_ae = calling_ae
-        self.forward_timeout_s = forward_timeout_s
-        # Destinations that took no association, and until when they are not tried again: a
-        # peer down makes one series wait for the timeout per --retry, not every series.
-        self._unreachable: dict[str, tuple[float, str]] = {}
+        self.forwarder = Forwarder(spool, self.out, forward=forward, peers=peers, to_sender=to_sender,
+                                   calling_ae=calling_ae, forward_tls=forward_tls, timeout_s=forward_timeout_s,
+                                   retry_s=retry_s, on_done=self._finished)
         self.idle_s = idle_s
         self.retry_s = retry_s
         self.outputs = outputs if outputs is not None else OutputOptions()
@@ -103,26 +98,62 @@ class PacsService(BackgroundLoop):
         # The latest outcomes only (a listener runs for months), and how many of each state so far.
         self.outcomes: deque[SeriesOutcome] = deque(maxlen=256)
         self.processed: Counter[str] = Counter()
-        self.on_outcome: Any = None  # callable(SeriesOutcome), e.g. the CLI's line per series
+        self.on_outcome: Any = None  # callable(SeriesOutcome), e.g. the CLI's line per series; from either thread
+        self._finish_lock = threading.Lock()
+
+    @property
+    def forward(self) -> Any:
+        """The forwarder's destinations (set them to change where results go)."""
+        return self.forwarder.forward
+
+    @forward.setter
+    def forward(self, value: Any) -> None:
+        self.forwarder.forward = value
+
+    @property
+    def peers(self) -> dict[str, Destination]:
+        """Calling AE title → the address results go back to with ``to_sender``."""
+        return self.forwarder.peers
+
+    def start(self, tick_s: float = 0.5) -> None:
+        self.forwarder.start(tick_s)
+        super().start(tick_s)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        super().stop(timeout_s)  # no new analysis (one under way stops between frames)
+        self.forwarder.stop(timeout_s)
 
     # -- one pass ----------------------------------------------------------------------------------------------
 
     def run_once(self, now: float | None = None) -> list[SeriesOutcome]:
-        """Work through every series due now; returns what happened to each."""
+        """Analyse every series due now; returns what became of each. Without the threads
+        running (no :meth:`start`), results are then sent in the same call, and the
+        outcomes are those of the whole (analysis and forwarding)."""
         done = []
+        inline = not self.forwarder.alive
         for state in self.spool.due(self.idle_s, retry_s=self.retry_s, now=now):
             if self._stop.is_set():
                 break
+            if self.forwarder.busy(state.series_uid):
+                continue  # its results are being sent: analysed again once that ends
             if not self.spool.claim(state.series_uid, expect_received=state.last_received, now=now):
                 continue  # an instance arrived since it was listed: not complete yet
-            outcome = self._process(state, time.time() if now is None else now)
+            outcome = self._process(state)
+            if outcome is None:
+                continue  # analysed: the forwarder has it
             done.append(outcome)
+            self._finished(outcome)
+        if inline:
+            done += self.forwarder.run_once(now)
+        self._purge(now)
+        return done
+
+    def _finished(self, outcome: SeriesOutcome) -> None:
+        with self._finish_lock:
             self.outcomes.append(outcome)
             self.processed[outcome.state] += 1
             if self.on_outcome is not None:
                 self.on_outcome(outcome)
-        self._purge(now)
-        return done
 
     def _purge(self, now: float | None) -> None:
         t = time.time() if now is None else now
@@ -130,10 +161,11 @@ class PacsService(BackgroundLoop):
             self._last_purge = t
             self.spool.purge(self.keep_s, now=now)
 
-    def _process(self, state: SeriesState, now: float) -> SeriesOutcome:
+    def _process(self, state: SeriesState) -> SeriesOutcome | None:
+        """Analyse one claimed series. Returns its outcome when it is finished here (done,
+        failed, interrupted), or None once it is ``analysed`` and handed to the forwarder."""
         from medrt.batch import EXIT_FAILED, EXIT_INTERRUPTED, BatchConfig, run_batch
 
-        t0 = time.perf_counter()
         uid = state.series_uid
         out = self.out / uid
         outcome = SeriesOutcome(uid, "failed", out=out)
@@ -145,100 +177,26 @@ class PacsService(BackgroundLoop):
             outcome.detail = f"analysis failed: {describe_exception(exc)}"
             log.error("listener: series %s: %s (retried in %.0f s)", uid, outcome.detail, self.retry_s)
             self.spool.mark(uid, "failed", outcome.detail, unless_received_after=state.last_received)
-            return self._timed(outcome, t0)
+            return outcome.timed()
         c = summary.report.get("counts", {})
         outcome.frames, outcome.lesions = int(c.get("frames", 0)), int(c.get("lesions", 0))
         outcome.errors, outcome.skipped = int(c.get("errors", 0)), int(c.get("skipped", 0))
         if summary.exit_code == EXIT_INTERRUPTED:
             outcome.state, outcome.detail = "receiving", "interrupted; resumed at the next start"
             self.spool.mark(uid, "receiving", outcome.detail)
-            return self._timed(outcome, t0)
+            return outcome.timed()
         if summary.exit_code == EXIT_FAILED:  # nothing these models read (an SR, an MR series, ...): not an error
             outcome.detail = f"nothing analysed ({outcome.errors} error(s), {outcome.skipped} passed over)"
-        files = result_files(out)
-        destinations, problems = self.destinations(state)
-        outcome.destinations = [str(d) for d in destinations]
-        if files and (destinations or problems):
-            self.spool.mark(uid, "forwarding", unless_received_after=state.last_received)
-            digests = {p: (p.relative_to(out).as_posix(), sha256_file(p)) for p in files}  # name, content
-            delivered = set(files)
-            for dest in destinations:
-                outcome.sent[str(dest)] = 0
-                refused, why = self._deliver(uid, digests, dest, outcome, now)
-                delivered -= set(refused)
-                if refused:
-                    problems.append(why)
-            outcome.forwarded = [p.name for p in files if p in delivered and destinations]
-            if problems:
-                outcome.detail = f"forwarding failed: {'; '.join(problems)}"
-                log.error("listener: series %s: %s (retried in %.0f s; results kept in %s)", uid, outcome.detail,
-                          self.retry_s, out)
-                self.spool.mark(uid, "failed", outcome.detail, unless_received_after=state.last_received)
-                return self._timed(outcome, t0)
+        destinations, problems = self.forwarder.destinations(state)
+        if result_files(out) and (destinations or problems):
+            if self.spool.mark(uid, "analysed", outcome.detail, unless_received_after=state.last_received):
+                self.forwarder.submit(outcome)
+                return None
+            outcome.state = "receiving"  # more arrived meanwhile: analysed again once it is quiet
+            return outcome.timed()
         outcome.state = "done"
         if not self.spool.mark(uid, "done", outcome.detail, unless_received_after=state.last_received):
-            outcome.state = "receiving"  # more arrived meanwhile: analysed again once it is quiet
-        log.info("listener: series %s %s: %d frame(s), %d lesion(s), %d error(s), %d sent to %s", uid,
-                 outcome.state, outcome.frames, outcome.lesions, outcome.errors, len(outcome.forwarded),
-                 ", ".join(outcome.destinations) or "-")
-        return self._timed(outcome, t0)
-
-    def _deliver(self, uid: str, digests: dict[Path, tuple[str, str]], dest: Destination | StowDestination,
-                 outcome: SeriesOutcome, now: float) -> tuple[list[Path], str]:
-        """Send ``dest`` those of the files (path → name, sha256) it does not hold yet, as the
-        spool recorded; returns those it did not take, and why. A destination that took no
-        association is not tried again, for any series, before ``retry_s`` has passed."""
-        key = str(dest)
-        held = self.spool.deliveries(uid, key)
-        pending = [p for p, (name, digest) in digests.items() if held.get(name) != digest]
-        if not pending:
-            return [], ""
-        down = self._unreachable.get(key)
-        if down is not None and now < down[0]:
-            outcome.refused[key] = len(pending)
-            return pending, (f"{dest} not tried: it took nothing {now - down[0] + self.retry_s:.0f} s ago "
-                             f"({down[1]}); tried again after --retry")
-        why = ""
-        try:
-            if isinstance(dest, StowDestination):
-                statuses = send_stow(pending, dest, timeout_s=self.forward_timeout_s)
-            else:
-                statuses = send(pending, dest, calling_ae=self.calling_ae, tls=self.forward_tls,
-                                timeout_s=self.forward_timeout_s)
-        except (ForwardError, OSError) as exc:
-            statuses, why = getattr(exc, "statuses", {}), describe_exception(exc)
-            if not statuses:  # not one reply: down, unreachable, or refusing us (no association, HTTP 4xx/5xx)
-                self._unreachable[key] = (now + self.retry_s, why)
-        else:
-            self._unreachable.pop(key, None)
-        took = taken(statuses)
-        self.spool.record_deliveries(uid, key, dict(digests[p] for p in took))
-        outcome.sent[key] = len(took)
-        refused = [p for p in pending if p not in took]
-        outcome.refused[key] = len(refused)
-        if refused and not why:
-            why = f"{len(refused)} of {len(pending)} refused by {dest}"
-        return refused, why
-
-    def destinations(self, state: SeriesState) -> tuple[list[Destination | StowDestination], list[str]]:
-        """Where a series' results go: every ``forward`` destination, then the sender's
-        address with ``to_sender``; and what stands in the way: a sender with no address
-        (no ``--peer`` for its AE title, or images indexed after a crash, whose sender is
-        unknown). The other destinations are served all the same."""
-        forward = self.forward
-        found = [] if forward is None else [forward] if isinstance(forward, (Destination, StowDestination)) \
-            else list(forward)
-        problems = []
-        if self.to_sender:
-            dest = self.peers.get(state.calling_ae)
-            if dest is None:
-                problems.append(f"no address for the sender, AE {state.calling_ae or '(unknown)'}, to send the "
-                                f"results back to (medrt listen --peer AET@HOST:PORT)")
-            else:
-                found.append(dest)
-        return list(dict.fromkeys(found)), problems
-
-    @staticmethod
-    def _timed(outcome: SeriesOutcome, t0: float) -> SeriesOutcome:
-        outcome.elapsed_s = time.perf_counter() - t0
-        return outcome
+            outcome.state = "receiving"
+        log.info("listener: series %s %s: %d frame(s), %d lesion(s), %d error(s), nowhere to send", uid,
+                 outcome.state, outcome.frames, outcome.lesions, outcome.errors)
+        return outcome.timed()

@@ -12,18 +12,23 @@ returns never acknowledges an image a power cut could take back.
 
 A series has no "complete" message in DIMSE; like Orthanc's ``StableAge`` and DCMTK's
 ``--eostudy-timeout``, a series is *due* when nothing new has arrived for it for
-``idle_s`` seconds. Its state then moves ``receiving → analysing → forwarding → done``
-(or ``failed``, with the reason, retried after ``retry_s``). An instance that arrives for
-a series past ``receiving`` puts it back to ``receiving``: the series is analysed again
-with it (the batch run resumes nothing whose content changed).
+``idle_s`` seconds. Its state then moves ``receiving → analysing → analysed →
+forwarding → done``. The analysis worker takes ``receiving`` series (and ``failed`` ones:
+the analysis raised, retried after ``retry_s``); the forwarder takes ``analysed`` ones
+(results written, waiting to be sent) and ``unsent`` ones (a destination did not take
+them: sent again after ``retry_s``, not analysed again), so a slow or dead PACS never
+holds up the analysis of the next series. A series with nowhere to send its results goes
+from ``analysing`` to ``done``. An instance that arrives for a series past ``receiving``
+puts it back to ``receiving``: the series is analysed again with it (the batch run
+resumes nothing whose content changed).
 
 A spool made with ``min_free_bytes`` refuses an instance that would leave less than that
 free on its disk (``OSError`` ENOSPC before anything is written, so the listener answers
 0xA700 and the sender keeps the image and retries later), instead of filling the disk
 that the index, the results and other services share.
 
-Recovery (:meth:`Spool.recover`, run on open): a series caught mid-analysis or
-mid-forward goes back to the queue, files on disk that the index lacks (a crash between
+Recovery (:meth:`Spool.recover`, run on open): a series caught mid-analysis goes back to
+the queue, one caught mid-forward back to ``analysed`` (its results were whole), files on disk that the index lacks (a crash between
 the rename and the commit) are indexed from their headers, and temporary files of an
 interrupted write are removed.
 """
@@ -43,11 +48,15 @@ from pathlib import Path
 
 from medrt.io.atomic import atomic_write_bytes
 
-__all__ = ["Spool", "SeriesState", "Commitment", "SpoolError", "STATES", "COMMITMENT_STATES"]
+__all__ = ["Spool", "SeriesState", "Commitment", "SpoolError", "STATES", "COMMITMENT_STATES", "ANALYSIS_QUEUE",
+           "SEND_QUEUE"]
 
 log = logging.getLogger(__name__)
 
-STATES = ("receiving", "analysing", "forwarding", "done", "failed")
+STATES = ("receiving", "analysing", "analysed", "forwarding", "unsent", "done", "failed")
+# Who takes a series in each state from the queue: the analysis worker, or the forwarder.
+ANALYSIS_QUEUE = ("receiving", "failed")
+SEND_QUEUE = ("analysed", "unsent")
 # PS3.5 9.1 says digits and dots, at most 64; longer ones exist in the wild and are filed, since
 # what matters here is a safe file name (no separator, no "..").
 _UID = re.compile(r"^[0-9]+(\.[0-9]+)*$")
@@ -255,6 +264,27 @@ class Spool:
                 (now, series_uid, expect_received))
             return cur.rowcount == 1
 
+    def to_send(self, *, retry_s: float = 60.0, now: float | None = None) -> list[SeriesState]:
+        """Series whose results to send now, oldest first: ``analysed`` ones, and ``unsent``
+        ones whose last attempt is ``retry_s`` old."""
+        now = time.time() if now is None else now
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT * FROM series WHERE state = 'analysed' OR (state = 'unsent' AND last_attempt <= ?)"
+                " ORDER BY last_received", (now - retry_s,)).fetchall()
+        return [SeriesState(*r) for r in rows]
+
+    def claim_send(self, series_uid: str, *, expect_received: float, now: float | None = None) -> bool:
+        """Move an ``analysed`` or ``unsent`` series to ``forwarding``, unless an instance
+        arrived since it was listed (it is ``receiving`` again, to be analysed first)."""
+        now = time.time() if now is None else now
+        with self._lock:
+            cur = self._db.execute(
+                "UPDATE series SET state = 'forwarding', last_attempt = ?, attempts = attempts + 1"
+                " WHERE series_uid = ? AND state IN ('analysed', 'unsent') AND last_received = ?",
+                (now, series_uid, expect_received))
+            return cur.rowcount == 1
+
     def mark(self, series_uid: str, state: str, detail: str = "", *, unless_received_after: float | None = None) -> bool:
         """Set a series' state. With ``unless_received_after``, leave a series that received
         an instance after that time alone (it is ``receiving`` again and will be redone)."""
@@ -271,7 +301,8 @@ class Spool:
             return cur.rowcount == 1
 
     def requeue(self, series_uid: str) -> str:
-        """Put a ``done`` or ``failed`` series back in the queue now (an operator's "do it
+        """Put a series that is not being worked on (``done``, ``failed``, ``unsent``, or
+        waiting) back in the queue now (an operator's "do it
         again": after a PACS lost the results, or once the cause of a failure is fixed).
 
         The worker takes it at its next pass: what is unchanged (same images, models and
@@ -461,8 +492,12 @@ class Spool:
         done = {"requeued": 0, "indexed": 0, "unreadable": 0, "temporaries": 0}
         with self._lock:
             cur = self._db.execute("UPDATE series SET state = 'receiving', detail = 'resumed after a restart'"
-                                   " WHERE state IN ('analysing', 'forwarding')")
+                                   " WHERE state = 'analysing'")
             done["requeued"] = cur.rowcount
+            # Results are written before a series is 'analysed', so one caught sending has them whole.
+            cur = self._db.execute("UPDATE series SET state = 'analysed', detail = 'sent again after a restart'"
+                                   " WHERE state = 'forwarding'")
+            done["requeued"] += cur.rowcount
             known = {r[0] for r in self._db.execute("SELECT path FROM instances")}
         for tmp in self.inbox.glob("*/.*.tmp"):  # an atomic write that never finished: never acknowledged
             tmp.unlink(missing_ok=True)
