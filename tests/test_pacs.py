@@ -432,6 +432,66 @@ def test_a_host_that_drops_connections_times_out_as_asked(tmp_path):
         full.close()
 
 
+def test_a_dicomweb_server_with_a_request_size_limit_is_sent_one_object_per_request(tmp_path, analyzer):
+    """HTTP 413 for the series in one request: medrt sends the objects one per request; one
+    too large even alone is refused and named, and the others are taken."""
+    import email
+    import io
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from medrt.pacs.stow import StowDestination, send_stow
+
+    requests_seen: list[int] = []  # objects per request that the server read
+    limit = {"bytes": 0}
+
+    class Limited(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            if len(body) > limit["bytes"]:
+                self.send_response(413, "Payload Too Large")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            message = email.message_from_bytes(b"Content-Type: " + self.headers["Content-Type"].encode() + b"\r\n\r\n"
+                                               + body)
+            uids = [pydicom.dcmread(io.BytesIO(part.get_payload(decode=True))).SOPInstanceUID
+                    for part in message.get_payload()]
+            requests_seen.append(len(uids))
+            reply = json.dumps({"00081199": {"vr": "SQ", "Value": [
+                {"00081155": {"vr": "UI", "Value": [str(u)]}} for u in uids]}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/dicom+json")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Limited)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        spool = Spool(tmp_path / "spool")
+        fill(spool, CT[:3])
+        web = StowDestination.parse(f"http://127.0.0.1:{server.server_address[1]}/dicom-web")
+        service = PacsService(spool, tmp_path / "out", analyzer, idle_s=0.0)
+        (analysed,) = service.run_once()
+        files = result_files(analysed.out)
+        sizes = sorted(p.stat().st_size for p in files)
+        assert len(files) == 2 and sizes[0] < sizes[1]
+        limit["bytes"] = sizes[1] + 4096  # each alone fits, both together do not
+        assert send_stow(files, web) == dict.fromkeys(files, 0)
+        assert requests_seen == [1, 1]
+        limit["bytes"] = sizes[0] + 4096  # the larger one never fits
+        with pytest.raises(ForwardError, match=r"HTTP 413: too large for the server even alone: \S+\.dcm \(") as info:
+            send_stow(files, web)
+        assert sorted(info.value.statuses.values()) == [0, 0xA700] and requests_seen == [1, 1, 1]
+    finally:
+        server.shutdown()
+
+
 def test_a_dicomweb_server_that_refuses_us_is_named_with_the_reason(tmp_path, analyzer, monkeypatch):
     """STOW-RS to a server that answers 401: the series fails saying which credentials medrt
     reads; a URL with credentials in it is refused before anything starts."""

@@ -2,7 +2,7 @@
 
 ``medrt listen --forward https://pacs.example.org/dicom-web`` sends each series' SEG and
 SR (and SC) in one ``POST {root}/studies`` of ``multipart/related; type="application/dicom"``
-through dicomweb-client (the DICOMweb client highdicom's authors keep), and reads the
+(one per object when the server answers 413, its request size limit) through dicomweb-client (the DICOMweb client highdicom's authors keep), and reads the
 store response: each object in the Referenced SOP Sequence is taken (a Warning Reason
 counts as taken, as a C-STORE warning does), each in the Failed SOP Sequence is refused
 with its Failure Reason, so the listener's per-destination bookkeeping and retries work
@@ -14,7 +14,7 @@ Credentials never go on the command line (``ps`` shows it to every user) or in t
 environment (for the service: ``/etc/medrt/listen.env``, readable by root only). HTTPS
 checks the server's certificate against the system's CAs, or ``ca``; ``cert``/``key`` are
 ours for a server that asks for one. dicomweb-client's own retries are off: a failure
-leaves the series ``failed`` and the listener's ``--retry`` sends it again.
+leaves the series ``unsent`` and the listener's ``--retry`` sends it again.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ TOKEN_ENV = "MEDRT_DICOMWEB_TOKEN"
 USER_ENV = "MEDRT_DICOMWEB_USER"
 PASSWORD_ENV = "MEDRT_DICOMWEB_PASSWORD"
 _PROCESSING_FAILURE = 0xC000  # a failed object without a Failure Reason (0272 "Processing failure")
+_OUT_OF_RESOURCES = 0xA700  # an object the server will not take in any request (HTTP 413 alone)
 
 
 def is_url(text: str) -> bool:
@@ -103,18 +104,49 @@ def _why(exc: Exception, dest: StowDestination) -> str:
     return f"{dest}: {exc.__class__.__name__}"
 
 
+class _TooLarge(Exception):
+    """HTTP 413 for a request: the server limits the size of one."""
+
+
 def send_stow(paths: Sequence[str | Path], dest: StowDestination, *, timeout_s: float = 30.0) -> dict[Path, int]:
-    """STOW-RS ``paths`` to ``dest`` in one request; returns each file's status (0x0000, a
-    Warning Reason, or a Failure Reason). Raises :class:`~medrt.pacs.scu.ForwardError`
-    naming the destination when the request fails as a whole (connection, TLS, HTTP 4xx/5xx
-    with no store response)."""
+    """STOW-RS ``paths`` to ``dest``; returns each file's status (0x0000, a Warning Reason,
+    or a Failure Reason). Raises :class:`~medrt.pacs.scu.ForwardError` naming the
+    destination when a request fails as a whole (connection, TLS, HTTP 4xx/5xx with no
+    store response), with the statuses of what it took before.
+
+    One request carries all the files; a server that answers 413 (its request size limit:
+    a proxy's ``client_max_body_size``, say) is sent them one per request instead. An
+    object too large on its own is refused (0xA700, out of resources) and named."""
+    files = [Path(p) for p in paths]
+    if not files:
+        return {}
+    try:
+        return _store(files, dest, timeout_s)
+    except _TooLarge as exc:
+        if len(files) == 1:
+            raise ForwardError(str(exc), {files[0]: _OUT_OF_RESOURCES}) from None
+        log.warning("forward: %s; sending the %d objects one per request", exc, len(files))
+    statuses: dict[Path, int] = {}
+    too_large = []
+    for path in files:
+        try:
+            statuses.update(_store([path], dest, timeout_s))
+        except _TooLarge:
+            statuses[path] = _OUT_OF_RESOURCES
+            too_large.append(f"{path.name} ({path.stat().st_size / 2**20:.1f} MiB)")
+        except ForwardError as exc:
+            raise ForwardError(str(exc), statuses) from None
+    if too_large:
+        raise ForwardError(f"{dest}: HTTP 413: too large for the server even alone: {', '.join(too_large)}", statuses)
+    return statuses
+
+
+def _store(files: list[Path], dest: StowDestination, timeout_s: float) -> dict[Path, int]:
+    """One STOW-RS request for ``files``."""
     import pydicom
     import requests
     from dicomweb_client.api import DICOMwebClient
 
-    files = [Path(p) for p in paths]
-    if not files:
-        return {}
     datasets = [pydicom.dcmread(p) for p in files]
     uids = {str(ds.SOPInstanceUID): path for ds, path in zip(datasets, files, strict=True)}
     client = DICOMwebClient(dest.url, session=_session(dest), timeout=timeout_s)
@@ -122,6 +154,8 @@ def send_stow(paths: Sequence[str | Path], dest: StowDestination, *, timeout_s: 
     try:
         response = client.store_instances(datasets)
     except (requests.RequestException, OSError) as exc:
+        if getattr(getattr(exc, "response", None), "status_code", None) == 413:
+            raise _TooLarge(_why(exc, dest)) from None
         raise ForwardError(_why(exc, dest)) from None
     statuses: dict[Path, int] = {}
     for item in response.get("ReferencedSOPSequence", []):
