@@ -375,6 +375,35 @@ def test_a_hung_pacs_does_not_hold_up_the_analysis_of_the_next_series(tmp_path, 
     assert [s.attempts for s in spool.all_series()] == [2, 2]  # analysed once, sent once
 
 
+def test_a_hung_archive_does_not_hold_back_the_copy_for_the_workstation(tmp_path, analyzer, storescp):
+    """Two destinations, the archive hung: the workstation (DCMTK's storescp) has the
+    series' results while the archive still holds its association open; the series is
+    ``unsent`` for the archive alone, and its retry sends the workstation nothing twice."""
+    workstation, received = storescp
+    silent = SilentPeer()
+    archive = Destination("ARCHIVE", "127.0.0.1", silent.port)
+    spool = Spool(tmp_path / "spool")
+    service = PacsService(spool, tmp_path / "out", analyzer, forward=[archive, workstation], idle_s=0.0,
+                          retry_s=600.0, forward_timeout_s=120.0)
+    done = []
+    service.on_outcome = done.append
+    fill(spool, CT[:3])
+    uid = pydicom.dcmread(CT[0], stop_before_pixels=True).SeriesInstanceUID
+    service.start(tick_s=0.1)
+    try:
+        wait_for(lambda: len(list(received.iterdir())) == 2)  # SEG and SR at the workstation...
+        assert silent.accepted and spool.series(uid).state == "forwarding" and done == []  # ...the archive hung
+        silent.close()
+        wait_for(lambda: done)
+    finally:
+        silent.close()
+        service.stop()
+    (outcome,) = done
+    assert outcome.state == "unsent" and outcome.sent == {str(archive): 0, str(workstation): 2}
+    assert outcome.refused == {str(archive): 2, str(workstation): 0} and str(archive) in outcome.detail
+    assert str(workstation) not in outcome.detail and len(spool.deliveries(uid, str(workstation))) == 2
+
+
 def test_a_series_caught_being_sent_is_sent_again_after_a_restart_not_analysed_again(tmp_path, analyzer, storescp):
     dest, pacs = storescp
     spool = Spool(tmp_path / "spool")

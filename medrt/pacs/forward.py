@@ -13,6 +13,9 @@ so a series that was not wholly taken (``unsent``, with the reason) is sent agai
 ``retry_s`` with only what each destination lacks, and without being analysed again. A
 destination that took no association is not tried again for any series before
 ``retry_s`` has passed: a peer down costs one timeout per ``--retry``, not one per series.
+The destinations of a series are sent to at once, each on a thread of its own, so that one
+that is slow delays the others' copies not at all (it still delays the next series, which
+is sent once every destination of this one has answered or timed out).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -149,7 +153,7 @@ class Forwarder(BackgroundLoop):
         delivered = set(files)
         for dest in destinations:
             outcome.sent[str(dest)] = 0
-            refused, why = self._deliver(uid, digests, dest, outcome, now)
+        for refused, why in self._deliver_all(uid, digests, destinations, outcome, now):
             delivered -= set(refused)
             if refused:
                 problems.append(why)
@@ -167,6 +171,17 @@ class Forwarder(BackgroundLoop):
                  outcome.state, outcome.frames, outcome.lesions, outcome.errors, len(outcome.forwarded),
                  ", ".join(outcome.destinations) or "-")
         return outcome.timed()
+
+    def _deliver_all(self, uid: str, digests: dict[Path, tuple[str, str]], destinations: list[AnyDestination],
+                     outcome: SeriesOutcome, now: float) -> list[tuple[list[Path], str]]:
+        """:meth:`_deliver` to every destination at once, one thread each, so that a slow or
+        hung one (the archive) does not hold back what the others get (the reading room's
+        workstation): each has its copy as soon as it has taken it. The series is finished
+        once the last has answered or timed out. Results in the order of ``destinations``."""
+        if len(destinations) < 2:
+            return [self._deliver(uid, digests, dest, outcome, now) for dest in destinations]
+        with ThreadPoolExecutor(max_workers=len(destinations), thread_name_prefix="medrt-forward-to") as pool:
+            return list(pool.map(lambda dest: self._deliver(uid, digests, dest, outcome, now), destinations))
 
     def _deliver(self, uid: str, digests: dict[Path, tuple[str, str]], dest: AnyDestination,
                  outcome: SeriesOutcome, now: float) -> tuple[list[Path], str]:
