@@ -1,7 +1,8 @@
 """The main window: image view with HUD, series browser, lesion list, controls, menus, hotkeys.
 
-Navigation, window/level and drawing live here; opening files, streams and
-SEGs in :mod:`medrt_gui.streams`. Drawing is coalesced: anything that changes
+Navigation and drawing live here; opening files, streams and SEGs in
+:mod:`medrt_gui.streams`; zoom, window/level, overlays and measuring in
+:mod:`medrt_gui.tools`. Drawing is coalesced: anything that changes
 what is shown asks for a render, and one render runs when the event loop is
 next idle, so a 30 fps stream never queues up paints.
 """
@@ -13,19 +14,16 @@ import os
 from pathlib import Path
 
 from medrt_gui.bridge import AnalyzerProvider, Bridge, Decoder, Session
-from medrt_gui.canvas import ZOOM_STEP, ImageView
+from medrt_gui.canvas import ImageView
 from medrt_gui.hotkeys import HOTKEYS, help_html
 from medrt_gui.hud import EventLoopMonitor, Hud, format_live
 from medrt_gui.imaging import (
-    PRESETS,
     DisplayIndex,
     Layer,
     apply_lut,
-    drag_window,
-    value_text,
     window_lut,
 )
-from medrt_gui.measure import Ellipse, Length, ellipse_text, length_text
+from medrt_gui.measure import Ellipse, Length
 from medrt_gui.panels import (
     FOLLOW_MODES,
     Controls,
@@ -37,11 +35,11 @@ from medrt_gui.panels import (
 from medrt_gui.seg import seg_overlay
 from medrt_gui.streams import StreamsMixin
 from medrt_gui.study import SeriesEntry, Slot, Study
+from medrt_gui.tools import ViewToolsMixin
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox, QTabWidget
 
-from medrt.analysis.tracking import SeriesLesion
 from medrt.types import FrameResult
 
 __all__ = ["MainWindow"]
@@ -51,7 +49,7 @@ log = logging.getLogger(__name__)
 Q = Qt.ConnectionType.QueuedConnection
 
 
-class MainWindow(QMainWindow, StreamsMixin):
+class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
     """The viewer. ``provider`` loads the models (shared by every session); ``analysis=False``
     only browses. ``workers`` inference threads per session; a live series keeps the newest
     ``live_keep`` images."""
@@ -341,143 +339,6 @@ class MainWindow(QMainWindow, StreamsMixin):
 
     def previous_series(self) -> None:
         self.show_series(max(self.series_i - 1, 0))
-
-    # -- zoom, window/level, overlays ----------------------------------------------
-
-    def zoom_in(self) -> None:
-        self.view.zoom_by(ZOOM_STEP)
-
-    def zoom_out(self) -> None:
-        self.view.zoom_by(1 / ZOOM_STEP)
-
-    def fit(self) -> None:
-        self.view.fit()
-
-    def invert(self) -> None:
-        self.inverted = not self.inverted
-        self.request_render()
-
-    def reset(self) -> None:
-        self.window_cw = None
-        self.inverted = False
-        self.view.fit()
-        self.request_render()
-
-    def set_window(self, center: float, width: float) -> None:
-        self.window_cw = (float(center), max(1.0, float(width)))
-        self.request_render()
-
-    def apply_preset(self, key: str) -> None:
-        p = next(p for p in PRESETS if p.key == key)
-        self.set_window(p.level, p.width)
-        self.status(f"{p.name} window: W {p.width:g} / L {p.level:g}", 3000)
-
-    def preset_1(self) -> None:
-        self.apply_preset("1")
-
-    def preset_2(self) -> None:
-        self.apply_preset("2")
-
-    def preset_3(self) -> None:
-        self.apply_preset("3")
-
-    def preset_4(self) -> None:
-        self.apply_preset("4")
-
-    def current_window(self) -> tuple[float, float] | None:
-        if self.window_cw is not None:
-            return self.window_cw
-        slot = self.current_slot()
-        if slot is None or slot.frame is None:
-            return None
-        return float(slot.frame.window.center), float(slot.frame.window.width)
-
-    def _drag_window(self, dx: float, dy: float) -> None:
-        cw = self.current_window()
-        if cw is not None:
-            self.set_window(*drag_window(cw[0], cw[1], dx, dy, sensitivity=max(cw[1], 20.0) / 256.0))
-
-    def toggle_segmentation(self) -> None:
-        self.controls.overlay.toggle()
-
-    def _overlay_toggled(self, on: bool) -> None:
-        self.view.set_overlay_visible(on)
-        self._update_hud()
-
-    def toggle_cine(self) -> None:
-        if self.cine.isActive():
-            self.cine.stop()
-        else:
-            self.controls.follow.setChecked(False)
-            self.cine.start()
-        self.status("cine " + ("on" if self.cine.isActive() else "off"), 2000)
-
-    def _cine_rate(self, fps: int) -> None:
-        self.cine.setInterval(max(1, round(1000 / max(1, fps))))
-
-    def _set_tool(self, tool: str, text: str) -> None:
-        on = self.view.tool != tool
-        self.view.tool = tool if on else "window"
-        self.view.viewport().setCursor(Qt.CursorShape.CrossCursor if on else Qt.CursorShape.ArrowCursor)
-        self.status(text if on else "Window/level: left drag")
-
-    def toggle_length(self) -> None:
-        """The length tool on or off: with it, a left drag measures instead of setting W/L."""
-        self._set_tool("length", "Length tool: drag on the image to measure; m again for window/level, "
-                                 "Del clears this image")
-
-    def toggle_ellipse(self) -> None:
-        """The ellipse tool on or off: a left drag draws an ROI and gives its mean, SD and area."""
-        self._set_tool("ellipse", "Ellipse ROI: drag a box on the image; e again for window/level, "
-                                  "Del clears this image")
-
-    @staticmethod
-    def _measure_text(shape: Length | Ellipse, frame: object) -> str:
-        if isinstance(shape, Ellipse):
-            return ellipse_text(shape, frame.pixels, frame.spacing_mm, frame.spacing_source,  # type: ignore[attr-defined]
-                                frame.modality)  # type: ignore[attr-defined]
-        return length_text(shape, frame.spacing_mm, frame.spacing_source)  # type: ignore[attr-defined]
-
-    def clear_measurements(self) -> None:
-        slot = self.current_slot()
-        if slot is not None and self.measurements.pop(slot.key, None):
-            self.request_render()
-
-    def _measured(self, shape: Length | Ellipse) -> None:
-        slot = self.current_slot()
-        if slot is None or slot.frame is None or self.shown_key != slot.key:
-            return
-        self.measurements.setdefault(slot.key, []).append(shape)
-        what = "ROI" if isinstance(shape, Ellipse) else "Length"
-        self.status(f"{what}: {self._measure_text(shape, slot.frame)}")
-        self.request_render()
-
-    def focus_lesion(self, lesion: object) -> None:
-        self.view.center_on_box(lesion.bbox, center=lesion.centroid)  # type: ignore[attr-defined]
-
-    def go_to_lesion(self, lesion: SeriesLesion) -> None:
-        """The slice where a lesion of the series is largest, centred and zoomed on it."""
-        entry = self.current_series
-        keys = [slot.key for slot in entry.slots] if entry is not None else []
-        if lesion.largest.key not in keys:
-            return  # a live stream's history moved on
-        self.show_image(keys.index(lesion.largest.key))
-        self.focus_lesion(lesion.largest.lesion)
-
-    def _hover(self, pixel: tuple[int, int] | None) -> None:
-        self._hover_pixel = pixel
-        self._update_hud()
-
-    def _hover_value(self, slot: Slot) -> str:
-        """The value under the cursor in the image shown now (never a previous image's)."""
-        pixel = self._hover_pixel
-        frame = slot.frame
-        if pixel is None or frame is None or self.shown_key != slot.key:
-            return ""
-        row, col = pixel
-        if not (0 <= row < frame.rows and 0 <= col < frame.cols):
-            return ""
-        return f"({col}, {row}) {value_text(float(frame.pixels[row, col]), frame.modality)}"
 
     # -- drawing ----------------------------------------------------------------------------
 
