@@ -6,9 +6,9 @@ and how many result objects each destination has taken), the totals, the disk, a
 storage commitment reports not yet delivered. ``--requeue UID`` puts a series back in
 the queue, ``--requeue-failed`` every failed or unsent one; a running listener takes them
 at its next pass (analysis resumes what is unchanged, the results are forwarded again, to
-every destination). Safe while the listener runs: the
-spool's index is SQLite in WAL mode. Series are named by UID, callers by AE title;
-nothing here reads a patient's name or ID.
+every destination). Safe while the listener runs: the spool's index is SQLite in WAL
+mode. Series are named by UID, callers by AE title; nothing here reads a patient's name
+or ID.
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        description=__doc__)
     p.add_argument("spool", help="the folder given to medrt listen --spool")
     p.add_argument("--state", action="append", choices=STATES, help="list only series in this state (repeatable)")
-    p.add_argument("--requeue", nargs="+", metavar="UID", help="put these done or failed series back in the queue")
-    p.add_argument("--requeue-failed", action="store_true", help="put every failed (analysis) or unsent (forwarding) series back in the queue")
+    p.add_argument("--requeue", nargs="+", metavar="UID", help="put these done, failed or unsent series back in the queue")
+    p.add_argument("--requeue-failed", action="store_true",
+                   help="put every failed (analysis) or unsent (forwarding) series back in the queue")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     p.set_defaults(func=run)

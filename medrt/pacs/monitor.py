@@ -59,7 +59,8 @@ class Monitor:
         self._series = Counter("medrt_series_processed", "Series the worker finished since start, by outcome",
                                ["state"], registry=self.registry)
         self._duration = Histogram("medrt_series_duration_seconds", "Seconds from taking a series to its outcome "
-                                   "(analysis, waiting to be sent, sending)", buckets=DURATION_BUCKETS, registry=self.registry)
+                                   "(analysis, waiting to be sent, sending)", buckets=DURATION_BUCKETS,
+                                   registry=self.registry)
         self._frames = Counter("medrt_frames_analysed", "Frames of processed series", registry=self.registry)
         self._lesions = Counter("medrt_lesions_found", "Lesions reported in processed series", registry=self.registry)
         self._decode_errors = Counter("medrt_image_errors", "Images of processed series that could not be analysed "

@@ -31,8 +31,8 @@ The index also records what each destination took and the storage commitment req
 (:mod:`medrt.pacs.index`, whose record classes :class:`Spool` is made of).
 
 Recovery (:meth:`Spool.recover`, run on open): a series caught mid-analysis goes back to
-the queue, one caught mid-forward back to ``analysed`` (its results were whole), files on disk that the index lacks (a crash between
-the rename and the commit) are indexed from their headers, and temporary files of an
+the queue, one caught mid-forward back to ``analysed`` (its results were whole), files on
+disk that the index lacks (a crash between the rename and the commit) are indexed from their headers, and temporary files of an
 interrupted write are removed.
 """
 
@@ -272,8 +272,8 @@ class Spool(DeliveryRecords, CommitmentRecords):
 
     def requeue(self, series_uid: str) -> str:
         """Put a series that is not being worked on (``done``, ``failed``, ``unsent``, or
-        waiting) back in the queue now (an operator's "do it
-        again": after a PACS lost the results, or once the cause of a failure is fixed).
+        waiting) back in the queue now (an operator's "do it again": after a PACS lost the
+        results, or once the cause of a failure is fixed).
 
         The worker takes it at its next pass: what is unchanged (same images, models and
         settings) is resumed, not analysed again, and the results are forwarded again.

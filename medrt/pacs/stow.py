@@ -2,8 +2,9 @@
 
 ``medrt listen --forward https://pacs.example.org/dicom-web`` sends each series' SEG and
 SR (and SC) in one ``POST {root}/studies`` of ``multipart/related; type="application/dicom"``
-(one per object when the server answers 413, its request size limit) through dicomweb-client (the DICOMweb client highdicom's authors keep), and reads the
-store response: each object in the Referenced SOP Sequence is taken (a Warning Reason
+(one per object when the server answers 413, its request size limit) through
+dicomweb-client (the DICOMweb client highdicom's authors keep), and reads the store
+response: each object in the Referenced SOP Sequence is taken (a Warning Reason
 counts as taken, as a C-STORE warning does), each in the Failed SOP Sequence is refused
 with its Failure Reason, so the listener's per-destination bookkeeping and retries work
 as for a DIMSE destination.
