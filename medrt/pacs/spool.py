@@ -226,13 +226,7 @@ class Spool(DeliveryRecords, CommitmentRecords):
 
     def claim(self, series_uid: str, *, expect_received: float, now: float | None = None) -> bool:
         """Move a due series to ``analysing``, unless an instance arrived since it was listed."""
-        now = time.time() if now is None else now
-        with self._lock:
-            cur = self._db.execute(
-                "UPDATE series SET state = 'analysing', last_attempt = ?, attempts = attempts + 1, detail = ''"
-                " WHERE series_uid = ? AND state IN ('receiving', 'failed') AND last_received = ?",
-                (now, series_uid, expect_received))
-            return cur.rowcount == 1
+        return self._claim(series_uid, "analysing", ("receiving", "failed"), expect_received, now)
 
     def to_send(self, *, retry_s: float = 60.0, now: float | None = None) -> list[SeriesState]:
         """Series whose results to send now, oldest first: ``analysed`` ones, and ``unsent``
@@ -246,13 +240,22 @@ class Spool(DeliveryRecords, CommitmentRecords):
 
     def claim_send(self, series_uid: str, *, expect_received: float, now: float | None = None) -> bool:
         """Move an ``analysed`` or ``unsent`` series to ``forwarding``, unless an instance
-        arrived since it was listed (it is ``receiving`` again, to be analysed first)."""
+        arrived since it was listed (it is ``receiving`` again, to be analysed first). The
+        reason it was ``unsent`` stays until the send ends."""
+        return self._claim(series_uid, "forwarding", ("analysed", "unsent"), expect_received, now,
+                           keep_detail=True)
+
+    def _claim(self, series_uid: str, to: str, states: tuple[str, str], expect_received: float,
+               now: float | None, *, keep_detail: bool = False) -> bool:
+        """One worker's claim: ``states`` → ``to`` in one UPDATE, which only one claimant
+        can win, and none once an instance arrived after ``expect_received``."""
         now = time.time() if now is None else now
+        detail = "" if keep_detail else ", detail = ''"
         with self._lock:
             cur = self._db.execute(
-                "UPDATE series SET state = 'forwarding', last_attempt = ?, attempts = attempts + 1"
-                " WHERE series_uid = ? AND state IN ('analysed', 'unsent') AND last_received = ?",
-                (now, series_uid, expect_received))
+                f"UPDATE series SET state = ?, last_attempt = ?, attempts = attempts + 1{detail}"
+                " WHERE series_uid = ? AND state IN (?, ?) AND last_received = ?",
+                (to, now, series_uid, *states, expect_received))
             return cur.rowcount == 1
 
     def mark(self, series_uid: str, state: str, detail: str = "", *, unless_received_after: float | None = None) -> bool:
