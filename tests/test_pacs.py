@@ -343,7 +343,8 @@ def wait_for(what, timeout_s: float = 60.0):
 def test_a_hung_pacs_does_not_hold_up_the_analysis_of_the_next_series(tmp_path, analyzer):
     """The worker and the forwarder on their threads, as ``medrt listen`` runs them: while the
     forwarder waits on a PACS that accepted the connection and says nothing, the next series
-    is analysed; each is left ``unsent`` once the PACS goes, and nothing is analysed twice."""
+    is analysed (and waits in the PACS's lane); each is left ``unsent`` once the PACS goes,
+    and nothing is analysed twice."""
     silent = SilentPeer()
     spool = Spool(tmp_path / "spool")
     hung = Destination("PACS", "127.0.0.1", silent.port)
@@ -361,9 +362,10 @@ def test_a_hung_pacs_does_not_hold_up_the_analysis_of_the_next_series(tmp_path, 
             service.notify()
             if uid == first:  # the forwarder takes it and hangs on the PACS
                 wait_for(lambda: silent.accepted and spool.series(first).state == "forwarding")
-        wait_for(lambda: spool.series(second).state == "analysed")  # analysed while the first is being sent
+        # analysed while the first is being sent, then queued behind it
+        wait_for(lambda: spool.series(second).state == "forwarding")
         assert spool.series(first).state == "forwarding" and done == []
-        assert (tmp_path / "out" / second / "results.jsonl").is_file()
+        assert (tmp_path / "out" / second / "results.jsonl").is_file() and service.forwarder.busy(second)
         silent.close()  # the PACS goes away: the forwarder's association ends
         wait_for(lambda: len(done) == 2)
     finally:
@@ -375,10 +377,10 @@ def test_a_hung_pacs_does_not_hold_up_the_analysis_of_the_next_series(tmp_path, 
     assert [s.attempts for s in spool.all_series()] == [2, 2]  # analysed once, sent once
 
 
-def test_a_hung_archive_does_not_hold_back_the_copy_for_the_workstation(tmp_path, analyzer, storescp):
-    """Two destinations, the archive hung: the workstation (DCMTK's storescp) has the
-    series' results while the archive still holds its association open; the series is
-    ``unsent`` for the archive alone, and its retry sends the workstation nothing twice."""
+def test_a_hung_archive_does_not_hold_back_the_workstation(tmp_path, analyzer, storescp):
+    """Two destinations, the archive hung: the workstation (DCMTK's storescp) has both
+    series' results while the archive still holds its association open on the first; each
+    series is ``unsent`` for the archive alone, and the workstation is never sent one twice."""
     workstation, received = storescp
     silent = SilentPeer()
     archive = Destination("ARCHIVE", "127.0.0.1", silent.port)
@@ -387,21 +389,61 @@ def test_a_hung_archive_does_not_hold_back_the_copy_for_the_workstation(tmp_path
                           retry_s=600.0, forward_timeout_s=120.0)
     done = []
     service.on_outcome = done.append
-    fill(spool, CT[:3])
-    uid = pydicom.dcmread(CT[0], stop_before_pixels=True).SeriesInstanceUID
+    first, second = "1.2.826.0.1.3680043.8.498.71", "1.2.826.0.1.3680043.8.498.72"
     service.start(tick_s=0.1)
     try:
-        wait_for(lambda: len(list(received.iterdir())) == 2)  # SEG and SR at the workstation...
-        assert silent.accepted and spool.series(uid).state == "forwarding" and done == []  # ...the archive hung
+        for uid, files in ((first, CT[:3]), (second, CT[3:6])):
+            for n, path in enumerate(files):
+                ds = pydicom.dcmread(path, stop_before_pixels=True)
+                spool.store(path.read_bytes(), study_uid=ds.StudyInstanceUID, series_uid=uid, sop_uid=f"{uid}.{n + 1}")
+            service.notify()
+        wait_for(lambda: len(list(received.iterdir())) == 4)  # SEG and SR of each at the workstation...
+        assert len(silent.accepted) == 1 and done == []  # ...the archive hung on the first
+        assert [spool.series(uid).state for uid in (first, second)] == ["forwarding", "forwarding"]
         silent.close()
-        wait_for(lambda: done)
+        wait_for(lambda: len(done) == 2)
     finally:
         silent.close()
         service.stop()
-    (outcome,) = done
-    assert outcome.state == "unsent" and outcome.sent == {str(archive): 0, str(workstation): 2}
-    assert outcome.refused == {str(archive): 2, str(workstation): 0} and str(archive) in outcome.detail
-    assert str(workstation) not in outcome.detail and len(spool.deliveries(uid, str(workstation))) == 2
+    assert [(o.series_uid, o.state) for o in done] == [(first, "unsent"), (second, "unsent")]
+    for outcome in done:
+        assert outcome.sent == {str(archive): 0, str(workstation): 2}
+        assert outcome.refused == {str(archive): 2, str(workstation): 0} and str(archive) in outcome.detail
+        assert str(workstation) not in outcome.detail
+        assert len(spool.deliveries(outcome.series_uid, str(workstation))) == 2
+    assert "not tried: it took nothing" in done[1].detail  # the archive's lane did not wait out a second timeout
+
+
+def test_a_series_waiting_in_a_lane_at_stop_is_sent_at_the_next_start(tmp_path, analyzer, storescp):
+    """Stopped while a series waits behind a hung PACS: it is left ``analysed`` (not
+    ``unsent`` for --retry, not ``forwarding``), and the next start sends it at once."""
+    dest, pacs = storescp
+    silent = SilentPeer()
+    spool = Spool(tmp_path / "spool")
+    hung = Destination("PACS", "127.0.0.1", silent.port)
+    service = PacsService(spool, tmp_path / "out", analyzer, forward=hung, idle_s=0.0, retry_s=600.0,
+                          forward_timeout_s=120.0)
+    first, second = "1.2.826.0.1.3680043.8.498.81", "1.2.826.0.1.3680043.8.498.82"
+    service.start(tick_s=0.1)
+    try:
+        for uid, files in ((first, CT[:3]), (second, CT[3:6])):
+            for n, path in enumerate(files):
+                ds = pydicom.dcmread(path, stop_before_pixels=True)
+                spool.store(path.read_bytes(), study_uid=ds.StudyInstanceUID, series_uid=uid, sop_uid=f"{uid}.{n + 1}")
+            service.notify()
+        wait_for(lambda: silent.accepted and spool.series(second).state == "forwarding")
+        service.stop(timeout_s=0.5)  # the send to the hung PACS goes on past the stop...
+        silent.close()  # ...until the PACS goes; the series behind it is not sent
+        wait_for(lambda: spool.series(second).state == "analysed")
+        wait_for(lambda: not service.forwarder.busy(second))
+    finally:
+        silent.close()
+        service.stop()
+    assert spool.series(first).state == "unsent" and "stopped before" in spool.series(second).detail
+    again = PacsService(spool, tmp_path / "out", analyzer, forward=dest, idle_s=0.0, retry_s=600.0)
+    (outcome,) = again.run_once()  # the unsent first waits for --retry; the second goes now
+    assert (outcome.series_uid, outcome.state, outcome.analysed) == (second, "done", False)
+    assert len(list(pacs.iterdir())) == 2
 
 
 def test_a_series_caught_being_sent_is_sent_again_after_a_restart_not_analysed_again(tmp_path, analyzer, storescp):

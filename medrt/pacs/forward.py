@@ -1,8 +1,8 @@
-"""The listener's forwarder: a series' results to each destination, on a thread of its own.
+"""The listener's forwarder: a series' results to each destination, off the analysis thread.
 
 The analysis worker (:class:`~medrt.pacs.service.PacsService`) writes a series' SEG, SR
-and SC objects, marks it ``analysed`` in the spool and goes on to the next series. This
-thread takes ``analysed`` series and sends their results to every destination: C-STORE
+and SC objects, marks it ``analysed`` in the spool and goes on to the next series. The
+forwarder takes ``analysed`` series and sends their results to every destination: C-STORE
 to a :class:`~medrt.pacs.scu.Destination`, STOW-RS to a
 :class:`~medrt.pacs.stow.StowDestination`, and with ``to_sender`` back to the sender's
 address in ``peers``. A PACS that is slow (minutes per object) or dead (a connect timeout
@@ -13,9 +13,13 @@ so a series that was not wholly taken (``unsent``, with the reason) is sent agai
 ``retry_s`` with only what each destination lacks, and without being analysed again. A
 destination that took no association is not tried again for any series before
 ``retry_s`` has passed: a peer down costs one timeout per ``--retry``, not one per series.
-The destinations of a series are sent to at once, each on a thread of its own, so that one
-that is slow delays the others' copies not at all (it still delays the next series, which
-is sent once every destination of this one has answered or timed out).
+
+Each destination has a lane of its own: a thread that sends it one series after another,
+in the order they were analysed. This thread claims each series (``forwarding``) and puts
+it in the lane of each of its destinations; the series is finished (``done`` or
+``unsent``) once the last lane has answered for it. So a slow archive holds back only its
+own copies: the reading room's workstation has each series as soon as it is analysed,
+however far behind the archive is. A lane's thread ends when it has nothing to send.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -53,11 +58,57 @@ def result_files(out: Path) -> list[Path]:
     return [p for p in found if not p.name.startswith(".")]
 
 
+class _Lane:
+    """One destination's sends, in order, on a thread that runs while there is something to
+    send (started by :meth:`put`, ended when the queue is empty: nothing idles)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._jobs: deque[Callable[[], None]] = deque()
+        self._lock = threading.Lock()
+        self._running = False
+
+    def put(self, job: Callable[[], None]) -> None:
+        with self._lock:
+            self._jobs.append(job)
+            if self._running:
+                return
+            self._running = True
+        threading.Thread(target=self._drain, name=f"medrt-forward-to-{self.name}", daemon=True).start()
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._jobs:
+                    self._running = False
+                    return
+                job = self._jobs.popleft()
+            try:
+                job()
+            except Exception:  # noqa: BLE001 - a job reports its own failures; this is a bug's last net
+                log.exception("forward: lane %s: a send failed", self.name)
+
+
+@dataclass
+class _Sending:
+    """A series claimed for sending, while its lanes answer."""
+
+    state: SeriesState
+    outcome: SeriesOutcome
+    files: list[Path]
+    digests: dict[Path, tuple[str, str]]  # path -> (name under the results folder, sha256)
+    left: int  # lanes yet to answer
+    problems: list[str] = field(default_factory=list)
+    delivered: set[Path] = field(default_factory=set)
+    stopped: bool = False  # a lane was stopped before it sent: the series waits for the next start
+
+
 class Forwarder(BackgroundLoop):
     """Sends the results of ``analysed`` (and, after ``retry_s``, ``unsent``) series in
     ``spool``, found under ``out/<SeriesInstanceUID>/``, to ``forward`` and, with
     ``to_sender``, to the sender's address in ``peers``; hands each finished
-    :class:`~medrt.pacs.service.SeriesOutcome` to ``on_done``."""
+    :class:`~medrt.pacs.service.SeriesOutcome` to ``on_done`` (from the thread of the
+    destination that answered last)."""
 
     thread_name = "medrt-listener-forwarder"
 
@@ -77,11 +128,15 @@ class Forwarder(BackgroundLoop):
         self.timeout_s = timeout_s
         self.retry_s = retry_s
         self.on_done = on_done
-        # Destinations that took no association, and until when they are not tried again.
+        # Destinations that took no association, and until when they are not tried again
+        # (each key is only touched by its own lane).
         self._unreachable: dict[str, tuple[float, str]] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._pending: dict[str, SeriesOutcome] = {}  # analysed here, with the analysis' counts and start
-        self._sending: set[str] = set()
+        self._sending: dict[str, _Sending | None] = {}  # claimed (None while being claimed)
+        self._wanted: set[str] = set()  # claimed by a run_once that waits for their outcomes
+        self._finished: dict[str, SeriesOutcome] = {}  # those outcomes, until it takes them
+        self._lanes: dict[str, _Lane] = {}
 
     # -- from the analysis worker ------------------------------------------------------------------------------
 
@@ -93,35 +148,70 @@ class Forwarder(BackgroundLoop):
         self.notify()
 
     def busy(self, series_uid: str) -> bool:
-        """Whether this series' results are being sent now (the worker does not rewrite them
-        meanwhile: an image that came during the send waits for the send to end)."""
+        """Whether this series' results are being sent now, or wait in a lane (the worker
+        does not rewrite them meanwhile: an image that came during the send waits for it)."""
         with self._lock:
             return series_uid in self._sending
 
     # -- one pass ----------------------------------------------------------------------------------------------
 
-    def run_once(self, now: float | None = None) -> list[SeriesOutcome]:
-        """Send every series due now; returns what became of each."""
-        done = []
+    def run_once(self, now: float | None = None, *, wait: bool | None = None) -> list[SeriesOutcome]:
+        """Claim every series due now and put it in its destinations' lanes. With ``wait``
+        (by default when this forwarder's thread is not running: tests, benchmarks, the
+        worker's inline pass), wait until they are finished and return what became of
+        each; else return at once (each outcome goes to ``on_done``)."""
+        wait = not self.alive if wait is None else wait
+        now_s = time.time() if now is None else now
+        claimed = []
         for state in self.spool.to_send(retry_s=self.retry_s, now=now):
             if self._stop.is_set():
                 break
             uid = state.series_uid
             with self._lock:
-                self._sending.add(uid)
+                if uid in self._sending:
+                    continue
+                self._sending[uid] = None
             try:
-                if not self.spool.claim_send(uid, expect_received=state.last_received, now=now):
-                    continue  # an image came since it was listed: analysed again first
-                with self._lock:
-                    outcome = self._pending.pop(uid, None)
-                outcome = self._send(state, outcome or self._outcome(uid), time.time() if now is None else now)
-            finally:
-                with self._lock:
-                    self._sending.discard(uid)
-            done.append(outcome)
-            if self.on_done is not None:
-                self.on_done(outcome)
-        return done
+                ok = self.spool.claim_send(uid, expect_received=state.last_received, now=now)
+            except BaseException:
+                self._release(uid)
+                raise
+            if not ok:  # an image came since it was listed: analysed again first
+                self._release(uid)
+                continue
+            with self._lock:
+                outcome = self._pending.pop(uid, None)
+                if wait:
+                    self._wanted.add(uid)
+            claimed.append(uid)
+            outcome = outcome or self._outcome(uid)
+            try:
+                self._dispatch(state, outcome, now_s)
+            except Exception as exc:  # noqa: BLE001 - e.g. a result file unreadable: sent again, not stuck
+                outcome.state, outcome.detail = "unsent", f"forwarding failed: {describe_exception(exc)}"
+                log.error("listener: series %s: %s (sent again in %.0f s)", uid, outcome.detail, self.retry_s)
+                try:
+                    self.spool.mark(uid, "unsent", outcome.detail, unless_received_after=state.last_received)
+                finally:
+                    self._done(uid, outcome.timed())
+        if not wait:
+            return []
+        with self._lock:
+            self._lock.wait_for(lambda: all(uid not in self._sending for uid in claimed))
+            return [self._finished.pop(uid) for uid in claimed if uid in self._finished]
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Claim nothing more; series waiting in a lane are left ``analysed`` for the next
+        start. Waits up to ``timeout_s`` for the sends under way (each is bounded by the
+        forward timeout; one still running after that ends on its own thread)."""
+        super().stop(timeout_s)
+        with self._lock:
+            self._lock.wait_for(lambda: not self._sending, timeout=timeout_s)
+
+    def _release(self, uid: str) -> None:
+        with self._lock:
+            self._sending.pop(uid, None)
+            self._lock.notify_all()
 
     def _outcome(self, uid: str) -> SeriesOutcome:
         """The outcome of a series sent again (``unsent``, or after a restart): its counts
@@ -138,7 +228,9 @@ class Forwarder(BackgroundLoop):
         outcome.errors, outcome.skipped = int(counts.get("errors", 0)), int(counts.get("skipped", 0))
         return outcome
 
-    def _send(self, state: SeriesState, outcome: SeriesOutcome, now: float) -> SeriesOutcome:
+    def _dispatch(self, state: SeriesState, outcome: SeriesOutcome, now: float) -> None:
+        """Put a claimed series in the lane of each of its destinations (or finish it here:
+        nowhere to send, or its results gone)."""
         uid = state.series_uid
         out = self.out / uid
         files = result_files(out)
@@ -148,40 +240,82 @@ class Forwarder(BackgroundLoop):
             outcome.state, outcome.detail = "receiving", f"no results in {out} to send; analysed again"
             log.warning("listener: series %s: %s", uid, outcome.detail)
             self.spool.mark(uid, "receiving", outcome.detail, unless_received_after=state.last_received)
-            return outcome.timed()
-        digests = {p: (p.relative_to(out).as_posix(), sha256_file(p)) for p in files}  # name, content
-        delivered = set(files)
+            self._done(uid, outcome.timed())
+            return
+        digests = {p: (p.relative_to(out).as_posix(), sha256_file(p)) for p in files}
+        job = _Sending(state, outcome, files, digests, left=len(destinations), problems=problems,
+                       delivered=set(files))
+        with self._lock:
+            self._sending[uid] = job
+        if not destinations:
+            self._finish(job)
+            return
         for dest in destinations:
             outcome.sent[str(dest)] = 0
-        for refused, why in self._deliver_all(uid, digests, destinations, outcome, now):
-            delivered -= set(refused)
-            if refused:
-                problems.append(why)
-        outcome.forwarded = [p.name for p in files if p in delivered and destinations]
-        if problems:
-            outcome.state, outcome.detail = "unsent", f"forwarding failed: {'; '.join(problems)}"
-            log.error("listener: series %s: %s (sent again in %.0f s; results kept in %s)", uid, outcome.detail,
-                      self.retry_s, out)
-        else:
-            outcome.state = "done"
-        if not self.spool.mark(uid, outcome.state, outcome.detail if problems else "",
-                               unless_received_after=state.last_received):
-            outcome.state = "receiving"  # more arrived meanwhile: analysed again once it is quiet
-        log.info("listener: series %s %s: %d frame(s), %d lesion(s), %d error(s), %d sent to %s", uid,
-                 outcome.state, outcome.frames, outcome.lesions, outcome.errors, len(outcome.forwarded),
-                 ", ".join(outcome.destinations) or "-")
-        return outcome.timed()
+        for dest in destinations:
+            lane = self._lanes.setdefault(str(dest), _Lane(str(dest)))
+            lane.put(lambda dest=dest: self._lane_job(job, dest, now))
 
-    def _deliver_all(self, uid: str, digests: dict[Path, tuple[str, str]], destinations: list[AnyDestination],
-                     outcome: SeriesOutcome, now: float) -> list[tuple[list[Path], str]]:
-        """:meth:`_deliver` to every destination at once, one thread each, so that a slow or
-        hung one (the archive) does not hold back what the others get (the reading room's
-        workstation): each has its copy as soon as it has taken it. The series is finished
-        once the last has answered or timed out. Results in the order of ``destinations``."""
-        if len(destinations) < 2:
-            return [self._deliver(uid, digests, dest, outcome, now) for dest in destinations]
-        with ThreadPoolExecutor(max_workers=len(destinations), thread_name_prefix="medrt-forward-to") as pool:
-            return list(pool.map(lambda dest: self._deliver(uid, digests, dest, outcome, now), destinations))
+    def _lane_job(self, job: _Sending, dest: AnyDestination, now: float) -> None:
+        """In ``dest``'s lane: send it what it lacks of one series; the last lane to answer
+        finishes the series."""
+        uid = job.state.series_uid
+        stopped = self._stop.is_set()
+        if stopped:
+            refused, why = list(job.files), ""
+        else:
+            try:
+                refused, why = self._deliver(uid, job.digests, dest, job.outcome, now)
+            except Exception as exc:  # noqa: BLE001 - e.g. a result file unreadable: this series, not the lane
+                refused, why = list(job.files), f"{dest}: {describe_exception(exc)}"
+                job.outcome.refused[str(dest)] = len(refused)
+        with self._lock:
+            job.delivered -= set(refused)
+            job.stopped |= stopped
+            if refused and why:
+                job.problems.append(why)
+            job.left -= 1
+            last = job.left == 0
+        if last:
+            self._finish(job)
+
+    def _finish(self, job: _Sending) -> None:
+        """Every destination of a series has answered: ``done``, ``unsent`` (with the
+        reasons), or, stopped before it was all sent, ``analysed`` again."""
+        uid, state, outcome = job.state.series_uid, job.state, job.outcome
+        destinations = outcome.destinations
+        try:
+            outcome.forwarded = [p.name for p in job.files if p in job.delivered and destinations]
+            if job.stopped:
+                outcome.state = "analysed"
+                self.spool.mark(uid, "analysed", "stopped before it was all sent; sent at the next start",
+                                unless_received_after=state.last_received)
+                return
+            if job.problems:
+                outcome.state, outcome.detail = "unsent", f"forwarding failed: {'; '.join(job.problems)}"
+                log.error("listener: series %s: %s (sent again in %.0f s; results kept in %s)", uid,
+                          outcome.detail, self.retry_s, outcome.out)
+            else:
+                outcome.state = "done"
+            if not self.spool.mark(uid, outcome.state, outcome.detail if job.problems else "",
+                                   unless_received_after=state.last_received):
+                outcome.state = "receiving"  # more arrived meanwhile: analysed again once it is quiet
+            log.info("listener: series %s %s: %d frame(s), %d lesion(s), %d error(s), %d sent to %s", uid,
+                     outcome.state, outcome.frames, outcome.lesions, outcome.errors, len(outcome.forwarded),
+                     ", ".join(destinations) or "-")
+        finally:
+            self._done(uid, outcome.timed(), report=not job.stopped)
+
+    def _done(self, uid: str, outcome: SeriesOutcome, *, report: bool = True) -> None:
+        with self._lock:
+            if self._sending.pop(uid, False) is False:
+                return  # finished already (a failure while finishing it)
+            if report and uid in self._wanted:
+                self._finished[uid] = outcome
+            self._wanted.discard(uid)
+            self._lock.notify_all()
+        if report and self.on_done is not None:
+            self.on_done(outcome)
 
     def _deliver(self, uid: str, digests: dict[Path, tuple[str, str]], dest: AnyDestination,
                  outcome: SeriesOutcome, now: float) -> tuple[list[Path], str]:

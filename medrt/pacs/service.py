@@ -7,8 +7,9 @@ loaded (warm, weights resident: every series shares it), which writes
 ``OUT/<SeriesInstanceUID>/`` (results.jsonl, errors.csv, report, ``series/*/seg.dcm``,
 ``sr.dcm``, ``sc/``), and hands the series to its :class:`~medrt.pacs.forward.Forwarder`,
 which sends the SEG, SR and SC objects to each ``forward`` destination and, with
-``to_sender``, to the address in ``peers`` of the AE that sent the series, on a thread of
-its own: a slow or dead PACS never holds up the analysis of the next series.
+``to_sender``, to the address in ``peers`` of the AE that sent the series, on threads of
+its own (one lane per destination): a slow or dead PACS never holds up the analysis of
+the next series, nor the other destinations' copies.
 
 Nothing is lost: a file that does not decode is named in that series' errors.csv and
 the rest of the series is analysed; a series whose analysis raises is left ``failed``
