@@ -130,7 +130,7 @@ class ImageView(QGraphicsView):
         self._drag: tuple[Qt.MouseButton, QPointF] | None = None
         self.tool = "window"  # or "length" / "ellipse": left drag measures
         self._measuring: tuple[QPointF, QGraphicsItem] | None = None
-        self._lengths: list[QGraphicsItem] = []
+        self._measure_items: list[QGraphicsItem] = []
 
     # -- content -----------------------------------------------------------------
 
@@ -253,20 +253,20 @@ class ImageView(QGraphicsView):
         and its text beside it, constant size on screen."""
         from medrt_gui.measure import Ellipse
 
-        for item in self._lengths:
+        for item in self._measure_items:
             self.scene().removeItem(item)
-        self._lengths = []
+        self._measure_items = []
         for shape, text in shapes:
             (x0, y0), (x1, y1) = shape.a, shape.b  # type: ignore[attr-defined]
             item = self._shape_item("ellipse" if isinstance(shape, Ellipse) else "length", x0, y0, x1, y1)
             label = self._label(text, QColor(255, 220, 0), max(x0, x1) + 2, max(y0, y1) + 2, z=5)
             for it in (item, label):
                 self.scene().addItem(it)
-                self._lengths.append(it)
+                self._measure_items.append(it)
 
     @property
     def measurement_items(self) -> list[QGraphicsItem]:
-        return list(self._lengths)
+        return list(self._measure_items)
 
     # -- zoom and pan ----------------------------------------------------------------
 
