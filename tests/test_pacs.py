@@ -330,6 +330,26 @@ def test_a_destination_that_never_answers_holds_up_one_series_not_each(tmp_path,
     assert [o.state for o in later] == ["done"] * 3 and len(list(pacs.iterdir())) == 6
 
 
+def running(tmp_path: Path, analyzer, forward) -> tuple[Spool, PacsService, list]:
+    """A listener's worker and forwarder on their threads, as ``medrt listen`` runs them
+    (retries far off, a long forward timeout): the spool, the service, and its outcomes."""
+    spool = Spool(tmp_path / "spool")
+    service = PacsService(spool, tmp_path / "out", analyzer, forward=forward, idle_s=0.0, retry_s=600.0,
+                          forward_timeout_s=120.0)
+    done: list = []
+    service.on_outcome = done.append
+    service.start(tick_s=0.1)
+    return spool, service, done
+
+
+def arrive(spool: Spool, service: PacsService, uid: str, files: list[Path]) -> None:
+    """A series sent as a scanner would, under a UID of its own, and the worker told."""
+    for n, path in enumerate(files):
+        ds = pydicom.dcmread(path, stop_before_pixels=True)
+        spool.store(path.read_bytes(), study_uid=ds.StudyInstanceUID, series_uid=uid, sop_uid=f"{uid}.{n + 1}")
+    service.notify()
+
+
 def wait_for(what, timeout_s: float = 60.0):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -346,22 +366,13 @@ def test_a_hung_pacs_does_not_hold_up_the_analysis_of_the_next_series(tmp_path, 
     is analysed (and waits in the PACS's lane); each is left ``unsent`` once the PACS goes,
     and nothing is analysed twice."""
     silent = SilentPeer()
-    spool = Spool(tmp_path / "spool")
     hung = Destination("PACS", "127.0.0.1", silent.port)
-    service = PacsService(spool, tmp_path / "out", analyzer, forward=hung, idle_s=0.0, retry_s=600.0,
-                          forward_timeout_s=120.0)
-    done = []
-    service.on_outcome = done.append
+    spool, service, done = running(tmp_path, analyzer, hung)
     first, second = "1.2.826.0.1.3680043.8.498.61", "1.2.826.0.1.3680043.8.498.62"
-    service.start(tick_s=0.1)
     try:
-        for uid, files in ((first, CT[:3]), (second, CT[3:6])):
-            for n, path in enumerate(files):
-                ds = pydicom.dcmread(path, stop_before_pixels=True)
-                spool.store(path.read_bytes(), study_uid=ds.StudyInstanceUID, series_uid=uid, sop_uid=f"{uid}.{n + 1}")
-            service.notify()
-            if uid == first:  # the forwarder takes it and hangs on the PACS
-                wait_for(lambda: silent.accepted and spool.series(first).state == "forwarding")
+        arrive(spool, service, first, CT[:3])
+        wait_for(lambda: silent.accepted and spool.series(first).state == "forwarding")  # hung on the PACS
+        arrive(spool, service, second, CT[3:6])
         # analysed while the first is being sent, then queued behind it
         wait_for(lambda: spool.series(second).state == "forwarding")
         assert spool.series(first).state == "forwarding" and done == []
@@ -384,19 +395,11 @@ def test_a_hung_archive_does_not_hold_back_the_workstation(tmp_path, analyzer, s
     workstation, received = storescp
     silent = SilentPeer()
     archive = Destination("ARCHIVE", "127.0.0.1", silent.port)
-    spool = Spool(tmp_path / "spool")
-    service = PacsService(spool, tmp_path / "out", analyzer, forward=[archive, workstation], idle_s=0.0,
-                          retry_s=600.0, forward_timeout_s=120.0)
-    done = []
-    service.on_outcome = done.append
+    spool, service, done = running(tmp_path, analyzer, [archive, workstation])
     first, second = "1.2.826.0.1.3680043.8.498.71", "1.2.826.0.1.3680043.8.498.72"
-    service.start(tick_s=0.1)
     try:
-        for uid, files in ((first, CT[:3]), (second, CT[3:6])):
-            for n, path in enumerate(files):
-                ds = pydicom.dcmread(path, stop_before_pixels=True)
-                spool.store(path.read_bytes(), study_uid=ds.StudyInstanceUID, series_uid=uid, sop_uid=f"{uid}.{n + 1}")
-            service.notify()
+        arrive(spool, service, first, CT[:3])
+        arrive(spool, service, second, CT[3:6])
         wait_for(lambda: len(list(received.iterdir())) == 4)  # SEG and SR of each at the workstation...
         assert len(silent.accepted) == 1 and done == []  # ...the archive hung on the first
         assert [spool.series(uid).state for uid in (first, second)] == ["forwarding", "forwarding"]
@@ -419,18 +422,11 @@ def test_a_series_waiting_in_a_lane_at_stop_is_sent_at_the_next_start(tmp_path, 
     ``unsent`` for --retry, not ``forwarding``), and the next start sends it at once."""
     dest, pacs = storescp
     silent = SilentPeer()
-    spool = Spool(tmp_path / "spool")
-    hung = Destination("PACS", "127.0.0.1", silent.port)
-    service = PacsService(spool, tmp_path / "out", analyzer, forward=hung, idle_s=0.0, retry_s=600.0,
-                          forward_timeout_s=120.0)
+    spool, service, _ = running(tmp_path, analyzer, Destination("PACS", "127.0.0.1", silent.port))
     first, second = "1.2.826.0.1.3680043.8.498.81", "1.2.826.0.1.3680043.8.498.82"
-    service.start(tick_s=0.1)
     try:
-        for uid, files in ((first, CT[:3]), (second, CT[3:6])):
-            for n, path in enumerate(files):
-                ds = pydicom.dcmread(path, stop_before_pixels=True)
-                spool.store(path.read_bytes(), study_uid=ds.StudyInstanceUID, series_uid=uid, sop_uid=f"{uid}.{n + 1}")
-            service.notify()
+        arrive(spool, service, first, CT[:3])
+        arrive(spool, service, second, CT[3:6])
         wait_for(lambda: silent.accepted and spool.series(second).state == "forwarding")
         service.stop(timeout_s=0.5)  # the send to the hung PACS goes on past the stop...
         silent.close()  # ...until the PACS goes; the series behind it is not sent
