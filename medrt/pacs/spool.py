@@ -226,7 +226,7 @@ class Spool(DeliveryRecords, CommitmentRecords):
 
     def claim(self, series_uid: str, *, expect_received: float, now: float | None = None) -> bool:
         """Move a due series to ``analysing``, unless an instance arrived since it was listed."""
-        return self._claim(series_uid, "analysing", ("receiving", "failed"), expect_received, now)
+        return self._claim(series_uid, "analysing", ANALYSIS_QUEUE, expect_received, now)
 
     def to_send(self, *, retry_s: float = 60.0, now: float | None = None) -> list[SeriesState]:
         """Series whose results to send now, oldest first: ``analysed`` ones, and ``unsent``
@@ -242,8 +242,7 @@ class Spool(DeliveryRecords, CommitmentRecords):
         """Move an ``analysed`` or ``unsent`` series to ``forwarding``, unless an instance
         arrived since it was listed (it is ``receiving`` again, to be analysed first). The
         reason it was ``unsent`` stays until the send ends."""
-        return self._claim(series_uid, "forwarding", ("analysed", "unsent"), expect_received, now,
-                           keep_detail=True)
+        return self._claim(series_uid, "forwarding", SEND_QUEUE, expect_received, now, keep_detail=True)
 
     def _claim(self, series_uid: str, to: str, states: tuple[str, str], expect_received: float,
                now: float | None, *, keep_detail: bool = False) -> bool:
