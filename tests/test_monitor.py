@@ -220,6 +220,10 @@ tests:
         values: '0+1x60'
       - series: 'medrt_forwarded_objects_total{{destination="VNA@vna:104", instance="a", job="medrt"}}'
         values: '0+2x60'
+      - series: 'medrt_forward_backlog_series{{destination="VNA@vna:104", instance="a", job="medrt"}}'
+        values: '1 2 3 4 5x60'
+      - series: 'medrt_forward_backlog_series{{destination="WS@ws:104", instance="a", job="medrt"}}'
+        values: '0 1 3 0 1 2 3 1 0 4 2 0 1x50'
     alert_rule_test:
       - eval_time: 5m
         alertname: MedrtSeriesFailed
@@ -255,6 +259,16 @@ tests:
             exp_annotations:
               summary: "PACS@pacs:104 took none of medrt's results for 30 minutes"
               description: "It is down, unreachable or refusing them; the results are kept and sent again."
+      - eval_time: 25m
+        alertname: MedrtDestinationBehind
+        exp_alerts: []
+      - eval_time: 45m
+        alertname: MedrtDestinationBehind
+        exp_alerts:
+          - exp_labels: {{severity: warning, destination: "VNA@vna:104", instance: a, job: medrt}}
+            exp_annotations:
+              summary: "VNA@vna:104 has been over 2 series behind for 30 minutes"
+              description: "It takes medrt's results more slowly than they are made (the other destinations are not held back); check its load and the network. medrt spool SPOOL --state forwarding lists the series waiting."
 """
 
 
@@ -263,6 +277,7 @@ def test_the_alert_rules_pass_promtool_and_name_only_metrics_the_listener_serves
     own rule tests), and no metric name in it that /metrics does not serve."""
     from conftest import require_tool
     from medrt.pacs.commitment import CommitmentReporter
+    from medrt.pacs.scu import Destination
     from medrt.pacs.service import PacsService, SeriesOutcome
 
     promtool = require_tool("promtool")
@@ -274,7 +289,7 @@ def test_the_alert_rules_pass_promtool_and_name_only_metrics_the_listener_serves
     assert run.returncode == 0, run.stdout + run.stderr
 
     spool = Spool(tmp_path / "spool")
-    service = PacsService(spool, tmp_path / "out", analyzer=None)
+    service = PacsService(spool, tmp_path / "out", analyzer=None, forward=Destination("PACS", "pacs", 104))
     monitor = Monitor(spool, listener=Listener(spool, host="127.0.0.1", port=0), service=service,
                       reporter=CommitmentReporter(spool, {}))
     monitor.observe(SeriesOutcome("1.2.3", "done", frames=3, lesions=1, sent={"PACS@pacs:104": 2},

@@ -402,6 +402,8 @@ def test_a_hung_archive_does_not_hold_back_the_workstation(tmp_path, analyzer, s
         arrive(spool, service, second, CT[3:6])
         wait_for(lambda: len(list(received.iterdir())) == 4)  # SEG and SR of each at the workstation...
         assert len(silent.accepted) == 1 and done == []  # ...the archive hung on the first
+        # the workstation's lane drains; the archive's holds both series (one being sent)
+        wait_for(lambda: service.forwarder.backlog() == {str(archive): 2, str(workstation): 0})
         assert [spool.series(uid).state for uid in (first, second)] == ["forwarding", "forwarding"]
         silent.close()
         wait_for(lambda: len(done) == 2)

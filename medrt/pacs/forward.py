@@ -67,6 +67,13 @@ class _Lane:
         self._jobs: deque[Callable[[], None]] = deque()
         self._lock = threading.Lock()
         self._running = False
+        self._sending = False  # a job under way (taken off the queue)
+
+    @property
+    def depth(self) -> int:
+        """Series waiting in this lane, the one being sent included."""
+        with self._lock:
+            return len(self._jobs) + self._sending
 
     def put(self, job: Callable[[], None]) -> None:
         with self._lock:
@@ -83,10 +90,14 @@ class _Lane:
                     self._running = False
                     return
                 job = self._jobs.popleft()
+                self._sending = True
             try:
                 job()
             except Exception:  # noqa: BLE001 - a job reports its own failures; this is a bug's last net
                 log.exception("forward: lane %s: a send failed", self.name)
+            finally:
+                with self._lock:
+                    self._sending = False
 
 
 @dataclass
@@ -152,6 +163,15 @@ class Forwarder(BackgroundLoop):
         does not rewrite them meanwhile: an image that came during the send waits for it)."""
         with self._lock:
             return series_uid in self._sending
+
+    def backlog(self) -> dict[str, int]:
+        """Series waiting for each destination (in its lane, or being sent to it): every
+        ``forward`` destination, and every sender's address results went back to. A number
+        that keeps growing is a destination slower than the scanners."""
+        found = dict.fromkeys(map(str, self._forward_list()), 0)
+        for name, lane in list(self._lanes.items()):
+            found[name] = lane.depth
+        return found
 
     # -- one pass ----------------------------------------------------------------------------------------------
 
@@ -359,9 +379,7 @@ class Forwarder(BackgroundLoop):
         address with ``to_sender``; and what stands in the way: a sender with no address
         (no ``--peer`` for its AE title, or images indexed after a crash, whose sender is
         unknown). The other destinations are served all the same."""
-        forward = self.forward
-        found = [] if forward is None else [forward] if isinstance(forward, (Destination, StowDestination)) \
-            else list(forward)
+        found = self._forward_list()
         problems = []
         if self.to_sender:
             dest = self.peers.get(state.calling_ae)
@@ -371,3 +389,8 @@ class Forwarder(BackgroundLoop):
             else:
                 found.append(dest)
         return list(dict.fromkeys(found)), problems
+
+    def _forward_list(self) -> list[AnyDestination]:
+        forward = self.forward
+        return [] if forward is None else [forward] if isinstance(forward, (Destination, StowDestination)) \
+            else list(forward)

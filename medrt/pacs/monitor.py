@@ -175,6 +175,13 @@ class _Live:
                                       value=m.listener.connections_refused)
             yield CounterMetricFamily("medrt_commitment_requests", "Storage commitment requests (N-ACTION) received",
                                       value=counts.get("commitments", 0))
+        if m.service is not None:
+            backlog = GaugeMetricFamily("medrt_forward_backlog_series", "Series waiting for a destination: queued "
+                                        "in its lane or being sent to it (a slow one holds back only its own)",
+                                        labels=["destination"])
+            for dest, n in m.service.forwarder.backlog().items():
+                backlog.add_metric([dest], n)
+            yield backlog
         if m.reporter is not None:
             yield CounterMetricFamily("medrt_commitment_reports", "Storage commitment reports delivered",
                                       value=m.reporter.reported)
