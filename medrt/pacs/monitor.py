@@ -6,13 +6,14 @@
 ``/metrics``
     Prometheus' text format (prometheus_client): images stored and refused, connections
     refused, series processed by outcome and how long each took, result objects sent and
-    refused per destination, storage commitment requests and reports, and, read from the
+    refused per destination and the series waiting for each (its lane's backlog), storage
+    commitment requests and reports, and, read from the
     spool at each scrape, series per state, the age of the oldest unfinished series,
     images and bytes held, the disk's free bytes and the ``--min-free`` watermark.
 ``/healthz``
     ``200`` and ``{"status": "ok", ...}``, or ``503`` and ``{"status": "unhealthy",
-    "problems": [...]}`` naming each: the DICOM port not served, the series worker or the
-    commitment reporter stopped, the spool's index unreadable, or the disk below
+    "problems": [...]}`` naming each: the DICOM port not served, the series worker, the
+    forwarder or the commitment reporter stopped, the spool's index unreadable, or the disk below
     ``--min-free`` (images are refused then). A load balancer's or Nagios' check reads it.
 
 Labels carry AE titles, addresses and states only; nothing here knows a patient.
