@@ -224,9 +224,10 @@ class Forwarder(BackgroundLoop):
         """Claim nothing more; series waiting in a lane are left ``analysed`` for the next
         start. Waits up to ``timeout_s`` for the sends under way (each is bounded by the
         forward timeout; one still running after that ends on its own thread)."""
+        deadline = time.monotonic() + timeout_s
         super().stop(timeout_s)
         with self._lock:
-            self._lock.wait_for(lambda: not self._sending, timeout=timeout_s)
+            self._lock.wait_for(lambda: not self._sending, timeout=max(0.0, deadline - time.monotonic()))
 
     def _release(self, uid: str) -> None:
         with self._lock:

@@ -121,8 +121,10 @@ class PacsService(BackgroundLoop):
         super().start(tick_s)
 
     def stop(self, timeout_s: float = 30.0) -> None:
+        """Stop both threads within ``timeout_s`` in all (systemd's TimeoutStopSec is 60)."""
+        deadline = time.monotonic() + timeout_s
         super().stop(timeout_s)  # no new analysis (one under way stops between frames)
-        self.forwarder.stop(timeout_s)
+        self.forwarder.stop(max(0.0, deadline - time.monotonic()))
 
     # -- one pass ----------------------------------------------------------------------------------------------
 
