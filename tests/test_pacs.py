@@ -350,6 +350,25 @@ def arrive(spool: Spool, service: PacsService, uid: str, files: list[Path]) -> N
     service.notify()
 
 
+def test_the_wait_after_a_dead_peer_counts_from_its_failure(tmp_path, analyzer):
+    """--forward-timeout longer than --retry: the series queued behind the one that timed
+    out is not sent to the dead peer again at once (the wait counts from the failure, not
+    from when the first send began)."""
+    silent = SilentPeer()
+    hung = Destination("PACS", "127.0.0.1", silent.port)
+    spool = Spool(tmp_path / "spool")
+    service = PacsService(spool, tmp_path / "out", analyzer, forward=hung, idle_s=0.0, retry_s=1.0,
+                          forward_timeout_s=2.0)
+    try:
+        arrive(spool, service, "1.2.826.0.1.3680043.8.498.91", CT[:3])
+        arrive(spool, service, "1.2.826.0.1.3680043.8.498.92", CT[3:6])
+        outcomes = service.run_once()
+    finally:
+        silent.close()
+    assert [o.state for o in outcomes] == ["unsent", "unsent"] and len(silent.accepted) == 1
+    assert "not tried: it took nothing" in outcomes[1].detail
+
+
 def wait_for(what, timeout_s: float = 60.0):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -81,7 +81,13 @@ class _Lane:
             if self._running:
                 return
             self._running = True
-        threading.Thread(target=self._drain, name=f"medrt-forward-to-{self.name}", daemon=True).start()
+        try:
+            threading.Thread(target=self._drain, name=f"medrt-forward-to-{self.name}", daemon=True).start()
+        except RuntimeError:  # no thread to be had: the job is not queued (the series is left unsent)
+            with self._lock:
+                self._jobs.remove(job)
+                self._running = False
+            raise
 
     def _drain(self) -> None:
         while True:
@@ -181,7 +187,6 @@ class Forwarder(BackgroundLoop):
         worker's inline pass), wait until they are finished and return what became of
         each; else return at once (each outcome goes to ``on_done``)."""
         wait = not self.alive if wait is None else wait
-        now_s = time.time() if now is None else now
         claimed = []
         for state in self.spool.to_send(retry_s=self.retry_s, now=now):
             if self._stop.is_set():
@@ -206,7 +211,7 @@ class Forwarder(BackgroundLoop):
             claimed.append(uid)
             outcome = outcome or self._outcome(uid)
             try:
-                self._dispatch(state, outcome, now_s)
+                self._dispatch(state, outcome, now)
             except Exception as exc:  # noqa: BLE001 - e.g. a result file unreadable: sent again, not stuck
                 outcome.state, outcome.detail = "unsent", f"forwarding failed: {describe_exception(exc)}"
                 log.error("listener: series %s: %s (sent again in %.0f s)", uid, outcome.detail, self.retry_s)
@@ -249,9 +254,10 @@ class Forwarder(BackgroundLoop):
         outcome.errors, outcome.skipped = int(counts.get("errors", 0)), int(counts.get("skipped", 0))
         return outcome
 
-    def _dispatch(self, state: SeriesState, outcome: SeriesOutcome, now: float) -> None:
+    def _dispatch(self, state: SeriesState, outcome: SeriesOutcome, now: float | None) -> None:
         """Put a claimed series in the lane of each of its destinations (or finish it here:
-        nowhere to send, or its results gone)."""
+        nowhere to send, or its results gone). ``now`` None: each lane reads the clock when
+        it sends (a series may wait in a lane for minutes)."""
         uid = state.series_uid
         out = self.out / uid
         files = result_files(out)
@@ -277,7 +283,7 @@ class Forwarder(BackgroundLoop):
             lane = self._lanes.setdefault(str(dest), _Lane(str(dest)))
             lane.put(lambda dest=dest: self._lane_job(job, dest, now))
 
-    def _lane_job(self, job: _Sending, dest: AnyDestination, now: float) -> None:
+    def _lane_job(self, job: _Sending, dest: AnyDestination, now: float | None) -> None:
         """In ``dest``'s lane: send it what it lacks of one series; the last lane to answer
         finishes the series."""
         uid = job.state.series_uid
@@ -339,19 +345,20 @@ class Forwarder(BackgroundLoop):
             self.on_done(outcome)
 
     def _deliver(self, uid: str, digests: dict[Path, tuple[str, str]], dest: AnyDestination,
-                 outcome: SeriesOutcome, now: float) -> tuple[list[Path], str]:
+                 outcome: SeriesOutcome, now: float | None) -> tuple[list[Path], str]:
         """Send ``dest`` those of the files (path → name, sha256) it does not hold yet, as the
         spool recorded; returns those it did not take, and why. A destination that took no
         association is not tried again, for any series, before ``retry_s`` has passed."""
         key = str(dest)
+        start = time.time() if now is None else now
         held = self.spool.deliveries(uid, key)
         pending = [p for p, (name, digest) in digests.items() if held.get(name) != digest]
         if not pending:
             return [], ""
         down = self._unreachable.get(key)
-        if down is not None and now < down[0]:
+        if down is not None and start < down[0]:
             outcome.refused[key] = len(pending)
-            return pending, (f"{dest} not tried: it took nothing {now - down[0] + self.retry_s:.0f} s ago "
+            return pending, (f"{dest} not tried: it took nothing {start - down[0] + self.retry_s:.0f} s ago "
                              f"({down[1]}); tried again after --retry")
         why = ""
         try:
@@ -363,7 +370,8 @@ class Forwarder(BackgroundLoop):
         except (ForwardError, OSError) as exc:
             statuses, why = getattr(exc, "statuses", {}), describe_exception(exc)
             if not statuses:  # not one reply: down, unreachable, or refusing us (no association, HTTP 4xx/5xx)
-                self._unreachable[key] = (now + self.retry_s, why)
+                failed = time.time() if now is None else now  # --retry counts from the failure, not the start
+                self._unreachable[key] = (failed + self.retry_s, why)
         else:
             self._unreachable.pop(key, None)
         took = taken(statuses)
