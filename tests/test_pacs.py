@@ -369,6 +369,31 @@ def test_the_wait_after_a_dead_peer_counts_from_its_failure(tmp_path, analyzer):
     assert "not tried: it took nothing" in outcomes[1].detail
 
 
+def test_a_series_the_forwarder_claims_the_moment_it_is_analysed_keeps_its_analysis(tmp_path, analyzer, storescp):
+    """The forwarder's thread may claim a series between the worker's mark and its next
+    line: the outcome it reports is still the analysis' (frames, lesions counted once by
+    the monitor), not a resend's."""
+    dest, pacs = storescp
+
+    class RacingSpool(Spool):
+        forwarder = None
+
+        def mark(self, series_uid, state, *args, **kwargs):
+            marked = super().mark(series_uid, state, *args, **kwargs)
+            if state == "analysed" and self.forwarder is not None:
+                self.forwarder.run_once(wait=True)  # the forwarder's thread, the instant it is marked
+            return marked
+
+    spool = RacingSpool(tmp_path / "spool")
+    fill(spool, CT[:3])
+    service = PacsService(spool, tmp_path / "out", analyzer, forward=dest, idle_s=0.0)
+    spool.forwarder = service.forwarder
+    service.run_once()
+    (outcome,) = service.outcomes
+    assert outcome.state == "done" and outcome.analysed and outcome.frames == 3
+    assert outcome.sent == {str(dest): 2} and len(list(pacs.iterdir())) == 2
+
+
 def wait_for(what, timeout_s: float = 60.0):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

@@ -158,11 +158,17 @@ class Forwarder(BackgroundLoop):
     # -- from the analysis worker ------------------------------------------------------------------------------
 
     def submit(self, outcome: SeriesOutcome) -> None:
-        """A series the worker marked ``analysed``: send it at once (its outcome keeps the
-        analysis' counts and start, so the line and the duration cover both)."""
+        """A series the worker is about to mark ``analysed``: its outcome (the analysis'
+        counts and start, so the line and the duration cover both), held for the pass that
+        claims it. The worker calls this before the mark, since this thread may claim the
+        series the moment it is marked, and :meth:`notify` after it."""
         with self._lock:
             self._pending[outcome.series_uid] = outcome
-        self.notify()
+
+    def withdraw(self, series_uid: str) -> None:
+        """The worker could not mark it ``analysed`` (an image came): it is analysed again."""
+        with self._lock:
+            self._pending.pop(series_uid, None)
 
     def busy(self, series_uid: str) -> bool:
         """Whether this series' results are being sent now, or wait in a lane (the worker
@@ -201,7 +207,8 @@ class Forwarder(BackgroundLoop):
             except BaseException:
                 self._release(uid)
                 raise
-            if not ok:  # an image came since it was listed: analysed again first
+            if not ok:  # an image came since it was listed: analysed again first (a new outcome then)
+                self.withdraw(uid)
                 self._release(uid)
                 continue
             with self._lock:

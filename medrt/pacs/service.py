@@ -192,9 +192,11 @@ class PacsService(BackgroundLoop):
             outcome.detail = f"nothing analysed ({outcome.errors} error(s), {outcome.skipped} passed over)"
         destinations, problems = self.forwarder.destinations(state)
         if result_files(out) and (destinations or problems):
+            self.forwarder.submit(outcome)  # first: the forwarder may claim it the moment it is marked
             if self.spool.mark(uid, "analysed", outcome.detail, unless_received_after=state.last_received):
-                self.forwarder.submit(outcome)
+                self.forwarder.notify()
                 return None
+            self.forwarder.withdraw(uid)
             outcome.state = "receiving"  # more arrived meanwhile: analysed again once it is quiet
             return outcome.timed()
         outcome.state = "done"
