@@ -104,7 +104,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                        description=__doc__)
     p.add_argument("spool", help="the folder given to medrt listen --spool")
     p.add_argument("--state", action="append", choices=STATES, help="list only series in this state (repeatable)")
-    p.add_argument("--requeue", nargs="+", metavar="UID", help="put these done, failed or unsent series back in the queue")
+    p.add_argument("--requeue", nargs="+", metavar="UID",
+                   help="put these done, failed or unsent series back in the queue")
     p.add_argument("--requeue-failed", action="store_true",
                    help="put every failed (analysis) or unsent (forwarding) series back in the queue")
     p.add_argument("--json", action="store_true", help="one JSON object instead of the table")

@@ -32,8 +32,8 @@ The index also records what each destination took and the storage commitment req
 
 Recovery (:meth:`Spool.recover`, run on open): a series caught mid-analysis goes back to
 the queue, one caught mid-forward back to ``analysed`` (its results were whole), files on
-disk that the index lacks (a crash between the rename and the commit) are indexed from their headers, and temporary files of an
-interrupted write are removed.
+disk that the index lacks (a crash between the rename and the commit) are indexed from
+their headers, and temporary files of an interrupted write are removed.
 """
 
 from __future__ import annotations
