@@ -357,8 +357,8 @@ def test_the_wait_after_a_dead_peer_counts_from_its_failure(tmp_path, analyzer):
     silent = SilentPeer()
     hung = Destination("PACS", "127.0.0.1", silent.port)
     spool = Spool(tmp_path / "spool")
-    service = PacsService(spool, tmp_path / "out", analyzer, forward=hung, idle_s=0.0, retry_s=1.0,
-                          forward_timeout_s=2.0)
+    service = PacsService(spool, tmp_path / "out", analyzer, forward=hung, idle_s=0.0, retry_s=3.0,
+                          forward_timeout_s=4.0)  # the next send starts well inside 3 s of the failure
     try:
         arrive(spool, service, "1.2.826.0.1.3680043.8.498.91", CT[:3])
         arrive(spool, service, "1.2.826.0.1.3680043.8.498.92", CT[3:6])
