@@ -112,8 +112,7 @@ class _Sending:
 
     state: SeriesState
     outcome: SeriesOutcome
-    files: list[Path]
-    digests: dict[Path, tuple[str, str]]  # path -> (name under the results folder, sha256)
+    digests: dict[Path, tuple[str, str]]  # each result file -> (name under the results folder, sha256)
     left: int  # lanes yet to answer
     problems: list[str] = field(default_factory=list)
     delivered: set[Path] = field(default_factory=set)
@@ -150,7 +149,7 @@ class Forwarder(BackgroundLoop):
         self._unreachable: dict[str, tuple[float, str]] = {}
         self._lock = threading.Condition()
         self._pending: dict[str, SeriesOutcome] = {}  # analysed here, with the analysis' counts and start
-        self._sending: dict[str, _Sending | None] = {}  # claimed (None while being claimed)
+        self._sending: set[str] = set()  # claimed, until finished
         self._wanted: set[str] = set()  # claimed by a run_once that waits for their outcomes
         self._finished: dict[str, SeriesOutcome] = {}  # those outcomes, until it takes them
         self._lanes: dict[str, _Lane] = {}
@@ -201,7 +200,7 @@ class Forwarder(BackgroundLoop):
             with self._lock:
                 if uid in self._sending:
                     continue
-                self._sending[uid] = None
+                self._sending.add(uid)
             try:
                 ok = self.spool.claim_send(uid, expect_received=state.last_received, now=now)
             except BaseException:
@@ -243,7 +242,7 @@ class Forwarder(BackgroundLoop):
 
     def _release(self, uid: str) -> None:
         with self._lock:
-            self._sending.pop(uid, None)
+            self._sending.discard(uid)
             self._lock.notify_all()
 
     def _outcome(self, uid: str) -> SeriesOutcome:
@@ -277,10 +276,7 @@ class Forwarder(BackgroundLoop):
             self._done(uid, outcome.timed())
             return
         digests = {p: (p.relative_to(out).as_posix(), sha256_file(p)) for p in files}
-        job = _Sending(state, outcome, files, digests, left=len(destinations), problems=problems,
-                       delivered=set(files))
-        with self._lock:
-            self._sending[uid] = job
+        job = _Sending(state, outcome, digests, left=len(destinations), problems=problems, delivered=set(files))
         if not destinations:
             self._finish(job)
             return
@@ -296,12 +292,12 @@ class Forwarder(BackgroundLoop):
         uid = job.state.series_uid
         stopped = self._stop.is_set()
         if stopped:
-            refused, why = list(job.files), ""
+            refused, why = list(job.digests), ""
         else:
             try:
                 refused, why = self._deliver(uid, job.digests, dest, job.outcome, now)
             except Exception as exc:  # noqa: BLE001 - e.g. a result file unreadable: this series, not the lane
-                refused, why = list(job.files), f"{dest}: {describe_exception(exc)}"
+                refused, why = list(job.digests), f"{dest}: {describe_exception(exc)}"
                 job.outcome.refused[str(dest)] = len(refused)
         with self._lock:
             job.delivered -= set(refused)
@@ -319,7 +315,7 @@ class Forwarder(BackgroundLoop):
         uid, state, outcome = job.state.series_uid, job.state, job.outcome
         destinations = outcome.destinations
         try:
-            outcome.forwarded = [p.name for p in job.files if p in job.delivered and destinations]
+            outcome.forwarded = [p.name for p in job.digests if p in job.delivered and destinations]
             if job.stopped:
                 outcome.state = "analysed"
                 self.spool.mark(uid, "analysed", "stopped before it was all sent; sent at the next start",
@@ -342,8 +338,9 @@ class Forwarder(BackgroundLoop):
 
     def _done(self, uid: str, outcome: SeriesOutcome, *, report: bool = True) -> None:
         with self._lock:
-            if self._sending.pop(uid, False) is False:
+            if uid not in self._sending:
                 return  # finished already (a failure while finishing it)
+            self._sending.discard(uid)
             if report and uid in self._wanted:
                 self._finished[uid] = outcome
             self._wanted.discard(uid)
