@@ -137,7 +137,8 @@ class StreamsMixin:
                 slot.version += 1
                 matched += 1
         if matched:
-            self.status(f"SEG {seg.path.name}: {matched} frame(s) matched ({', '.join(seg.labels)})")
+            named = ", ".join(seg.labels) if len(seg.labels) <= 3 else f"{len(seg.labels)} segments"
+            self.status(f"SEG {seg.path.name}: {matched} frame(s) matched ({named})")
         else:
             self.status(f"SEG {seg.path.name}: refers to none of the open images; open its source first")
         self.request_render()

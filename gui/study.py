@@ -26,7 +26,7 @@ from medrt.privacy import describe_exception
 from medrt.types import Frame, FrameResult
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
-    from medrt.analysis.tracking import SeriesLesion
+    from medrt.analysis.tracking import Linked
 
 __all__ = ["Slot", "SeriesEntry", "Problem", "Study", "SEG_SOP_CLASSES", "describe_error"]
 
@@ -123,7 +123,7 @@ class SeriesEntry:
     def analysed(self) -> int:
         return sum(1 for s in self.slots if s.result is not None)
 
-    def series_lesions(self) -> tuple[list[SeriesLesion], dict[tuple[str, int], int]]:
+    def series_lesions(self) -> Linked:
         """The lesions of the results so far, each once (:func:`medrt.analysis.tracking.
         link_series`: sections on neighbouring slices joined); worked out again only when a
         result has come or gone since the last call."""

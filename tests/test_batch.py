@@ -136,22 +136,29 @@ def test_seg_geometry_matches_results_and_ground_truth(sample_run):
     seg = hd.seg.segread(seg_path)
     records = {r["sop_instance_uid"]: r for r in _lines(out / "results.jsonl")}
     truth = load_ground_truth(CT)
+    # a segment per series lesion, "Lesion <n>" as results.jsonl's series_lesion numbers it
+    segment_of = {int(str(d.SegmentLabel).removeprefix("Lesion ")): int(d.SegmentNumber) for d in seg.SegmentSequence}
+    assert len(segment_of) == len(seg.SegmentSequence) > 1
     checked = inter = total = 0
     for uid, rec in records.items():
         if not rec["lesions"] or rec["series_instance_uid"] != seg.ReferencedSeriesSequence[0].SeriesInstanceUID:
             continue
-        mask = seg.get_pixels_by_source_instance([uid], segment_numbers=[1])[0, :, :, 0] > 0
+        segments = seg.get_pixels_by_source_instance([uid], combine_segments=True,
+                                                     assert_missing_frames_are_empty=True)[0]
+        mask = segments > 0
         rows, cols = np.nonzero(mask)
+        with np.load(out / "masks.npz") as npz:  # the label map results.jsonl's ids refer to
+            labels = npz[uid]
         for les in rec["lesions"]:
             r0, c0, r1, c1 = les["bbox"]
-            inside = mask[r0:r1, c0:c1]
-            assert inside.any()  # the SEG's pixels sit in the bbox results.jsonl gives
+            own = segments == segment_of[les["series_lesion"]]
+            assert own[r0:r1, c0:c1].any()  # the lesion's own segment sits in the bbox results.jsonl gives
+            assert np.array_equal(own, labels == les["id"])
             cr, cc = les["centroid"]
             assert r0 <= cr < r1 and c0 <= cc < c1
         assert rows.min() == min(les["bbox"][0] for les in rec["lesions"])
         assert cols.max() + 1 == max(les["bbox"][3] for les in rec["lesions"])
-        with np.load(out / "masks.npz") as npz:  # the label map results.jsonl's ids refer to
-            assert np.array_equal(mask, npz[uid] > 0)
+        assert np.array_equal(mask, labels > 0)
         gt_mask = np.asarray(truth[uid].mask) > 0
         inter += int((mask & gt_mask).sum())
         total += int(mask.sum())

@@ -28,6 +28,7 @@ from medrt.export import (
     build_seg,
     build_sr,
     seg_frame_numbers,
+    segment_numbers,
     split_for_seg,
     write_dataset,
 )
@@ -77,23 +78,39 @@ def dciodvfy(ds: Dataset, path: Path) -> Path:
     return path
 
 
-def seg_mask(seg: hd.seg.Segmentation, frame: Frame) -> np.ndarray:
-    """Segment 1 of ``seg`` on the source frame, read back through highdicom."""
+def seg_labels(seg: hd.seg.Segmentation, frame: Frame) -> np.ndarray:
+    """The segment numbers of ``seg`` on the source frame (0: none), read back through highdicom."""
     if frame.source.number_of_frames > 1:
         arr = seg.get_pixels_by_source_frame(frame.sop_instance_uid, [frame.frame_index + 1],
-                                             segment_numbers=[1],
-                                             assert_missing_frames_are_empty=True)
+                                             combine_segments=True, assert_missing_frames_are_empty=True)
     else:
-        arr = seg.get_pixels_by_source_instance([frame.sop_instance_uid], segment_numbers=[1],
+        arr = seg.get_pixels_by_source_instance([frame.sop_instance_uid], combine_segments=True,
                                                 assert_missing_frames_are_empty=True)
-    return arr[0, :, :, 0] > 0
+    return arr[0]
 
 
-def check_seg_round_trip(path: Path, results: list[FrameResult]) -> hd.seg.Segmentation:
+def check_seg_round_trip(path: Path, results: list[FrameResult], all_results: list[FrameResult] | None = None,
+                         ) -> hd.seg.Segmentation:
+    """Each series lesion of ``results`` (numbered in ``all_results``, the whole series) is
+    one segment, "Lesion <n>" with the lesion's Tracking UID and exactly its pixels."""
     back = hd.seg.segread(path)
+    lesions, numbers = link_series(all_results or results)
+    present = sorted({numbers[(r.frame.key, les.label)] for r in results for les in r.lesions})
+    segments = {int(d.SegmentNumber): d for d in back.SegmentSequence}
+    assert sorted(segments) == list(range(1, len(present) + 1))
+    segment_of = {}
+    for k, n in enumerate(present, start=1):
+        d = segments[k]
+        assert (d.SegmentLabel, d.TrackingID, d.TrackingUID) == (f"Lesion {n}", f"Lesion {n}", lesions[n - 1].uid)
+        assert d.SegmentedPropertyTypeCodeSequence[0].CodeValue == codes.SCT.Lesion.value
+        assert len(d.RecommendedDisplayCIELabValue) == 3
+        segment_of[n] = k
     for r in results:
-        got = seg_mask(back, r.frame)
-        assert np.array_equal(got, r.labels > 0), f"SEG mask differs on {r.frame.key}"
+        got = seg_labels(back, r.frame)
+        want = np.zeros_like(got)
+        for les in r.lesions:
+            want[r.labels == les.label] = segment_of[numbers[(r.frame.key, les.label)]]
+        assert np.array_equal(got, want), f"SEG segments differ on {r.frame.key}"
     return back
 
 
@@ -114,7 +131,8 @@ def check_sr(path: Path, results: list[FrameResult], seg: Dataset | list[Dataset
                 for r in results for les in r.lesions}
     assert len(groups) == len(expected) == len(numbers)
     segs = [] if seg is None else [seg] if isinstance(seg, Dataset) else seg
-    frames = {key: (s.SOPInstanceUID, n) for s in segs for key, n in seg_frame_numbers(s).items()}
+    segment = {uid: (s.SOPInstanceUID, k) for s in segs for uid, k in segment_numbers(s).items()}
+    frames = {(uid, at, s.SOPInstanceUID, k): n for s in segs for (uid, at, k), n in seg_frame_numbers(s).items()}
     for g in groups:
         (area,) = g.get_measurements(name=codes.SCT.Area)
         (diameter,) = g.get_measurements(name=codes.SCT.LongAxis)
@@ -133,8 +151,9 @@ def check_sr(path: Path, results: list[FrameResult], seg: Dataset | list[Dataset
             ref = g.referenced_segmentation_frame
             assert ref is not None
             item = ref[0].ReferencedSOPSequence[0]
-            assert (item.ReferencedSOPInstanceUID, int(item.ReferencedFrameNumber)) == \
-                frames[(r.frame.sop_instance_uid, number)]
+            sop, k = segment[lesions[n - 1].uid]  # the lesion's own segment
+            assert item.ReferencedSOPInstanceUID == sop
+            assert int(item.ReferencedFrameNumber) == frames[(r.frame.sop_instance_uid, number, sop, k)]
             src = ref[1].ReferencedSOPSequence[0]
             assert src.ReferencedSOPInstanceUID == r.frame.sop_instance_uid
         else:
@@ -150,16 +169,26 @@ def check_sr(path: Path, results: list[FrameResult], seg: Dataset | list[Dataset
     assert not expected
     image_groups = {g.tracking_identifier: g for g in sr.content.get_image_measurement_groups()}
     summary = image_groups.pop("Lesion count")
+    volumetric = {g.tracking_identifier: g for g in sr.content.get_volumetric_roi_measurement_groups()}
     volumes = [les for les in lesions if les.volume_mm3 is not None]
-    assert sorted(image_groups) == sorted(f"Lesion {les.number}" for les in volumes)
+    # with a SEG a CT lesion's volume group (TID 1411) is on its segment, else (TID 1501) on its images
+    assert sorted(volumetric if segs else image_groups) == sorted(f"Lesion {les.number}" for les in volumes)
+    assert not (image_groups if segs else volumetric)
     for les in volumes:
-        g = image_groups[f"Lesion {les.number}"]
+        g = (volumetric if segs else image_groups)[f"Lesion {les.number}"]
         (volume,) = g.get_measurements(name=codes.SCT.Volume)
         (longest,) = g.get_measurements(name=codes.SCT.LongAxis)
         assert g.tracking_uid == les.uid and volume.unit.value == "mm3"
         assert volume.value == pytest.approx(les.volume_mm3, rel=1e-6)
         assert longest.value == pytest.approx(les.diameter_mm, rel=1e-6)
-        assert [s.referenced_sop_instance_uid for s in g.source_images] == [s.sop_instance_uid for s in les.sections]
+        if segs:
+            ref = g.referenced_segment
+            assert (ref.referenced_sop_instance_uid, ref.referenced_segment_numbers) == \
+                (segment[les.uid][0], [segment[les.uid][1]])
+            images = [i.referenced_sop_instance_uid for i in ref.source_images_for_segmentation]
+        else:
+            images = [s.referenced_sop_instance_uid for s in g.source_images]
+        assert images == [s.sop_instance_uid for s in les.sections]
     (count,) = summary.get_measurements(name=codes.SCT.NumberOfLesions)
     assert count.value == len(lesions) <= sum(len(r.lesions) for r in results)
     evaluated = {(s.referenced_sop_instance_uid, f) for s in summary.source_images
@@ -204,7 +233,7 @@ def dx(tmp_path_factory: pytest.TempPathFactory) -> list[FrameResult]:
 # --------------------------------------------------------------------------- CT series
 
 
-@pytest.mark.parametrize("omit", [False, True], ids=["all-frames", "omit-empty"])
+@pytest.mark.parametrize("omit", [None, False, True], ids=["default", "all-frames", "omit-empty"])
 def test_ct_series_seg_and_sr_pass_dciodvfy_and_round_trip(ct, tmp_path, omit) -> None:  # type: ignore[no-untyped-def]
     before = [copy.deepcopy(r.frame.source.dataset) for r in ct]
     seg = build_seg(ct, omit_empty_frames=omit)
@@ -212,16 +241,19 @@ def test_ct_series_seg_and_sr_pass_dciodvfy_and_round_trip(ct, tmp_path, omit) -
     check_identity(seg, ct)
     assert seg.SeriesNumber == 9001 and seg.SOPClassUID == pydicom.uid.SegmentationStorage
     assert seg.SegmentationType == "BINARY"
-    assert int(seg.NumberOfFrames) == (sum(bool(r.lesions) for r in ct) if omit else len(ct))
-    (segment,) = seg.SegmentSequence
-    assert segment.SegmentedPropertyCategoryCodeSequence[0].CodeValue == \
-        codes.SCT.MorphologicallyAbnormalStructure.value
-    assert segment.SegmentedPropertyTypeCodeSequence[0].CodeValue == codes.SCT.Lesion.value
-    assert segment.SegmentAlgorithmType == "AUTOMATIC"
-    algo = segment.SegmentationAlgorithmIdentificationSequence[0]
-    assert algo.AlgorithmName == "roi_classifier+lesion_unet_lite"
-    assert algo.AlgorithmFamilyCodeSequence[0].CodeValue == \
-        codes.cid7162.ArtificialIntelligence.value
+    lesions, numbers = link_series(ct)
+    assert len(seg.SegmentSequence) == len(lesions) > 1
+    on = {(r.frame.key, numbers[(r.frame.key, les.label)]) for r in ct for les in r.lesions}
+    # several segments: by default only each lesion's own frames, not every image once per lesion
+    assert int(seg.NumberOfFrames) == (len(ct) * len(lesions) if omit is False else len(on))
+    for segment in seg.SegmentSequence:
+        assert segment.SegmentedPropertyCategoryCodeSequence[0].CodeValue == \
+            codes.SCT.MorphologicallyAbnormalStructure.value
+        assert segment.SegmentAlgorithmType == "AUTOMATIC"
+        algo = segment.SegmentationAlgorithmIdentificationSequence[0]
+        assert algo.AlgorithmName == "roi_classifier+lesion_unet_lite"
+        assert algo.AlgorithmFamilyCodeSequence[0].CodeValue == \
+            codes.cid7162.ArtificialIntelligence.value
     path = dciodvfy(seg, tmp_path / "seg.dcm")
     check_seg_round_trip(path, ct)
 
@@ -302,10 +334,14 @@ def test_two_view_radiograph_series_gets_one_seg_per_image(dx, tmp_path) -> None
         build_seg([pa, lateral])
     groups = split_for_seg([pa, lateral])
     assert [[r.frame.key for r in g] for g in groups] == [[pa.frame.key], [lateral.frame.key]]
-    segs = [build_seg(g) for g in groups]
+    linked = link_series([pa, lateral])  # the lateral view's lesions keep their series numbers
+    lateral_numbers = sorted({linked[1][(lateral.frame.key, les.label)] for les in lateral.lesions})
+    assert lateral_numbers and lateral_numbers[0] > 1  # so numbering its SEG alone would differ
+    segs = [build_seg(g, linked=linked) for g in groups]
     for i, (g, seg) in enumerate(zip(groups, segs, strict=True)):
-        check_seg_round_trip(dciodvfy(seg, tmp_path / f"seg{i}.dcm"), g)
-    check_sr(dciodvfy(build_sr([pa, lateral], seg=segs), tmp_path / "sr.dcm"), [pa, lateral], segs)
+        check_seg_round_trip(dciodvfy(seg, tmp_path / f"seg{i}.dcm"), g, [pa, lateral])
+    sr = build_sr([pa, lateral], seg=segs, linked=linked)
+    check_sr(dciodvfy(sr, tmp_path / "sr.dcm"), [pa, lateral], segs)
     assert split_for_seg(dx[:1]) == [dx[:1]]
 
 
@@ -392,7 +428,7 @@ def test_real_analyzer_on_sample_ct_exports_seg_sr_sc(sample_dir, tmp_path) -> N
     assert seg is not None, "the analyzer found no lesion on the three clearest slices"
     back = check_seg_round_trip(dciodvfy(seg, tmp_path / "seg.dcm"), results)
     for t, r in zip(picks, results, strict=True):
-        got = seg_mask(back, r.frame)
+        got = seg_labels(back, r.frame) > 0
         hit = np.count_nonzero(got & (t.mask > 0))
         assert hit >= 0.5 * np.count_nonzero(t.mask), f"{t.file.name}: SEG misses the lesion"
     check_sr(dciodvfy(build_sr(results, seg=seg), tmp_path / "sr.dcm"), results, seg)
@@ -439,6 +475,15 @@ def test_bad_arguments_raise_value_errors_naming_them(ct, dx, tmp_path) -> None:
         build_seg([ct[0], truth_result(ct[1].frame, ct[1].labels, models=("other@2",))])
     with pytest.raises(ValueError, match='"series_number"'):
         build_seg(ct, series_number=0)
+    others = [r for r in ct if r.lesions and r is not lesion]
+    for build in (build_seg, build_sr):
+        with pytest.raises(ValueError, match='"linked" does not number lesion'):
+            build([lesion, *others], linked=link_series(others))
+    unrecorded = FrameResult(frame=lesion.frame, lesions=lesion.lesions[1:], labels=lesion.labels, presence=1.0,
+                             proposals=(), crops=(), mode="full", timings=StageTimings(), backend="x",
+                             precision="fp32", models=MODELS)
+    with pytest.raises(ValueError, match='"results".*without a lesion record'):
+        build_seg([unrecorded])
     with pytest.raises(ValueError, match='"seg"'):
         build_sr(ct, seg=Dataset())
     dx_seg = build_seg([dx[0]])

@@ -538,15 +538,20 @@ def test_the_series_tab_lists_each_lesion_once_and_goes_to_where_it_is_largest(b
 
 def _seg_from_truth(out: Path, names: list[str]) -> Path:
     """A DICOM SEG of the ground-truth masks of ``names``, built by medrt's own SEG exporter."""
+    from medrt.analysis.lesions import lesions_from_probability
     from medrt.export.seg import build_seg
     from medrt.io.dicom import read_frames
     from medrt.phantom import load_ground_truth
     from medrt.types import FrameResult, StageTimings
 
     truth = {t.file.name: t for t in load_ground_truth(CT).values()}
-    results = [FrameResult(frame=read_frames(CT / n)[0], lesions=(), labels=truth[n].mask.astype(np.uint16),
-                           presence=1.0, proposals=(), crops=(), mode="roi", timings=StageTimings(),
-                           backend="test", precision="fp32", models=("truth@1",)) for n in names]
+    results = []
+    for n in names:
+        frame = read_frames(CT / n)[0]
+        labels, lesions = lesions_from_probability((truth[n].mask > 0).astype(np.float32), frame.spacing_mm, 0.5)
+        results.append(FrameResult(frame=frame, lesions=tuple(lesions), labels=labels, presence=1.0, proposals=(),
+                                   crops=(), mode="roi", timings=StageTimings(), backend="test",
+                                   precision="fp32", models=("truth@1",)))
     seg = build_seg(results)
     out.parent.mkdir(parents=True, exist_ok=True)
     seg.save_as(out)

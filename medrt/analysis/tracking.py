@@ -39,7 +39,7 @@ import numpy as np
 from medrt.analysis.slices import adjacent, along_normal
 from medrt.types import Frame, FrameResult, Lesion
 
-__all__ = ["MIN_OVERLAP", "Section", "SeriesLesion", "link_series", "LesionCounter"]
+__all__ = ["MIN_OVERLAP", "Linked", "Section", "SeriesLesion", "link_series", "LesionCounter"]
 
 MIN_OVERLAP = 0.1  # of the smaller section's pixels
 
@@ -88,6 +88,11 @@ class SeriesLesion:
         }
 
 
+#: What :func:`link_series` returns: the series lesions (numbered from 1) and each section's
+#: number, ``{(frame key, lesion label): series lesion number}``.
+Linked = tuple[list[SeriesLesion], dict[tuple[str, int], int]]
+
+
 def _order(results: Sequence[FrameResult]) -> list[FrameResult]:
     """Slice order: by position along the normal, head (larger) first, when every frame has
     one; else as given (a multi-frame object's frame order)."""
@@ -122,7 +127,7 @@ def _pixels(r: FrameResult, les: Lesion) -> int:
     return int(np.count_nonzero(r.labels[r0:r1, c0:c1] == les.label))
 
 
-def link_series(results: Sequence[FrameResult]) -> tuple[list[SeriesLesion], dict[tuple[str, int], int]]:
+def link_series(results: Sequence[FrameResult]) -> Linked:
     """The series lesions of ``results`` (the frames of one series, in any order), and each
     section's number: ``{(frame key, lesion label): series lesion number}``."""
     from pydicom.uid import generate_uid

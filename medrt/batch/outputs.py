@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from medrt.analysis.lesions import lesion_to_json
+from medrt.analysis.tracking import Linked, link_series
 from medrt.batch.plan import MANIFEST, Note, SeriesPlan
 from medrt.export.write import atomic_write, write_dataset
 from medrt.privacy import describe_exception
@@ -46,7 +47,7 @@ class OutputOptions:
     sc: bool = False
     seg: bool = True
     sr: bool = True
-    omit_empty_frames: bool = False
+    omit_empty_frames: bool | None = None  # None: keep every frame with one lesion, omit with more
 
 
 def frame_record(result: FrameResult, file: str) -> dict[str, Any]:
@@ -142,19 +143,22 @@ class SeriesOutput:
         written: dict[str, Any] = {}
         seg = None
         ok = self.results
+        # each lesion once (sections on neighbouring slices joined): the SEG's segments, the
+        # SR's tracking identifiers and lesions.json number them alike
+        linked = self._export("lesions", lambda: link_series(ok)) if ok else None
         if ok and self.options.seg:
-            seg = self._export("seg", lambda: self._seg(ok))
+            seg = self._export("seg", lambda: self._seg(ok, linked))
             if seg is not None:
                 written["seg"] = ["seg.dcm"] if len(seg) == 1 else [f"seg_{i + 1}.dcm" for i in range(len(seg))]
         if ok and self.options.sr:
-            sr = self._export("sr", lambda: self._sr(ok, seg))
+            sr = self._export("sr", lambda: self._sr(ok, seg, linked))
             if sr is not None:
                 written["sr"] = "sr.dcm"
         if ok and self.options.sc:
             n_sc = self._export("sc", lambda: self._sc(ok))
             written["sc"] = n_sc or 0
         self._write_masks(ok)
-        series_lesions = self._export("lesions", lambda: self._link(ok)) or []
+        series_lesions = (self._export("lesions", lambda: self._link(linked)) or []) if linked is not None else []
         lines = "".join(json.dumps(rec) + "\n" for rec in self.records)
         atomic_write(self.folder / "frames.jsonl", lambda fp: fp.write(lines.encode()))
         manifest = {
@@ -173,12 +177,10 @@ class SeriesOutput:
         atomic_write(self.folder / MANIFEST, lambda fp: fp.write(json.dumps(manifest, indent=1).encode()))
         return manifest
 
-    def _link(self, results: list[FrameResult]) -> list[dict[str, Any]]:
-        """Join the sections of each lesion across neighbouring slices: number every lesion
-        record (``series_lesion``) and write ``lesions.json``, one entry per lesion."""
-        from medrt.analysis.tracking import link_series
-
-        lesions, numbers = link_series(results)
+    def _link(self, linked: Linked) -> list[dict[str, Any]]:
+        """Number every lesion record as its series lesion (``series_lesion``) and write
+        ``lesions.json``, one entry per lesion."""
+        lesions, numbers = linked
         for rec, result in zip(self.records, self.results, strict=True):
             for les_rec, les in zip(rec["lesions"], result.lesions, strict=True):
                 les_rec["series_lesion"] = numbers[(result.frame.key, les.label)]
@@ -197,20 +199,21 @@ class SeriesOutput:
                                    "error", f"export-{what}", reason))
             return None
 
-    def _seg(self, results: list[FrameResult]) -> Any:
+    def _seg(self, results: list[FrameResult], linked: Linked | None) -> Any:
         from medrt.export import build_seg, split_for_seg
 
         # A radiograph series of several views has no shared geometry: one SEG per image.
         segs = [seg for group in split_for_seg(results)
-                if (seg := build_seg(group, omit_empty_frames=self.options.omit_empty_frames)) is not None]
+                if (seg := build_seg(group, linked=linked, omit_empty_frames=self.options.omit_empty_frames))
+                is not None]
         for i, seg in enumerate(segs):
             write_dataset(seg, self.folder / ("seg.dcm" if len(segs) == 1 else f"seg_{i + 1}.dcm"))
         return segs or None
 
-    def _sr(self, results: list[FrameResult], seg: Any) -> Any:
+    def _sr(self, results: list[FrameResult], seg: Any, linked: Linked | None) -> Any:
         from medrt.export import build_sr
 
-        sr = build_sr(results, seg=seg)
+        sr = build_sr(results, seg=seg, linked=linked)
         write_dataset(sr, self.folder / "sr.dcm")
         return sr
 

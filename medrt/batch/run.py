@@ -48,8 +48,9 @@ REPORT_JSON = "report.json"
 REPORT_MD = "report.md"
 HISTOGRAM = "latency.png"
 # Bumped when what a series folder holds changes, so a rerun redoes series an older medrt
-# finished (2: lesions.json, series_lesion in frames.jsonl, SR lesions counted once).
-OUTPUT_LAYOUT = 2
+# finished (2: lesions.json, series_lesion in frames.jsonl, SR lesions counted once;
+# 3: a SEG segment per lesion).
+OUTPUT_LAYOUT = 3
 
 
 @dataclass(frozen=True)

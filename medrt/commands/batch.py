@@ -151,8 +151,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="overlay PNGs for frames with lesions (default), every frame, or none")
     p.add_argument("--png-max-side", type=int, default=2048, help="downsample PNGs to this longest side (0: full)")
     p.add_argument("--sc", action="store_true", help="also write secondary captures with the overlay burned in")
-    p.add_argument("--omit-empty-frames", action="store_true",
-                   help="leave frames without lesions out of the SEG (some viewers misplace such SEGs)")
+    frames = p.add_mutually_exclusive_group()
+    frames.add_argument("--omit-empty-frames", dest="omit_empty_frames", action="store_const", const=True,
+                        default=None, help="keep only the SEG frames a lesion is on (the default with two "
+                                           "or more lesions: a segment per lesion)")
+    frames.add_argument("--keep-empty-frames", dest="omit_empty_frames", action="store_const", const=False,
+                        help="keep every image's frame for every lesion's segment (the default with one "
+                             "lesion; some viewers misplace SEGs that omit frames)")
     p.add_argument("--follow-links", action="store_true", help="follow symbolic links that lead outside INPUT")
     p.add_argument("--json", action="store_true", help="print the run report as JSON (no progress bar)")
     p.add_argument("--quiet", action="store_true",

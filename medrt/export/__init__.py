@@ -4,19 +4,23 @@ Call sites pass only :class:`medrt.types.FrameResult` objects; the builders know
 medrt's device identity, the codes and the references:
 
 - :func:`build_seg` (``medrt.export.seg``): one BINARY Segmentation of a
-  series' frames, one "Lesion" segment; None when no frame holds a lesion.
+  series' frames, a segment per lesion ("Lesion <n>", numbered as
+  :func:`medrt.analysis.tracking.link_series` numbers the series' lesions);
+  None when no frame holds a lesion.
   :func:`split_for_seg` cuts a series into the groups one SEG each can hold
   (e.g. a radiograph series with two views: one SEG per image).
 - :func:`build_sr` (``medrt.export.sr``): a TID 1500 Measurement Report
-  (Comprehensive 3D SR) with one planar ROI group per lesion.
+  (Comprehensive 3D SR) with a planar ROI group per lesion section, each on its
+  lesion's segment, and a volume group per CT lesion.
 - :func:`build_sc` / :func:`build_sc_series` (``medrt.export.sc``): secondary
   captures with the overlay burned in, for viewers that cannot show SEG.
 - :func:`write_dataset` / :func:`atomic_write` (``medrt.export.write``).
 
 Typical use for one series (batch or listener)::
 
-    segs = [s for g in split_for_seg(results) if (s := build_seg(g)) is not None]
-    sr = build_sr(results, seg=segs or None)
+    linked = link_series(results)  # each lesion once, numbered alike in SEG and SR
+    segs = [s for g in split_for_seg(results) if (s := build_seg(g, linked=linked)) is not None]
+    sr = build_sr(results, seg=segs or None, linked=linked)
     for ds in (*segs, sr):
         write_dataset(ds, out / f"{ds.SOPInstanceUID}.dcm")
 
@@ -38,6 +42,7 @@ __all__ = [
     "ExportError",
     "build_seg",
     "seg_frame_numbers",
+    "segment_numbers",
     "split_for_seg",
     "build_sr",
     "build_sc",
@@ -50,6 +55,7 @@ _WHERE = {
     "ExportError": "medrt.export.common",
     "build_seg": "medrt.export.seg",
     "seg_frame_numbers": "medrt.export.seg",
+    "segment_numbers": "medrt.export.seg",
     "split_for_seg": "medrt.export.seg",
     "build_sr": "medrt.export.sr",
     "build_sc": "medrt.export.sc",

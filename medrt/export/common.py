@@ -19,6 +19,7 @@ from pydicom.uid import generate_uid
 from pydicom.valuerep import DA, DT, TM
 
 import medrt
+from medrt.analysis.tracking import Linked, link_series
 from medrt.errors import MedrtError
 from medrt.types import Frame, FrameResult
 
@@ -35,6 +36,7 @@ __all__ = [
     "software_versions",
     "device_identity",
     "algorithm_parts",
+    "linked_lesions",
     "check_results",
     "single_value",
     "frame_number",
@@ -183,3 +185,20 @@ def readable_header(ds: Dataset) -> Dataset:
                 ds.get("SOPInstanceUID", "an image"), ", ".join(e.keyword or str(e.tag) for e in bad),
                 "/".join(sorted({str(e.VR) for e in bad})))
     return out
+
+
+def linked_lesions(items: list[FrameResult], linked: Linked | None) -> Linked:
+    """``linked`` (:func:`medrt.analysis.tracking.link_series` of the series ``items`` belong
+    to), checked to number every lesion of ``items``; by default, ``link_series(items)``.
+    Raises ValueError naming "linked" when a lesion has no number in it."""
+    if linked is None:
+        return link_series(items)
+    numbers = linked[1]
+    for r in items:
+        for les in r.lesions:
+            if (r.frame.key, les.label) not in numbers:
+                raise ValueError(
+                    f'Argument "linked" does not number lesion {les.label} of frame {r.frame.key}: '
+                    "link the series these results belong to (medrt.analysis.tracking.link_series)."
+                )
+    return linked

@@ -7,13 +7,19 @@ Decisions (see REFERENCE.md, "DICOM output conventions"):
   not know it and many PACS and viewers do not either; BINARY + RLE is
   rejected. BINARY frames are 1 bit per pixel (32 KiB for 512², 2 MiB for
   4096²), so no compression is needed.
-- **One segment, "Lesion"** (category Morphologically abnormal structure, type
-  Lesion, AUTOMATIC), holding every lesion of every frame: the analyser numbers
-  lesions per frame, so a label value does not name the same lesion on two
-  slices. The SR tells lesions apart (one group per lesion, each pointing at
-  its SEG frame).
-- **All frames kept by default** (``omit_empty_frames=False``): some viewers
-  misplace SEGs that omit frames.
+- **One segment per lesion**, "Lesion <n>" (category Morphologically abnormal
+  structure, type Lesion, AUTOMATIC), numbered as the series' lesions
+  (:func:`medrt.analysis.tracking.link_series`: the sections of one lesion on
+  neighbouring CT slices are one segment), with the lesion's Tracking ID and
+  Tracking UID, the same as its SR groups', and the overlay's colour for that number.
+  A viewer lists, colours and hides each lesion by itself, and the SR's planar groups
+  point at their own lesion's frame. A SEG that covers part of a series (one view of a
+  radiograph series) holds that part's lesions, still named by their series numbers.
+- **Empty frames:** with one segment every source frame is kept by default, so SEG
+  frame *i* is source image *i* (some viewers misplace SEGs that omit frames); with
+  several, a frame is kept only where its lesion is (keeping every image for every
+  lesion would multiply the SEG by the lesion count, and frame *i* is no longer image
+  *i* anyway). ``omit_empty_frames`` True or False overrides that.
 - **No lesion anywhere: no SEG** (:func:`build_seg` returns None). An empty SEG
   series in every negative study is clutter; the SR says "0 lesions" and lists
   the images that were evaluated.
@@ -38,6 +44,7 @@ from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 from pydicom.sr.codedict import codes
 
+from medrt.analysis.tracking import Linked
 from medrt.export.common import (
     AI_FAMILY,
     SEG_SERIES_NUMBER,
@@ -45,33 +52,39 @@ from medrt.export.common import (
     algorithm_parts,
     check_results,
     device_identity,
+    linked_lesions,
     readable_header,
     single_value,
     software_versions,
 )
+from medrt.overlay import lesion_color
 from medrt.types import FrameResult
 
-__all__ = ["SEGMENT_NUMBER", "build_seg", "seg_frame_numbers", "segment_description", "split_for_seg"]
+__all__ = ["build_seg", "seg_frame_numbers", "segment_description", "segment_numbers", "split_for_seg"]
 
 log = logging.getLogger(__name__)
 
-SEGMENT_NUMBER = 1
 
-
-def segment_description(models: Sequence[str]) -> hd.seg.SegmentDescription:
-    """The one "Lesion" segment, identified as the output of ``models``."""
+def segment_description(models: Sequence[str], segment_number: int, lesion: int,
+                        tracking_uid: str) -> hd.seg.SegmentDescription:
+    """Segment ``segment_number``: series lesion ``lesion``, "Lesion <n>", with its Tracking ID
+    and ``tracking_uid`` and the overlay's colour for that number, identified as the output
+    of ``models``."""
     name, version, params = algorithm_parts(models)
     algorithm = hd.AlgorithmIdentificationSequence(
         name=name, family=AI_FAMILY, version=version, source=f"medrt {software_versions()}",
         parameters=params or None,
     )
     return hd.seg.SegmentDescription(
-        segment_number=SEGMENT_NUMBER,
-        segment_label="Lesion",
+        segment_number=segment_number,
+        segment_label=f"Lesion {lesion}",
         segmented_property_category=codes.SCT.MorphologicallyAbnormalStructure,
         segmented_property_type=codes.SCT.Lesion,
         algorithm_type=hd.seg.SegmentAlgorithmTypeValues.AUTOMATIC,
         algorithm_identification=algorithm,
+        tracking_id=f"Lesion {lesion}",
+        tracking_uid=tracking_uid,
+        display_color=hd.color.CIELabColor.from_rgb(*lesion_color(lesion)),
     )
 
 
@@ -97,18 +110,17 @@ def _check_planes(results: list[FrameResult]) -> None:
         seen[key] = r.frame.key
 
 
-def _layout(results: list[FrameResult]) -> tuple[list[Dataset], np.ndarray]:
-    """The source headers and the (frames, rows, cols) mask stack in highdicom's order.
+def _layout(results: list[FrameResult]) -> tuple[list[Dataset], list[FrameResult]]:
+    """The source headers and the results in highdicom's frame order.
 
-    Single-frame images: one header per result, masks in the same order. One
-    multi-frame image: its header once, masks in frame order, every frame needed.
+    Single-frame images: one header per result, in the same order. One multi-frame
+    image: its header once, results in frame order, every frame needed.
     """
     objects = {r.frame.sop_instance_uid: r.frame.source for r in results}
     multi = [uid for uid, src in objects.items() if src.number_of_frames > 1]
     if not multi:
         _check_planes(results)
-        return ([readable_header(r.frame.source.dataset) for r in results],
-                np.stack([np.asarray(r.labels) > 0 for r in results]))
+        return [readable_header(r.frame.source.dataset) for r in results], results
     if len(objects) > 1:
         raise ExportError(
             f'Argument "results" spans {len(objects)} objects, {len(multi)} of them multi-frame: '
@@ -129,34 +141,63 @@ def _layout(results: list[FrameResult]) -> tuple[list[Dataset], np.ndarray]:
             f'Argument "results" must cover every frame of the multi-frame source {multi[0]}: '
             f"{len(missing)} of {src.number_of_frames} missing (first: frame index {missing[0]})."
         )
-    return [readable_header(src.dataset)], np.stack([np.asarray(by_index[i].labels) > 0
-                                    for i in range(src.number_of_frames)])
+    return [readable_header(src.dataset)], [by_index[i] for i in range(src.number_of_frames)]
+
+
+def _segments(results: list[FrameResult], linked: Linked) -> tuple[list[int], np.ndarray]:
+    """The series lesions in ``results`` (sorted numbers: lesion ``lesions[k - 1]`` is segment
+    k) and the (frames, rows, cols) map of segment numbers, 0 where no lesion is."""
+    numbers = linked[1]
+    lesions = sorted({numbers[(r.frame.key, les.label)] for r in results for les in r.lesions})
+    segment = {n: k for k, n in enumerate(lesions, start=1)}
+    dtype = np.uint8 if len(lesions) < 256 else np.uint16  # a 300-slice CT's map: 79 MB, not 157
+    masks = np.zeros((len(results), *results[0].frame.shape), dtype)
+    for i, r in enumerate(results):
+        top = int(r.labels.max())
+        if top == 0:
+            continue
+        lut = np.zeros(max([top, *(les.label for les in r.lesions)]) + 1, dtype)
+        for les in r.lesions:
+            lut[les.label] = segment[numbers[(r.frame.key, les.label)]]
+        masks[i] = lut[r.labels]
+        if np.count_nonzero(masks[i]) != np.count_nonzero(r.labels):
+            raise ValueError(
+                f'Argument "results": frame {r.frame.key} has label values without a lesion record; '
+                "a SEG has one segment per lesion."
+            )
+    return lesions, masks
 
 
 def build_seg(
     results: Sequence[FrameResult],
     *,
-    omit_empty_frames: bool = False,
+    linked: Linked | None = None,
+    omit_empty_frames: bool | None = None,
     series_number: int = SEG_SERIES_NUMBER,
     series_instance_uid: str | None = None,
     sop_instance_uid: str | None = None,
     instance_number: int = 1,
     series_description: str = "medrt lesions (SEG)",
 ) -> hd.seg.Segmentation | None:
-    """A BINARY Segmentation of the lesions in ``results``, the frames of ONE series.
+    """A BINARY Segmentation of the lesions in ``results``, frames of ONE series.
 
     The SEG sits in the source study in a new series (``series_instance_uid``,
     default a new UID; ``sop_instance_uid`` too: pass UIDs derived from the
     input to make a re-sent object replace the first copy in a PACS), with one
-    segment, "Lesion": segment 1's mask on each
-    frame is that result's ``labels > 0``. Returns None when no frame holds a
-    lesion (write no SEG; :func:`medrt.export.build_sr` then reports 0 lesions).
+    segment per series lesion, "Lesion <n>", its Tracking UID the lesion's.
+    ``linked`` is :func:`medrt.analysis.tracking.link_series` of the whole series
+    (default: of ``results``; pass it when ``results`` is one :func:`split_for_seg`
+    group, so lesions keep their series numbers). ``omit_empty_frames``: None keeps
+    every frame when there is one segment and only the lesions' frames when there are
+    several (see the module's notes). Returns None when no frame holds a lesion
+    (write no SEG; :func:`medrt.export.build_sr` then reports 0 lesions).
 
     Raises ValueError naming "results" when they are empty, mix series or
-    studies, repeat a frame, lack their DICOM header, or leave out frames of a
-    multi-frame source; :class:`ExportError` (a ValueError) when the source
-    cannot carry a SEG (several multi-frame objects, or a multi-frame object
-    without a Frame of Reference).
+    studies, repeat a frame, lack their DICOM header, have label values without
+    a lesion record, or leave out frames of a multi-frame source; naming "linked"
+    when it lacks one of their lesions; :class:`ExportError` (a ValueError) when
+    the source cannot carry a SEG (several multi-frame objects, or a multi-frame
+    object without a Frame of Reference).
     """
     items = check_results(results)
     series = single_value(items, "series", lambda r: r.frame.series_instance_uid)
@@ -165,20 +206,25 @@ def build_seg(
     if not any(r.labels.any() for r in items):
         log.info("no lesion in %d frames of series %s: no SEG", len(items), series)
         return None
-    sources, masks = _layout(items)
+    sources, ordered = _layout(items)
+    linked = linked_lesions(items, linked)
+    lesions, masks = _segments(ordered, linked)
+    uids = {les.number: les.uid for les in linked[0]}
+    segments = [segment_description(items[0].models, k, n, uids[n]) for k, n in enumerate(lesions, start=1)]
+    omit = len(segments) > 1 if omit_empty_frames is None else omit_empty_frames
     try:
-        seg = _segmentation(sources, masks, items[0].models, omit_empty_frames=omit_empty_frames,
+        seg = _segmentation(sources, masks, segments, omit_empty_frames=omit,
                             series_number=series_number, series_instance_uid=series_instance_uid,
                             sop_instance_uid=sop_instance_uid, instance_number=instance_number,
                             series_description=series_description)
     except ValueError as exc:  # highdicom's checks of the sources (geometry, sizes, classes)
         raise ExportError(f'Argument "results": highdicom cannot build a SEG of them: {exc}') from exc
-    log.info("SEG %s: %d frames, %d lesions, source series %s", seg.SOPInstanceUID,
-             int(seg.NumberOfFrames), sum(len(r.lesions) for r in items), series)
+    log.info("SEG %s: %d frames, %d lesions (%d sections), source series %s", seg.SOPInstanceUID,
+             int(seg.NumberOfFrames), len(segments), sum(len(r.lesions) for r in items), series)
     return seg
 
 
-def _segmentation(sources: list[Dataset], masks: np.ndarray, models: Sequence[str], *,
+def _segmentation(sources: list[Dataset], masks: np.ndarray, segments: list[hd.seg.SegmentDescription], *,
                   omit_empty_frames: bool, series_number: int, series_instance_uid: str | None,
                   sop_instance_uid: str | None, instance_number: int,
                   series_description: str) -> hd.seg.Segmentation:
@@ -186,7 +232,7 @@ def _segmentation(sources: list[Dataset], masks: np.ndarray, models: Sequence[st
         source_images=sources,
         pixel_array=masks,
         segmentation_type=hd.seg.SegmentationTypeValues.BINARY,
-        segment_descriptions=[segment_description(models)],
+        segment_descriptions=segments,
         series_instance_uid=series_instance_uid or hd.UID(),
         series_number=series_number,
         sop_instance_uid=sop_instance_uid or hd.UID(),
@@ -226,23 +272,27 @@ def split_for_seg(results: Sequence[FrameResult]) -> list[list[FrameResult]]:
     return list(groups.values())
 
 
-def seg_frame_numbers(seg: Dataset) -> dict[tuple[str, int | None], int]:
-    """``{(source SOPInstanceUID, source frame number or None): SEG frame number}`` for the
-    frames of segment :data:`SEGMENT_NUMBER` in ``seg`` (from its Derivation Image Sequence)."""
-    out: dict[tuple[str, int | None], int] = {}
+def seg_frame_numbers(seg: Dataset) -> dict[tuple[str, int | None, int], int]:
+    """``{(source SOPInstanceUID, source frame number or None, segment number): SEG frame
+    number}`` for the frames of ``seg`` (from its Derivation Image Sequence)."""
+    out: dict[tuple[str, int | None, int], int] = {}
     shared = seg.get("SharedFunctionalGroupsSequence") or [Dataset()]
     for n, item in enumerate(seg.PerFrameFunctionalGroupsSequence, start=1):
-        # One segment: highdicom puts its identification in the shared functional groups.
+        # With one segment highdicom puts its identification in the shared functional groups.
         ident = item.get("SegmentIdentificationSequence") or shared[0].SegmentIdentificationSequence
-        if int(ident[0].ReferencedSegmentNumber) != SEGMENT_NUMBER:
-            continue
+        segment = int(ident[0].ReferencedSegmentNumber)
         for derivation in item.get("DerivationImageSequence", []):
             for src in derivation.get("SourceImageSequence", []):
                 uid = str(src.ReferencedSOPInstanceUID)
                 frames = src.get("ReferencedFrameNumber")
                 if frames in (None, ""):
-                    out[(uid, None)] = n
+                    out[(uid, None, segment)] = n
                     continue
                 for frame in frames if isinstance(frames, (list, MultiValue)) else [frames]:
-                    out[(uid, int(frame))] = n
+                    out[(uid, int(frame), segment)] = n
     return out
+
+
+def segment_numbers(seg: Dataset) -> dict[str, int]:
+    """``{Tracking UID: segment number}`` for the segments of ``seg`` that have one."""
+    return {str(d.TrackingUID): int(d.SegmentNumber) for d in seg.SegmentSequence if "TrackingUID" in d}

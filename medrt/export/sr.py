@@ -9,16 +9,17 @@ The document holds, under "Imaging Measurements":
   sections of one lesion on neighbouring CT slices (:func:`medrt.analysis.tracking.
   link_series`) share its number and Tracking Unique Identifier (DCM 112040), which is how
   a TID 1500 report says "the same lesion". The
-  ROI is the lesion's SEG frame ("Referenced Segmentation Frame": the frame of
-  segment 1 derived from the lesion's image) when ``seg`` is given, else its
-  bounding box as a closed polyline on the source image. A SEG frame names its
-  segment, so the reference carries the frame number and no segment number
-  (the Image SOP Instance Reference Macro allows only one of the two; dciodvfy
-  enforces it, highdicom writes both).
-- one **lesion group** (TID 1501) per lesion of a CT series (slice positions and mm
-  known): the same tracking identifier and UID, its longest diameter over its sections
-  and its volume (SCT Volume, mm³: section areas times the slice spacing), with its
-  sections' images as source images.
+  ROI is the lesion's SEG frame ("Referenced Segmentation Frame": the frame of the
+  lesion's segment, found by its Tracking UID, derived from the lesion's image) when
+  ``seg`` is given, else its bounding box as a closed polyline on the source image. A
+  SEG frame names its segment, so the reference carries the frame number and no
+  segment number (the Image SOP Instance Reference Macro allows only one of the two;
+  dciodvfy enforces it, highdicom writes both).
+- one **lesion group** per lesion of a CT series (slice positions and mm known): the
+  same tracking identifier and UID, its longest diameter over its sections and its
+  volume (SCT Volume, mm³: section areas times the slice spacing); with a SEG a
+  Volumetric ROI group (TID 1411) whose ROI is the lesion's whole segment, without one a
+  Measurement group (TID 1501) with its sections' images as source images.
 - one **summary group** (TID 1501): "Number of lesions" (each lesion once) over every evaluated
   image, listed as its source images, so frames without a lesion still appear as
   evaluated, and a negative study gets an SR that says 0 lesions.
@@ -42,7 +43,7 @@ from pydicom.dataset import Dataset
 from pydicom.sr.codedict import codes
 from pydicom.sr.coding import Code
 
-from medrt.analysis.tracking import link_series
+from medrt.analysis.tracking import Linked, SeriesLesion
 from medrt.export.common import (
     AI_FAMILY,
     DEVICE_SERIAL_NUMBER,
@@ -54,9 +55,10 @@ from medrt.export.common import (
     check_results,
     device_identity,
     frame_number,
+    linked_lesions,
     readable_header,
 )
-from medrt.export.seg import SEGMENT_NUMBER, seg_frame_numbers
+from medrt.export.seg import seg_frame_numbers, segment_numbers
 from medrt.types import Frame, FrameResult, Lesion
 
 __all__ = ["build_sr", "PIXELS", "COUNT"]
@@ -113,18 +115,18 @@ def _region(frame: Frame, lesion: Lesion) -> hd.sr.ImageRegion:
     )
 
 
-def _segment_ref(frames: SegFrames, frame: Frame) -> hd.sr.ReferencedSegmentationFrame:
-    """The SEG frame of segment 1 that derives from ``frame``, built directly (highdicom's
-    ``from_segmentation`` fails on 1-frame SEGs)."""
-    key = (frame.sop_instance_uid, frame_number(frame))
+def _segment_ref(frames: SegFrames, frame: Frame, lesion: SeriesLesion) -> hd.sr.ReferencedSegmentationFrame:
+    """The SEG frame of ``lesion``'s segment that derives from ``frame``, built directly
+    (highdicom's ``from_segmentation`` fails on 1-frame SEGs)."""
+    key = (frame.sop_instance_uid, frame_number(frame), lesion.uid)
     if key not in frames:
-        raise ValueError(f'Argument "seg" has no frame derived from {frame.key}.')
-    seg, number = frames[key]
+        raise ValueError(f'Argument "seg" has no frame of Lesion {lesion.number} derived from {frame.key}.')
+    seg, number, segment = frames[key]
     ref = hd.sr.ReferencedSegmentationFrame(
         sop_class_uid=seg.SOPClassUID,
         sop_instance_uid=seg.SOPInstanceUID,
         frame_number=number,
-        segment_number=SEGMENT_NUMBER,
+        segment_number=segment,
         source_image=hd.sr.SourceImageForSegmentation(
             referenced_sop_class_uid=frame.sop_class_uid,
             referenced_sop_instance_uid=frame.sop_instance_uid,
@@ -169,11 +171,13 @@ def _evaluated(items: list[FrameResult]) -> list[hd.sr.SourceImageForMeasurement
     return out
 
 
-SegFrames = dict[tuple[str, int | None], tuple[Dataset, int]]
+#: ``{(source SOPInstanceUID, source frame number or None, lesion Tracking UID):
+#: (SEG, SEG frame number, segment number)}``
+SegFrames = dict[tuple[str, int | None, str], tuple[Dataset, int, int]]
 
 
 def _check_segs(seg: Dataset | Sequence[Dataset] | None, study: str) -> tuple[list[Dataset], SegFrames]:
-    """The SEGs given and ``{(source SOPInstanceUID, frame number or None): (SEG, SEG frame)}``."""
+    """The SEGs given and the frame of each lesion's segment on each source frame."""
     if seg is None:
         return [], {}
     segs = [seg] if isinstance(seg, Dataset) else list(seg)
@@ -186,8 +190,56 @@ def _check_segs(seg: Dataset | Sequence[Dataset] | None, study: str) -> tuple[li
             )
         if str(s.StudyInstanceUID) != study:
             raise ValueError('Argument "seg" belongs to another study than "results".')
-        frames.update({key: (s, n) for key, n in seg_frame_numbers(s).items()})
+        lesion = {k: uid for uid, k in segment_numbers(s).items()}
+        frames.update({(uid, at, lesion[k]): (s, n, k)
+                       for (uid, at, k), n in seg_frame_numbers(s).items() if k in lesion})
     return segs, frames
+
+
+def _segments_of(frames: SegFrames) -> dict[str, tuple[Dataset, int]]:
+    """``{lesion Tracking UID: (SEG, segment number)}`` for the lesions whose sections are all
+    in one SEG (a CT lesion always is: its slices share a Frame of Reference and size)."""
+    found: dict[str, set[tuple[str, int]]] = {}
+    segs: dict[str, Dataset] = {}
+    for (_, _, uid), (seg, _, segment) in frames.items():
+        found.setdefault(uid, set()).add((seg.SOPInstanceUID, segment))
+        segs[seg.SOPInstanceUID] = seg
+    return {uid: (segs[sop], segment) for uid, places in found.items() if len(places) == 1
+            for sop, segment in places}
+
+
+def _volume_group(les: SeriesLesion, by_frame: dict[str, Frame], algorithm: hd.sr.AlgorithmIdentification,
+                  segment: tuple[Dataset, int] | None) -> object:
+    """A CT lesion as a whole: its longest diameter and volume, as a Volumetric ROI group
+    (TID 1411) on its SEG segment, or without a SEG a Measurement group (TID 1501) on its
+    sections' images."""
+    common = dict(
+        tracking_identifier=hd.sr.TrackingIdentifier(uid=les.uid, identifier=f"Lesion {les.number}"),
+        finding_type=codes.SCT.Lesion,
+        finding_category=codes.SCT.MorphologicallyAbnormalStructure,
+        algorithm_id=algorithm,
+        measurements=[
+            hd.sr.Measurement(name=codes.SCT.LongAxis, value=float(les.diameter_mm),
+                              unit=codes.UCUM.Millimeter, algorithm_id=algorithm),
+            hd.sr.Measurement(name=codes.SCT.Volume, value=float(les.volume_mm3),  # type: ignore[arg-type]
+                              unit=codes.UCUM.CubicMillimeter, algorithm_id=algorithm),
+        ],
+    )
+    frames = [by_frame[s.key] for s in les.sections]
+    if segment is None:
+        return hd.sr.MeasurementsAndQualitativeEvaluations(source_images=[hd.sr.SourceImageForMeasurementGroup(
+            referenced_sop_class_uid=f.sop_class_uid, referenced_sop_instance_uid=f.sop_instance_uid,
+            referenced_frame_numbers=_frames_of(f)) for f in frames], **common)
+    seg, number = segment
+    return hd.sr.VolumetricROIMeasurementsAndQualitativeEvaluations(
+        referenced_segment=hd.sr.ReferencedSegment(
+            sop_class_uid=seg.SOPClassUID, sop_instance_uid=seg.SOPInstanceUID, segment_number=number,
+            source_images=[hd.sr.SourceImageForSegmentation(
+                referenced_sop_class_uid=f.sop_class_uid, referenced_sop_instance_uid=f.sop_instance_uid,
+                referenced_frame_numbers=_frames_of(f)) for f in frames],
+        ),
+        **common,
+    )
 
 
 def _library_ok(headers: list[Dataset]) -> bool:
@@ -211,6 +263,7 @@ def build_sr(
     results: Sequence[FrameResult],
     *,
     seg: Dataset | Sequence[Dataset] | None = None,
+    linked: Linked | None = None,
     series_number: int = SR_SERIES_NUMBER,
     series_instance_uid: str | None = None,
     sop_instance_uid: str | None = None,
@@ -222,12 +275,14 @@ def build_sr(
     ``seg`` is the Segmentation of these results (:func:`medrt.export.build_seg`),
     a sequence of them (one per :func:`medrt.export.split_for_seg` group), or
     None: the ROI of each lesion is then its bounding box on the source image.
-    The SR goes into a new series (``series_instance_uid``, default a new UID)
+    ``linked`` is :func:`medrt.analysis.tracking.link_series` of the series (default:
+    of ``results``), as given to :func:`medrt.export.build_seg`. The SR goes into a new series (``series_instance_uid``, default a new UID)
     of the source study and lists the SEGs as evidence; ``sop_instance_uid``
     defaults to a new UID.
 
-    Raises ValueError naming "results" (see :func:`medrt.export.common.check_results`)
-    or "seg" (not a SEG, another study, or missing a frame that holds a lesion).
+    Raises ValueError naming "results" (see :func:`medrt.export.common.check_results`),
+    "linked" (lacking one of their lesions) or "seg" (not a SEG, another study, or
+    missing a lesion's frame).
     """
     items = check_results(results)
     if not isinstance(series_number, int) or series_number < 1:
@@ -235,16 +290,16 @@ def build_sr(
     study = items[0].frame.study_instance_uid
     segs, seg_frames = _check_segs(seg, study)
     algorithm = _algorithm(items[0].models)
-    series_lesions, numbers = link_series(items)
-    uids = {les.number: les.uid for les in series_lesions}
+    series_lesions, numbers = linked_lesions(items, linked)
+    by_number = {les.number: les for les in series_lesions}
     groups: list[object] = []
     for r in items:
         for lesion in r.lesions:
-            n = numbers[(r.frame.key, lesion.label)]
-            ref = {"referenced_segment": _segment_ref(seg_frames, r.frame)} if segs \
+            les = by_number[numbers[(r.frame.key, lesion.label)]]
+            ref = {"referenced_segment": _segment_ref(seg_frames, r.frame, les)} if segs \
                 else {"referenced_region": _region(r.frame, lesion)}
             groups.append(hd.sr.PlanarROIMeasurementsAndQualitativeEvaluations(
-                tracking_identifier=hd.sr.TrackingIdentifier(uid=uids[n], identifier=f"Lesion {n}"),
+                tracking_identifier=hd.sr.TrackingIdentifier(uid=les.uid, identifier=f"Lesion {les.number}"),
                 finding_type=codes.SCT.Lesion,
                 finding_category=codes.SCT.MorphologicallyAbnormalStructure,
                 algorithm_id=algorithm,
@@ -252,26 +307,9 @@ def build_sr(
                 **ref,
             ))
     by_frame = {r.frame.key: r.frame for r in items}
-    for les in series_lesions:
-        if les.volume_mm3 is None:
-            continue  # a radiograph, a lone slice: its planar group says it all
-        groups.append(hd.sr.MeasurementsAndQualitativeEvaluations(
-            tracking_identifier=hd.sr.TrackingIdentifier(uid=les.uid, identifier=f"Lesion {les.number}"),
-            finding_type=codes.SCT.Lesion,
-            finding_category=codes.SCT.MorphologicallyAbnormalStructure,
-            algorithm_id=algorithm,
-            measurements=[
-                hd.sr.Measurement(name=codes.SCT.LongAxis, value=float(les.diameter_mm),
-                                  unit=codes.UCUM.Millimeter, algorithm_id=algorithm),
-                hd.sr.Measurement(name=codes.SCT.Volume, value=float(les.volume_mm3),
-                                  unit=codes.UCUM.CubicMillimeter, algorithm_id=algorithm),
-            ],
-            source_images=[hd.sr.SourceImageForMeasurementGroup(
-                referenced_sop_class_uid=by_frame[s.key].sop_class_uid,
-                referenced_sop_instance_uid=s.sop_instance_uid,
-                referenced_frame_numbers=_frames_of(by_frame[s.key]),
-            ) for s in les.sections],
-        ))
+    segments = _segments_of(seg_frames)
+    groups += [_volume_group(les, by_frame, algorithm, segments.get(les.uid))
+               for les in series_lesions if les.volume_mm3 is not None]  # else its planar group says it all
     n_lesions = len(series_lesions)
     groups.append(hd.sr.MeasurementsAndQualitativeEvaluations(
         tracking_identifier=hd.sr.TrackingIdentifier(uid=hd.UID(), identifier="Lesion count"),
