@@ -488,6 +488,44 @@ def test_a_series_waiting_in_a_lane_at_stop_is_sent_at_the_next_start(tmp_path, 
     assert len(list(pacs.iterdir())) == 2
 
 
+def test_a_send_that_outlives_the_stop_ends_quietly_and_is_sent_at_the_next_start(tmp_path, analyzer, storescp,
+                                                                                   caplog):
+    """``medrt listen`` closes the spool once the stop's wait is over; a send to a hung PACS
+    that ends after that cannot record anything: one warning (no traceback), and the next
+    start finds both series ``analysed`` and sends them."""
+    import logging
+
+    dest, pacs = storescp
+    silent = SilentPeer()
+    spool, service, _ = running(tmp_path, analyzer, Destination("PACS", "127.0.0.1", silent.port))
+    first, second = "1.2.826.0.1.3680043.8.498.83", "1.2.826.0.1.3680043.8.498.84"
+    try:
+        arrive(spool, service, first, CT[:3])
+        arrive(spool, service, second, CT[3:6])
+        wait_for(lambda: silent.accepted and spool.series(second).state == "forwarding")
+        service.stop(timeout_s=0.5)
+        spool.close()
+        with caplog.at_level(logging.WARNING, logger="medrt"):
+            silent.close()  # the send fails now, against a closed spool
+            wait_for(lambda: not service.forwarder.busy(first) and not service.forwarder.busy(second))
+    finally:
+        silent.close()
+        service.stop()
+    ours = [r for r in caplog.records if r.name.startswith("medrt")]
+    assert not [r for r in ours if r.exc_info or r.levelno >= logging.ERROR], "noise after the stop"
+    ended = [r.getMessage() for r in ours if "the next start sends it" in r.getMessage()]
+    assert any(first in m for m in ended) and any(second in m for m in ended)
+    spool = Spool(tmp_path / "spool")
+    assert spool.recover()["requeued"] == 2
+    assert spool.series(first).state == spool.series(second).state == "analysed"
+    again = PacsService(spool, tmp_path / "out", analyzer, forward=dest, idle_s=0.0, retry_s=600.0)
+    outcomes = again.run_once()
+    assert sorted((o.series_uid, o.state, o.analysed) for o in outcomes) == [(first, "done", False),
+                                                                           (second, "done", False)]
+    assert len(list(pacs.iterdir())) == 4
+    spool.close()
+
+
 def test_a_series_caught_being_sent_is_sent_again_after_a_restart_not_analysed_again(tmp_path, analyzer, storescp):
     dest, pacs = storescp
     spool = Spool(tmp_path / "spool")

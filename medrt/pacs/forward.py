@@ -299,6 +299,8 @@ class Forwarder(BackgroundLoop):
             except Exception as exc:  # noqa: BLE001 - e.g. a result file unreadable: this series, not the lane
                 refused, why = list(job.digests), f"{dest}: {describe_exception(exc)}"
                 job.outcome.refused[str(dest)] = len(refused)
+                if self._stop.is_set():  # e.g. the spool closed under a send that outlived the stop
+                    stopped, why = True, ""
         with self._lock:
             job.delivered -= set(refused)
             job.stopped |= stopped
@@ -311,30 +313,45 @@ class Forwarder(BackgroundLoop):
 
     def _finish(self, job: _Sending) -> None:
         """Every destination of a series has answered: ``done``, ``unsent`` (with the
-        reasons), or, stopped before it was all sent, ``analysed`` again."""
+        reasons), or, stopped before it was all sent, ``analysed`` again. A send that
+        outlived the stop's wait may end with the spool closed (``medrt listen`` closes it
+        then): the series stays ``forwarding``, which the next start's recovery makes
+        ``analysed``, so one warning says so (a traceback would alarm for nothing)."""
+        uid, outcome = job.state.series_uid, job.outcome
+        report = not job.stopped
+        try:
+            self._settle(job)
+        except Exception as exc:
+            if not self._stop.is_set():
+                raise
+            report = False
+            log.warning("listener: series %s: stopped while it was being sent, and its state could not be "
+                        "recorded (%s); the next start sends it", uid, describe_exception(exc))
+        finally:
+            self._done(uid, outcome.timed(), report=report)
+
+    def _settle(self, job: _Sending) -> None:
+        """Record what became of a series whose destinations have all answered."""
         uid, state, outcome = job.state.series_uid, job.state, job.outcome
         destinations = outcome.destinations
-        try:
-            outcome.forwarded = [p.name for p in job.digests if p in job.delivered and destinations]
-            if job.stopped:
-                outcome.state = "analysed"
-                self.spool.mark(uid, "analysed", "stopped before it was all sent; sent at the next start",
-                                unless_received_after=state.last_received)
-                return
-            if job.problems:
-                outcome.state, outcome.detail = "unsent", f"forwarding failed: {'; '.join(job.problems)}"
-                log.error("listener: series %s: %s (sent again in %.0f s; results kept in %s)", uid,
-                          outcome.detail, self.retry_s, outcome.out)
-            else:
-                outcome.state = "done"
-            if not self.spool.mark(uid, outcome.state, outcome.detail if job.problems else "",
-                                   unless_received_after=state.last_received):
-                outcome.state = "receiving"  # more arrived meanwhile: analysed again once it is quiet
-            log.info("listener: series %s %s: %d frame(s), %d lesion(s), %d error(s), %d sent to %s", uid,
-                     outcome.state, outcome.frames, outcome.lesions, outcome.errors, len(outcome.forwarded),
-                     ", ".join(destinations) or "-")
-        finally:
-            self._done(uid, outcome.timed(), report=not job.stopped)
+        outcome.forwarded = [p.name for p in job.digests if p in job.delivered and destinations]
+        if job.stopped:
+            outcome.state = "analysed"
+            self.spool.mark(uid, "analysed", "stopped before it was all sent; sent at the next start",
+                            unless_received_after=state.last_received)
+            return
+        if job.problems:
+            outcome.state, outcome.detail = "unsent", f"forwarding failed: {'; '.join(job.problems)}"
+            log.error("listener: series %s: %s (sent again in %.0f s; results kept in %s)", uid,
+                      outcome.detail, self.retry_s, outcome.out)
+        else:
+            outcome.state = "done"
+        if not self.spool.mark(uid, outcome.state, outcome.detail if job.problems else "",
+                               unless_received_after=state.last_received):
+            outcome.state = "receiving"  # more arrived meanwhile: analysed again once it is quiet
+        log.info("listener: series %s %s: %d frame(s), %d lesion(s), %d error(s), %d sent to %s", uid,
+                 outcome.state, outcome.frames, outcome.lesions, outcome.errors, len(outcome.forwarded),
+                 ", ".join(destinations) or "-")
 
     def _done(self, uid: str, outcome: SeriesOutcome, *, report: bool = True) -> None:
         with self._lock:
