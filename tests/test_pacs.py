@@ -7,6 +7,7 @@ is in tests/test_pacs_orthanc.py.
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 import time
@@ -461,6 +462,40 @@ def test_a_hung_archive_does_not_hold_back_the_workstation(tmp_path, analyzer, s
         assert str(workstation) not in outcome.detail
         assert len(spool.deliveries(outcome.series_uid, str(workstation))) == 2
     assert "not tried: it took nothing" in done[1].detail  # the archive's lane did not wait out a second timeout
+
+
+def test_late_images_take_a_series_out_of_a_hung_archives_queue(tmp_path, analyzer, storescp):
+    """A series waiting in the archive's lane behind a hung send gets a late slice: it is
+    analysed again at once and the workstation has the new results while the archive is
+    still hung (not once the archive's queue reaches it), and the archive is sent only the
+    new version."""
+    workstation, received = storescp
+    silent = SilentPeer()
+    archive = Destination("ARCHIVE", "127.0.0.1", silent.port)
+    spool, service, done = running(tmp_path, analyzer, [archive, workstation])
+    first, second = "1.2.826.0.1.3680043.8.498.73", "1.2.826.0.1.3680043.8.498.74"
+    try:
+        arrive(spool, service, first, CT[:3])
+        arrive(spool, service, second, CT[3:6])
+        wait_for(lambda: len(list(received.iterdir())) == 4)  # the workstation has both...
+        wait_for(lambda: service.forwarder.backlog()[str(archive)] == 2)  # ...the archive hung on the first
+        ds = pydicom.dcmread(CT[6], stop_before_pixels=True)  # a late slice of the second
+        spool.store(CT[6].read_bytes(), study_uid=ds.StudyInstanceUID, series_uid=second, sop_uid=f"{second}.4")
+        service.notify()
+        recalled = wait_for(lambda: next((o for o in done if o.series_uid == second), None), timeout_s=30.0)
+        assert recalled.state == "receiving" and str(archive) in recalled.detail
+        # analysed again with four slices, its new SEG and SR at the workstation; the archive still hung
+        wait_for(lambda: len(list(received.iterdir())) == 6, timeout_s=30.0)
+        assert len(silent.accepted) == 1 and not [o for o in done if o.series_uid == first]
+        assert service.forwarder.backlog()[str(archive)] == 2  # the first, and the second's new version
+        assert json.loads((tmp_path / "out" / second / "report.json").read_text())["counts"]["frames"] == 4
+        silent.close()
+        wait_for(lambda: len(done) == 3)
+    finally:
+        silent.close()
+        service.stop()
+    assert [(o.series_uid, o.state) for o in done] == [(second, "receiving"), (first, "unsent"), (second, "unsent")]
+    assert done[2].frames == 4 and done[2].sent == {str(archive): 0, str(workstation): 2}
 
 
 def test_a_series_waiting_in_a_lane_at_stop_is_sent_at_the_next_start(tmp_path, analyzer, storescp):

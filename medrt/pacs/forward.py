@@ -20,6 +20,9 @@ it in the lane of each of its destinations; the series is finished (``done`` or
 ``unsent``) once the last lane has answered for it. So a slow archive holds back only its
 own copies: the reading room's workstation has each series as soon as it is analysed,
 however far behind the archive is. A lane's thread ends when it has nothing to send.
+New images for a series that waits in a lane (late slices, a re-sent series) take it out
+of each lane that has not begun to send it (:meth:`Forwarder.recall`): it is analysed
+again at once, and those destinations get only the new results.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ class _Lane:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self._jobs: deque[Callable[[], None]] = deque()
+        self._jobs: deque[tuple[str, Callable[[], None]]] = deque()  # (series, its send)
         self._lock = threading.Lock()
         self._running = False
         self._sending = False  # a job under way (taken off the queue)
@@ -75,9 +78,9 @@ class _Lane:
         with self._lock:
             return len(self._jobs) + self._sending
 
-    def put(self, job: Callable[[], None]) -> None:
+    def put(self, series_uid: str, job: Callable[[], None]) -> None:
         with self._lock:
-            self._jobs.append(job)
+            self._jobs.append((series_uid, job))
             if self._running:
                 return
             self._running = True
@@ -85,9 +88,16 @@ class _Lane:
             threading.Thread(target=self._drain, name=f"medrt-forward-to-{self.name}", daemon=True).start()
         except RuntimeError:  # no thread to be had: the job is not queued (the series is left unsent)
             with self._lock:
-                self._jobs.remove(job)
+                self._jobs.remove((series_uid, job))
                 self._running = False
             raise
+
+    def cancel(self, series_uid: str) -> int:
+        """Take the series' sends out of the queue (not one under way); returns how many."""
+        with self._lock:
+            kept = deque(item for item in self._jobs if item[0] != series_uid)
+            taken, self._jobs = len(self._jobs) - len(kept), kept
+            return taken
 
     def _drain(self) -> None:
         while True:
@@ -95,7 +105,7 @@ class _Lane:
                 if not self._jobs:
                     self._running = False
                     return
-                job = self._jobs.popleft()
+                _, job = self._jobs.popleft()
                 self._sending = True
             try:
                 job()
@@ -117,6 +127,7 @@ class _Sending:
     problems: list[str] = field(default_factory=list)
     delivered: set[Path] = field(default_factory=set)
     stopped: bool = False  # a lane was stopped before it sent: the series waits for the next start
+    recalled: list[str] = field(default_factory=list)  # lanes it was taken out of: new images came
 
 
 class Forwarder(BackgroundLoop):
@@ -149,7 +160,7 @@ class Forwarder(BackgroundLoop):
         self._unreachable: dict[str, tuple[float, str]] = {}
         self._lock = threading.Condition()
         self._pending: dict[str, SeriesOutcome] = {}  # analysed here, with the analysis' counts and start
-        self._sending: set[str] = set()  # claimed, until finished
+        self._sending: dict[str, _Sending | None] = {}  # claimed, until finished (None: being dispatched)
         self._wanted: set[str] = set()  # claimed by a run_once that waits for their outcomes
         self._finished: dict[str, SeriesOutcome] = {}  # those outcomes, until it takes them
         self._lanes: dict[str, _Lane] = {}
@@ -174,6 +185,29 @@ class Forwarder(BackgroundLoop):
         does not rewrite them meanwhile: an image that came during the send waits for it)."""
         with self._lock:
             return series_uid in self._sending
+
+    def recall(self, series_uid: str) -> bool:
+        """New images came for a series whose results wait in a lane (the worker found it
+        ``receiving`` again while :meth:`busy`): take it out of each lane that has not begun
+        to send it, so it is analysed again now, not once the slowest destination's queue
+        reaches it, and those destinations get only the new results. Returns whether it is
+        free now. A send under way is not recalled (it is reading the files); the series is
+        free when that send ends."""
+        with self._lock:
+            job = self._sending.get(series_uid)
+            if job is None:
+                return series_uid not in self._sending
+        recalled = [name for name in job.outcome.destinations
+                    if (lane := self._lanes.get(name)) is not None and lane.cancel(series_uid)]
+        if not recalled:
+            return False
+        with self._lock:
+            job.recalled += recalled
+            job.left -= len(recalled)
+            last = job.left == 0
+        if last:
+            self._finish(job)
+        return last
 
     def backlog(self) -> dict[str, int]:
         """Series waiting for each destination (in its lane, or being sent to it): every
@@ -200,7 +234,7 @@ class Forwarder(BackgroundLoop):
             with self._lock:
                 if uid in self._sending:
                     continue
-                self._sending.add(uid)
+                self._sending[uid] = None
             try:
                 ok = self.spool.claim_send(uid, expect_received=state.last_received, now=now)
             except BaseException:
@@ -242,7 +276,7 @@ class Forwarder(BackgroundLoop):
 
     def _release(self, uid: str) -> None:
         with self._lock:
-            self._sending.discard(uid)
+            self._sending.pop(uid, None)
             self._lock.notify_all()
 
     def _outcome(self, uid: str) -> SeriesOutcome:
@@ -282,9 +316,11 @@ class Forwarder(BackgroundLoop):
             return
         for dest in destinations:
             outcome.sent[str(dest)] = 0
+        with self._lock:
+            self._sending[uid] = job
         for dest in destinations:
             lane = self._lanes.setdefault(str(dest), _Lane(str(dest)))
-            lane.put(lambda dest=dest: self._lane_job(job, dest, now))
+            lane.put(uid, lambda dest=dest: self._lane_job(job, dest, now))
 
     def _lane_job(self, job: _Sending, dest: AnyDestination, now: float | None) -> None:
         """In ``dest``'s lane: send it what it lacks of one series; the last lane to answer
@@ -340,6 +376,11 @@ class Forwarder(BackgroundLoop):
             self.spool.mark(uid, "analysed", "stopped before it was all sent; sent at the next start",
                             unless_received_after=state.last_received)
             return
+        if job.recalled:  # the spool has it "receiving" since the new images came
+            outcome.state = "receiving"
+            outcome.detail = f"new images came: analysed again before it was sent to {', '.join(job.recalled)}"
+            log.info("listener: series %s: %s", uid, outcome.detail)
+            return
         if job.problems:
             outcome.state, outcome.detail = "unsent", f"forwarding failed: {'; '.join(job.problems)}"
             log.error("listener: series %s: %s (sent again in %.0f s; results kept in %s)", uid,
@@ -357,7 +398,7 @@ class Forwarder(BackgroundLoop):
         with self._lock:
             if uid not in self._sending:
                 return  # finished already (a failure while finishing it)
-            self._sending.discard(uid)
+            del self._sending[uid]
             if report and uid in self._wanted:
                 self._finished[uid] = outcome
             self._wanted.discard(uid)

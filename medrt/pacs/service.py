@@ -137,8 +137,8 @@ class PacsService(BackgroundLoop):
         for state in self.spool.due(self.idle_s, retry_s=self.retry_s, now=now):
             if self._stop.is_set():
                 break
-            if self.forwarder.busy(state.series_uid):
-                continue  # its results are being sent: analysed again once that ends
+            if self.forwarder.busy(state.series_uid) and not self.forwarder.recall(state.series_uid):
+                continue  # its results are being sent: analysed again once that send ends
             if not self.spool.claim(state.series_uid, expect_received=state.last_received, now=now):
                 continue  # an instance arrived since it was listed: not complete yet
             outcome = self._process(state)
