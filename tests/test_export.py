@@ -202,6 +202,11 @@ def check_sr(path: Path, results: list[FrameResult], seg: Dataset | list[Dataset
     assert {s.SOPInstanceUID for s in segs} <= evidence
 
 
+def has_image_library(path: Path) -> bool:
+    """Whether the SR's content holds an Image Library (TID 1600, DCM 111028)."""
+    return any(item.ConceptNameCodeSequence[0].CodeValue == "111028" for item in pydicom.dcmread(path).ContentSequence)
+
+
 # --------------------------------------------------------------------------- fixtures
 
 
@@ -261,6 +266,7 @@ def test_ct_series_seg_and_sr_pass_dciodvfy_and_round_trip(ct, tmp_path, omit) -
     check_identity(sr, ct)
     assert any(les.slices > 1 for les in link_series(ct)[0])  # so lesions counted once and volumes are checked
     check_sr(dciodvfy(sr, tmp_path / "sr.dcm"), ct, seg)
+    assert has_image_library(tmp_path / "sr.dcm")
     build_sc(ct[-1])
     # The headers are shared by every frame of an object: the builders must not touch them.
     assert all(r.frame.source.dataset == b for r, b in zip(ct, before, strict=True))
@@ -369,6 +375,7 @@ def test_multi_frame_source_seg_and_sr_reference_frames(enhanced_ct, tmp_path) -
     assert seg is not None
     check_seg_round_trip(dciodvfy(seg, tmp_path / "seg.dcm"), enhanced_ct)
     check_sr(dciodvfy(build_sr(enhanced_ct, seg=seg), tmp_path / "sr.dcm"), enhanced_ct, seg)
+    assert not has_image_library(tmp_path / "sr.dcm")  # highdicom cannot describe an enhanced header
     r = next(r for r in enhanced_ct if r.lesions)
     sc = pydicom.dcmread(dciodvfy(build_sc(r), tmp_path / "sc.dcm"))
     assert sc.SourceImageSequence[0].ReferencedFrameNumber == r.frame.frame_index + 1
