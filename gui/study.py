@@ -21,6 +21,7 @@ from medrt_gui.imaging import DisplayIndex, Layer
 
 from medrt.errors import InputError
 from medrt.io.scan import iter_files
+from medrt.io.seg import SEG_SOP_CLASSES
 from medrt.io.series import group_series
 from medrt.privacy import describe_exception
 from medrt.types import Frame, FrameResult
@@ -32,8 +33,6 @@ __all__ = ["Slot", "SeriesEntry", "Problem", "Study", "SEG_SOP_CLASSES", "descri
 
 log = logging.getLogger(__name__)
 
-#: Segmentation Storage and Label Map Segmentation Storage.
-SEG_SOP_CLASSES = ("1.2.840.10008.5.1.4.1.1.66.4", "1.2.840.10008.5.1.4.1.1.66.7")
 
 
 def describe_error(exc: BaseException) -> str:

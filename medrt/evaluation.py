@@ -4,7 +4,8 @@ Input is one :class:`FramePrediction` per frame (lesions, and optionally the
 frame's uint16 label map) and the ground truth of
 :func:`medrt.phantom.load_ground_truth`; output is an :class:`EvalReport`.
 :func:`load_predictions` reads the batch mode's public output (``results.jsonl``
-plus an optional ``masks.npz``).
+plus an optional ``masks.npz``); :func:`iter_seg_predictions` reads DICOM SEG objects,
+medrt's or any other tool's, each connected region of the chosen segments one lesion.
 
 Matching rule, per frame:
 
@@ -44,7 +45,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -73,6 +74,7 @@ __all__ = [
     "proportion_interval",
     "evaluate",
     "iter_predictions",
+    "iter_seg_predictions",
     "load_predictions",
 ]
 
@@ -526,3 +528,50 @@ def iter_predictions(path: str | Path) -> Iterator[FramePrediction]:
 def load_predictions(path: str | Path) -> list[FramePrediction]:
     """All frames of :func:`iter_predictions` as a list (label maps held in memory)."""
     return list(iter_predictions(path))
+
+
+def iter_seg_predictions(path: str | Path, segments: Sequence[int | str] | None = None) -> Iterator[FramePrediction]:
+    """Read DICOM SEG objects (a file, or every SEG in a folder, searched recursively) frame
+    by frame: each connected region of the ``segments`` (numbers or labels; all by
+    default) on a source frame is one predicted lesion, with its mask. Every image a SEG
+    names as a source is a prediction, so frames it left out are predicted empty. Raises
+    InputError naming the file when it is not a readable SEG or lacks a segment asked for,
+    or when a folder holds no SEG."""
+    from medrt.analysis.lesions import lesions_from_probability
+    from medrt.io.seg import read_seg
+
+    path = Path(path)
+    files = [path] if path.is_file() else _seg_files(path)
+    for file in files:
+        try:
+            seg = read_seg(file, segments)
+        except ValueError as exc:
+            raise InputError(file, str(exc).removeprefix(f"{file.name}: ")) from exc
+        for key, labels in seg.masks.items():
+            # each region is a lesion, whichever segment it is in; the sizes are in pixels
+            # (scoring measures with the ground truth's spacing)
+            found, lesions = lesions_from_probability((labels > 0).astype(np.float32), None, 0.5)
+            yield FramePrediction(key, tuple(lesions), found)
+
+
+def _seg_files(root: Path) -> list[Path]:
+    """The DICOM SEG objects under ``root`` (their SOP Class read from the header)."""
+    import pydicom
+    from pydicom.errors import InvalidDicomError
+
+    from medrt.io.seg import SEG_SOP_CLASSES
+
+    if not root.is_dir():
+        raise InputError(root, "no such file or folder")
+    found = []
+    for p in sorted(q for q in root.rglob("*") if q.is_file()):
+        try:
+            ds = pydicom.dcmread(p, stop_before_pixels=True, specific_tags=["SOPClassUID"])
+        except (InvalidDicomError, OSError, ValueError, TypeError, AttributeError):
+            continue  # not DICOM: a folder of results holds CSVs and PNGs too
+        if str(ds.get("SOPClassUID", "")) in SEG_SOP_CLASSES:
+            found.append(p)
+    if not found:
+        also = "" if (root / RESULTS_JSONL).is_file() else f"no {RESULTS_JSONL} in it, and "
+        raise InputError(root, f"{also}no DICOM SEG in it or below it")
+    return found

@@ -115,6 +115,24 @@ def test_eval_splits_mixed_ground_truth_by_kind(sample_run, capsys):
     assert "radiographs (" not in capsys.readouterr().out
 
 
+def test_eval_of_the_seg_objects_matches_eval_of_results_jsonl(sample_run, capsys):
+    """The SEG carries the findings whole: scored from the run's seg.dcm files, its lesions,
+    false positives and Dice are those of results.jsonl and masks.npz."""
+    _, out = sample_run
+    docs = []
+    for extra in ([], ["--seg"]):
+        assert main(["eval", str(out), str(SAMPLE_DIR), "--json", *extra]) == EXIT_OK
+        docs.append(json.loads(capsys.readouterr().out))
+    jsonl, seg = docs
+    for field in ("gt_lesions", "detected", "false_positives", "frames", "buckets", "by_lesion"):
+        assert seg[field] == jsonl[field], field
+    assert seg["dice"]["n"] == jsonl["dice"]["n"] and seg["dice"]["mean"] == pytest.approx(jsonl["dice"]["mean"])
+    # a series without lesions has no SEG: its frames are the ones without a prediction
+    assert seg["frames_without_prediction"] == sum(
+        1 for m in map(json.loads, (p.read_text() for p in out.glob("series/*/manifest.json")))
+        if "seg" not in m["outputs"] for _ in m["files"])
+
+
 def test_every_seg_and_sr_passes_dciodvfy(sample_run):
     dciodvfy = require_tool("dciodvfy")
     _, out = sample_run

@@ -21,6 +21,7 @@ from medrt.evaluation import (
     bucket_of,
     evaluate,
     iter_predictions,
+    iter_seg_predictions,
     load_predictions,
     proportion_interval,
 )
@@ -324,6 +325,67 @@ def test_cli_eval_table_and_bad_inputs(
     (tmp_path / "other" / "results.jsonl").write_text("{not json\n")
     assert main(["eval", str(tmp_path / "other"), str(SAMPLE_DIR)]) == 2
     assert "line 1" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def other_tools_seg(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SEG as another tool might write it, of the 40-slice CT sample: segment 1 "Lung", a
+    box over most of each slice that holds the lesions, and segment 2 "Nodule", the
+    ground-truth lesions, on every slice (overlapping segments, empty frames left out)."""
+    import highdicom as hd
+    import pydicom
+    from pydicom.sr.codedict import codes
+
+    ct = load_ground_truth(SAMPLE_DIR / "ct_stream")
+    ts = sorted(ct.values(), key=lambda t: t.file.name)
+    sources = [pydicom.dcmread(t.file, stop_before_pixels=True) for t in ts]
+    pixels = np.zeros((len(ts), ts[0].rows, ts[0].cols, 2), bool)
+    pixels[:, 64:-64, 64:-64, 0] = True
+    pixels[..., 1] = np.stack([t.mask > 0 for t in ts])
+    algorithm = hd.AlgorithmIdentificationSequence(name="other", family=codes.cid7162.ArtificialIntelligence,
+                                                   version="1")
+
+    def segment(n: int, label: str, kind: object) -> hd.seg.SegmentDescription:
+        return hd.seg.SegmentDescription(n, label, codes.SCT.Organ if n == 1 else codes.SCT.MorphologicallyAbnormalStructure,
+                                         kind, hd.seg.SegmentAlgorithmTypeValues.AUTOMATIC, algorithm)
+
+    seg = hd.seg.Segmentation(
+        source_images=sources, pixel_array=pixels, segmentation_type=hd.seg.SegmentationTypeValues.BINARY,
+        segment_descriptions=[segment(1, "Lung", codes.SCT.Lung), segment(2, "Nodule", codes.SCT.Nodule)],
+        series_instance_uid=hd.UID(), series_number=50, sop_instance_uid=hd.UID(), instance_number=1,
+        manufacturer="other", manufacturer_model_name="other", software_versions="1", device_serial_number="1")
+    path = tmp_path_factory.mktemp("other") / "nested" / "seg.dcm"
+    path.parent.mkdir()
+    seg.save_as(path)
+    (path.parent.parent / "notes.txt").write_text("not DICOM")  # a folder of results holds other files too
+    return path
+
+
+def test_another_tools_seg_is_scored_by_the_segment_asked_for(other_tools_seg: Path, truth: dict[str, FrameTruth],
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    ct = {k: t for k, t in truth.items() if t.file.parent.name == "ct_stream"}
+    for chosen in (["Nodule"], [2], ["nodule"]):
+        report = evaluate(iter_seg_predictions(other_tools_seg, chosen), ct)
+        assert report.frames == 40 and report.frames_without_prediction == 0  # empty frames read as empty
+        assert report.detected == report.gt_lesions == sum(len(t.scored_lesions) for t in ct.values())
+        assert report.false_positives == 0 and report.dice_mean == pytest.approx(1.0)
+    # every segment: the lung box swallows the nodules, as the SEG says (so --segment matters)
+    merged = evaluate(iter_seg_predictions(other_tools_seg.parent.parent), ct)
+    assert merged.false_positives > 0 and merged.detected < merged.gt_lesions
+    # the command: a SEG file, or a folder searched for SEGs
+    assert main(["eval", str(other_tools_seg.parent.parent), str(SAMPLE_DIR / "ct_stream"),
+                 "--segment", "Nodule", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["sensitivity"] == 1.0 and doc["false_positives"] == 0
+    assert main(["eval", str(other_tools_seg), str(SAMPLE_DIR / "ct_stream"), "--segment", "Liver"]) == 2
+    err = capsys.readouterr().err
+    assert "seg.dcm" in err and "no segment 'Liver'" in err and "2 'Nodule'" in err
+    assert main(["eval", str(SAMPLE_DIR / "ct_stream" / "ct_0001.dcm"), str(SAMPLE_DIR), "--seg"]) == 2
+    assert "ct_0001.dcm" in (err := capsys.readouterr().err) and "not a readable DICOM SEG" in err
+    empty = other_tools_seg.parent.parent.parent / "empty"
+    empty.mkdir(exist_ok=True)
+    assert main(["eval", str(empty), str(SAMPLE_DIR)]) == 2
+    assert "no results.jsonl in it, and no DICOM SEG" in capsys.readouterr().err
 
 
 def test_a_lesion_segmented_in_pieces_is_one_hit_and_no_false_positive(truth: dict[str, FrameTruth]) -> None:

@@ -1,9 +1,10 @@
-"""``medrt eval PRED GT``: score a results.jsonl against phantom ground truth."""
+"""``medrt eval PRED GT``: score a results.jsonl, or DICOM SEG objects, against phantom ground truth."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from medrt.errors import InputError
@@ -12,12 +13,16 @@ from medrt.evaluation import (
     TARGET_GROUPS,
     BucketStats,
     EvalReport,
+    FramePrediction,
     evaluate,
     iter_predictions,
+    iter_seg_predictions,
 )
 from medrt.phantom.truth import TRUTH_JSON, FrameTruth, load_ground_truth
 
-__all__ = ["load_truth_tree", "format_report", "register"]
+__all__ = ["load_truth_tree", "format_report", "predictions", "register"]
+
+Predictions = Callable[[], Iterable[FramePrediction]]
 
 
 def load_truth_tree(paths: list[str]) -> dict[str, FrameTruth]:
@@ -92,7 +97,22 @@ def format_report(r: EvalReport) -> str:
 KIND_NAMES = {"ct": "CT", "xray": "radiographs"}
 
 
-def by_kind(pred: str, truth: dict[str, FrameTruth]) -> dict[str, EvalReport]:
+def predictions(pred: str, *, seg: bool = False, segments: list[str] | None = None) -> Predictions:
+    """How to read ``pred``, each time from the start: DICOM SEG objects (with ``seg``, a
+    SEG file, or a folder without a results.jsonl), else a results.jsonl."""
+    path = Path(pred)
+    if seg or segments or (path.is_dir() and not (path / RESULTS_JSONL).is_file()) or (
+            path.is_file() and path.suffix.lower() != ".jsonl" and _is_dicom(path)):
+        return lambda: iter_seg_predictions(path, segments)
+    return lambda: iter_predictions(path)
+
+
+def _is_dicom(path: Path) -> bool:
+    with path.open("rb") as fh:
+        return fh.read(132)[128:] == b"DICM"
+
+
+def by_kind(read: Predictions, truth: dict[str, FrameTruth]) -> dict[str, EvalReport]:
     """One report per phantom kind when ``truth`` mixes them (CT slices and radiographs
     score very differently, so the pooled figures alone hide both); {} otherwise."""
     kinds = sorted({t.kind for t in truth.values()})
@@ -101,7 +121,7 @@ def by_kind(pred: str, truth: dict[str, FrameTruth]) -> dict[str, EvalReport]:
     out = {}
     for kind in kinds:
         part = {key: t for key, t in truth.items() if t.kind == kind}
-        preds = (p for p in iter_predictions(pred) if p.key in part or p.key.partition("#")[0] in part)
+        preds = (p for p in read() if p.key in part or p.key.partition("#")[0] in part)
         out[KIND_NAMES.get(kind, kind or "unknown")] = evaluate(preds, part)
     return out
 
@@ -110,8 +130,9 @@ def run(args: argparse.Namespace) -> int:
     from medrt.cli import EXIT_OK
 
     truth = load_truth_tree(args.gt)
-    report = evaluate(iter_predictions(args.pred), truth)
-    parts = by_kind(args.pred, truth)
+    read = predictions(args.pred, seg=args.seg, segments=args.segment)
+    report = evaluate(read(), truth)
+    parts = by_kind(read, truth)
     if args.json:
         doc = report.to_json(per_lesion=args.per_lesion)
         if parts:
@@ -138,17 +159,20 @@ def run(args: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "eval",
-        help="score lesion predictions (results.jsonl) against phantom ground truth",
+        help="score lesion predictions (results.jsonl or DICOM SEG) against phantom ground truth",
         description="Score lesion predictions against phantom ground truth: sensitivity per "
         "size bucket (2-5, 5-10, 10-30 mm), false positives per frame, Dice of detected "
         "lesions, specificity on frames without lesions. Ground-truth frames missing from "
-        "the predictions count as predicted empty. Exit status 2 when an input is missing "
-        "or no prediction matches a ground-truth frame.",
+        "the predictions count as predicted empty. The predictions are medrt's results.jsonl "
+        "or DICOM SEG objects from any tool (each connected region of their segments one "
+        "lesion). Exit status 2 when an input is missing or unreadable, or no prediction "
+        "matches a ground-truth frame.",
     )
     p.add_argument(
         "pred",
         metavar="PRED",
-        help=f"a {RESULTS_JSONL}, or a folder holding one (with an optional masks.npz beside it)",
+        help=f"a {RESULTS_JSONL}, or a folder holding one (with an optional masks.npz beside it); "
+             "or a DICOM SEG file, or a folder of them (searched recursively)",
     )
     p.add_argument(
         "gt",
@@ -156,6 +180,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="GT",
         help=f"ground-truth folders, searched recursively for {TRUTH_JSON}",
     )
+    p.add_argument("--seg", action="store_true",
+                   help=f"score the DICOM SEG objects under PRED even where a {RESULTS_JSONL} is (a medrt "
+                        "output folder: its seg.dcm files)")
+    p.add_argument("--segment", action="append", metavar="N|LABEL",
+                   help="score only this segment of each SEG, by number or label (repeatable; default: every "
+                        "segment, so a SEG that also holds an organ needs it)")
     p.add_argument("--json", action="store_true", help="print one JSON object for programs")
     p.add_argument("--per-lesion", action="store_true", help="also list every scored lesion")
     p.set_defaults(func=run)

@@ -59,6 +59,7 @@ from medrt.export.common import (
     readable_header,
 )
 from medrt.export.seg import seg_frame_numbers, segment_numbers
+from medrt.io.seg import SEG_SOP_CLASSES
 from medrt.types import Frame, FrameResult, Lesion
 
 __all__ = ["build_sr", "PIXELS", "COUNT"]
@@ -71,7 +72,6 @@ _PROCEDURES = {
     "CT": codes.LN.CTUnspecifiedBodyRegion,
     "MR": codes.LN.MRIUnspecifiedBodyRegion,
 }
-_SEG_CLASSES = ("1.2.840.10008.5.1.4.1.1.66.4", "1.2.840.10008.5.1.4.1.1.66.7")
 
 
 def _algorithm(models: Sequence[str]) -> hd.sr.AlgorithmIdentification:
@@ -183,7 +183,7 @@ def _check_segs(seg: Dataset | Sequence[Dataset] | None, study: str) -> tuple[li
     segs = [seg] if isinstance(seg, Dataset) else list(seg)
     frames: SegFrames = {}
     for s in segs:
-        if not isinstance(s, Dataset) or str(s.get("SOPClassUID", "")) not in _SEG_CLASSES:
+        if not isinstance(s, Dataset) or str(s.get("SOPClassUID", "")) not in SEG_SOP_CLASSES:
             raise ValueError(
                 'Argument "seg" must be a Segmentation (e.g. from build_seg), a sequence of them, '
                 "or None."
