@@ -483,7 +483,8 @@ def test_late_images_take_a_series_out_of_a_hung_archives_queue(tmp_path, analyz
         spool.store(CT[6].read_bytes(), study_uid=ds.StudyInstanceUID, series_uid=second, sop_uid=f"{second}.4")
         service.notify()
         recalled = wait_for(lambda: next((o for o in done if o.series_uid == second), None), timeout_s=30.0)
-        assert recalled.state == "receiving" and str(archive) in recalled.detail
+        assert recalled.state == "receiving" and str(archive) in recalled.detail and recalled.forwarded == []
+        assert recalled.sent == {str(archive): 0, str(workstation): 2}
         # analysed again with four slices, its new SEG and SR at the workstation; the archive still hung
         wait_for(lambda: len(list(received.iterdir())) == 6, timeout_s=30.0)
         assert len(silent.accepted) == 1 and not [o for o in done if o.series_uid == first]

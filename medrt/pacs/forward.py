@@ -203,6 +203,7 @@ class Forwarder(BackgroundLoop):
             return False
         with self._lock:
             job.recalled += recalled
+            job.delivered.clear()  # what every destination took: the recalled ones took nothing
             job.left -= len(recalled)
             last = job.left == 0
         if last:
