@@ -1,5 +1,6 @@
 """Start the viewer: the QApplication, the main window, what the command line asked for,
-and (``--screenshot``) a picture of the real window once the shown image is analysed."""
+and (``--screenshot``) a picture of the real window once the shown image is analysed
+(an opened folder: once all of it is)."""
 
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ def build_window(args: argparse.Namespace) -> MainWindow:
 
 
 class Screenshot:
-    """Waits until the shown image is drawn and analysed (or the stream ended), then saves a PNG
+    """Waits until the shown image is drawn and analysed (an opened folder: all of it; a live
+    stream: the shown image, or the stream ended), then saves a PNG
     of the window and quits. On X11 (``xcb``) the picture is taken from the X server, i.e. the
     real window on screen; elsewhere it is the widget's own rendering."""
 
@@ -79,7 +81,11 @@ class Screenshot:
             return False
         if not w.analysis_enabled or w.session is None:
             return True
-        return slot.result is not None or w.session_finished == w.session.sid
+        if w.session_finished == w.session.sid:
+            return True
+        # An opened folder is pictured once all of it is analysed (the HUD's count and the
+        # status line are then final); a live stream never ends, so once the shown image is.
+        return w.session.live and slot.result is not None
 
     def _poll(self) -> None:
         now = time.monotonic()

@@ -92,6 +92,8 @@ def test_screenshot_of_the_viewer_offscreen(tmp_path: Path) -> None:
                 "--screenshot", str(shot), "--timeout", "240"], env=env)
     rgb = _check_screenshot(shot, out)
     assert "platform offscreen" in out.stdout
+    # An opened folder is pictured once all of it is analysed, not just the image shown.
+    assert f"{len(list(CT.glob('*.dcm')))} frame(s) analysed" in out.stdout, out.stdout
     assert _overlay_pixels(rgb) > 20, "the lesion overlay is not in the screenshot"
 
 

@@ -43,7 +43,8 @@ def add_view_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=None, help="inference workers (default: one per core on CPU)")
     p.add_argument("--size", default="1280x800", metavar="WxH", help="window size (default 1280x800)")
     p.add_argument("--screenshot", type=Path, default=None, metavar="PNG",
-                   help="save a PNG of the window once the shown image is analysed, then quit (CI, docs)")
+                   help="save a PNG of the window once the opened files are analysed (a live stream: the "
+                        "shown image), then quit (CI, docs)")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="with --screenshot: the longest to wait for the analysis, in seconds (default 120)")
     add_engine_options(p)
