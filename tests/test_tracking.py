@@ -124,3 +124,32 @@ def test_a_stream_counts_each_lesion_once_as_the_slices_come(ct) -> None:  # typ
         if r.frame.key not in gone or tall.slices < 4:
             dropped.add(r)
     assert dropped.lesions >= len(lesions)
+
+
+def _disc_mask(shape: tuple[int, int], centres: list[tuple[int, int]], radius: int) -> np.ndarray:
+    rows, cols = np.ogrid[:shape[0], :shape[1]]
+    mask = np.zeros(shape, np.uint8)
+    for r, c in centres:
+        mask[(rows - r) ** 2 + (cols - c) ** 2 <= radius ** 2] = 1
+    return mask
+
+
+def test_a_stream_counts_parts_that_meet_on_a_later_slice_once(ct) -> None:  # type: ignore[no-untyped-def]
+    """A V along the slices: two sections apart on the first slices, one where they meet.
+    The stream has numbered both parts before it sees them meet; it counts them once then,
+    as link_series does for the whole series, and the slices after carry the first number."""
+    results, _ = ct
+    frames = [r.frame for r in results[10:16]]
+    shape = results[0].labels.shape
+    arms = [[(100, 60), (100, 140)], [(100, 75), (100, 125)], [(100, 88), (100, 112)],
+            [(100, 100)], [(100, 100)], [(100, 100)]]
+    v = [truth_result(f, _disc_mask(shape, centres, 14)) for f, centres in zip(frames, arms, strict=True)]
+    assert [len(r.lesions) for r in v] == [2, 2, 1, 1, 1, 1]  # two arms, then one section
+    lesions, _ = link_series(v)
+    counter = LesionCounter()
+    streamed = [counter.add(r) for r in v]
+    assert len(lesions) == 1 and counter.lesions == 1 and counter.sections == 8
+    assert streamed[:2] == [[1, 2], [1, 2]] and streamed[2:] == [[1]] * 4
+    other = next(r for r in results if r.lesions)  # another series' lesion: numbered after both parts
+    assert counter.add(replace(other, frame=replace(other.frame, series_instance_uid="1.2.3.4")))[0] == 3
+    assert counter.lesions == 1 + len(other.lesions)

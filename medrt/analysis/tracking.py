@@ -187,16 +187,26 @@ class LesionCounter:
     of the frame before it in the same series (when :func:`adjacent`, on the same grid, by
     the same overlap rule as :func:`link_series`), holding one frame per series for the
     last ``keep`` series. A scanner sends slices in order, so on a whole stream the count
-    is :func:`link_series`'s, except for a lesion whose parts join only on a later slice
-    (counted once per part) and across frames the stream dropped (a gap over
-    ``MAX_GAP_MM`` starts a new lesion).
+    is :func:`link_series`'s, except across frames the stream dropped (a gap over
+    ``MAX_GAP_MM`` starts a new lesion). A lesion whose parts join only on a later slice
+    (a V or a Y along the slices) was numbered once per part before they met: those
+    numbers stay (they were already reported), the section where they meet and those
+    after it take the first part's number, and :attr:`lesions` counts the joined parts
+    once, as :func:`link_series` does.
     """
 
     def __init__(self, keep: int = 8) -> None:
         self.keep = keep
-        self.lesions = 0
+        self.numbered = 0  # numbers handed out
+        self.lesions = 0  # distinct lesions: numbered, less the parts that joined another
         self.sections = 0
         self._last: dict[str, tuple[FrameResult, dict[int, int]]] = {}
+        self._joined: dict[int, int] = {}  # a part's number -> the number of the part it joined
+
+    def _root(self, n: int) -> int:
+        while n in self._joined:
+            n = self._joined[n]
+        return n
 
     def add(self, result: FrameResult) -> list[int]:
         """Count ``result``'s lesions; returns each one's number in this stream."""
@@ -207,14 +217,19 @@ class LesionCounter:
         numbers: dict[int, int] = {}
         if linkable:
             prev, ids = before  # type: ignore[misc]
-            for les in result.lesions:
-                found = next((ids[p.label] for p in prev.lesions if _overlap(prev, p, result, les)), None)
-                if found is not None:
-                    numbers[les.label] = found
+            pairs = [(p, les) for les in result.lesions for p in prev.lesions if _overlap(prev, p, result, les)]
+            for p, les in pairs:  # parts that meet here become one lesion (union by the smaller number)
+                a, b = self._root(ids[p.label]), self._root(numbers.get(les.label, ids[p.label]))
+                if a != b:
+                    self._joined[max(a, b)] = min(a, b)
+                    self.lesions -= 1
+                numbers[les.label] = min(a, b)
+            numbers = {label: self._root(n) for label, n in numbers.items()}
         for les in sorted(result.lesions, key=lambda les: les.centroid):  # new ones as link_series numbers them
             if les.label not in numbers:
+                self.numbered += 1
                 self.lesions += 1
-                numbers[les.label] = self.lesions
+                numbers[les.label] = self.numbered
         self.sections += len(result.lesions)
         self._last[series] = (result, numbers)
         while len(self._last) > self.keep:
