@@ -7,6 +7,7 @@ skip. Only tests marked ``gpu`` may skip in CI.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import shutil
@@ -119,23 +120,34 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-@pytest.fixture
-def storescp(tmp_path):
-    """DCMTK's storescp as the destination PACS: (Destination, folder it writes into)."""
+@contextlib.contextmanager
+def run_storescp(folder: Path, *options: str, ae_title: str = "PACS"):  # type: ignore[no-untyped-def]
+    """DCMTK's storescp, writing what it receives into ``folder``, with ``options`` (its
+    default accepts the uncompressed transfer syntaxes only; ``+xa`` every one it knows):
+    yields its Destination."""
     from medrt.pacs.scu import Destination
 
     exe = require_tool("storescp")
-    folder = tmp_path / "pacs"
-    folder.mkdir()
+    folder.mkdir(parents=True, exist_ok=True)
     port = free_port()
-    proc = subprocess.Popen([exe, "-aet", "PACS", "-od", str(folder), str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        time.sleep(0.05)
-    yield Destination("PACS", "127.0.0.1", port), folder
-    proc.terminate()
-    proc.wait(10)
+    proc = subprocess.Popen([exe, "-aet", ae_title, *options, "-od", str(folder), str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.05)
+        yield Destination(ae_title, "127.0.0.1", port)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture
+def storescp(tmp_path):
+    """DCMTK's storescp as the destination PACS: (Destination, folder it writes into)."""
+    folder = tmp_path / "pacs"
+    with run_storescp(folder) as dest:
+        yield dest, folder

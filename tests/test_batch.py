@@ -281,6 +281,27 @@ def test_quiet_prints_errors_and_the_summary_but_no_warnings(tmp_path):
     assert "random.dcm" in files and len(files & {first.name, "copy_of_a_slice.dcm"}) == 1  # the copy passed over
 
 
+def test_seg_options_from_the_command_line(tmp_path, capsys):
+    """--seg-compression jpeg2000 --keep-empty-frames: a JPEG 2000 Lossless SEG with every
+    slice's frame for every lesion, which medrt eval --seg scores as results.jsonl."""
+    src = _small_input(tmp_path, n=4)
+    out = tmp_path / "out"
+    assert main(["batch", str(src), "--out", str(out), "--workers", "1", "--threads", "1", "--png", "none",
+                 "--seg-compression", "jpeg2000", "--keep-empty-frames", "--quiet"]) == EXIT_OK
+    (seg_path,) = out.glob("series/*/seg.dcm")
+    seg = pydicom.dcmread(seg_path)
+    assert seg.file_meta.TransferSyntaxUID == pydicom.uid.JPEG2000Lossless
+    assert int(seg.NumberOfFrames) == 4 * len(seg.SegmentSequence) > 4  # every slice, each lesion
+    capsys.readouterr()
+    docs = []
+    for extra in ([], ["--seg"]):
+        assert main(["eval", str(out), str(CT), "--json", *extra]) == EXIT_OK
+        docs.append(json.loads(capsys.readouterr().out))
+    assert docs[0]["detected"] == docs[1]["detected"] > 0
+    assert docs[0]["false_positives"] == docs[1]["false_positives"]
+    assert docs[0]["dice"]["mean"] == pytest.approx(docs[1]["dice"]["mean"])
+
+
 def test_a_folder_no_model_is_for_fails_and_says_why(tmp_path):
     """Only images of a modality none of the models lists (MR, with the CT and radiograph
     models): nothing to analyse, so the run fails (exit 2), and errors.csv says why."""

@@ -311,6 +311,23 @@ def test_radiographs_seg_sr_sc_without_patient_geometry(dx, tmp_path) -> None:  
     assert abs(mono1.mean() - mono2.mean()) < 40
 
 
+def test_a_jpeg2000_seg_is_the_same_seg_far_smaller(dx, ct, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """--seg-compression jpeg2000: JPEG 2000 Lossless, the one compressed syntax a BINARY
+    SEG may use; the same segments and pixels, valid, and a radiograph's a fraction of the size."""
+    for name, results in (("dx", [dx[1]]), ("ct", ct)):
+        plain, small = (build_seg(results, compression=c) for c in ("none", "jpeg2000"))
+        assert plain is not None and small is not None
+        assert small.file_meta.TransferSyntaxUID == pydicom.uid.JPEG2000Lossless
+        path = dciodvfy(small, tmp_path / f"{name}_j2k.dcm")
+        check_seg_round_trip(path, results)
+        size = path.stat().st_size
+        full = dciodvfy(plain, tmp_path / f"{name}.dcm").stat().st_size
+        assert size < full / 4, (name, size, full)
+        assert np.array_equal(pydicom.dcmread(path).pixel_array, pydicom.dcmread(tmp_path / f"{name}.dcm").pixel_array)
+    with pytest.raises(ValueError, match='"compression"'):
+        build_seg(ct, compression="rle")
+
+
 def _moved(r: FrameResult, study: str, series: str, sop: str | None = None) -> FrameResult:
     """``r`` with its header (a deep copy) moved into another study and series (and given
     another SOP Instance UID)."""

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pydicom
 import pytest
 
@@ -122,6 +123,57 @@ def test_recover_requeues_interrupted_work_indexes_strays_and_drops_temporaries(
     state = again.series(first.SeriesInstanceUID)
     assert (state.state, state.instances) == ("receiving", 2)
     assert (spool.inbox / second.SeriesInstanceUID / "junk.dcm").exists()  # never deleted, only logged
+
+
+def test_a_compressed_seg_reaches_a_peer_that_takes_it_only_uncompressed(tmp_path):
+    """--seg-compression jpeg2000 writes the SEG as JPEG 2000 Lossless. DCMTK's storescp
+    takes only uncompressed objects by default: it gets the same SEG decoded (its bits packed
+    as in an uncompressed BINARY SEG); with +xa it takes the file as it is. A peer that
+    takes the SEG class in neither refuses that file alone (0x0122) and takes the rest."""
+    from pynetdicom import AE, evt
+    from test_export import truth_result
+
+    from conftest import run_storescp
+    from medrt.export import build_seg, build_sr, write_dataset
+    from medrt.io.dicom import read_frames
+    from medrt.phantom import load_ground_truth, write_radiographs
+
+    (image,) = write_radiographs(tmp_path / "dx", 5, count=1, size=1024, compress="none")
+    truth = load_ground_truth(tmp_path / "dx")
+    results = [truth_result(f, truth[f.sop_instance_uid].mask) for f in read_frames(image)]
+    seg = build_seg(results, compression="jpeg2000")
+    plain = build_seg(results, sop_instance_uid=seg.SOPInstanceUID, series_instance_uid=seg.SeriesInstanceUID)
+    seg_file, sr_file = tmp_path / "seg.dcm", tmp_path / "sr.dcm"
+    write_dataset(seg, seg_file)
+    sr = build_sr(results, seg=seg)
+    write_dataset(sr, sr_file)
+
+    for options, syntax in (((), pydicom.uid.ExplicitVRLittleEndian), (("+xa",), pydicom.uid.JPEG2000Lossless)):
+        folder = tmp_path / f"pacs{len(options)}"
+        with run_storescp(folder, *options) as dest:
+            statuses = send([seg_file, sr_file], dest)
+        assert list(statuses.values()) == [0, 0], statuses
+        (got,) = [pydicom.dcmread(p) for p in folder.iterdir() if p.name.startswith("SG.")]
+        assert got.file_meta.TransferSyntaxUID == syntax and got.SOPInstanceUID == seg.SOPInstanceUID
+        if syntax == pydicom.uid.ExplicitVRLittleEndian:
+            assert got.PixelData == plain.PixelData  # exactly what an uncompressed SEG would hold
+        assert np.array_equal(got.pixel_array, plain.pixel_array)
+
+    received: list[str] = []
+
+    def on_store(event):  # type: ignore[no-untyped-def]
+        received.append(str(event.dataset.SOPClassUID))
+        return 0x0000
+
+    ae = AE(ae_title="SRONLY")
+    ae.add_supported_context(sr.SOPClassUID)
+    port = free_port()
+    server = ae.start_server(("127.0.0.1", port), block=False, evt_handlers=[(evt.EVT_C_STORE, on_store)])
+    try:
+        statuses = send([seg_file, sr_file], Destination("SRONLY", "127.0.0.1", port))
+    finally:
+        server.shutdown()
+    assert statuses == {seg_file: 0x0122, sr_file: 0} and received == [sr.SOPClassUID]
 
 
 # -- the listener ----------------------------------------------------------------------------------------------------
@@ -805,7 +857,8 @@ def test_medrt_listen_finishes_what_a_crash_left_in_the_spool(tmp_path, storescp
     spool.close()
     cmd = [sys.executable, "-m", "medrt", "listen", "--spool", str(tmp_path / "spool"), "--bind", "127.0.0.1",
            "--port", "0", "--idle", "0", "--forward", str(dest), "--threads", "1", "--workers", "1",
-           "--min-free", str(2**40)]  # more than any disk: new images would be refused, stored ones go on
+           "--min-free", str(2**40),  # more than any disk: new images would be refused, stored ones go on
+           "--seg-compression", "jpeg2000"]  # storescp takes it only uncompressed: it gets it so
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     try:
@@ -824,7 +877,13 @@ def test_medrt_listen_finishes_what_a_crash_left_in_the_spool(tmp_path, storescp
     assert f"series {state.series_uid}: done, 3 frame(s)" in text and "2 object(s) forwarded" in text
     assert "medrt listen: stopped; 0 image(s) stored" in text
     assert len(list(pacs.iterdir())) == 2
-    assert (tmp_path / "spool" / "results" / state.series_uid / "results.jsonl").is_file()
+    results = tmp_path / "spool" / "results" / state.series_uid
+    assert (results / "results.jsonl").is_file()
+    (kept,), (sent,) = ([pydicom.dcmread(p) for p in folder.rglob(name)] for folder, name in
+                        ((results, "seg.dcm"), (pacs, "SG.*")))
+    assert kept.file_meta.TransferSyntaxUID == pydicom.uid.JPEG2000Lossless
+    assert sent.file_meta.TransferSyntaxUID == pydicom.uid.ExplicitVRLittleEndian
+    assert np.array_equal(sent.pixel_array, kept.pixel_array)
 
 
 def test_medrt_listen_explains_a_bad_destination(tmp_path):

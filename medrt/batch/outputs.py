@@ -48,6 +48,7 @@ class OutputOptions:
     seg: bool = True
     sr: bool = True
     omit_empty_frames: bool | None = None  # None: keep every frame with one lesion, omit with more
+    seg_compression: str = "none"  # "none" | "jpeg2000" (medrt.export.SEG_COMPRESSION)
 
 
 def frame_record(result: FrameResult, file: str) -> dict[str, Any]:
@@ -204,8 +205,8 @@ class SeriesOutput:
 
         # A radiograph series of several views has no shared geometry: one SEG per image.
         segs = [seg for group in split_for_seg(results)
-                if (seg := build_seg(group, linked=linked, omit_empty_frames=self.options.omit_empty_frames))
-                is not None]
+                if (seg := build_seg(group, linked=linked, omit_empty_frames=self.options.omit_empty_frames,
+                                     compression=self.options.seg_compression)) is not None]
         for i, seg in enumerate(segs):
             write_dataset(seg, self.folder / ("seg.dcm" if len(segs) == 1 else f"seg_{i + 1}.dcm"))
         return segs or None

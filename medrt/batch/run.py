@@ -138,7 +138,7 @@ def _settings(analyzer: Any, options: OutputOptions) -> dict[str, Any]:
         "threshold": [analyzer.threshold_for(s) for s in analyzer.segs], "crop": analyzer.config.crop,
         "outputs": {"png": options.png, "png_max_side": options.png_max_side, "sc": options.sc,
                     "seg": options.seg, "sr": options.sr, "omit_empty_frames": options.omit_empty_frames,
-                    "layout": OUTPUT_LAYOUT},
+                    "seg_compression": options.seg_compression, "layout": OUTPUT_LAYOUT},
     }
 
 

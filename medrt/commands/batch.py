@@ -14,6 +14,7 @@ from typing import Any
 from medrt.commands.options import (
     add_engine_options,
     add_pipeline_options,
+    add_seg_options,
     analyzer_config,
     thread_layout,
 )
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         decode_workers=args.decode_workers, decode_processes=args.decode_processes,
         processes=args.processes, depth=args.depth,
         outputs=OutputOptions(png=args.png, png_max_side=args.png_max_side or None, sc=args.sc,
-                              omit_empty_frames=args.omit_empty_frames),
+                              omit_empty_frames=args.omit_empty_frames, seg_compression=args.seg_compression),
         follow_links=args.follow_links,
     )
     if args.ray:  # each worker sizes its sessions from its own CPUs unless --threads says
@@ -151,13 +152,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="overlay PNGs for frames with lesions (default), every frame, or none")
     p.add_argument("--png-max-side", type=int, default=2048, help="downsample PNGs to this longest side (0: full)")
     p.add_argument("--sc", action="store_true", help="also write secondary captures with the overlay burned in")
-    frames = p.add_mutually_exclusive_group()
-    frames.add_argument("--omit-empty-frames", dest="omit_empty_frames", action="store_const", const=True,
-                        default=None, help="keep only the SEG frames a lesion is on (the default with two "
-                                           "or more lesions: a segment per lesion)")
-    frames.add_argument("--keep-empty-frames", dest="omit_empty_frames", action="store_const", const=False,
-                        help="keep every image's frame for every lesion's segment (the default with one "
-                             "lesion; some viewers misplace SEGs that omit frames)")
+    add_seg_options(p)
     p.add_argument("--follow-links", action="store_true", help="follow symbolic links that lead outside INPUT")
     p.add_argument("--json", action="store_true", help="print the run report as JSON (no progress bar)")
     p.add_argument("--quiet", action="store_true",

@@ -21,7 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from medrt import sdnotify
-from medrt.commands.options import add_engine_options, analyzer_config, thread_layout
+from medrt.commands.options import (
+    add_engine_options,
+    add_seg_options,
+    analyzer_config,
+    thread_layout,
+)
 
 log = logging.getLogger("medrt.listen")
 
@@ -194,7 +199,9 @@ def run(args: argparse.Namespace) -> int:
                           calling_ae=args.ae_title, idle_s=args.idle,
                           retry_s=args.retry, workers=workers, forward_timeout_s=args.forward_timeout,
                           keep_s=None if args.keep_days <= 0 else args.keep_days * 86400.0, forward_tls=forward_tls,
-                          outputs=OutputOptions(png="none" if args.no_png else "positive", sc=args.sc))
+                          outputs=OutputOptions(png="none" if args.no_png else "positive", sc=args.sc,
+                                                omit_empty_frames=args.omit_empty_frames,
+                                                seg_compression=args.seg_compression))
     reporter = CommitmentReporter(spool, peers, ae_title=args.ae_title, retry_s=args.retry, tls=forward_tls,
                                   timeout_s=args.forward_timeout)
     listener = Listener(spool, ae_title=args.ae_title, host=args.bind, port=args.port,
@@ -311,6 +318,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "(HOST default 127.0.0.1; 0.0.0.0:PORT for a monitoring server elsewhere)")
     p.add_argument("--sc", action="store_true", help="also make (and forward) secondary captures with the overlay")
     p.add_argument("--no-png", action="store_true", help="no overlay PNGs in the results folder")
+    add_seg_options(p)
     add_engine_options(p)
     p.add_argument("--workers", type=int, default=None, help="inference workers (default: one per core on CPU)")
     p.set_defaults(func=run)

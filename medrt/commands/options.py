@@ -1,11 +1,11 @@
-"""Command-line options shared by the commands that run the analysis (stream, batch, bench)."""
+"""Command-line options shared by the commands that run the analysis (stream, batch, bench, listen)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-__all__ = ["add_engine_options", "add_pipeline_options", "analyzer_config", "thread_layout"]
+__all__ = ["add_engine_options", "add_pipeline_options", "add_seg_options", "analyzer_config", "thread_layout"]
 
 
 def _count(text: str) -> int:
@@ -92,6 +92,23 @@ def lookahead_misused(args: argparse.Namespace) -> bool:
     """``--lookahead`` holds the files of a watched folder (``medrt stream``, ``medrt
     view``): a negative value, or one without ``--watch``, is a mistake to report."""
     return args.lookahead < 0 or bool(args.lookahead and not args.watch)
+
+
+def add_seg_options(p: argparse.ArgumentParser) -> None:
+    """How the DICOM SEG is written (``medrt batch``, ``medrt listen``): its empty frames and
+    its compression; read back as ``args.omit_empty_frames`` and ``args.seg_compression``."""
+    frames = p.add_mutually_exclusive_group()
+    frames.add_argument("--omit-empty-frames", dest="omit_empty_frames", action="store_const", const=True,
+                        default=None, help="keep only the SEG frames a lesion is on (the default with two "
+                                           "or more lesions: a segment per lesion)")
+    frames.add_argument("--keep-empty-frames", dest="omit_empty_frames", action="store_const", const=False,
+                        help="keep every image's frame for every lesion's segment (the default with one "
+                             "lesion; some viewers misplace SEGs that omit frames)")
+    p.add_argument("--seg-compression", choices=("none", "jpeg2000"), default="none",
+                   help="the SEG's transfer syntax: none (Explicit VR Little Endian, the default: every "
+                        "archive takes it) or jpeg2000 (JPEG 2000 Lossless: a 4096² radiograph's SEG "
+                        "shrinks from 2 MiB per lesion to a few KiB; a peer that refuses it is sent the "
+                        "SEG uncompressed)")
 
 
 def thread_layout(args: argparse.Namespace) -> tuple[int | None, int]:

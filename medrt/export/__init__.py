@@ -41,6 +41,7 @@ from typing import Any
 __all__ = [
     "ExportError",
     "build_seg",
+    "SEG_COMPRESSION",
     "seg_frame_numbers",
     "segment_numbers",
     "split_for_seg",
@@ -54,6 +55,7 @@ __all__ = [
 _WHERE = {
     "ExportError": "medrt.export.common",
     "build_seg": "medrt.export.seg",
+    "SEG_COMPRESSION": "medrt.export.seg",
     "seg_frame_numbers": "medrt.export.seg",
     "segment_numbers": "medrt.export.seg",
     "split_for_seg": "medrt.export.seg",

@@ -2,11 +2,15 @@
 
 Decisions (see REFERENCE.md, "DICOM output conventions"):
 
-- **BINARY, uncompressed (Explicit VR Little Endian).** LABELMAP is the newer
-  Label Map Segmentation Storage SOP class: dciodvfy (dicom3tools 2022) does
+- **BINARY, uncompressed (Explicit VR Little Endian) by default.** LABELMAP is the
+  newer Label Map Segmentation Storage SOP class: dciodvfy (dicom3tools 2022) does
   not know it and many PACS and viewers do not either; BINARY + RLE is
-  rejected. BINARY frames are 1 bit per pixel (32 KiB for 512², 2 MiB for
-  4096²), so no compression is needed.
+  rejected. BINARY frames are 1 bit per pixel: 32 KiB for 512², but 2 MiB for
+  4096², so a radiograph's SEG holds 2 MiB per lesion (a segment each).
+  ``compression="jpeg2000"`` (JPEG 2000 Lossless, the one compressed syntax BINARY
+  allows) makes that a few KiB; it is not the default because not every archive
+  or viewer takes compressed SEGs (the forwarder sends a peer that refuses it the
+  same object uncompressed: :func:`medrt.pacs.scu.send`).
 - **One segment per lesion**, "Lesion <n>" (category Morphologically abnormal
   structure, type Lesion, AUTOMATIC), numbered as the series' lesions
   (:func:`medrt.analysis.tracking.link_series`: the sections of one lesion on
@@ -43,6 +47,7 @@ import numpy as np
 from pydicom.dataset import Dataset
 from pydicom.multival import MultiValue
 from pydicom.sr.codedict import codes
+from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless
 
 from medrt.analysis.tracking import Linked
 from medrt.export.common import (
@@ -60,7 +65,11 @@ from medrt.export.common import (
 from medrt.overlay import lesion_color
 from medrt.types import FrameResult
 
-__all__ = ["build_seg", "seg_frame_numbers", "segment_description", "segment_numbers", "split_for_seg"]
+__all__ = ["SEG_COMPRESSION", "build_seg", "seg_frame_numbers", "segment_description", "segment_numbers",
+           "split_for_seg"]
+
+#: ``compression`` of :func:`build_seg` -> the SEG's transfer syntax (BINARY allows these two).
+SEG_COMPRESSION = {"none": ExplicitVRLittleEndian, "jpeg2000": JPEG2000Lossless}
 
 log = logging.getLogger(__name__)
 
@@ -178,6 +187,7 @@ def build_seg(
     sop_instance_uid: str | None = None,
     instance_number: int = 1,
     series_description: str = "medrt lesions (SEG)",
+    compression: str = "none",
 ) -> hd.seg.Segmentation | None:
     """A BINARY Segmentation of the lesions in ``results``, frames of ONE series.
 
@@ -189,7 +199,8 @@ def build_seg(
     (default: of ``results``; pass it when ``results`` is one :func:`split_for_seg`
     group, so lesions keep their series numbers). ``omit_empty_frames``: None keeps
     every frame when there is one segment and only the lesions' frames when there are
-    several (see the module's notes). Returns None when no frame holds a lesion
+    several (see the module's notes). ``compression``: "none" (Explicit VR Little
+    Endian) or "jpeg2000" (JPEG 2000 Lossless). Returns None when no frame holds a lesion
     (write no SEG; :func:`medrt.export.build_sr` then reports 0 lesions).
 
     Raises ValueError naming "results" when they are empty, mix series or
@@ -201,6 +212,8 @@ def build_seg(
     """
     items = check_results(results)
     series = single_value(items, "series", lambda r: r.frame.series_instance_uid)
+    if compression not in SEG_COMPRESSION:
+        raise ValueError(f'Argument "compression" must be one of {", ".join(SEG_COMPRESSION)}, got {compression!r}.')
     if not isinstance(series_number, int) or series_number < 1:
         raise ValueError(f'Argument "series_number" must be a positive integer, got {series_number!r}.')
     if not any(r.labels.any() for r in items):
@@ -216,7 +229,8 @@ def build_seg(
         seg = _segmentation(sources, masks, segments, omit_empty_frames=omit,
                             series_number=series_number, series_instance_uid=series_instance_uid,
                             sop_instance_uid=sop_instance_uid, instance_number=instance_number,
-                            series_description=series_description)
+                            series_description=series_description,
+                            transfer_syntax_uid=SEG_COMPRESSION[compression])
     except ValueError as exc:  # highdicom's checks of the sources (geometry, sizes, classes)
         raise ExportError(f'Argument "results": highdicom cannot build a SEG of them: {exc}') from exc
     log.info("SEG %s: %d frames, %d lesions (%d sections), source series %s", seg.SOPInstanceUID,
@@ -227,7 +241,7 @@ def build_seg(
 def _segmentation(sources: list[Dataset], masks: np.ndarray, segments: list[hd.seg.SegmentDescription], *,
                   omit_empty_frames: bool, series_number: int, series_instance_uid: str | None,
                   sop_instance_uid: str | None, instance_number: int,
-                  series_description: str) -> hd.seg.Segmentation:
+                  series_description: str, transfer_syntax_uid: str) -> hd.seg.Segmentation:
     seg = hd.seg.Segmentation(
         source_images=sources,
         pixel_array=masks,
@@ -242,6 +256,7 @@ def _segmentation(sources: list[Dataset], masks: np.ndarray, segments: list[hd.s
         content_description="Lesions found by medrt",
         series_description=series_description,
         omit_empty_frames=omit_empty_frames,
+        transfer_syntax_uid=transfer_syntax_uid,
     )
     if "FrameOfReferenceUID" not in seg and "PatientOrientation" not in seg:
         # General Image: Patient Orientation is Type 2C when there is no patient

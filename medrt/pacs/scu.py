@@ -1,9 +1,13 @@
 """The Storage SCU that forwards results (SEG, SR, SC) to a PACS or any Storage SCP.
 
 Files are sent as stored (``Association.send_c_store(path)`` reads them without decoding),
-each in a presentation context of its own SOP class and transfer syntax. A refused or
-broken association raises :class:`ForwardError`; per-file statuses come back in the result,
-so the caller can tell "sent" from "the peer said no" and keep the series to retry.
+each in a presentation context of its own SOP class and transfer syntax. A compressed file
+(a SEG written with ``--seg-compression jpeg2000``) is offered uncompressed too, and a peer
+that accepts only that is sent it decoded (a BINARY SEG's bits packed again, as PS3.5 8.1.1
+wants them). A file the peer accepts in neither is refused (0x0122, SOP class not supported)
+without ending the association. A refused or broken association raises
+:class:`ForwardError`; per-file statuses come back in the result, so the caller can tell
+"sent" from "the peer said no" and keep the series to retry.
 """
 
 from __future__ import annotations
@@ -85,6 +89,27 @@ def client_tls(ca: str | Path | None = None, cert: str | Path | None = None,
     return ctx
 
 
+STATUS_NOT_SUPPORTED = 0x0122  # what a file no accepted presentation context fits counts as
+
+
+def _uncompressed(path: Path) -> Any:
+    """The dataset in ``path``, its pixel data decoded into Explicit VR Little Endian."""
+    import pydicom
+    from pydicom.pixels import pack_bits
+    from pydicom.uid import ExplicitVRLittleEndian
+
+    ds = pydicom.dcmread(path)
+    if int(ds.get("BitsAllocated", 0)) == 1:  # pydicom's decompress() would leave a byte per pixel
+        bits = pack_bits(ds.pixel_array.ravel())
+        ds.PixelData = bits
+        ds["PixelData"].VR = "OB"
+        ds["PixelData"].is_undefined_length = False
+        ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+    else:
+        ds.decompress()
+    return ds
+
+
 def _is_success(status: int) -> bool:
     return status == 0x0000 or 0xB000 <= status <= 0xBFFF  # warnings: stored, with a coercion or similar
 
@@ -120,11 +145,13 @@ def send(paths: Sequence[str | Path], dest: Destination, *, calling_ae: str = "M
     handshake that fails ends so), or a file has no SOP class or transfer syntax to propose.
     """
     import pydicom
+    from pydicom.uid import UID, ExplicitVRLittleEndian
 
     files = [Path(p) for p in paths]
     if not files:
         return {}
     contexts: dict[tuple[str, str], None] = {}
+    wanted: dict[Path, tuple[str, str]] = {}
     for path in files:
         ds = pydicom.dcmread(path, stop_before_pixels=True)
         sop_class = str(ds.get("SOPClassUID", "") or ds.file_meta.get("MediaStorageSOPClassUID", ""))
@@ -132,13 +159,27 @@ def send(paths: Sequence[str | Path], dest: Destination, *, calling_ae: str = "M
         if not sop_class or not ts:
             raise ForwardError(f"{path.name}: no SOP Class UID or transfer syntax to propose")
         contexts[(sop_class, ts)] = None
+        if UID(ts).is_compressed:  # the same object uncompressed, for a peer that takes only that
+            contexts[(sop_class, ExplicitVRLittleEndian)] = None
+        wanted[path] = (sop_class, ts)
     if len(contexts) > 128:
         raise ForwardError(f"{len(contexts)} SOP class/transfer syntax pairs: over the 128 one association allows")
     assoc = associate(dest, list(contexts), calling_ae=calling_ae, timeout_s=timeout_s, tls=tls)
+    accepted = {(str(c.abstract_syntax), str(c.transfer_syntax[0])) for c in assoc.accepted_contexts}
     statuses: dict[Path, int] = {}
     try:
         for path in files:
-            reply = assoc.send_c_store(path)
+            sop_class, ts = wanted[path]
+            if (sop_class, ts) in accepted:
+                reply = assoc.send_c_store(path)
+            elif (sop_class, ExplicitVRLittleEndian) in accepted:
+                log.info("forward: %s takes %s only uncompressed: sending it decoded", dest, path.name)
+                reply = assoc.send_c_store(_uncompressed(path))
+            else:
+                log.error("forward: %s accepted no presentation context for %s (%s in %s%s)", dest, path.name,
+                          UID(sop_class).name, UID(ts).name, " or uncompressed" if UID(ts).is_compressed else "")
+                statuses[path] = STATUS_NOT_SUPPORTED
+                continue
             if "Status" not in reply:  # no reply: the association broke or the DIMSE timed out
                 raise ForwardError(f"{dest}: no reply to C-STORE of {path.name} (association lost or timed out)",
                                    statuses)
