@@ -128,13 +128,14 @@ def test_recover_requeues_interrupted_work_indexes_strays_and_drops_temporaries(
 def test_a_compressed_seg_reaches_a_peer_that_takes_it_only_uncompressed(tmp_path):
     """--seg-compression jpeg2000 writes the SEG as JPEG 2000 Lossless. DCMTK's storescp
     takes only uncompressed objects by default: it gets the same SEG decoded (its bits packed
-    as in an uncompressed BINARY SEG); with +xa it takes the file as it is. A peer that
+    as in an uncompressed BINARY SEG), and the RLE secondary capture decoded too; with +xa
+    it takes the files as they are. A peer that
     takes the SEG class in neither refuses that file alone (0x0122) and takes the rest."""
     from pynetdicom import AE, evt
     from test_export import truth_result
 
     from conftest import run_storescp
-    from medrt.export import build_seg, build_sr, write_dataset
+    from medrt.export import build_sc, build_seg, build_sr, write_dataset
     from medrt.io.dicom import read_frames
     from medrt.phantom import load_ground_truth, write_radiographs
 
@@ -147,12 +148,17 @@ def test_a_compressed_seg_reaches_a_peer_that_takes_it_only_uncompressed(tmp_pat
     write_dataset(seg, seg_file)
     sr = build_sr(results, seg=seg)
     write_dataset(sr, sr_file)
+    sc = build_sc(results[0])  # --sc: RLE Lossless, and the same rule
+    write_dataset(sc, tmp_path / "sc.dcm")
 
     for options, syntax in (((), pydicom.uid.ExplicitVRLittleEndian), (("+xa",), pydicom.uid.JPEG2000Lossless)):
         folder = tmp_path / f"pacs{len(options)}"
         with run_storescp(folder, *options) as dest:
-            statuses = send([seg_file, sr_file], dest)
-        assert list(statuses.values()) == [0, 0], statuses
+            statuses = send([seg_file, sr_file, tmp_path / "sc.dcm"], dest)
+        assert list(statuses.values()) == [0, 0, 0], statuses
+        (got_sc,) = [pydicom.dcmread(p) for p in folder.iterdir() if p.name.startswith("SC.")]
+        assert got_sc.file_meta.TransferSyntaxUID == (pydicom.uid.RLELossless if options else syntax)
+        assert np.array_equal(got_sc.pixel_array, sc.pixel_array)
         (got,) = [pydicom.dcmread(p) for p in folder.iterdir() if p.name.startswith("SG.")]
         assert got.file_meta.TransferSyntaxUID == syntax and got.SOPInstanceUID == seg.SOPInstanceUID
         if syntax == pydicom.uid.ExplicitVRLittleEndian:

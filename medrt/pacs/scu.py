@@ -22,6 +22,7 @@ from typing import Any
 
 from medrt import __version__
 from medrt.errors import MedrtError
+from medrt.privacy import describe_exception
 
 __all__ = ["Destination", "ForwardError", "associate", "client_tls", "send", "failed", "taken", "new_ae", "IMPLEMENTATION_CLASS_UID",
            "IMPLEMENTATION_VERSION_NAME"]
@@ -174,7 +175,13 @@ def send(paths: Sequence[str | Path], dest: Destination, *, calling_ae: str = "M
                 reply = assoc.send_c_store(path)
             elif (sop_class, ExplicitVRLittleEndian) in accepted:
                 log.info("forward: %s takes %s only uncompressed: sending it decoded", dest, path.name)
-                reply = assoc.send_c_store(_uncompressed(path))
+                try:
+                    decoded = _uncompressed(path)
+                except Exception as exc:  # a decoder missing or failing: this file only
+                    log.error("forward: %s cannot be decoded for %s: %s", path.name, dest, describe_exception(exc))
+                    statuses[path] = STATUS_NOT_SUPPORTED
+                    continue
+                reply = assoc.send_c_store(decoded)
             else:
                 log.error("forward: %s accepted no presentation context for %s (%s in %s%s)", dest, path.name,
                           UID(sop_class).name, UID(ts).name, " or uncompressed" if UID(ts).is_compressed else "")
