@@ -326,6 +326,17 @@ def test_a_jpeg2000_seg_is_the_same_seg_far_smaller(dx, ct, tmp_path) -> None:  
         assert np.array_equal(pydicom.dcmread(path).pixel_array, pydicom.dcmread(tmp_path / f"{name}.dcm").pixel_array)
     with pytest.raises(ValueError, match='"compression"'):
         build_seg(ct, compression="rle")
+    # OpenJPEG encodes nothing under 32 pixels each way: such a SEG is written uncompressed.
+    tiny = pydicom.dcmread(pydicom_test_dir() / "rtdose_1frame.dcm")  # 10×10, in patient space
+    tiny.SOPClassUID = tiny.file_meta.MediaStorageSOPClassUID = pydicom.uid.CTImageStorage
+    tiny.Modality, tiny.SliceThickness = "CT", 2.0  # as a CT slice has it
+    tiny.save_as(tmp_path / "tiny.dcm")
+    (frame,) = read_frames(tmp_path / "tiny.dcm")
+    mask = np.zeros(frame.shape, np.uint8)
+    mask[2:6, 3:7] = 1
+    seg = build_seg([truth_result(frame, mask)], compression="jpeg2000")
+    assert seg is not None and seg.file_meta.TransferSyntaxUID == pydicom.uid.ExplicitVRLittleEndian
+    check_seg_round_trip(dciodvfy(seg, tmp_path / "tiny_seg.dcm"), [truth_result(frame, mask)])
 
 
 def _moved(r: FrameResult, study: str, series: str, sop: str | None = None) -> FrameResult:

@@ -200,7 +200,8 @@ def build_seg(
     group, so lesions keep their series numbers). ``omit_empty_frames``: None keeps
     every frame when there is one segment and only the lesions' frames when there are
     several (see the module's notes). ``compression``: "none" (Explicit VR Little
-    Endian) or "jpeg2000" (JPEG 2000 Lossless). Returns None when no frame holds a lesion
+    Endian) or "jpeg2000" (JPEG 2000 Lossless; uncompressed all the same for frames under
+    32 pixels each way, which OpenJPEG cannot encode). Returns None when no frame holds a lesion
     (write no SEG; :func:`medrt.export.build_sr` then reports 0 lesions).
 
     Raises ValueError naming "results" when they are empty, mix series or
@@ -225,12 +226,17 @@ def build_seg(
     uids = {les.number: les.uid for les in linked[0]}
     segments = [segment_description(items[0].models, k, n, uids[n]) for k, n in enumerate(lesions, start=1)]
     omit = len(segments) > 1 if omit_empty_frames is None else omit_empty_frames
+    syntax = SEG_COMPRESSION[compression]
+    if syntax == JPEG2000Lossless and max(items[0].frame.shape) < 32:  # OpenJPEG encodes nothing smaller
+        log.info("series %s: frames of %s px are too small for JPEG 2000: SEG uncompressed", series,
+                 "×".join(map(str, items[0].frame.shape)))
+        syntax = ExplicitVRLittleEndian
     try:
         seg = _segmentation(sources, masks, segments, omit_empty_frames=omit,
                             series_number=series_number, series_instance_uid=series_instance_uid,
                             sop_instance_uid=sop_instance_uid, instance_number=instance_number,
                             series_description=series_description,
-                            transfer_syntax_uid=SEG_COMPRESSION[compression])
+                            transfer_syntax_uid=syntax)
     except ValueError as exc:  # highdicom's checks of the sources (geometry, sizes, classes)
         raise ExportError(f'Argument "results": highdicom cannot build a SEG of them: {exc}') from exc
     log.info("SEG %s: %d frames, %d lesions (%d sections), source series %s", seg.SOPInstanceUID,
