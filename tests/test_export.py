@@ -202,9 +202,26 @@ def check_sr(path: Path, results: list[FrameResult], seg: Dataset | list[Dataset
     assert {s.SOPInstanceUID for s in segs} <= evidence
 
 
-def has_image_library(path: Path) -> bool:
-    """Whether the SR's content holds an Image Library (TID 1600, DCM 111028)."""
-    return any(item.ConceptNameCodeSequence[0].CodeValue == "111028" for item in pydicom.dcmread(path).ContentSequence)
+def image_library(path: Path) -> dict[str, bool]:
+    """The SR's Image Library (TID 1600, DCM 111028): ``{SOPInstanceUID: whether its entry
+    has descriptors}``; an empty dict when there is no library."""
+    found: dict[str, bool] = {}
+    for item in pydicom.dcmread(path).ContentSequence:
+        if item.ConceptNameCodeSequence[0].CodeValue == "111028":
+            for group in item.ContentSequence:
+                for entry in group.ContentSequence:
+                    if entry.ValueType == "IMAGE":
+                        uid = entry.ReferencedSOPSequence[0].ReferencedSOPInstanceUID
+                        found[uid] = len(entry.get("ContentSequence", [])) > 0
+    return found
+
+
+def check_image_library(path: Path, results: list[FrameResult], described: bool = True) -> None:
+    """Every evaluated image has an entry, with descriptors (geometry, spacing) exactly
+    when it holds a lesion (``described``: when highdicom can describe the header)."""
+    with_lesions = {r.frame.sop_instance_uid for r in results if r.lesions}
+    assert image_library(path) == {r.frame.sop_instance_uid: described and r.frame.sop_instance_uid in with_lesions
+                                   for r in results}
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -266,7 +283,7 @@ def test_ct_series_seg_and_sr_pass_dciodvfy_and_round_trip(ct, tmp_path, omit) -
     check_identity(sr, ct)
     assert any(les.slices > 1 for les in link_series(ct)[0])  # so lesions counted once and volumes are checked
     check_sr(dciodvfy(sr, tmp_path / "sr.dcm"), ct, seg)
-    assert has_image_library(tmp_path / "sr.dcm")
+    check_image_library(tmp_path / "sr.dcm", ct)
     build_sc(ct[-1])
     # The headers are shared by every frame of an object: the builders must not touch them.
     assert all(r.frame.source.dataset == b for r, b in zip(ct, before, strict=True))
@@ -302,6 +319,7 @@ def test_radiographs_seg_sr_sc_without_patient_geometry(dx, tmp_path) -> None:  
         assert list(seg.PatientOrientation) == list(r.frame.source.dataset.PatientOrientation)
         check_seg_round_trip(dciodvfy(seg, tmp_path / f"seg{i}.dcm"), [r])
         check_sr(dciodvfy(build_sr([r], seg=seg), tmp_path / f"sr{i}.dcm"), [r], seg)
+        check_image_library(tmp_path / f"sr{i}.dcm", [r])  # a group without a Frame of Reference
         sc = pydicom.dcmread(dciodvfy(build_sc(r), tmp_path / f"sc{i}.dcm"))
         assert "PixelSpacing" not in sc  # ImagerPixelSpacing is not patient-plane spacing
         assert np.array_equal(sc.pixel_array, render(r))
@@ -403,7 +421,8 @@ def test_multi_frame_source_seg_and_sr_reference_frames(enhanced_ct, tmp_path) -
     assert seg is not None
     check_seg_round_trip(dciodvfy(seg, tmp_path / "seg.dcm"), enhanced_ct)
     check_sr(dciodvfy(build_sr(enhanced_ct, seg=seg), tmp_path / "sr.dcm"), enhanced_ct, seg)
-    assert not has_image_library(tmp_path / "sr.dcm")  # highdicom cannot describe an enhanced header
+    # one entry for the one object; highdicom cannot describe an enhanced header's planes
+    check_image_library(tmp_path / "sr.dcm", enhanced_ct[:1], described=False)
     r = next(r for r in enhanced_ct if r.lesions)
     sc = pydicom.dcmread(dciodvfy(build_sc(r), tmp_path / "sc.dcm"))
     assert sc.SourceImageSequence[0].ReferencedFrameNumber == r.frame.frame_index + 1
@@ -440,6 +459,7 @@ def test_no_lesion_gives_no_seg_and_an_sr_that_says_zero(ct, tmp_path) -> None: 
     check_sr(path, empty, None)
     sr = hd.sr.srread(path)
     assert sr.content.get_planar_roi_measurement_groups() == []
+    check_image_library(path, empty)  # every slice listed as evaluated, none described
 
 
 # --------------------------------------------------------------------------- real analyzer
