@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from medrt_gui.bridge import Arrival, DecodedFile, Failure, Ready, Session
-from medrt_gui.seg import read_seg
+from medrt_gui.seg import read_seg, segments_on
 from medrt_gui.study import Study
 
 __all__ = ["StreamsMixin"]
@@ -133,7 +133,8 @@ class StreamsMixin:
             found = self.study.find(key)
             if found is not None:
                 slot = found[2]
-                slot.seg_labels, slot.seg_overlay = labels, None
+                slot.seg_labels, slot.seg_overlay, slot.seg = labels, None, seg
+                slot.seg_present = segments_on(labels)
                 slot.version += 1
                 matched += 1
         if matched:

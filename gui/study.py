@@ -21,7 +21,7 @@ from medrt_gui.imaging import DisplayIndex, Layer
 
 from medrt.errors import InputError
 from medrt.io.scan import iter_files
-from medrt.io.seg import SEG_SOP_CLASSES
+from medrt.io.seg import SEG_SOP_CLASSES, SegMasks
 from medrt.io.series import group_series
 from medrt.privacy import describe_exception
 from medrt.types import Frame, FrameResult
@@ -60,6 +60,8 @@ class Slot:
     overlay: Layer | None = None
     latency_ms: float | None = None
     seg_labels: np.ndarray | None = None  # uint16 label map from a DICOM SEG
+    seg: SegMasks | None = None  # the SEG it came from (segment labels and colours)
+    seg_present: tuple[int, ...] = ()  # the segment numbers on this image
     seg_overlay: Layer | None = None
     error: str | None = None
     version: int = 0  # bumped whenever something shown changes

@@ -49,6 +49,14 @@ log = logging.getLogger(__name__)
 Q = Qt.ConnectionType.QueuedConnection
 
 
+def _seg_text(slot: Slot) -> str:
+    """The HUD's word on the SEG layer of ``slot``: the segments on this image, by label."""
+    if slot.seg is None or not slot.seg_present:
+        return "SEG (no segment here)" if slot.seg is not None else "SEG"
+    names = [slot.seg.label_of(n) for n in slot.seg_present]
+    return "SEG: " + (", ".join(names) if len(names) <= 3 else f"{len(names)} segments")
+
+
 class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
     """The viewer. ``provider`` loads the models (shared by every session); ``analysis=False``
     only browses. ``workers`` inference threads per session; a live series keeps the newest
@@ -389,7 +397,8 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
         self.view.set_overlay(slot.overlay)
         if slot.seg_labels is not None and slot.seg_overlay is None:
             try:
-                slot.seg_overlay = Layer.from_rgba(seg_overlay(slot.frame, slot.seg_labels))
+                colors = slot.seg.colors if slot.seg is not None else None
+                slot.seg_overlay = Layer.from_rgba(seg_overlay(slot.frame, slot.seg_labels, colors))
             except ValueError as exc:
                 self.status(f"SEG not shown: {exc}")
         self.view.set_seg(slot.seg_overlay if slot.seg_labels is not None else None)
@@ -468,7 +477,7 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
         elif self.analysis_enabled:
             parts.append("no AI result")
         if slot.seg_labels is not None:
-            parts.append("SEG")
+            parts.append(_seg_text(slot))
         state = "on" if self.controls.overlay.isChecked() else "off (g)"
         parts.append(f"overlay {state}")
         return " · ".join(parts)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,13 +161,14 @@ def _layer(labels: np.ndarray, outline_px: int) -> Iterator[_Piece]:
 
 
 def overlay_rgba(
-    result: FrameResult, *, fill_alpha: float = 0.2, outline_alpha: float = 0.7, outline_px: int = 2
+    result: FrameResult, *, fill_alpha: float = 0.2, outline_alpha: float = 0.7, outline_px: int = 2,
+    colors: Callable[[int], tuple[int, int, int]] = lesion_color,
 ) -> np.ndarray:
     """The lesion overlay of ``result`` as uint8 RGBA ``(rows, cols, 4)`` in the source grid.
 
-    Every labelled pixel gets its lesion's colour (:func:`lesion_color`) at
-    ``fill_alpha``; the ``outline_px`` pixels nearest the lesion's edge get
-    ``outline_alpha`` instead. Unlabelled pixels are fully transparent.
+    Every labelled pixel gets its label's colour (``colors(label)``, by default the
+    lesion's, :func:`lesion_color`) at ``fill_alpha``; the ``outline_px`` pixels nearest
+    the label's edge get ``outline_alpha`` instead. Unlabelled pixels are fully transparent.
     """
     labels = _check_result(result)
     a_fill, a_edge = _alpha(fill_alpha, "fill_alpha"), _alpha(outline_alpha, "outline_alpha")
@@ -175,7 +176,7 @@ def overlay_rgba(
     for p in _layer(labels, outline_px):
         r0, c0, r1, c1 = p.box
         view = out[r0:r1, c0:c1]
-        view[p.fill, :3] = lesion_color(p.label)
+        view[p.fill, :3] = colors(p.label)
         view[p.fill, 3] = a_fill
         view[p.edge, 3] = a_edge
     return out

@@ -327,11 +327,15 @@ def test_cli_eval_table_and_bad_inputs(
     assert "line 1" in capsys.readouterr().err
 
 
+NODULE_RGB = (0, 160, 255)  # the colour another tool's SEG recommends for its "Nodule" segment
+
+
 @pytest.fixture(scope="module")
 def other_tools_seg(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A SEG as another tool might write it, of the 40-slice CT sample: segment 1 "Lung", a
-    box over most of each slice that holds the lesions, and segment 2 "Nodule", the
-    ground-truth lesions, on every slice (overlapping segments, empty frames left out)."""
+    box over most of each slice that holds the lesions, with no recommended colour, and
+    segment 2 "Nodule", the ground-truth lesions, on every slice, recommended in
+    :data:`NODULE_RGB` (overlapping segments, empty frames left out)."""
     import highdicom as hd
     import pydicom
     from pydicom.sr.codedict import codes
@@ -347,7 +351,8 @@ def other_tools_seg(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     def segment(n: int, label: str, kind: object) -> hd.seg.SegmentDescription:
         return hd.seg.SegmentDescription(n, label, codes.SCT.Organ if n == 1 else codes.SCT.MorphologicallyAbnormalStructure,
-                                         kind, hd.seg.SegmentAlgorithmTypeValues.AUTOMATIC, algorithm)
+                                         kind, hd.seg.SegmentAlgorithmTypeValues.AUTOMATIC, algorithm,
+                                         display_color=hd.color.CIELabColor.from_rgb(*NODULE_RGB) if n == 2 else None)
 
     seg = hd.seg.Segmentation(
         source_images=sources, pixel_array=pixels, segmentation_type=hd.seg.SegmentationTypeValues.BINARY,
@@ -386,6 +391,26 @@ def test_another_tools_seg_is_scored_by_the_segment_asked_for(other_tools_seg: P
     empty.mkdir(exist_ok=True)
     assert main(["eval", str(empty), str(SAMPLE_DIR)]) == 2
     assert "no results.jsonl in it, and no DICOM SEG" in capsys.readouterr().err
+
+
+def test_a_seg_read_back_keeps_each_segments_label_and_recommended_colour(
+        other_tools_seg: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import pydicom
+
+    from medrt.io.seg import read_seg
+
+    seg = read_seg(other_tools_seg)
+    assert seg.colors == {2: NODULE_RGB}  # "Lung" recommends none
+    assert (seg.label_of(1), seg.label_of(2), seg.label_of(3)) == ("Lung", "Nodule", "segment 3")
+    # A malformed colour is named and left out; the SEG still reads.
+    ds = pydicom.dcmread(other_tools_seg)
+    ds.SegmentSequence[1].RecommendedDisplayCIELabValue = [100, 200]
+    bad = tmp_path / "bad_colour.dcm"
+    ds.save_as(bad)
+    with caplog.at_level("WARNING", logger="medrt.io.seg"):
+        again = read_seg(bad)
+    assert again.colors == {} and len(again.masks) == len(seg.masks)
+    assert "bad_colour.dcm: segment 2 has an unusable Recommended Display CIELab Value" in caplog.text
 
 
 def test_a_lesion_segmented_in_pieces_is_one_hit_and_no_false_positive(truth: dict[str, FrameTruth]) -> None:

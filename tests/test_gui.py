@@ -559,6 +559,9 @@ def _seg_from_truth(out: Path, names: list[str]) -> Path:
 
 
 def test_seg_opened_beside_its_source(bot, make_window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from medrt_gui.seg import SEG_COLOR, seg_overlay
+
+    from medrt.overlay import lesion_color
     from medrt.phantom import load_ground_truth
 
     names = ["ct_0014.dcm", "ct_0015.dcm", "ct_0016.dcm", "ct_0017.dcm"]
@@ -569,11 +572,25 @@ def test_seg_opened_beside_its_source(bot, make_window, tmp_path: Path) -> None:
     w.show_image(slot_index_of(w, "ct_0017.dcm"))
     wait_shown(bot, w)
     truth = {t.file.name: t for t in load_ground_truth(CT).values()}["ct_0017.dcm"]
-    drawn = tinted(rendered(w))
-    assert np.array_equal(drawn, truth.mask > 0), "the SEG layer must cover exactly the segmented pixels"
-    assert "SEG" in w.hud.text("bottom_right")
+    on = rendered(w)
+    assert np.array_equal(tinted(on), truth.mask > 0), "the SEG layer must cover exactly the segmented pixels"
+    slot = w.current_slot()
+    assert slot.seg_present and set(slot.seg_present) == set(np.unique(slot.seg_labels)) - {0}
+    hud = w.hud.text("bottom_right")
+    assert "SEG: " in hud and all(slot.seg.label_of(n) in hud for n in slot.seg_present), hud
     w.controls.seg.setChecked(False)
-    assert tinted(rendered(w)).sum() == 0
+    off = rendered(w)
+    assert tinted(off).sum() == 0
+    # Each segment in the colour the SEG recommends: medrt's, the AI overlay's for that lesion.
+    assert slot.seg.colors == {n: lesion_color(int(slot.seg.label_of(n).split()[-1])) for n in slot.seg.segments}
+    layer = seg_overlay(slot.frame, slot.seg_labels, slot.seg.colors)
+    for n in slot.seg_present:
+        where = slot.seg_labels == n
+        alpha = layer[where, 3:4] / 255.0
+        expected = alpha * np.array(slot.seg.colors[n]) + (1 - alpha) * off[where]
+        assert np.abs(on[where] - expected).max() <= 2, f"segment {n} not in its colour"
+    # A segment whose SEG recommends no colour is drawn in SEG_COLOR.
+    assert (seg_overlay(slot.frame, slot.seg_labels)[slot.seg_labels > 0, :3] == SEG_COLOR).all()
     # A SEG lying in the opened folder is laid over its images by itself.
     folder = tmp_path / "study"
     folder.mkdir()

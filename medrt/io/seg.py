@@ -9,6 +9,10 @@ gets a map, so frames a SEG left out (no segment on them) read as empty, as DICO
 Segments may overlap in another tool's SEG (a "Lung" segment around "Nodule" ones), which
 highdicom's ``combine_segments`` refuses: the map holds, per pixel, the highest segment
 number set there, and ``segments`` chooses which count (by number or label).
+
+Each segment's Recommended Display CIELab Value (medrt writes its overlay's colour for the
+lesion there; dcmqi, OHIF and Slicer write theirs) is read as sRGB into ``colors``, so a
+viewer shows every segment in the colour its author chose.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -35,13 +39,20 @@ SEG_SOP_CLASSES = ("1.2.840.10008.5.1.4.1.1.66.4", "1.2.840.10008.5.1.4.1.1.66.7
 class SegMasks:
     """The label maps of one SEG: ``{frame key: uint16 (rows, cols)}``, 0 = background,
     k = segment k. ``labels`` names every segment of the SEG, in segment-number order;
-    ``segments`` are the numbers the maps hold."""
+    ``segments`` are the numbers the maps hold; ``colors`` the sRGB colour the SEG recommends
+    for each segment that names one (segment number → ``(r, g, b)``)."""
 
     path: Path
     masks: dict[str, np.ndarray]
     labels: tuple[str, ...]
     series_instance_uid: str
     segments: tuple[int, ...] = ()
+    colors: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+
+    def label_of(self, number: int) -> str:
+        """Segment ``number``'s label (``"segment N"`` when the SEG has no such number)."""
+        i = number - 1
+        return self.labels[i] if 0 <= i < len(self.labels) else f"segment {number}"
 
 
 def _chosen(seg: object, wanted: Sequence[int | str] | None, path: Path) -> tuple[int, ...]:
@@ -58,6 +69,26 @@ def _chosen(seg: object, wanted: Sequence[int | str] | None, path: Path) -> tupl
             raise ValueError(f"{path.name}: no segment {w!r} (it has {names})")
         chosen.append(n)
     return tuple(sorted(set(chosen)))  # type: ignore[arg-type]
+
+
+def _colors(seg: object, path: Path) -> dict[int, tuple[int, int, int]]:
+    """Each segment's Recommended Display CIELab Value as sRGB (highdicom's conversion, clipped
+    to the sRGB gamut); a segment without one, or with a malformed one, is left out."""
+    import highdicom as hd
+
+    out: dict[int, tuple[int, int, int]] = {}
+    for d in seg.SegmentSequence:  # type: ignore[attr-defined]
+        value = d.get("RecommendedDisplayCIELabValue")
+        if value is None:
+            continue
+        try:
+            rgb = hd.color.CIELabColor.from_dicom_value([int(v) for v in value]).to_rgb(clip=True)
+        except (TypeError, ValueError) as exc:
+            log.warning("%s: segment %s has an unusable Recommended Display CIELab Value %s (%s); "
+                        "shown in the default colour", path.name, d.SegmentNumber, list(value), exc)
+            continue
+        out[int(d.SegmentNumber)] = (int(round(rgb[0])), int(round(rgb[1])), int(round(rgb[2])))
+    return out
 
 
 def _label_map(stack: np.ndarray, numbers: tuple[int, ...]) -> np.ndarray:
@@ -93,7 +124,7 @@ def read_seg(path: str | os.PathLike[str], segments: Sequence[int | str] | None 
     if not masks:
         raise ValueError(f"{path.name}: the SEG refers to no image frames it can be shown on")
     log.info("read SEG %s: %d frame(s), segments %s", path.name, len(masks), list(numbers))
-    return SegMasks(path, masks, labels, str(seg.SeriesInstanceUID), numbers)
+    return SegMasks(path, masks, labels, str(seg.SeriesInstanceUID), numbers, _colors(seg, path))
 
 
 def _by_frames(seg: object, uid: str, numbers: tuple[int, ...]) -> dict[str, np.ndarray]:
