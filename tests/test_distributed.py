@@ -177,15 +177,15 @@ def test_workers_that_cannot_be_placed_fail_fast_and_say_why(cluster, tmp_path):
 
 
 def test_workers_that_differ_are_refused_naming_the_nodes():
-    from medrt.distributed import ClusterError, _agree
+    from medrt.distributed.cluster import ClusterError, agree
 
     a = {"medrt": "0.1.0", "host": "node-a", "settings": {"models": ["m@1:aa"], "backend": "onnxruntime"}}
     b = {"medrt": "0.1.0", "host": "node-b", "settings": {"models": ["m@1:bb"], "backend": "onnxruntime"}}
-    assert _agree([a, dict(a, host="node-c")]) == a["settings"]
+    assert agree([a, dict(a, host="node-c")]) == a["settings"]
     with pytest.raises(ClusterError, match=r"node-a and node-b differ in models"):
-        _agree([a, b])
+        agree([a, b])
     with pytest.raises(ClusterError, match=r"differ in medrt"):
-        _agree([a, dict(a, medrt="0.2.0", host="node-d")])
+        agree([a, dict(a, medrt="0.2.0", host="node-d")])
 
 
 def test_cli_refuses_what_cannot_work(tmp_path, capsys):
