@@ -182,6 +182,24 @@ def test_a_compressed_seg_reaches_a_peer_that_takes_it_only_uncompressed(tmp_pat
     assert statuses == {seg_file: 0x0122, sr_file: 0} and received == [sr.SOPClassUID]
 
 
+def test_a_file_that_cannot_be_encoded_is_refused_alone(tmp_path):
+    """pydicom's SC_rgb_jpeg.dcm names JPEG Baseline (explicit VR) in its meta header but its
+    data set turns to implicit VR part way (pydicom warns on reading it): pynetdicom will not
+    encode it. That file gets 0x0110 (processing failure) and the association goes on."""
+    from pydicom.data import get_testdata_file
+
+    from conftest import run_storescp
+
+    bad = Path(get_testdata_file("SC_rgb_jpeg.dcm"))
+    good = SAMPLE_DIR / "ct_stream" / "ct_0001.dcm"
+    folder = tmp_path / "pacs"
+    with run_storescp(folder, "+xa") as dest:
+        statuses = send([bad, good, bad], dest)
+    assert statuses == {bad: 0x0110, good: 0}
+    (got,) = folder.iterdir()
+    assert pydicom.dcmread(got).SOPInstanceUID == pydicom.dcmread(good).SOPInstanceUID
+
+
 # -- the listener ----------------------------------------------------------------------------------------------------
 
 

@@ -5,7 +5,9 @@ each in a presentation context of its own SOP class and transfer syntax. A compr
 (a SEG written with ``--seg-compression jpeg2000``) is offered uncompressed too, and a peer
 that accepts only that is sent it decoded (a BINARY SEG's bits packed again, as PS3.5 8.1.1
 wants them). A file the peer accepts in neither is refused (0x0122, SOP class not supported)
-without ending the association. A refused or broken association raises
+without ending the association, and so is one that cannot be encoded in the accepted
+transfer syntax (0x0110, processing failure: a malformed file, such as one whose meta
+header names another VR encoding than its data set uses). A refused or broken association raises
 :class:`ForwardError`; per-file statuses come back in the result, so the caller can tell
 "sent" from "the peer said no" and keep the series to retry.
 """
@@ -91,6 +93,7 @@ def client_tls(ca: str | Path | None = None, cert: str | Path | None = None,
 
 
 STATUS_NOT_SUPPORTED = 0x0122  # what a file no accepted presentation context fits counts as
+STATUS_NOT_ENCODED = 0x0110  # what a file pynetdicom cannot encode for its context counts as (processing failure)
 
 
 def _uncompressed(path: Path) -> Any:
@@ -172,7 +175,7 @@ def send(paths: Sequence[str | Path], dest: Destination, *, calling_ae: str = "M
         for path in files:
             sop_class, ts = wanted[path]
             if (sop_class, ts) in accepted:
-                reply = assoc.send_c_store(path)
+                payload: Any = path
             elif (sop_class, ExplicitVRLittleEndian) in accepted:
                 log.info("forward: %s takes %s only uncompressed: sending it decoded", dest, path.name)
                 try:
@@ -181,11 +184,17 @@ def send(paths: Sequence[str | Path], dest: Destination, *, calling_ae: str = "M
                     log.error("forward: %s cannot be decoded for %s: %s", path.name, dest, describe_exception(exc))
                     statuses[path] = STATUS_NOT_SUPPORTED
                     continue
-                reply = assoc.send_c_store(decoded)
+                payload = decoded
             else:
                 log.error("forward: %s accepted no presentation context for %s (%s in %s%s)", dest, path.name,
                           UID(sop_class).name, UID(ts).name, " or uncompressed" if UID(ts).is_compressed else "")
                 statuses[path] = STATUS_NOT_SUPPORTED
+                continue
+            try:
+                reply = assoc.send_c_store(payload)
+            except (ValueError, AttributeError) as exc:  # pynetdicom refuses it before sending any of it
+                log.error("forward: %s cannot be encoded for %s: %s", path.name, dest, describe_exception(exc))
+                statuses[path] = STATUS_NOT_ENCODED
                 continue
             if "Status" not in reply:  # no reply: the association broke or the DIMSE timed out
                 raise ForwardError(f"{dest}: no reply to C-STORE of {path.name} (association lost or timed out)",
