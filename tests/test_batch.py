@@ -379,3 +379,28 @@ def test_the_product_scores_what_the_model_cards_measured(tmp_path):
     assert [(b.name, b.gt, b.detected) for b in product.buckets] == [(b.name, b.gt, b.detected) for b in cards.buckets]
     assert product.detected > 0 and product.false_positives == cards.false_positives
     assert product.dice_mean == pytest.approx(cards.dice_mean, abs=1e-6)
+
+
+def test_a_series_waiting_for_its_seg_holds_no_pixels_and_no_empty_label_maps() -> None:
+    """What a series keeps of each frame until its SEG is written (strip_pixels): no pixels,
+    and for a frame without lesions no label map (zero-stride views of the same shape); the
+    SEG built from what it kept is the SEG of the full results."""
+    from test_export import truth_result
+
+    from medrt.batch.outputs import strip_pixels
+    from medrt.export import build_seg
+    from medrt.io.dicom import read_frames
+    from medrt.phantom import load_ground_truth
+
+    truth = {t.file.name: t for t in load_ground_truth(CT).values()}
+    names = sorted(truth)[10:22]
+    full = [truth_result(read_frames(CT / n)[0], truth[n].mask) for n in names]
+    assert any(r.lesions for r in full) and not all(r.lesions for r in full)
+    kept = [strip_pixels(r) for r in full]
+    for r, k in zip(full, kept, strict=True):
+        assert k.frame.pixels.shape == r.frame.pixels.shape and k.frame.pixels.strides == (0, 0)
+        assert k.labels.shape == r.labels.shape and k.labels.dtype == r.labels.dtype
+        assert (k.labels.strides == (0, 0)) == (not r.lesions)
+        assert np.array_equal(k.labels, r.labels)
+    a, b = build_seg(full), build_seg(kept)
+    assert a.PixelData == b.PixelData and a.NumberOfFrames == b.NumberOfFrames
