@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from medrt.preprocess import normalize
 from medrt.types import Frame
 
-__all__ = ["Preset", "PRESETS", "DisplayIndex", "Layer", "window_lut", "apply_lut", "drag_window", "value_text"]
+__all__ = ["Preset", "PRESETS", "DisplayIndex", "IndexedValues", "Layer", "window_lut", "apply_lut", "drag_window", "value_text"]
 
 _LEVELS = 65536
 
@@ -83,6 +84,29 @@ class DisplayIndex:
     def values(self) -> np.ndarray:
         """The pixel value each index stands for (float32, ``levels`` entries)."""
         return (self.base + self.step * np.arange(self.levels, dtype=np.float64)).astype(np.float32)
+
+
+class IndexedValues:
+    """The pixel values of an exact :class:`DisplayIndex`, read like a 2-D float32 array, a
+    pixel or a slice at a time (``values[row, col]``, ``values[r0:r1, c0:c1]``), so the viewer
+    need not keep the float copy of every image beside its index."""
+
+    __slots__ = ("_index",)
+
+    def __init__(self, index: DisplayIndex) -> None:
+        if not index.exact:
+            raise ValueError("only an exact index holds every pixel value")
+        self._index = index
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self._index.index.shape)
+
+    def __getitem__(self, key: Any) -> Any:
+        codes = self._index.index[key]
+        if isinstance(codes, np.ndarray):
+            return codes.astype(np.float32) + np.float32(self._index.base)
+        return np.float32(self._index.base + int(codes))
 
 
 def window_lut(index: DisplayIndex, center: float, width: float, invert: bool = False) -> np.ndarray:

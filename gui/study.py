@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from medrt_gui.imaging import DisplayIndex, Layer
+from medrt_gui.imaging import DisplayIndex, IndexedValues, Layer
 
 from medrt.errors import InputError
 from medrt.io.scan import iter_files
@@ -47,10 +47,33 @@ def frame_key(sop_instance_uid: str, frames: int, index: int) -> str:
     return f"{sop_instance_uid}#{index}" if frames > 1 else sop_instance_uid
 
 
+def _bare(frame: Frame) -> Frame:
+    """``frame`` without its pixel planes (zero-stride zeros of the same shape): the header,
+    geometry and keys stay."""
+    return replace(frame, pixels=np.broadcast_to(np.float32(0), frame.pixels.shape), color=None)
+
+
+def _held(result: FrameResult) -> FrameResult:
+    """What a slot keeps of ``result``: its frame bare (the slot holds the image once, as its
+    frame and index), and a lesion-free label map as zero-stride zeros."""
+    labels = result.labels
+    if not result.lesions and not labels.any():
+        labels = np.broadcast_to(labels.dtype.type(0), labels.shape)
+    return replace(result, frame=_bare(result.frame), labels=labels)
+
+
 @dataclass(eq=False)
 class Slot:
     """One image position in a series. ``frame``/``index`` arrive when decoded, ``result`` and
-    ``overlay`` (RGBA from :func:`medrt.overlay.overlay_rgba`) when the analysis finishes."""
+    ``overlay`` (RGBA from :func:`medrt.overlay.overlay_rgba`) when the analysis finishes.
+
+    A slot holds each image once. Where the index holds every pixel value exactly (integer
+    images: CT in HU, radiographs, most of DICOM) the float pixels are let go and
+    :attr:`values` reads them from the index; the result keeps its frame's header only, and
+    no label map when it found nothing. The colour planes are not kept (the viewer shows
+    the luminance). About 2 MB per 512² slice become 0.5: a 1,200-slice CT fits in a third
+    of the memory.
+    """
 
     key: str
     path: Path | None = None
@@ -68,18 +91,41 @@ class Slot:
     arrival: int = 0  # live: the study's arrival count when this image last came (0: never)
 
     def set_frame(self, frame: Frame, index: DisplayIndex | None) -> None:
-        self.frame, self.index, self.error = frame, index, None
+        self.frame, self.error = frame, None
+        self.set_index(index)
         self.seg_overlay = None
         self.version += 1
+
+    def set_index(self, index: DisplayIndex | None) -> None:
+        """The frame's display index; an exact one lets the float pixels go (see the class)."""
+        self.index = index
+        frame = self.frame
+        if frame is None or index is None or index.index.shape != frame.shape:
+            return
+        if index.exact and frame.pixels.strides != (0, 0):
+            self.frame = _bare(frame)
+        elif frame.color is not None:
+            self.frame = replace(frame, color=None)
+
+    @property
+    def values(self) -> np.ndarray | IndexedValues | None:
+        """The image's pixel values (modality units), read like a 2-D array: the frame's
+        pixels, or read from the index where the slot let them go; None before decoding."""
+        if self.frame is None:
+            return None
+        if self.frame.pixels.strides == (0, 0) and self.index is not None and self.index.exact:
+            return IndexedValues(self.index)
+        return self.frame.pixels
 
     def set_result(self, result: FrameResult, overlay: Layer | None, latency_ms: float | None,
                    index: DisplayIndex | None = None) -> None:
         """Attach an analysis result. With ``index`` (the result's frame quantised off the GUI
         thread) the result's own frame replaces a separately decoded copy, so the pixels are
         held once."""
-        self.result, self.overlay, self.latency_ms = result, overlay, latency_ms
         if index is not None or self.frame is None:
-            self.frame, self.index, self.error = result.frame, index, None
+            self.frame, self.error = result.frame, None
+            self.set_index(index)
+        self.result, self.overlay, self.latency_ms = _held(result), overlay, latency_ms
         self.version += 1
 
 

@@ -113,11 +113,13 @@ class ViewToolsMixin:
                                   "Del clears this image")
 
     @staticmethod
-    def _measure_text(shape: Length | Ellipse, frame: object) -> str:
+    def _measure_text(shape: Length | Ellipse, slot: Slot) -> str:
+        frame = slot.frame
+        assert frame is not None
         if isinstance(shape, Ellipse):
-            return ellipse_text(shape, frame.pixels, frame.spacing_mm, frame.spacing_source,  # type: ignore[attr-defined]
-                                frame.modality)  # type: ignore[attr-defined]
-        return length_text(shape, frame.spacing_mm, frame.spacing_source)  # type: ignore[attr-defined]
+            return ellipse_text(shape, slot.values, frame.spacing_mm, frame.spacing_source,  # type: ignore[arg-type]
+                                frame.modality)
+        return length_text(shape, frame.spacing_mm, frame.spacing_source)
 
     def clear_measurements(self: Any) -> None:
         slot = self.current_slot()
@@ -130,7 +132,7 @@ class ViewToolsMixin:
             return
         self.measurements.setdefault(slot.key, []).append(shape)
         what = "ROI" if isinstance(shape, Ellipse) else "Length"
-        self.status(f"{what}: {self._measure_text(shape, slot.frame)}")
+        self.status(f"{what}: {self._measure_text(shape, slot)}")
         self.request_render()
 
     def focus_lesion(self: Any, lesion: object) -> None:
@@ -158,4 +160,4 @@ class ViewToolsMixin:
         row, col = pixel
         if not (0 <= row < frame.rows and 0 <= col < frame.cols):
             return ""
-        return f"({col}, {row}) {value_text(float(frame.pixels[row, col]), frame.modality)}"
+        return f"({col}, {row}) {value_text(float(slot.values[row, col]), frame.modality)}"  # type: ignore[index]

@@ -380,7 +380,7 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
             self._update_hud()
             return
         if slot.index is None or slot.index.index.shape != slot.frame.shape:
-            slot.index = DisplayIndex.from_frame(slot.frame)
+            slot.set_index(DisplayIndex.from_frame(slot.frame))
         center, width = self.current_window() or (0.0, 1.0)
         # Keys hold the index object itself (compared by identity), never a reusable id().
         lut_key = (slot.index, center, width, self.inverted)
@@ -407,7 +407,7 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
         lesions = result.lesions if result is not None else ()
         rows = self._lesion_rows(result)
         self.view.set_lesions(lesions, [row.number for row in rows])
-        self.view.set_measurements([(shape, self._measure_text(shape, slot.frame))
+        self.view.set_measurements([(shape, self._measure_text(shape, slot))
                                     for shape in self.measurements.get(slot.key, ())])
         self.lesion_list.show_lesions(lesions, rows)
         entry = self.current_series

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import SAMPLE_DIR, require_module
+from medrt.io.dicom import read_frames
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 pytestmark = pytest.mark.gui
@@ -139,7 +140,7 @@ def test_presets_render_the_width_and_level_they_name(bot, make_window) -> None:
     w.open_path(CT)
     w.show_image(slot_index_of(w, "ct_0017.dcm"))
     wait_shown(bot, w)
-    hu = w.current_slot().frame.pixels
+    hu = read_frames(w.current_slot().path)[0].pixels  # the file's own values, decoded apart
     # The header window (W 400 / L 40) first.
     win = w.current_slot().frame.window
     assert np.abs(rendered(w)[:, :, 0] - expected_gray(hu, win.center, win.width)).max() <= 1
@@ -181,7 +182,7 @@ def test_drag_window_level_and_value_under_cursor(bot, make_window) -> None:  # 
     pos = start + QPoint(-40, 25)
     QTest.mouseMove(vp, pos)
     row, col = w.view.scene_pixel(pos.toPointF())
-    value = float(w.current_slot().frame.pixels[row, col])
+    value = float(read_frames(w.current_slot().path)[0].pixels[row, col])
     bot.waitUntil(lambda: f"HU {value:.0f}" in w.hud.text("bottom_left"))
     assert f"({col}, {row})" in w.hover_text
 
@@ -241,8 +242,9 @@ def test_length_tool_measures_in_mm_and_stays_with_its_image(bot, make_window) -
     drag(a, b)
     (roi,) = w.measurements[key]
     pa, pb = w.view.mapToScene(a), w.view.mapToScene(b)
-    (r0, c0), mask = ellipse_mask(roi, frame.pixels.shape)
-    inside = frame.pixels[r0:r0 + mask.shape[0], c0:c0 + mask.shape[1]][mask]
+    pixels = read_frames(w.current_slot().path)[0].pixels
+    (r0, c0), mask = ellipse_mask(roi, pixels.shape)
+    inside = pixels[r0:r0 + mask.shape[0], c0:c0 + mask.shape[1]][mask]
     area = mask.sum() * frame.spacing_mm[0] * frame.spacing_mm[1]
     assert roi.a == pytest.approx((pa.x(), pa.y())) and mask.sum() > 50
     assert texts() == [f"mean {inside.mean():.1f} HU, SD {inside.std():.1f}, {area:.1f} mm²"]
@@ -685,6 +687,32 @@ def test_bad_files_are_named_and_the_rest_still_shows(bot, make_window, tmp_path
     bot.waitUntil(lambda: w.shown_key is None and not w.render_pending)
     assert w.view.image.pixmap().isNull(), "no stale image under the unreadable one's label"
     assert w.isVisible()
+
+
+def test_an_analysed_series_holds_each_image_once(bot, make_window) -> None:  # type: ignore[no-untyped-def]
+    """A thin-slice CT has a thousand images or more: each slot keeps its image as the display
+    index alone when that holds every value (integer HU), the result no pixels, and a
+    lesion-free result no label map; what the tools read is still the file's values."""
+    from medrt_gui.imaging import IndexedValues
+
+    w = make_window(analysis=True)
+    w.open_path(CT)
+    bot.waitUntil(lambda: w.session_finished == w.session.sid, timeout=180_000)
+    slots = w.study.series[0].slots
+    assert all(s.result is not None for s in slots)
+    for slot in slots[::7]:
+        assert slot.index is not None and slot.index.exact
+        assert slot.frame.pixels.strides == (0, 0) and slot.result.frame.pixels.strides == (0, 0)
+        assert (slot.result.labels.strides == (0, 0)) == (not slot.result.lesions)
+        assert isinstance(slot.values, IndexedValues)
+        pixels = read_frames(slot.path)[0].pixels
+        assert np.array_equal(slot.values[:, :], pixels)
+        assert slot.values[100, 200] == pixels[100, 200] and slot.values.shape == pixels.shape
+    assert any(s.result.lesions for s in slots) and not all(s.result.lesions for s in slots)
+    # Shown with its overlay, and the list counts its lesions, as before.
+    w.show_image(next(i for i, s in enumerate(slots) if s.result.lesions))
+    wait_shown(bot, w)
+    assert tinted(rendered(w)).any()
 
 
 def test_large_files_decode_in_a_process_small_ones_on_the_thread(bot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
