@@ -198,6 +198,11 @@ def test_a_file_that_cannot_be_encoded_is_refused_alone(tmp_path):
     assert statuses == {bad: 0x0110, good: 0}
     (got,) = folder.iterdir()
     assert pydicom.dcmread(got).SOPInstanceUID == pydicom.dcmread(good).SOPInstanceUID
+    # A file that is not DICOM at all is named before any association is tried.
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not DICOM")
+    with pytest.raises(ForwardError, match=r"notes\.txt: cannot be sent"):
+        send([good, notes], Destination("NOBODY", "127.0.0.1", free_port()))
 
 
 # -- the listener ----------------------------------------------------------------------------------------------------

@@ -146,9 +146,11 @@ def send(paths: Sequence[str | Path], dest: Destination, *, calling_ae: str = "M
     """C-STORE each file to ``dest`` over one association; returns each file's status.
 
     Raises :class:`ForwardError` when the association is rejected or aborted (a TLS
-    handshake that fails ends so), or a file has no SOP class or transfer syntax to propose.
+    handshake that fails ends so), or a file is not DICOM, cannot be read, or has no SOP
+    class or transfer syntax to propose (before anything is sent).
     """
     import pydicom
+    from pydicom.errors import InvalidDicomError
     from pydicom.uid import UID, ExplicitVRLittleEndian
 
     files = [Path(p) for p in paths]
@@ -157,7 +159,10 @@ def send(paths: Sequence[str | Path], dest: Destination, *, calling_ae: str = "M
     contexts: dict[tuple[str, str], None] = {}
     wanted: dict[Path, tuple[str, str]] = {}
     for path in files:
-        ds = pydicom.dcmread(path, stop_before_pixels=True)
+        try:
+            ds = pydicom.dcmread(path, stop_before_pixels=True)
+        except (InvalidDicomError, OSError) as exc:  # named, as every other refusal to send is
+            raise ForwardError(f"{path.name}: cannot be sent: {describe_exception(exc)}") from exc
         sop_class = str(ds.get("SOPClassUID", "") or ds.file_meta.get("MediaStorageSOPClassUID", ""))
         ts = str(ds.file_meta.get("TransferSyntaxUID", ""))
         if not sop_class or not ts:
