@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from medrt_gui.bridge import AnalyzerProvider
-from medrt_gui.window import MainWindow
+from medrt_gui.window import IMAGE_CACHE_MB, MainWindow
 from PySide6.QtCore import QTimer
 from PySide6.QtGui import QGuiApplication, QPixmap
 from PySide6.QtWidgets import QApplication
@@ -36,7 +36,8 @@ def build_window(args: argparse.Namespace) -> MainWindow:
     analysis = not args.no_analysis
     _, workers = thread_layout(args)
     provider = AnalyzerProvider(analyzer_config(args))
-    window = MainWindow(provider, analysis=analysis, workers=workers)
+    window = MainWindow(provider, analysis=analysis, workers=workers,
+                        image_cache_mb=getattr(args, "image_cache", IMAGE_CACHE_MB))
     window.resize(*_size(args.size))
     window.follow_mode = getattr(args, "follow", "results")
     window.show()

@@ -117,6 +117,23 @@ class Slot:
             return IndexedValues(self.index)
         return self.frame.pixels
 
+    @property
+    def image_bytes(self) -> int:
+        """The memory the decoded image holds: its index and any pixel planes kept."""
+        held = 0 if self.index is None else self.index.index.nbytes
+        frame = self.frame
+        if frame is not None:
+            if frame.pixels.strides != (0, 0):  # a let-go frame is a zero-stride view
+                held += frame.pixels.nbytes
+            if frame.color is not None:
+                held += frame.color.nbytes
+        return held
+
+    def release_image(self) -> None:
+        """Let the decoded image go; it is decoded again from :attr:`path` when shown. The
+        result, its overlay and the SEG layer stay."""
+        self.frame = self.index = None
+
     def set_result(self, result: FrameResult, overlay: Layer | None, latency_ms: float | None,
                    index: DisplayIndex | None = None) -> None:
         """Attach an analysis result. With ``index`` (the result's frame quantised off the GUI
@@ -160,7 +177,8 @@ class SeriesEntry:
 
     @property
     def description(self) -> str:
-        ds = next((s.frame.source.dataset for s in self.slots if s.frame is not None), None)
+        frames = (s.frame or (s.result.frame if s.result is not None else None) for s in self.slots)
+        ds = next((f.source.dataset for f in frames if f is not None), None)
         text = str(ds.get("SeriesDescription", "") or "") if ds is not None else ""
         n = len(self.slots)
         head = f"{self.modality or '?'} · {n} image{'s' if n != 1 else ''}"

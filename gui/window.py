@@ -48,6 +48,10 @@ log = logging.getLogger(__name__)
 
 Q = Qt.ConnectionType.QueuedConnection
 
+#: The decoded images of opened files kept in memory, MB (``medrt view --image-cache``):
+#: 2,000 CT slices of 512² as display indexes, or 32 radiographs of 4096².
+IMAGE_CACHE_MB = 1024.0
+
 
 def _seg_text(slot: Slot) -> str:
     """The HUD's word on the SEG layer of ``slot``: the segments on this image, by label."""
@@ -60,13 +64,15 @@ def _seg_text(slot: Slot) -> str:
 class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
     """The viewer. ``provider`` loads the models (shared by every session); ``analysis=False``
     only browses. ``workers`` inference threads per session; a live series keeps the newest
-    ``live_keep`` images."""
+    ``live_keep`` images. Opened files keep their decoded images within ``image_cache_mb``
+    (None: no bound): past it, the images farthest from the one shown are let go and decoded
+    again when shown (results and overlays stay), as OHIF's image cache does."""
 
     sessionFinished = Signal(int)
     rendered = Signal(str)  # the key of the frame just drawn
 
     def __init__(self, provider: AnalyzerProvider | None = None, *, analysis: bool = True, workers: int = 2,
-                 live_keep: int = 500) -> None:
+                 live_keep: int = 500, image_cache_mb: float | None = IMAGE_CACHE_MB) -> None:
         super().__init__()
         self.setWindowTitle("medrt viewer — research use only, not for clinical use")
         self.resize(1280, 800)
@@ -74,6 +80,7 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
         self.analysis_enabled = analysis
         self.workers = workers
         self.live_keep = live_keep
+        self.image_cache_mb = image_cache_mb
         self.bridge = Bridge(self)
         # Emitted on the pipeline's threads; queued, so each slot runs here, in the event loop.
         self.bridge.frameArrived.connect(self._on_frame, Q)
@@ -492,6 +499,31 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
             self.hud.set_text("top_right", f"AI {self.results_received}{done} analysed\n"
                                            f"{session.backend or 'loading models…'}")
         self.browser.show_study(self.study, self.series_i)
+        self.release_images()
+
+    def release_images(self) -> int:
+        """Bring the decoded images of opened files within ``image_cache_mb``: the farthest
+        from the image shown go first (other series before this one's), never the image shown
+        or the ones decoded ahead of it. A live study has its own bound (``live_keep``).
+        Returns how many went."""
+        if self.image_cache_mb is None or self.study.live:
+            return 0
+        held = [(s, n, si, i) for si, e in enumerate(self.study.series) for i, s in enumerate(e.slots)
+                if s.path is not None and (n := s.image_bytes)]
+        total, budget = sum(n for _, n, _, _ in held), self.image_cache_mb * 2**20
+        if total <= budget:
+            return 0
+        near = range(self.slot_i - 1, self.slot_i + 4)  # the one shown and _want_decoded's window
+        far = sorted((((si != self.series_i, abs(i - self.slot_i)), s, n) for s, n, si, i in held
+                      if not (si == self.series_i and i in near)), key=lambda t: t[0])
+        gone = 0
+        for _, slot, n in reversed(far):
+            if total <= budget:
+                break
+            slot.release_image()
+            total -= n
+            gone += 1
+        return gone
 
     def closeEvent(self, event: object) -> None:  # noqa: N802 (Qt's name)
         self.stop_sessions(wait=2.0)

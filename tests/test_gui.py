@@ -715,6 +715,31 @@ def test_an_analysed_series_holds_each_image_once(bot, make_window) -> None:  # 
     assert tinted(rendered(w)).any()
 
 
+def test_decoded_images_stay_within_the_image_cache(bot, make_window) -> None:  # type: ignore[no-untyped-def]
+    """With --image-cache 3 MB (six 512² slices as display indexes), analysing the 40-slice
+    CT leaves no more than that decoded, the image shown and its neighbours among them; an
+    image that was let go is decoded again when shown, with its own values and its result."""
+    w = make_window(analysis=True, image_cache_mb=3.0)
+    w.open_path(CT)
+    bot.waitUntil(lambda: w.session_finished == w.session.sid, timeout=180_000)
+    slots = w.study.series[0].slots
+    w.release_images()
+    held = [i for i, s in enumerate(slots) if s.image_bytes]
+    assert sum(s.image_bytes for s in slots) <= 3 * 2**20 and 0 in held and 1 in held, held
+    assert all(s.result is not None for s in slots)  # results stay
+    far = max(i for i, s in enumerate(slots) if s.result.lesions)
+    assert far not in held
+    w.show_image(far)
+    wait_shown(bot, w, far)
+    slot = w.current_slot()
+    pixels = read_frames(slot.path)[0].pixels
+    assert np.array_equal(slot.values[:, :], pixels)
+    assert tinted(rendered(w)).any(), "its lesion overlay is drawn again"
+    assert f"{len(slot.result.lesions)} lesion" in w.hud.text("bottom_right")
+    w.release_images()
+    assert slots[0].image_bytes == 0 and slot.image_bytes > 0  # now the first ones are far
+
+
 def test_large_files_decode_in_a_process_small_ones_on_the_thread(bot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Browsing decode: a 4096² RLE radiograph (pylibjpeg-rle holds the interpreter
     lock for the whole image) goes to a worker process; a 4096² JPEG-LS one (imagecodecs

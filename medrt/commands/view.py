@@ -40,6 +40,10 @@ def add_view_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=("1", "2", "3", "4"),
                    help="start with a window preset: 1 soft tissue, 2 lung, 3 bone, 4 brain")
     p.add_argument("--no-analysis", action="store_true", help="browse only: run no AI on opened files")
+    p.add_argument("--image-cache", type=float, default=1024.0, metavar="MB",
+                   help="decoded images of opened files kept in memory (default 1024: 2,000 CT slices or 32 "
+                        "4096² radiographs); past it the farthest from the image shown are let go and decoded "
+                        "again when shown")
     p.add_argument("--workers", type=int, default=None, help="inference workers (default: one per core on CPU)")
     p.add_argument("--size", default="1280x800", metavar="WxH", help="window size (default 1280x800)")
     p.add_argument("--screenshot", type=Path, default=None, metavar="PNG",
