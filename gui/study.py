@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -89,6 +90,7 @@ class Slot:
     error: str | None = None
     version: int = 0  # bumped whenever something shown changes
     arrival: int = 0  # live: the study's arrival count when this image last came (0: never)
+    _packed: tuple[bytes, tuple[int, ...], np.dtype] | None = field(default=None, repr=False)
 
     def set_frame(self, frame: Frame, index: DisplayIndex | None) -> None:
         self.frame, self.error = frame, None
@@ -131,8 +133,43 @@ class Slot:
 
     def release_image(self) -> None:
         """Let the decoded image go; it is decoded again from :attr:`path` when shown. The
-        result, its overlay and the SEG layer stay."""
+        result and the SEG labels stay; the overlay (drawn from the result: up to 64 MB of
+        RGBA on a 4096² radiograph whose lesions lie far apart) is drawn again when shown."""
         self.frame = self.index = None
+        if self.result is not None:
+            self.overlay = None
+        self.seg_overlay = None
+
+    @property
+    def label_bytes(self) -> int:
+        """The memory the result's label map holds (none once packed, or when it is empty)."""
+        r = self.result
+        return 0 if r is None or r.labels.strides == (0, 0) else r.labels.nbytes
+
+    def pack_labels(self) -> None:
+        """Keep the result's label map zlib-compressed until the image is shown again
+        (:meth:`unpack_labels`): a 4096² radiograph's map is 32 MB, mostly zeros. Only for
+        an image alone in its series: a series' lesions are linked through its neighbours'
+        maps."""
+        r = self.result
+        if r is None or self.label_bytes == 0:
+            return
+        labels = np.ascontiguousarray(r.labels)
+        self._packed = (zlib.compress(labels.tobytes(), 1), labels.shape, labels.dtype)
+        self.result = replace(r, labels=np.broadcast_to(labels.dtype.type(0), labels.shape))
+
+    def unpack_labels(self) -> None:
+        """The result's label map back from :meth:`pack_labels` (read-only, as it came)."""
+        if self._packed is None or self.result is None:
+            return
+        data, shape, dtype = self._packed
+        labels = np.frombuffer(zlib.decompress(data), dtype=dtype).reshape(shape)
+        self.result, self._packed = replace(self.result, labels=labels), None
+
+    @property
+    def overlay_bytes(self) -> int:
+        return (0 if self.overlay is None else self.overlay.rgba.nbytes) + (
+            0 if self.seg_overlay is None else self.seg_overlay.rgba.nbytes)
 
     def set_result(self, result: FrameResult, overlay: Layer | None, latency_ms: float | None,
                    index: DisplayIndex | None = None) -> None:
@@ -143,6 +180,7 @@ class Slot:
             self.frame, self.error = result.frame, None
             self.set_index(index)
         self.result, self.overlay, self.latency_ms = _held(result), overlay, latency_ms
+        self._packed = None
         self.version += 1
 
 

@@ -40,6 +40,7 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox, QTabWidget
 
+from medrt.overlay import overlay_rgba
 from medrt.types import FrameResult
 
 __all__ = ["MainWindow"]
@@ -376,6 +377,7 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
     def _render(self) -> None:
         slot = self.current_slot()
         if slot is not None:
+            slot.unpack_labels()  # a far radiograph's label map, packed by release_images
             self._want_decoded(slot)
         if slot is None or slot.frame is None:
             self.view.blank()
@@ -401,6 +403,8 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
             self._gray_buffers[0] = gray
             self.view.set_image(gray)
             self._image_key = image_key
+        if slot.overlay is None and slot.result is not None and slot.result.lesions:
+            slot.overlay = Layer.from_rgba(overlay_rgba(slot.result))  # let go with the image
         self.view.set_overlay(slot.overlay)
         if slot.seg_labels is not None and slot.seg_overlay is None:
             try:
@@ -504,23 +508,29 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
     def release_images(self) -> int:
         """Bring the decoded images of opened files within ``image_cache_mb``: the farthest
         from the image shown go first (other series before this one's), never the image shown
-        or the ones decoded ahead of it. A live study has its own bound (``live_keep``).
-        Returns how many went."""
+        or the ones decoded ahead of it; their overlays go with them, and the label map of an
+        image alone in its series (a radiograph) is packed. A live study has its own bound
+        (``live_keep``). Returns how many images went."""
         if self.image_cache_mb is None or self.study.live:
             return 0
-        held = [(s, n, si, i) for si, e in enumerate(self.study.series) for i, s in enumerate(e.slots)
-                if s.path is not None and (n := s.image_bytes)]
-        total, budget = sum(n for _, n, _, _ in held), self.image_cache_mb * 2**20
-        if total <= budget:
-            return 0
-        near = range(self.slot_i - 1, self.slot_i + 4)  # the one shown and _want_decoded's window
-        far = sorted((((si != self.series_i, abs(i - self.slot_i)), s, n) for s, n, si, i in held
-                      if not (si == self.series_i and i in near)), key=lambda t: t[0])
+        held = []
+        for si, entry in enumerate(self.study.series):
+            alone = len(entry.slots) == 1
+            for i, s in enumerate(entry.slots):
+                n = s.image_bytes + s.overlay_bytes + (s.label_bytes if alone else 0)
+                if n and s.path is not None:
+                    held.append(((si != self.series_i, abs(i - self.slot_i)), s, n, alone, si == self.series_i and
+                                 self.slot_i - 1 <= i <= self.slot_i + 3))  # shown, or decoded ahead
+        total, budget = sum(h[2] for h in held), self.image_cache_mb * 2**20
         gone = 0
-        for _, slot, n in reversed(far):
+        for _, slot, n, alone, near in sorted(held, key=lambda h: h[0], reverse=True):
             if total <= budget:
                 break
+            if near:
+                continue
             slot.release_image()
+            if alone:
+                slot.pack_labels()
             total -= n
             gone += 1
         return gone

@@ -740,6 +740,35 @@ def test_decoded_images_stay_within_the_image_cache(bot, make_window) -> None:  
     assert slots[0].image_bytes == 0 and slot.image_bytes > 0  # now the first ones are far
 
 
+def test_far_radiographs_keep_their_label_maps_packed(bot, make_window) -> None:  # type: ignore[no-untyped-def]
+    """A 4096² radiograph's image (32 MB as an index), overlay and label map (32 MB) go past
+    the cache; the label map of an image alone in its series is kept packed, and comes back
+    (each lesion's pixels inside its box) when the radiograph is shown, with its overlay
+    drawn again."""
+    w = make_window(analysis=True, image_cache_mb=40.0)
+    w.open_path(SAMPLE_DIR / "radiographs")
+    bot.waitUntil(lambda: w.session_finished == w.session.sid, timeout=180_000)
+    slots = [e.slots[0] for e in w.study.series]
+    assert len(slots) == 3 and all(s.result is not None for s in slots)
+    w.release_images()
+    far = [s for i, s in enumerate(slots) if i != w.series_i]
+    assert all(s.image_bytes == 0 and s.overlay is None and s.label_bytes == 0 for s in far)
+    packed = [s for s in far if s.result.lesions]
+    assert packed, "a far radiograph with lesions"
+    target = w.study.series.index(next(e for e in w.study.series if e.slots[0] is packed[-1]))
+    w.show_series(target)
+    wait_shown(bot, w)
+    shown = w.current_slot()
+    assert shown is packed[-1], (shown._packed is None, shown.result.labels.strides, shown.label_bytes)
+    labels = shown.result.labels  # unpacked: each lesion's pixels, inside its box
+    assert set(np.unique(labels)) == {0} | {les.label for les in shown.result.lesions}
+    for les in shown.result.lesions:
+        r0, c0, r1, c1 = les.bbox
+        assert np.count_nonzero(labels == les.label) == np.count_nonzero(labels[r0:r1, c0:c1] == les.label) > 0
+    assert tinted(rendered(w)).any(), "its overlay is drawn again"
+    assert f"{len(shown.result.lesions)} lesion" in w.hud.text("bottom_right")
+
+
 def test_large_files_decode_in_a_process_small_ones_on_the_thread(bot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Browsing decode: a 4096² RLE radiograph (pylibjpeg-rle holds the interpreter
     lock for the whole image) goes to a worker process; a 4096² JPEG-LS one (imagecodecs
