@@ -30,7 +30,7 @@ from medrt.types import Frame, FrameResult
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from medrt.analysis.tracking import Linked
 
-__all__ = ["Slot", "SeriesEntry", "Problem", "Study", "SEG_SOP_CLASSES", "describe_error"]
+__all__ = ["Slot", "decode_window", "SeriesEntry", "Problem", "Study", "SEG_SOP_CLASSES", "describe_error"]
 
 log = logging.getLogger(__name__)
 
@@ -43,24 +43,15 @@ def describe_error(exc: BaseException) -> str:
     return describe_exception(exc)
 
 
+def decode_window(slot_i: int) -> range:
+    """The images decoded with image ``slot_i`` of a series, it among them: one before it and
+    two after (scrolling either way finds them ready); the image cache never lets them go."""
+    return range(max(0, slot_i - 1), slot_i + 3)
+
+
 def frame_key(sop_instance_uid: str, frames: int, index: int) -> str:
     """The key :attr:`medrt.types.Frame.key` gives frame ``index`` of an object of ``frames`` frames."""
     return f"{sop_instance_uid}#{index}" if frames > 1 else sop_instance_uid
-
-
-def _bare(frame: Frame) -> Frame:
-    """``frame`` without its pixel planes (zero-stride zeros of the same shape): the header,
-    geometry and keys stay."""
-    return replace(frame, pixels=np.broadcast_to(np.float32(0), frame.pixels.shape), color=None)
-
-
-def _held(result: FrameResult) -> FrameResult:
-    """What a slot keeps of ``result``: its frame bare (the slot holds the image once, as its
-    frame and index), and a lesion-free label map as zero-stride zeros."""
-    labels = result.labels
-    if not result.lesions and not labels.any():
-        labels = np.broadcast_to(labels.dtype.type(0), labels.shape)
-    return replace(result, frame=_bare(result.frame), labels=labels)
 
 
 @dataclass(eq=False)
@@ -104,8 +95,8 @@ class Slot:
         frame = self.frame
         if frame is None or index is None or index.index.shape != frame.shape:
             return
-        if index.exact and frame.pixels.strides != (0, 0):
-            self.frame = _bare(frame)
+        if index.exact and not frame.bare:
+            self.frame = frame.without_pixels()
         elif frame.color is not None:
             self.frame = replace(frame, color=None)
 
@@ -115,7 +106,7 @@ class Slot:
         pixels, or read from the index where the slot let them go; None before decoding."""
         if self.frame is None:
             return None
-        if self.frame.pixels.strides == (0, 0) and self.index is not None and self.index.exact:
+        if self.frame.bare and self.index is not None and self.index.exact:
             return IndexedValues(self.index)
         return self.frame.pixels
 
@@ -125,7 +116,7 @@ class Slot:
         held = 0 if self.index is None else self.index.index.nbytes
         frame = self.frame
         if frame is not None:
-            if frame.pixels.strides != (0, 0):  # a let-go frame is a zero-stride view
+            if not frame.bare:
                 held += frame.pixels.nbytes
             if frame.color is not None:
                 held += frame.color.nbytes
@@ -179,7 +170,8 @@ class Slot:
         if index is not None or self.frame is None:
             self.frame, self.error = result.frame, None
             self.set_index(index)
-        self.result, self.overlay, self.latency_ms = _held(result), overlay, latency_ms
+        # the slot holds the image once (frame and index); the result keeps its header
+        self.result, self.overlay, self.latency_ms = result.without_pixels(), overlay, latency_ms
         self._packed = None
         self.version += 1
 
@@ -313,6 +305,33 @@ class Study:
         slot.arrival, self.newest_key = self.arrivals, frame.key
         slot.set_frame(frame, index)
         return self.series.index(entry), entry.slots.index(slot)
+
+    def release_images(self, budget: float, series_i: int, slot_i: int) -> int:
+        """Bring the images of opened files (slots with a path) within ``budget`` bytes: the
+        farthest from image ``slot_i`` of series ``series_i`` go first (other series before
+        that one's), never those of its :func:`decode_window`. Their overlays go with them,
+        and the label map of an image alone in its series (a radiograph) is packed. Returns
+        how many images went."""
+        held, total = [], 0
+        for si, entry in enumerate(self.series):
+            alone = len(entry.slots) == 1
+            for i, s in enumerate(entry.slots):
+                n = s.image_bytes + s.overlay_bytes + (s.label_bytes if alone else 0)
+                if not n or s.path is None:
+                    continue
+                total += n
+                if not (si == series_i and i in decode_window(slot_i)):
+                    held.append(((si != series_i, abs(i - slot_i)), s, n, alone))
+        gone = 0
+        for _, slot, n, alone in sorted(held, key=lambda h: h[0], reverse=True):
+            if total <= budget:
+                break
+            slot.release_image()
+            if alone:
+                slot.pack_labels()
+            total -= n
+            gone += 1
+        return gone
 
     # -- lookups ---------------------------------------------------------------
 

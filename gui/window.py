@@ -34,7 +34,7 @@ from medrt_gui.panels import (
 )
 from medrt_gui.seg import seg_overlay
 from medrt_gui.streams import StreamsMixin
-from medrt_gui.study import SeriesEntry, Slot, Study
+from medrt_gui.study import SeriesEntry, Slot, Study, decode_window
 from medrt_gui.tools import ViewToolsMixin
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
@@ -446,7 +446,7 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
         entry = self.current_series
         if entry is None or self.study.live:
             return
-        near = entry.slots[max(0, self.slot_i - 1): self.slot_i + 3]
+        near = [entry.slots[i] for i in decode_window(self.slot_i) if i < len(entry.slots)]
         self.decoder.want([s.path for s in sorted(near, key=lambda s: s is not slot) if s.frame is None and s.error is None])
 
     def _update_hud(self) -> None:
@@ -506,34 +506,12 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
         self.release_images()
 
     def release_images(self) -> int:
-        """Bring the decoded images of opened files within ``image_cache_mb``: the farthest
-        from the image shown go first (other series before this one's), never the image shown
-        or the ones decoded ahead of it; their overlays go with them, and the label map of an
-        image alone in its series (a radiograph) is packed. A live study has its own bound
-        (``live_keep``). Returns how many images went."""
+        """Bring the decoded images of opened files within ``image_cache_mb``
+        (:meth:`Study.release_images`, around the image shown). A live study has its own
+        bound (``live_keep``). Returns how many images went."""
         if self.image_cache_mb is None or self.study.live:
             return 0
-        held = []
-        for si, entry in enumerate(self.study.series):
-            alone = len(entry.slots) == 1
-            for i, s in enumerate(entry.slots):
-                n = s.image_bytes + s.overlay_bytes + (s.label_bytes if alone else 0)
-                if n and s.path is not None:
-                    held.append(((si != self.series_i, abs(i - self.slot_i)), s, n, alone, si == self.series_i and
-                                 self.slot_i - 1 <= i <= self.slot_i + 3))  # shown, or decoded ahead
-        total, budget = sum(h[2] for h in held), self.image_cache_mb * 2**20
-        gone = 0
-        for _, slot, n, alone, near in sorted(held, key=lambda h: h[0], reverse=True):
-            if total <= budget:
-                break
-            if near:
-                continue
-            slot.release_image()
-            if alone:
-                slot.pack_labels()
-            total -= n
-            gone += 1
-        return gone
+        return self.study.release_images(self.image_cache_mb * 2**20, self.series_i, self.slot_i)
 
     def closeEvent(self, event: object) -> None:  # noqa: N802 (Qt's name)
         self.stop_sessions(wait=2.0)

@@ -7,7 +7,7 @@ new object. Arrays inside them are set read-only where medrt creates them.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -147,6 +147,17 @@ class Frame:
             return f"{self.sop_instance_uid}#{self.frame_index}"
         return self.sop_instance_uid
 
+    @property
+    def bare(self) -> bool:
+        """True for a frame from :meth:`without_pixels` (its pixels a zero-stride view)."""
+        return self.pixels.strides == (0,) * self.pixels.ndim
+
+    def without_pixels(self) -> Frame:
+        """This frame without its pixel planes: zeros of the same shape as a zero-stride view
+        (no memory), no colour; header, geometry and keys stay. For holding many frames'
+        results after their pixels are no longer needed."""
+        return replace(self, pixels=np.broadcast_to(np.float32(0), self.pixels.shape), color=None)
+
 
 @dataclass(frozen=True, slots=True)
 class LesionTruth:
@@ -239,3 +250,12 @@ class FrameResult:
     def skipped(self) -> bool:
         """True when the ROI classifier called the frame negative (no UNet run)."""
         return self.mode == "roi" and not self.crops
+
+    def without_pixels(self) -> FrameResult:
+        """This result with its frame :meth:`Frame.without_pixels`, and, when it found no
+        lesion, its (empty) label map as zeros in a zero-stride view: half a MB per 512²
+        slice, 32 MB per 4096² radiograph, not held."""
+        labels = self.labels
+        if not self.lesions and not labels.any():
+            labels = np.broadcast_to(labels.dtype.type(0), labels.shape)
+        return replace(self, frame=self.frame.without_pixels(), labels=labels)
