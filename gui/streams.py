@@ -62,8 +62,7 @@ class StreamsMixin:
 
         self.stop_sessions()
         try:
-            source = FileReplay.from_folder(folder, fps=fps, loop=loop) if Path(folder).is_dir() \
-                else FileReplay([folder], fps=fps, loop=loop)
+            source = FileReplay.from_path(folder, fps=fps, loop=loop)
         except (OSError, ValueError) as exc:
             self.status(f"cannot replay {folder}: {exc}")
             return None

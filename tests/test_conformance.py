@@ -83,3 +83,10 @@ def test_created_objects_are_the_sop_classes_and_transfer_syntaxes_stated(tmp_pa
     source = pydicom.dcmread(next(src.iterdir()), stop_before_pixels=True)
     for path in (tmp_path / "out").rglob("*.dcm"):
         assert pydicom.dcmread(path, stop_before_pixels=True).SpecificCharacterSet == source.SpecificCharacterSet
+
+
+def test_the_media_role_is_stated():
+    from medrt.io import media
+
+    section = STATEMENT.split("## 8. Media interchange")[1]
+    assert "File-set Reader (FSR)" in section and media.MEDIA_STORAGE_DIRECTORY in section

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import SAMPLE_DIR, require_module
+from conftest import SAMPLE_DIR, pydicom_test_dir, require_module
 from medrt.io.dicom import read_frames
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -102,6 +102,16 @@ def wheel(w, steps: int) -> None:  # type: ignore[no-untyped-def]
 
 
 # -- browsing, window/level, navigation ------------------------------------------------
+
+
+def test_open_a_patient_disc_at_its_dicomdir(bot, make_window) -> None:  # type: ignore[no-untyped-def]
+    """Opening a DICOMDIR (File > Open, or ``medrt view DISC/DICOMDIR``) shows the images it lists."""
+    w = make_window(analysis=False)
+    study = w.open_path(pydicom_test_dir() / "dicomdirtests" / "DICOMDIR")  # 2 patients, 13 series, 31 images
+    assert len(study.series) == 13 and sum(len(s.slots) for s in study.series) == 31
+    assert study.problems == [] and w.failures == []
+    assert {s.modality for s in study.series} == {"CR", "CT", "MR"}
+    wait_shown(bot, w, 0)
 
 
 def test_open_folder_scroll_keys_and_wheel(bot, make_window) -> None:  # type: ignore[no-untyped-def]

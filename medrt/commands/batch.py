@@ -146,7 +146,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="analyse a folder: SEG/SR/PNG per series, results.jsonl, errors.csv, report",
         description=__doc__,
     )
-    p.add_argument("input", help="folder (searched recursively) or file")
+    p.add_argument("input", help="folder (searched recursively), file, or a disc's DICOMDIR")
     p.add_argument("--out", required=True, help="output folder (created; a rerun resumes)")
     p.add_argument("--png", default="positive", choices=("positive", "all", "none"),
                    help="overlay PNGs for frames with lesions (default), every frame, or none")

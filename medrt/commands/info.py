@@ -13,6 +13,7 @@ from pydicom.uid import UID
 
 from medrt.errors import InputError
 from medrt.io.dicom import frames_from_dataset, read_dataset
+from medrt.io.media import is_dicomdir, read_dicomdir
 from medrt.io.scan import iter_files
 
 __all__ = ["FileInfo", "inspect_file", "register"]
@@ -104,8 +105,18 @@ def run(args: argparse.Namespace) -> int:
     from medrt.cli import EXIT_OK, EXIT_PARTIAL
 
     results: list[FileInfo] = []
+    media: list[dict[str, Any]] = []  # each DICOMDIR named: what it lists (counts, no names)
     for given in args.paths:
         walked = Path(given).is_dir()
+        if not walked and is_dicomdir(given):
+            try:
+                listing = read_dicomdir(given)
+            except ValueError as exc:
+                media.append({"dicomdir": str(given), "error": str(exc)})
+            else:
+                media.append({"dicomdir": str(given), "summary": listing.summary(), "files": len(listing.files),
+                              "missing": [str(p) for p in listing.missing], "refused": listing.refused,
+                              "records": dict(listing.records)})
         for path in iter_files([given], follow_outside_links=args.follow_links):
             info = inspect_file(path)
             # Inside a folder, files that are not DICOM at all (notes, sidecars)
@@ -117,8 +128,11 @@ def run(args: argparse.Namespace) -> int:
     errors = len(results) - decoded - skipped
     if args.json:
         summary = {"files": len(results), "decoded": decoded, "errors": errors, "skipped": skipped}
-        print(json.dumps({"files": [asdict(r) for r in results], "summary": summary}, indent=2))
+        print(json.dumps({"files": [asdict(r) for r in results], "summary": summary,
+                          **({"media": media} if media else {})}, indent=2))
     else:
+        for m in media:
+            print(m.get("summary") or m["error"])
         for r in results:
             print(_human(r))
         print(
@@ -137,7 +151,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "skipped with a note. Exit status 1 when any DICOM file (or any file named on the "
         "command line) has an error, or nothing decoded.",
     )
-    p.add_argument("paths", nargs="+", metavar="PATH", help="files or folders")
+    p.add_argument("paths", nargs="+", metavar="PATH", help="files, folders or DICOMDIRs")
     p.add_argument("--json", action="store_true", help="print one JSON object for programs")
     p.add_argument("--follow-links", action="store_true", help="follow symbolic links that lead outside a folder")
     p.set_defaults(func=run)

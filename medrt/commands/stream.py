@@ -59,11 +59,7 @@ def _source(args: argparse.Namespace) -> Any:
     if args.watch:
         watch = FolderWatch(src, idle_timeout=args.idle_exit)
         return Lookahead(watch, args.lookahead) if args.lookahead else watch
-    if src.is_dir():
-        return FileReplay.from_folder(src, fps=args.fps, loop=args.loop)
-    if not src.exists():
-        raise FileNotFoundError(f"{src}: no such file or folder")
-    return FileReplay([src], fps=args.fps, loop=args.loop)
+    return FileReplay.from_path(src, fps=args.fps, loop=args.loop)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -164,7 +160,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "new files, through the staged pipeline. Prints a status line (fps, p99 latency, drops) while it runs and "
         "a summary at the end. Exit code 0: all frames analysed; 1: some inputs could not be read; 2: bad usage.",
     )
-    p.add_argument("source", help="folder or file to replay (or the folder to watch with --watch)")
+    p.add_argument("source", help="folder, file or DICOMDIR to replay (or the folder to watch with --watch)")
     p.add_argument("--fps", type=float, default=30.0, help="replay rate, frames per second (0: as fast as possible)")
     p.add_argument("--loop", type=int, default=1, help="replay the source this many times (soak runs)")
     p.add_argument("--watch", action="store_true", help="watch SOURCE for new complete files instead of replaying")

@@ -20,7 +20,7 @@ INSTALL_HINT = "pip install 'medrt[gui]'"
 
 def add_view_arguments(p: argparse.ArgumentParser) -> None:
     """The viewer's options (shared by ``medrt view`` and the ``medrt-viewer`` GUI script)."""
-    p.add_argument("path", nargs="?", type=Path, help="DICOM file or folder to open (or to replay or watch)")
+    p.add_argument("path", nargs="?", type=Path, help="DICOM file, folder or DICOMDIR to open (or to replay or watch)")
     live = p.add_mutually_exclusive_group()
     live.add_argument("--replay", type=float, metavar="FPS",
                       help="replay PATH as a live stream at FPS frames per second (latest-wins)")

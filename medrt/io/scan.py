@@ -7,6 +7,8 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from medrt.io.media import is_dicomdir, read_dicomdir
+
 __all__ = ["iter_files"]
 
 log = logging.getLogger(__name__)
@@ -14,6 +16,10 @@ log = logging.getLogger(__name__)
 
 def iter_files(paths: Iterable[str | os.PathLike[str]], *, follow_outside_links: bool = False) -> Iterator[Path]:
     """Yield the files named by ``paths``, walking folders recursively in sorted order.
+
+    A DICOMDIR named as a path (not one met inside a folder, whose files the walk
+    finds anyway) stands for the files it references, in its record order
+    (:mod:`medrt.io.media`): a patient CD opens at its DICOMDIR.
 
     Hidden files and folders (a leading dot) are passed over. A symbolic link
     inside a folder is followed only when it stays inside that folder, unless
@@ -24,7 +30,7 @@ def iter_files(paths: Iterable[str | os.PathLike[str]], *, follow_outside_links:
     for raw in paths:
         root = Path(raw)
         if not root.is_dir():
-            yield root
+            yield from _dicomdir_files(root)
             continue
         real_root = root.resolve()
         seen: set[Path] = set()
@@ -44,6 +50,22 @@ def iter_files(paths: Iterable[str | os.PathLike[str]], *, follow_outside_links:
                 path = here / name
                 if _allowed(path, real_root, follow_outside_links):
                     yield path
+
+
+def _dicomdir_files(path: Path) -> Iterator[Path]:
+    """The files a DICOMDIR references; any other path as it is. A DICOMDIR that cannot
+    be read is yielded itself, with a warning saying why, and its reader reports it."""
+    if not is_dicomdir(path):
+        yield path
+        return
+    try:
+        listing = read_dicomdir(path)
+    except ValueError as exc:
+        log.warning("%s", exc)
+        yield path
+        return
+    log.info("%s", listing.summary())
+    yield from listing.files
 
 
 def _allowed(path: Path, real_root: Path, follow_outside_links: bool) -> bool:

@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from medrt.io.media import is_dicomdir
 from medrt.io.scan import iter_files
 
 __all__ = ["FileReplay", "FolderWatch", "Lookahead", "QueueSource", "TEMP_SUFFIXES"]
@@ -62,6 +63,23 @@ class FileReplay:
         if not paths:
             raise FileNotFoundError(f"{folder}: no files to replay")
         return cls(paths, fps, **kw)
+
+    @classmethod
+    def from_path(cls, path: str | os.PathLike[str], fps: float = 30.0, **kw: Any) -> FileReplay:
+        """A folder (:meth:`from_folder`), a DICOMDIR (the files it references, in its
+        record order: patient, study, series, image as the media were written;
+        :mod:`medrt.io.media`) or one file."""
+        p = Path(path)
+        if p.is_dir():
+            return cls.from_folder(p, fps, **kw)
+        if not p.exists():
+            raise FileNotFoundError(f"{p}: no such file or folder")
+        if is_dicomdir(p):
+            paths = list(iter_files([p]))
+            if not paths:
+                raise FileNotFoundError(f"{p}: the DICOMDIR references no files to replay")
+            return cls(paths, fps, **kw)
+        return cls([p], fps, **kw)
 
     def __len__(self) -> int:
         return len(self.paths) * self.loop
