@@ -223,6 +223,42 @@ def test_segmenters_are_routed_by_modality(ct_frames) -> None:  # type: ignore[n
         both.analyze(sc)
 
 
+def test_a_for_processing_radiograph_goes_only_to_a_model_that_lists_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Raw detector data (Digital X-Ray Image Storage - For Processing, which modalities send
+    CAD systems beside the For Presentation image) is not what the radiograph UNet was
+    trained on: it is refused with the reason, unless a spec lists "DX FOR PROCESSING"."""
+    import shutil
+
+    from pydicom.uid import (
+        DigitalXRayImageStorageForPresentation,
+        DigitalXRayImageStorageForProcessing,
+    )
+
+    from medrt.engine.registry import find_spec, load_spec
+    from medrt.errors import UnsupportedImageError
+
+    dx = replace(generate_radiograph(77, size=1024, index=0).as_frame("dx0"), sop_class_uid=DigitalXRayImageStorageForPresentation)
+    raw = replace(dx, sop_class_uid=DigitalXRayImageStorageForProcessing, sop_instance_uid="raw0")
+    shipped = load_analyzer(AnalyzerConfig(warmup_shapes=((256, 256),)))
+    assert shipped.refusal("DX", sop_class_uid=dx.sop_class_uid) is None
+    reason = shipped.refusal("DX", sop_class_uid=raw.sop_class_uid)
+    assert reason.startswith("DX FOR PROCESSING frame (a For Processing image: raw detector data")
+    assert "send medrt the For Presentation image" in reason and "are for CR, CT, DX only" in reason
+    with pytest.raises(UnsupportedImageError, match="raw0: .*DX FOR PROCESSING frame"):
+        shipped.analyze(raw)
+
+    unet = find_spec("lesion_unet_dx")
+    shutil.copy(unet.path, tmp_path / unet.path.name)
+    text = unet.spec_path.read_text(encoding="utf-8").replace('name = "lesion_unet_dx"', 'name = "dx_raw"', 1)
+    spec = tmp_path / "dx_raw.toml"
+    spec.write_text(text.replace('modalities = ["DX", "CR"]', 'modalities = ["dx  for processing"]'), encoding="utf-8")
+    assert load_spec(spec).modalities == ("DX FOR PROCESSING",)
+    own = load_analyzer(AnalyzerConfig(seg_model=f"lesion_unet_lite,{spec}", warmup_shapes=((256, 256),)))
+    assert own.seg_for(raw).spec.name == "dx_raw"
+    with pytest.raises(UnsupportedImageError, match="dx0: .*DX frame, but"):
+        own.seg_for(dx)  # and that model is for raw data only
+
+
 def test_a_slice_reaches_the_two_and_a_half_d_model_with_its_neighbours(analyzer, ct_frames) -> None:  # type: ignore[no-untyped-def]
     """lesion_unet_lite 2.x and 3.x are 2.5-D: the slices before and after go in as channels,
     head side first whichever order they are given in, each in the model's window (3.x:

@@ -257,6 +257,25 @@ def test_bad_files_are_listed_and_the_run_completes(tmp_path, analyzer, capsys):
     assert "errors.csv" in capsys.readouterr().out
 
 
+def test_a_for_processing_radiograph_is_passed_over_with_the_reason(tmp_path):
+    """A modality that sends a CAD node both images: the For Presentation one is analysed,
+    the For Processing one (raw detector data) is passed over before decoding, named."""
+    from pydicom.uid import DigitalXRayImageStorageForProcessing
+
+    src = _small_input(tmp_path, n=2)
+    ds = pydicom.dcmread(SAMPLE_DIR / "radiographs" / "dx_0001.dcm")
+    ds.SOPClassUID = ds.file_meta.MediaStorageSOPClassUID = DigitalXRayImageStorageForProcessing
+    ds.PresentationIntentType = "FOR PROCESSING"
+    ds.save_as(src / "dx_raw.dcm")
+    out = tmp_path / "out"
+    assert main(["batch", str(src), "--out", str(out), "--quiet", "--workers", "1", "--png", "none"]) == EXIT_OK
+    rows = {r["file"]: r for r in csv.DictReader((out / "errors.csv").open())}
+    row = rows["dx_raw.dcm"]
+    assert (row["kind"], row["stage"], row["sop_instance_uid"]) == ("skipped", "plan", ds.SOPInstanceUID)
+    assert "DX FOR PROCESSING frame (a For Processing image" in row["reason"]
+    assert len(_lines(out / "results.jsonl")) == 2  # the two CT slices
+
+
 def test_quiet_prints_errors_and_the_summary_but_no_warnings(tmp_path):
     """--quiet is for cron jobs: the per-file warnings (here, one slice given twice) stay
     out of the console, where without it they show; errors.csv keeps every file passed over."""

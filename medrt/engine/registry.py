@@ -180,7 +180,7 @@ def _modalities(model: dict[str, Any], where: str) -> tuple[str, ...]:
     value = model.get("modalities", [])
     if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
         raise ModelError(f"{where}: [model] modalities must be a list of DICOM Modality values, not {value!r}")
-    return tuple(v.strip().upper() for v in value)
+    return tuple(" ".join(v.split()).upper() for v in value)  # "dx  for processing" = "DX FOR PROCESSING"
 
 
 def _slices(model: dict[str, Any], task: str, inputs: tuple[TensorSpec, ...], where: str) -> int:

@@ -1,6 +1,7 @@
 """Which model takes a frame: frames are routed by their DICOM Modality (Secondary
-Captures as "SC") to the first model whose spec lists it (``[model] modalities``), else
-to the first that lists none; a frame no model is for is refused with the reason."""
+Captures as "SC", For Processing images as "<Modality> FOR PROCESSING") to the first
+model whose spec lists it (``[model] modalities``), else to the first that lists none;
+a frame no model is for is refused with the reason."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pydicom import uid
 if TYPE_CHECKING:
     from medrt.engine.backends.base import Backend
 
-__all__ = ["SECONDARY_CAPTURE", "fits_one_crop", "no_model_reason", "pick_for_modality", "routing_modality"]
+__all__ = ["FOR_PROCESSING", "SECONDARY_CAPTURE", "fits_one_crop", "no_model_reason", "pick_for_modality", "routing_modality"]
 
 # Secondary Capture Image Storage and its multi-frame forms: screenshots, dose reports,
 # burned-in overlays (medrt's own --sc output among them), not acquired images, whatever
@@ -24,11 +25,29 @@ SECONDARY_CAPTURE = frozenset({
 })
 
 
+# The "For Processing" image storage classes: raw detector data before the vendor's
+# image processing (no log transform, no equalisation, often the other polarity), which
+# modalities send to CAD systems beside the "For Presentation" image a reader sees. A
+# model trained on presentation images reads them as something else, so they route as
+# "<Modality> FOR PROCESSING" (PresentationIntentType's term), which no shipped model lists.
+FOR_PROCESSING = frozenset({
+    uid.DigitalXRayImageStorageForProcessing, uid.DigitalMammographyXRayImageStorageForProcessing,
+    uid.DigitalIntraOralXRayImageStorageForProcessing, uid.BreastProjectionXRayImageStorageForProcessing,
+    uid.DICOSDigitalXRayImageStorageForProcessing,
+    uid.IntravascularOpticalCoherenceTomographyImageStorageForProcessing,
+})
+PROCESSING_SUFFIX = " FOR PROCESSING"
+
+
 def routing_modality(modality: str | None, sop_class_uid: str | None = None) -> str:
-    """What frames are routed to models by: the DICOM Modality (upper case), or "SC" for
-    a Secondary Capture (:data:`SECONDARY_CAPTURE`)."""
+    """What frames are routed to models by: the DICOM Modality (upper case), "SC" for a
+    Secondary Capture (:data:`SECONDARY_CAPTURE`), or "<Modality> FOR PROCESSING" for a
+    For Processing image (:data:`FOR_PROCESSING`; a spec lists e.g. ``"DX FOR PROCESSING"``
+    to take them)."""
     if (sop_class_uid or "") in SECONDARY_CAPTURE:
         return "SC"
+    if (sop_class_uid or "") in FOR_PROCESSING:
+        return (modality or "").upper() + PROCESSING_SUFFIX
     return (modality or "").upper()
 
 
@@ -53,6 +72,9 @@ def no_model_reason(models: Sequence[Backend], routed: str, modality: str | None
     what = routed or "unknown-modality"
     if routed == "SC":
         what += f" frame (a Secondary Capture, Modality {modality or 'none'})"
+    elif routed.endswith(PROCESSING_SUFFIX):
+        what += (" frame (a For Processing image: raw detector data before the modality's image"
+                 " processing; send medrt the For Presentation image)")
     else:
         what += " frame"
     idents = ", ".join(m.spec.ident for m in models) or "none"
