@@ -35,6 +35,7 @@ from medrt.engine.registry import ModelSpec, find_spec
 from medrt.engine.routing import (
     SECONDARY_CAPTURE,
     fits_one_crop,
+    frame_routing,
     no_model_reason,
     pick_for_modality,
     routing_modality,
@@ -166,7 +167,7 @@ class Analyzer:
         spec lists it, else the first that lists none; a
         :class:`~medrt.errors.NoModelForImageError` naming the file when none is for it (a
         CT-only segmenter marks dozens of false lesions on a radiograph)."""
-        modality = routing_modality(frame.modality, frame.sop_class_uid)
+        modality = frame_routing(frame)
         chosen = pick_for_modality(self.segs, modality)
         if chosen is None:
             raise NoModelForImageError(frame.source.path or frame.key,
@@ -176,18 +177,19 @@ class Analyzer:
     def roi_for(self, frame: Frame) -> Backend:
         """The ROI classifier for this frame's modality; a
         :class:`~medrt.errors.NoModelForImageError` naming the file when none is for it."""
-        modality = routing_modality(frame.modality, frame.sop_class_uid)
+        modality = frame_routing(frame)
         chosen = pick_for_modality(self.rois, modality)
         if chosen is None:
             raise NoModelForImageError(frame.source.path or frame.key,
                                        no_model_reason(self.rois, modality, frame.modality, roi=True))
         return chosen
 
-    def refusal(self, modality: str | None, mode: str | None = None, sop_class_uid: str | None = None) -> str | None:
-        """Why frames of ``modality`` (and SOP class) would be refused (no segmenter, or in
-        ROI mode no classifier, lists it), or None: lets a batch pass over a whole series
-        before decoding it."""
-        routed = routing_modality(modality, sop_class_uid)
+    def refusal(self, modality: str | None, mode: str | None = None, sop_class_uid: str | None = None,
+                image_type: Sequence[str] = ()) -> str | None:
+        """Why frames of ``modality`` (and SOP class, and Image Type) would be refused (no
+        segmenter, or in ROI mode no classifier, lists it), or None: lets a batch pass over
+        a whole series before decoding it."""
+        routed = routing_modality(modality, sop_class_uid, image_type)
         if pick_for_modality(self.segs, routed) is None:
             return no_model_reason(self.segs, routed, modality)
         if (mode or self.config.mode) == "roi" and pick_for_modality(self.rois, routed) is None:  # auto: full
@@ -213,7 +215,7 @@ class Analyzer:
             return "full"
         if fits_one_crop(frame.shape, self.config.crop):
             return "full"
-        routed = routing_modality(frame.modality, frame.sop_class_uid)
+        routed = frame_routing(frame)
         return "roi" if pick_for_modality(self.rois, routed) is not None else "full"
 
     def sweeps_whole(self, frame: Frame, seg: Backend, mode: str, recheck: bool) -> bool:

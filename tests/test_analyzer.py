@@ -259,6 +259,33 @@ def test_a_for_processing_radiograph_goes_only_to_a_model_that_lists_it(tmp_path
         own.seg_for(dx)  # and that model is for raw data only
 
 
+@pytest.mark.filterwarnings("ignore:Invalid value for VR CS")  # a lower-case Image Type, read all the same
+def test_a_ct_localizer_is_refused_as_a_localizer() -> None:
+    """A scout has the Modality and SOP class of the slices; only Image Type tells it apart."""
+    import pydicom
+
+    from conftest import SAMPLE_DIR
+    from medrt.engine.routing import routing_modality
+    from medrt.errors import UnsupportedImageError
+    from medrt.io.dicom import read_frames
+    from medrt.io.header import image_type_of
+
+    ds = pydicom.dcmread(sorted((SAMPLE_DIR / "ct_stream").glob("*.dcm"))[20])
+    axial = read_frames(ds)[0]
+    ds.ImageType = ["ORIGINAL", "PRIMARY", "LOCALIZER"]
+    scout = read_frames(ds)[0]
+    assert image_type_of(ds) == ("ORIGINAL", "PRIMARY", "LOCALIZER")
+    other = pydicom.Dataset()  # not ds: its frames share its header's elements
+    other.ImageType = "derived"
+    assert image_type_of(other) == ("DERIVED",) and image_type_of(None) == ()
+    assert routing_modality("CT", ds.SOPClassUID, ("ORIGINAL", "PRIMARY", "AXIAL")) == "CT"
+    assert routing_modality("CT", ds.SOPClassUID, ("LOCALIZER",)) == "CT"  # value 1 is ORIGINAL/DERIVED
+    analyzer = load_analyzer(AnalyzerConfig(warmup_shapes=((256, 256),)))
+    assert analyzer.analyze(axial).models[-1].startswith("lesion_unet_lite@")
+    with pytest.raises(UnsupportedImageError, match="CT LOCALIZER frame \\(a localizer, or scout"):
+        analyzer.analyze(scout)
+
+
 def test_a_slice_reaches_the_two_and_a_half_d_model_with_its_neighbours(analyzer, ct_frames) -> None:  # type: ignore[no-untyped-def]
     """lesion_unet_lite 2.x and 3.x are 2.5-D: the slices before and after go in as channels,
     head side first whichever order they are given in, each in the model's window (3.x:

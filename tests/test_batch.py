@@ -276,6 +276,39 @@ def test_a_for_processing_radiograph_is_passed_over_with_the_reason(tmp_path):
     assert len(_lines(out / "results.jsonl")) == 2  # the two CT slices
 
 
+def test_ct_localizers_are_passed_over_not_read_as_slices(tmp_path):
+    """Every CT study holds a localizer (scout, topogram): Modality CT, CT Image Storage,
+    Image Type ORIGINAL\\PRIMARY\\LOCALIZER. A localizer series is passed over before
+    decoding; a localizer filed inside an axial series is refused on its own, and the
+    slices around it are analysed."""
+    from pydicom.uid import generate_uid
+
+    src = _small_input(tmp_path, n=3)
+    slices = sorted((src / "ct").glob("*.dcm"))
+
+    def localizer(name: str, series_uid: str) -> pydicom.Dataset:
+        ds = pydicom.dcmread(slices[0])
+        ds.ImageType = ["ORIGINAL", "PRIMARY", "LOCALIZER"]
+        ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+        ds.SeriesInstanceUID = series_uid
+        ds.ImagePositionPatient = [float(v) + 0.5 for v in ds.ImagePositionPatient]  # not a duplicate slice
+        ds.save_as(src / name)
+        return ds
+
+    scout = localizer("scout.dcm", generate_uid())
+    inside = localizer("ct/zz_scout.dcm", pydicom.dcmread(slices[0]).SeriesInstanceUID)
+    out = tmp_path / "out"
+    assert main(["batch", str(src), "--out", str(out), "--quiet", "--workers", "1", "--png", "none"]) == EXIT_OK
+    rows = {r["file"]: r for r in csv.DictReader((out / "errors.csv").open())}
+    assert (rows["scout.dcm"]["kind"], rows["scout.dcm"]["stage"]) == ("skipped", "plan")
+    assert rows["scout.dcm"]["sop_instance_uid"] == scout.SOPInstanceUID
+    assert "CT LOCALIZER frame (a localizer, or scout" in rows["scout.dcm"]["reason"]
+    assert rows["ct/zz_scout.dcm"]["kind"] == "skipped" and rows["ct/zz_scout.dcm"]["stage"] != "plan"
+    assert "CT LOCALIZER frame" in rows["ct/zz_scout.dcm"]["reason"]
+    analysed = {r["sop_instance_uid"] for r in _lines(out / "results.jsonl")}
+    assert len(analysed) == 3 and inside.SOPInstanceUID not in analysed
+
+
 def test_quiet_prints_errors_and_the_summary_but_no_warnings(tmp_path):
     """--quiet is for cron jobs: the per-file warnings (here, one slice given twice) stay
     out of the console, where without it they show; errors.csv keeps every file passed over."""

@@ -116,16 +116,17 @@ class WorkerHandle:
 
 
 class Refusals:
-    """The ``refusal`` of the workers' analyzer, asked once per (modality, SOP class)."""
+    """The ``refusal`` of the workers' analyzer, asked once per (modality, SOP class, Image Type)."""
 
     def __init__(self, ray: Any, handle: Any) -> None:
         self.ray, self.handle = ray, handle
-        self.cache: dict[tuple[Any, Any], str | None] = {}
+        self.cache: dict[tuple[Any, Any, Any], str | None] = {}
 
-    def refusal(self, modality: str | None, sop_class_uid: str | None = None) -> str | None:
-        key = (modality, sop_class_uid)
+    def refusal(self, modality: str | None, sop_class_uid: str | None = None,
+                image_type: tuple[str, ...] = ()) -> str | None:
+        key = (modality, sop_class_uid, tuple(image_type))
         if key not in self.cache:
-            self.cache[key] = self.ray.get(self.handle.refusal.remote(modality, sop_class_uid))
+            self.cache[key] = self.ray.get(self.handle.refusal.remote(modality, sop_class_uid, tuple(image_type)))
         return self.cache[key]
 
 

@@ -1,7 +1,7 @@
 """Which model takes a frame: frames are routed by their DICOM Modality (Secondary
-Captures as "SC", For Processing images as "<Modality> FOR PROCESSING") to the first
-model whose spec lists it (``[model] modalities``), else to the first that lists none;
-a frame no model is for is refused with the reason."""
+Captures as "SC", For Processing images as "<Modality> FOR PROCESSING", localizers as
+"<Modality> LOCALIZER") to the first model whose spec lists it (``[model] modalities``),
+else to the first that lists none; a frame no model is for is refused with the reason."""
 
 from __future__ import annotations
 
@@ -10,10 +10,14 @@ from typing import TYPE_CHECKING
 
 from pydicom import uid
 
+from medrt.io.header import image_type_of
+
 if TYPE_CHECKING:
     from medrt.engine.backends.base import Backend
+    from medrt.types import Frame
 
-__all__ = ["FOR_PROCESSING", "SECONDARY_CAPTURE", "fits_one_crop", "no_model_reason", "pick_for_modality", "routing_modality"]
+__all__ = ["FOR_PROCESSING", "SECONDARY_CAPTURE", "fits_one_crop", "frame_routing", "image_type_of", "no_model_reason",
+           "pick_for_modality", "routing_modality"]
 
 # Secondary Capture Image Storage and its multi-frame forms: screenshots, dose reports,
 # burned-in overlays (medrt's own --sc output among them), not acquired images, whatever
@@ -37,18 +41,32 @@ FOR_PROCESSING = frozenset({
     uid.IntravascularOpticalCoherenceTomographyImageStorageForProcessing,
 })
 PROCESSING_SUFFIX = " FOR PROCESSING"
+# A localizer (scout, topogram, surview): the projection image a CT scan is planned on,
+# Modality CT and CT Image Storage like the slices, told apart only by Image Type value 3
+# (LOCALIZER instead of AXIAL). Every CT study holds one; a model trained on axial slices
+# reads it as one. It routes as "<Modality> LOCALIZER".
+LOCALIZER_SUFFIX = " LOCALIZER"
 
 
-def routing_modality(modality: str | None, sop_class_uid: str | None = None) -> str:
+def routing_modality(modality: str | None, sop_class_uid: str | None = None,
+                     image_type: Sequence[str] = ()) -> str:
     """What frames are routed to models by: the DICOM Modality (upper case), "SC" for a
-    Secondary Capture (:data:`SECONDARY_CAPTURE`), or "<Modality> FOR PROCESSING" for a
-    For Processing image (:data:`FOR_PROCESSING`; a spec lists e.g. ``"DX FOR PROCESSING"``
-    to take them)."""
+    Secondary Capture (:data:`SECONDARY_CAPTURE`), "<Modality> FOR PROCESSING" for a For
+    Processing image (:data:`FOR_PROCESSING`), "<Modality> LOCALIZER" for a localizer
+    (``image_type``, :func:`image_type_of`, says LOCALIZER from its third value on). A
+    spec lists e.g. ``"DX FOR PROCESSING"`` or ``"CT LOCALIZER"`` to take those."""
     if (sop_class_uid or "") in SECONDARY_CAPTURE:
         return "SC"
     if (sop_class_uid or "") in FOR_PROCESSING:
         return (modality or "").upper() + PROCESSING_SUFFIX
+    if "LOCALIZER" in image_type[2:]:
+        return (modality or "").upper() + LOCALIZER_SUFFIX
     return (modality or "").upper()
+
+
+def frame_routing(frame: Frame) -> str:
+    """:func:`routing_modality` of a decoded frame (its Image Type from its header)."""
+    return routing_modality(frame.modality, frame.sop_class_uid, image_type_of(frame.source.dataset))
 
 
 def pick_for_modality(backends: Sequence[Backend], modality: str) -> Backend | None:
@@ -75,6 +93,8 @@ def no_model_reason(models: Sequence[Backend], routed: str, modality: str | None
     elif routed.endswith(PROCESSING_SUFFIX):
         what += (" frame (a For Processing image: raw detector data before the modality's image"
                  " processing; send medrt the For Presentation image)")
+    elif routed.endswith(LOCALIZER_SUFFIX):
+        what += " frame (a localizer, or scout: the projection the scan was planned on, not a slice)"
     else:
         what += " frame"
     idents = ", ".join(m.spec.ident for m in models) or "none"

@@ -22,6 +22,7 @@ __all__ = [
     "frame_geometries",
     "header_window",
     "percentile_window",
+    "image_type_of",
 ]
 
 _PERCENTILE_MAX_SAMPLES = 1 << 20
@@ -159,3 +160,15 @@ def percentile_window(pixels: np.ndarray) -> Window:
     if not hi > lo:
         hi = lo + 1.0
     return Window((lo + hi) / 2.0, hi - lo, WindowSource.PERCENTILE)
+
+
+def image_type_of(ds: Dataset | None) -> tuple[str, ...]:
+    """Image Type (0008,0008) of a header, upper case; () when absent or unreadable."""
+    try:
+        value = ds.get("ImageType") if ds is not None else None
+    except Exception:  # a damaged value: route by Modality alone
+        return ()
+    if not value:
+        return ()
+    values = [value] if isinstance(value, str) else list(value)
+    return tuple(str(v).strip().upper() for v in values)

@@ -28,7 +28,7 @@ from pydicom.uid import UID
 
 from medrt.errors import CorruptDicomError, InputError, UnsupportedImageError, describe_source
 from medrt.io.dicom import is_image_sop_class, number_of_frames, read_dataset, read_frames
-from medrt.io.header import frame_geometries
+from medrt.io.header import frame_geometries, image_type_of
 from medrt.io.scan import iter_files
 from medrt.types import Frame, Geometry
 
@@ -69,6 +69,7 @@ class SeriesItem:
     geometry: Geometry | None = None
     input_index: int = 0
     source: Path | Dataset | tuple[Frame, ...] | None = field(default=None, compare=False, repr=False)
+    image_type: tuple[str, ...] = ()  # Image Type (0008,0008), upper case
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +89,12 @@ class Series:
     def frames(self) -> int:
         """Frames over all items (a multi-frame object counts each of its frames)."""
         return sum(item.frames for item in self.items)
+
+    @property
+    def image_type(self) -> tuple[str, ...]:
+        """The Image Type every item shares (a localizer series: all LOCALIZER), else ()."""
+        types = {item.image_type for item in self.items}
+        return types.pop() if len(types) == 1 else ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,6 +235,7 @@ def _read_header(
         item = SeriesItem(
             path, _text(ds, "SOPInstanceUID"), _int_or_none(ds.get("InstanceNumber")),
             _int_or_none(ds.get("AcquisitionNumber")), position, n_frames, geometry, index, source,
+            image_type_of(ds),
         )
     except InputError:
         raise
