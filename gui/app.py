@@ -37,7 +37,8 @@ def build_window(args: argparse.Namespace) -> MainWindow:
     _, workers = thread_layout(args)
     provider = AnalyzerProvider(analyzer_config(args))
     window = MainWindow(provider, analysis=analysis, workers=workers,
-                        image_cache_mb=getattr(args, "image_cache", IMAGE_CACHE_MB))
+                        image_cache_mb=getattr(args, "image_cache", IMAGE_CACHE_MB),
+                        show_patient=not getattr(args, "hide_patient", False))
     window.resize(*_size(args.size))
     window.follow_mode = getattr(args, "follow", "results")
     window.show()

@@ -47,6 +47,8 @@ HOTKEYS: tuple[Hotkey, ...] = (
     Hotkey("toggle_segmentation", ("G",), "Show / hide the AI and SEG overlays", "g"),
     Hotkey("toggle_length", ("M",), "Length tool on / off (left drag measures in mm)", "m"),
     Hotkey("toggle_ellipse", ("E",), "Ellipse ROI tool on / off (left drag: mean, SD and area)", "e"),
+    Hotkey("toggle_patient", ("P",), "Show / hide the patient and study details (a shared screen, a screenshot)",
+           "p"),
     Hotkey("clear_measurements", ("Delete", "Backspace"), "Delete the lengths and ROIs measured on this image",
            "Del"),
 )

@@ -75,12 +75,16 @@ class SeriesBrowser(QWidget):
         if not self._updating and row >= 0:
             self.seriesSelected.emit(row)
 
-    def show_study(self, study: Study, current: int) -> None:
-        """Refresh the lists (cheap: a few rows) without re-emitting a selection."""
+    def show_study(self, study: Study, current: int, show_patient: bool = True) -> None:
+        """Refresh the lists (cheap: a few rows) without re-emitting a selection. When the
+        series belong to several patients, a warning heads them and (unless
+        ``show_patient`` is off) each row starts with its patient's name."""
         self._updating = True
         try:
-            self.source.setText(study.title or "")
-            texts = [f"{e.description}  [{e.analysed}/{len(e.slots)} analysed]" for e in study.series]
+            warning = study.patients_warning
+            self.source.setText("\n".join(t for t in (study.title, warning) if t))
+            texts = [(f"{e.patient.name or e.patient.patient_id} · " if warning and show_patient and e.patient else "")
+                     + f"{e.description}  [{e.analysed}/{len(e.slots)} analysed]" for e in study.series]
             if [self.series.item(i).text() for i in range(self.series.count())] != texts:
                 self.series.clear()
                 self.series.addItems(texts)

@@ -98,7 +98,7 @@ class StreamsMixin:
         self.cine.stop()
         self.controls.follow.setChecked(True)
         self.view.fit()
-        self.browser.show_study(study, 0)
+        self.browser.show_study(study, 0, show_patient=self.show_patient)
         self.request_render()
 
     def _start_session(self: Any, kind: str, source: Any, label: str) -> Session:

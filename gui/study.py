@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from medrt_gui.imaging import DisplayIndex, IndexedValues, Layer
+from medrt_gui.patient import PatientInfo, patients_text
 
 from medrt.errors import InputError
+from medrt.io.dicom import read_dataset
 from medrt.io.scan import iter_files
 from medrt.io.seg import SEG_SOP_CLASSES, SegMasks
 from medrt.io.series import group_series
@@ -184,6 +186,7 @@ class SeriesEntry:
     modality: str
     slots: list[Slot] = field(default_factory=list)
     live: bool = False
+    patient: PatientInfo | None = None  # the patient and study of its first image (gui.patient)
     _by_key: dict[str, Slot] = field(default_factory=dict, repr=False)
     _linked: tuple[tuple[tuple[str, int], ...], Any] = field(default=((), ([], {})), repr=False)
 
@@ -261,6 +264,11 @@ class Study:
 
     # -- building -------------------------------------------------------------
 
+    @property
+    def patients_warning(self) -> str:
+        """A warning when the series belong to more than one patient, else ""."""
+        return patients_text([e.patient for e in self.series])
+
     @classmethod
     def from_paths(cls, paths: Iterable[str | os.PathLike[str]], title: str = "") -> Study:
         """Group the files (folders walked) into series in slice order. Reads headers only."""
@@ -268,7 +276,7 @@ class Study:
         study = cls(title=title)
         grouped = group_series(files)
         for s in grouped.series:
-            entry = SeriesEntry(s.series_instance_uid, s.modality)
+            entry = SeriesEntry(s.series_instance_uid, s.modality, patient=_patient_of(s.items[0].source))
             for item in s.items:
                 for i in range(item.frames):
                     entry.add(Slot(frame_key(item.sop_instance_uid, item.frames, i), path=item.path))
@@ -294,7 +302,8 @@ class Study:
         Returns ``(series index, slot index)``."""
         entry = next((e for e in self.series if e.uid == frame.series_instance_uid), None)
         if entry is None:
-            entry = SeriesEntry(frame.series_instance_uid, frame.modality, live=True)
+            entry = SeriesEntry(frame.series_instance_uid, frame.modality, live=True,
+                                patient=PatientInfo.of(frame.source.dataset))
             self.series.append(entry)
         slot = entry.get(frame.key)
         if slot is None:
@@ -374,3 +383,15 @@ def _name(source: object) -> str:
     text = str(source)
     path = Path(text)
     return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+
+
+def _patient_of(source: object) -> PatientInfo | None:
+    """The patient and study in the header of an item's source (a path or a Dataset)."""
+    if isinstance(source, (str, os.PathLike)):
+        try:
+            source = read_dataset(source, stop_before_pixels=True)
+        except InputError:
+            return None
+    if isinstance(source, tuple):  # frames already decoded
+        source = source[0].source.dataset if source else None
+    return PatientInfo.of(source)

@@ -78,6 +78,12 @@ class ViewToolsMixin:
         if cw is not None:
             self.set_window(*drag_window(cw[0], cw[1], dx, dy, sensitivity=max(cw[1], 20.0) / 256.0))
 
+    def toggle_patient(self: Any) -> None:
+        """The patient and study details in the HUD and the browser, on or off."""
+        self.show_patient = not self.show_patient
+        self.browser.show_study(self.study, self.series_i, show_patient=self.show_patient)
+        self._update_hud()
+
     def toggle_segmentation(self: Any) -> None:
         self.controls.overlay.toggle()
 

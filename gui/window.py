@@ -73,7 +73,8 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
     rendered = Signal(str)  # the key of the frame just drawn
 
     def __init__(self, provider: AnalyzerProvider | None = None, *, analysis: bool = True, workers: int = 2,
-                 live_keep: int = 500, image_cache_mb: float | None = IMAGE_CACHE_MB) -> None:
+                 live_keep: int = 500, image_cache_mb: float | None = IMAGE_CACHE_MB,
+                 show_patient: bool = True) -> None:
         super().__init__()
         self.setWindowTitle("medrt viewer — research use only, not for clinical use")
         self.resize(1280, 800)
@@ -95,6 +96,7 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
         self.series_i = self.slot_i = 0
         self.window_cw: tuple[float, float] | None = None  # (center, width) set by the user
         self.inverted = False
+        self.show_patient = show_patient  # the patient and study in the HUD and the browser (p)
         self.session: Session | None = None
         # The last session whose end the GUI thread has handled: every result it sent
         # has been received by then (same sink thread, queued signals in order), while
@@ -458,6 +460,8 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
         desc = entry.description
         desc = desc if len(desc) <= 44 else desc[:43] + "…"
         top = f"{desc}\nimage {self.slot_i + 1}/{len(entry.slots)}"
+        if self.show_patient and entry.patient is not None:
+            top = f"{entry.patient.hud_text()}\n{top}"
         # images received after this one (a looping replay sends its slots again, in place)
         behind = self.study.arrivals - slot.arrival if slot.arrival else 0
         if behind > 0 and self.following_results():
@@ -502,7 +506,7 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
             done = "" if session.done else f"/{self.study.frames}"
             self.hud.set_text("top_right", f"AI {self.results_received}{done} analysed\n"
                                            f"{session.backend or 'loading models…'}")
-        self.browser.show_study(self.study, self.series_i)
+        self.browser.show_study(self.study, self.series_i, show_patient=self.show_patient)
         self.release_images()
 
     def release_images(self) -> int:

@@ -112,6 +112,38 @@ def test_open_a_patient_disc_at_its_dicomdir(bot, make_window) -> None:  # type:
     assert study.problems == [] and w.failures == []
     assert {s.modality for s in study.series} == {"CR", "CT", "MR"}
     wait_shown(bot, w, 0)
+    # two patients on one disc: the browser says so, and names each series' patient
+    assert "⚠ images of 2 patients are open" in w.browser.source.text()
+    rows = [w.browser.series.item(i).text() for i in range(w.browser.series.count())]
+    assert {r.split(" · ")[0] for r in rows} == {"Doe, Archibald", "Doe, Peter"}
+    assert w.hud.text("top_left").startswith(f"{study.series[0].patient.name} · ID {study.series[0].patient.patient_id}")
+
+
+def test_the_patient_and_study_are_shown_and_p_hides_them(bot, make_window) -> None:  # type: ignore[no-untyped-def]
+    """A reader confirms whose images these are: top left names the patient and the study
+    (as cornerstone/OHIF do); p hides them for a shared screen or a screenshot."""
+    import pydicom
+    from medrt_gui.patient import PatientInfo
+    from PySide6.QtCore import Qt
+
+    expected = PatientInfo.of(pydicom.dcmread(sorted(CT.glob("*.dcm"))[0], stop_before_pixels=True))
+    assert expected.hud_text() == ("PHANTOM, CT 0007 · ID PHANTOM-CT-0007 · O\n"
+                                   "2025-01-01 · Synthetic CT abdomen (medrt phantom)")
+    w = make_window(analysis=False)
+    w.open_path(CT)
+    wait_shown(bot, w, 0)
+    assert w.hud.text("top_left").startswith(expected.hud_text() + "\nCT · 40 images")
+    assert w.browser.source.text() == f"Opened {CT}"  # one patient: no warning, no names in the rows
+    key_click(bot, w, Qt.Key.Key_P)
+    assert "PHANTOM" not in w.hud.text("top_left") and w.hud.text("top_left").startswith("CT · 40 images")
+    key_click(bot, w, Qt.Key.Key_P)
+    assert w.hud.text("top_left").startswith(expected.hud_text())
+    hidden = make_window(analysis=False, show_patient=False)  # medrt view --hide-patient
+    hidden.open_path(SAMPLE_DIR)  # the CT patient and three radiograph patients
+    wait_shown(bot, hidden, 0)
+    assert "PHANTOM" not in hidden.hud.text("top_left")
+    assert "⚠ images of 4 patients are open" in hidden.browser.source.text()
+    assert not any("PHANTOM" in hidden.browser.series.item(i).text() for i in range(hidden.browser.series.count()))
 
 
 def test_open_folder_scroll_keys_and_wheel(bot, make_window) -> None:  # type: ignore[no-untyped-def]

@@ -40,6 +40,8 @@ def add_view_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=("1", "2", "3", "4"),
                    help="start with a window preset: 1 soft tissue, 2 lung, 3 bone, 4 brain")
     p.add_argument("--no-analysis", action="store_true", help="browse only: run no AI on opened files")
+    p.add_argument("--hide-patient", action="store_true",
+                   help="start with the patient and study details hidden (a shared screen, a screenshot; p toggles)")
     p.add_argument("--image-cache", type=float, default=1024.0, metavar="MB",
                    help="decoded images of opened files kept in memory (default 1024: 2,000 CT slices or 32 "
                         "4096² radiographs); past it the farthest from the image shown are let go and decoded "
