@@ -34,9 +34,10 @@ from medrt.engine.backends.base import Backend
 from medrt.engine.registry import ModelSpec, find_spec
 from medrt.engine.routing import (
     SECONDARY_CAPTURE,
+    ImageKind,
     fits_one_crop,
-    frame_routing,
     no_model_reason,
+    pick,
     pick_for_modality,
     routing_modality,
 )
@@ -163,37 +164,36 @@ class Analyzer:
         return max(m.spec.slices for m in (*self.segs, *self.rois))
 
     def seg_for(self, frame: Frame) -> Backend:
-        """The segmenter for this frame's modality (:func:`routing_modality`): the first whose
-        spec lists it, else the first that lists none; a
-        :class:`~medrt.errors.NoModelForImageError` naming the file when none is for it (a
-        CT-only segmenter marks dozens of false lesions on a radiograph)."""
-        modality = frame_routing(frame)
-        chosen = pick_for_modality(self.segs, modality)
+        """The segmenter for this frame (:class:`~medrt.engine.routing.ImageKind`: its routed
+        modality, body part and view): the first whose spec lists its modality and takes
+        it, else the first that lists none; a :class:`~medrt.errors.NoModelForImageError`
+        naming the file when none is for it (a CT-only segmenter marks dozens of false
+        lesions on a radiograph, a chest one marks a knee's)."""
+        kind = ImageKind.of_frame(frame)
+        chosen = pick(self.segs, kind)
         if chosen is None:
-            raise NoModelForImageError(frame.source.path or frame.key,
-                                       no_model_reason(self.segs, modality, frame.modality))
+            raise NoModelForImageError(frame.source.path or frame.key, no_model_reason(self.segs, kind))
         return chosen
 
     def roi_for(self, frame: Frame) -> Backend:
-        """The ROI classifier for this frame's modality; a
+        """The ROI classifier for this frame, picked as :meth:`seg_for` picks; a
         :class:`~medrt.errors.NoModelForImageError` naming the file when none is for it."""
-        modality = frame_routing(frame)
-        chosen = pick_for_modality(self.rois, modality)
+        kind = ImageKind.of_frame(frame)
+        chosen = pick(self.rois, kind)
         if chosen is None:
-            raise NoModelForImageError(frame.source.path or frame.key,
-                                       no_model_reason(self.rois, modality, frame.modality, roi=True))
+            raise NoModelForImageError(frame.source.path or frame.key, no_model_reason(self.rois, kind, roi=True))
         return chosen
 
     def refusal(self, modality: str | None, mode: str | None = None, sop_class_uid: str | None = None,
-                image_type: Sequence[str] = ()) -> str | None:
-        """Why frames of ``modality`` (and SOP class, and Image Type) would be refused (no
-        segmenter, or in ROI mode no classifier, lists it), or None: lets a batch pass over
-        a whole series before decoding it."""
-        routed = routing_modality(modality, sop_class_uid, image_type)
-        if pick_for_modality(self.segs, routed) is None:
-            return no_model_reason(self.segs, routed, modality)
-        if (mode or self.config.mode) == "roi" and pick_for_modality(self.rois, routed) is None:  # auto: full
-            return no_model_reason(self.rois, routed, modality, roi=True)
+                image_type: Sequence[str] = (), body_part: str | None = "", view: str | None = "") -> str | None:
+        """Why frames of ``modality`` (and SOP class, Image Type, BodyPartExamined and
+        ViewPosition) would be refused (no segmenter, or in ROI mode no classifier, takes
+        them), or None: lets a batch pass over a whole series before decoding it."""
+        kind = ImageKind.of(modality, sop_class_uid, image_type, body_part, view)
+        if pick(self.segs, kind) is None:
+            return no_model_reason(self.segs, kind)
+        if (mode or self.config.mode) == "roi" and pick(self.rois, kind) is None:  # auto: full
+            return no_model_reason(self.rois, kind, roi=True)
         return None
 
     def mode_for(self, frame: Frame, seg: Backend, mode: str) -> str:
@@ -215,8 +215,7 @@ class Analyzer:
             return "full"
         if fits_one_crop(frame.shape, self.config.crop):
             return "full"
-        routed = frame_routing(frame)
-        return "roi" if pick_for_modality(self.rois, routed) is not None else "full"
+        return "roi" if pick(self.rois, ImageKind.of_frame(frame)) is not None else "full"
 
     def sweeps_whole(self, frame: Frame, seg: Backend, mode: str, recheck: bool) -> bool:
         """Whether :meth:`segment` will run the fine sweep over the whole of ``frame`` (a

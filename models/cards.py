@@ -90,6 +90,20 @@ def _ct_only(spec: Any) -> bool:
     return "--data ct" in str(spec.training.get("command", ""))
 
 
+def _scope(spec: Any) -> list[str]:
+    """A limitation line saying which body parts and views the spec takes, when it says."""
+    if not (spec.body_parts or spec.views):
+        return []
+    def either(values: tuple[str, ...], none: str) -> str:
+        return none if not values else values[0] if len(values) == 1 else ", ".join(values[:-1]) + " or " + values[-1]
+
+    parts, views = either(spec.body_parts, "any body part"), either(spec.views, "any view")
+    return [f"- It takes radiographs whose BodyPartExamined is {parts} and whose ViewPosition is {views} "
+            "(`[model] body_parts`, `views`; a header that names neither is taken too): the phantoms it learnt "
+            "from are PA chest radiographs, and the analyzer refuses a knee or a lateral view with a note naming "
+            "the file."]
+
+
 def _takes(spec: Any, modality: str) -> bool:
     """Whether the analyzer sends ``modality`` frames to the model: its spec lists that
     modality, or none. The card's table holds only those rows; a model refuses the
@@ -337,7 +351,7 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
                        f"lists `modalities = {list(spec.modalities)}`, so the analyzer sends it no CT slice, and "
                        "named alone it refuses them with an error naming the file; `lesion_unet_lite` is the model "
                        "for CT."]
-        lines += ["## Limitations", "", *dx_only,
+        lines += ["## Limitations", "", *dx_only, *_scope(spec),
                   "- Radiographs: the ROI-path rows include the ROI classifier's misses; the whole-frame rows show "
                   "the UNet alone, and the analyzer's default (`--mode auto`) runs radiographs over the whole "
                   "frame. Faint nodules (25–50 of 4095 units, no stronger than the lung texture around them) and "
@@ -376,7 +390,8 @@ def _roi_card(models: Path, name: str, results: dict[str, Any], source: str) -> 
         "Routing: " + (f"its spec lists `modalities = {json.dumps(list(spec.modalities))}`; " if spec.modalities else
                        "its spec lists no modalities, so it takes every frame no other classifier lists; ")
         + "with the default `--roi-model roi_classifier,roi_classifier_dx` the analyzer sends it "
-        + (" and ".join(used_for) if used_for else "no held-out frames") + ". Both modalities are scored below. "
+        + (" and ".join(used_for) if used_for else "no held-out frames") + ". "
+        + "".join(f"{line[2:]} " for line in _scope(spec)) + "Both modalities are scored below. "
         "With the default `--mode auto` it runs on neither: radiographs (much finer than the UNet's spacing) and "
         "CT slices (which fit in one crop, so the ROI path could only skip them) are segmented whole "
         "(`Analyzer.mode_for`; README, Models); `--mode roi` runs it.", "",

@@ -61,6 +61,11 @@ TWO_WINDOWS_NOTE = ("; CT comes in one wide window, and the graph cuts the soft-
 # The DICOM Modality values each --data choice trains for (the phantoms' CT and DX; CR
 # radiographs are the same picture from a storage-phosphor plate).
 MODALITIES = {"all": ("CT", "DX", "CR"), "ct": ("CT",), "dx": ("DX", "CR")}
+# A model trained on the phantom's chest radiographs (PA) only: which radiographs it takes
+# ([model] body_parts / views; a header that names none is taken too). "all" models take
+# CT as well, whose BodyPartExamined they do not restrict.
+BODY_PARTS = {"dx": ("CHEST", "THORAX", "LUNG")}
+VIEWS = {"dx": ("PA", "AP")}
 EXPORT_NOTE = ("torch.onnx (TorchScript exporter), then medrt.engine.rewrite.cpu_friendly: PRelu as LeakyRelu, "
                "ConvTranspose as Conv + pixel shuffle (DepthToSpace for one output channel), one-channel box "
                "pooling with rows as channels (exact; checked against torch)")
@@ -465,6 +470,9 @@ def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace)
     # an error naming the file (a CT/radiograph model marks dozens of "lesions" on an
     # ultrasound or a test pattern).
     lines.append(f"modalities = {json.dumps(list(MODALITIES[args.data]))}")
+    if args.data in BODY_PARTS:
+        lines.append(f"body_parts = {json.dumps(list(BODY_PARTS[args.data]))}")
+        lines.append(f"views = {json.dumps(list(VIEWS[args.data]))}")
     if roi:
         lines += [f"slices = {args.slices}"] if args.slices == 3 else []
         lines += [f"thumbnail = {phantom_data.THUMB}", f"stride = {phantom_data.STRIDE}",

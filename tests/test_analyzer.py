@@ -286,6 +286,54 @@ def test_a_ct_localizer_is_refused_as_a_localizer() -> None:
         analyzer.analyze(scout)
 
 
+def test_a_radiograph_of_another_body_part_or_a_lateral_view_goes_to_no_chest_model(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A radiography room sends the listener every image it takes; the chest-nodule UNet
+    (trained on PA chest phantoms) takes chest radiographs, PA or AP, and those whose header
+    names no body part or view, and refuses a knee or a lateral view with the reason. A
+    spec that lists the body part takes it."""
+    import shutil
+
+    import pydicom
+
+    from conftest import SAMPLE_DIR
+    from medrt.engine.registry import find_spec, load_spec
+    from medrt.errors import UnsupportedImageError
+    from medrt.io.dicom import read_frames
+
+    shipped = load_analyzer(AnalyzerConfig(warmup_shapes=((256, 256),)))
+    dx = shipped.segs[1].spec
+    assert (dx.body_parts, dx.views) == (("CHEST", "THORAX", "LUNG"), ("PA", "AP"))
+    assert shipped.refusal("DX", body_part="KNEE") == (
+        "DX frame of BodyPartExamined KNEE, but lesion_unet_dx@1.2.0 is for CHEST, LUNG, THORAX only (the spec's"
+        " [model] body_parts); analyse it with a model made for it (--model SPEC.toml; see models/README.md)")
+    assert shipped.refusal("CR", body_part="chest", view="LL").startswith(
+        "CR frame of ViewPosition LL, but lesion_unet_dx@1.2.0 is for AP, PA views only (the spec's [model] views)")
+    for body_part, view in (("", ""), ("chest", "pa"), ("CHEST", "AP"), ("", "PA"), ("CHEST", "")):
+        assert shipped.refusal("DX", body_part=body_part, view=view) is None, (body_part, view)
+    assert shipped.refusal("CT", body_part="HEAD") is None  # the CT model names no body part
+    assert shipped.refusal("DX", mode="roi", body_part="KNEE").startswith("DX frame of BodyPartExamined KNEE")
+
+    chest = read_frames(SAMPLE_DIR / "radiographs" / "dx_0001.dcm")[0]
+    ds = pydicom.dcmread(SAMPLE_DIR / "radiographs" / "dx_0001.dcm")
+    ds.BodyPartExamined = "KNEE"
+    ds.save_as(tmp_path / "knee.dcm")
+    knee = read_frames(tmp_path / "knee.dcm")[0]
+    assert shipped.seg_for(chest) is shipped.segs[1]
+    with pytest.raises(UnsupportedImageError, match="knee.dcm: .*BodyPartExamined KNEE"):
+        shipped.seg_for(knee)
+    with pytest.raises(UnsupportedImageError, match="BodyPartExamined KNEE, but roi_classifier_dx@.*--roi-model"):
+        shipped.roi_for(knee)
+
+    unet = find_spec("lesion_unet_dx")
+    shutil.copy(unet.path, tmp_path / unet.path.name)
+    text = unet.spec_path.read_text(encoding="utf-8").replace('name = "lesion_unet_dx"', 'name = "knee_dx"', 1)
+    spec = tmp_path / "knee_dx.toml"
+    spec.write_text(text.replace('body_parts = ["CHEST", "THORAX", "LUNG"]', 'body_parts = ["knee"]'), encoding="utf-8")
+    assert load_spec(spec).body_parts == ("KNEE",)
+    both = load_analyzer(AnalyzerConfig(seg_model=f"lesion_unet_dx,{spec}", warmup_shapes=((256, 256),)))
+    assert both.seg_for(knee).spec.name == "knee_dx" and both.seg_for(chest).spec.name == "lesion_unet_dx"
+
+
 def test_a_slice_reaches_the_two_and_a_half_d_model_with_its_neighbours(analyzer, ct_frames) -> None:  # type: ignore[no-untyped-def]
     """lesion_unet_lite 2.x and 3.x are 2.5-D: the slices before and after go in as channels,
     head side first whichever order they are given in, each in the model's window (3.x:

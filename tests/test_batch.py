@@ -309,6 +309,27 @@ def test_ct_localizers_are_passed_over_not_read_as_slices(tmp_path):
     assert len(analysed) == 3 and inside.SOPInstanceUID not in analysed
 
 
+def test_a_knee_and_a_lateral_chest_radiograph_are_passed_over_with_the_reason(tmp_path):
+    """A radiography room's whole feed: the chest model takes PA/AP chest radiographs only."""
+    from pydicom.uid import generate_uid
+
+    src = _small_input(tmp_path, n=2)
+    for name, body_part, view in (("knee.dcm", "KNEE", "AP"), ("lateral.dcm", "CHEST", "LL")):
+        ds = pydicom.dcmread(SAMPLE_DIR / "radiographs" / "dx_0001.dcm")
+        ds.BodyPartExamined, ds.ViewPosition = body_part, view
+        ds.SeriesInstanceUID = generate_uid()
+        ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+        ds.save_as(src / name)
+    out = tmp_path / "out"
+    assert main(["batch", str(src), "--out", str(out), "--quiet", "--workers", "1", "--png", "none"]) == EXIT_OK
+    rows = {r["file"]: r for r in csv.DictReader((out / "errors.csv").open())}
+    assert (rows["knee.dcm"]["kind"], rows["knee.dcm"]["stage"]) == ("skipped", "plan")
+    assert "DX frame of BodyPartExamined KNEE, but lesion_unet_dx@" in rows["knee.dcm"]["reason"]
+    assert (rows["lateral.dcm"]["kind"], rows["lateral.dcm"]["stage"]) == ("skipped", "plan")
+    assert "DX frame of ViewPosition LL, but lesion_unet_dx@" in rows["lateral.dcm"]["reason"]
+    assert len(_lines(out / "results.jsonl")) == 2  # the two CT slices
+
+
 def test_quiet_prints_errors_and_the_summary_but_no_warnings(tmp_path):
     """--quiet is for cron jobs: the per-file warnings (here, one slice given twice) stay
     out of the console, where without it they show; errors.csv keeps every file passed over."""

@@ -22,6 +22,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +126,10 @@ def gated_int8(spec: ModelSpec, cache: str | Path | None = None) -> ModelSpec:
     if not verdict.get("passed"):
         where = f"verdict kept in {folder}; delete it to measure again" if kept else "not cached"
         raise AccuracyGateError(f"{verdict.get('message', spec.ident + ' int8 refused')} [{where}]")
-    reduced = load_spec(folder / f"{spec.name}_int8.toml")
+    # Which frames a model is for is the current spec's word, not the copy cached with the
+    # twin (a spec edited since, or one from before [model] body_parts existed).
+    reduced = replace(load_spec(folder / f"{spec.name}_int8.toml"), modalities=spec.modalities,
+                      body_parts=spec.body_parts, views=spec.views)
     log.info("%s: INT8 from %s (%s)", spec.ident, folder, verdict.get("message", "gate passed"))
     return reduced
 

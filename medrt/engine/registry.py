@@ -78,6 +78,10 @@ class ModelSpec:
     spacing_mm: float | None = None
     # the DICOM Modality values the model was trained for (e.g. ("CT",)); () = any.
     modalities: tuple[str, ...] = ()
+    # the BodyPartExamined and ViewPosition values it takes (e.g. ("CHEST",), ("PA", "AP"));
+    # () = any, and a header that names none is taken too (medrt.engine.routing.fits)
+    body_parts: tuple[str, ...] = ()
+    views: tuple[str, ...] = ()
     # 3 = 2.5-D, the input's channels are the slice before, this slice and the slice
     # after (medrt.analysis.slices; an ROI classifier: their thumbnails); 1 = this slice alone.
     slices: int = 1
@@ -175,11 +179,13 @@ def _spacing(model: dict[str, Any], task: str, where: str) -> float | None:
     return float(value)
 
 
-def _modalities(model: dict[str, Any], where: str) -> tuple[str, ...]:
-    """``[model] modalities``: DICOM Modality values (``["CT"]``, ``["DX", "CR"]``); absent = any."""
-    value = model.get("modalities", [])
+def _terms(model: dict[str, Any], key: str, what: str, where: str) -> tuple[str, ...]:
+    """``[model] modalities`` (DICOM Modality values: ``["CT"]``, ``["DX", "CR"]``),
+    ``body_parts`` (BodyPartExamined: ``["CHEST"]``) or ``views`` (ViewPosition:
+    ``["PA", "AP"]``); absent = any."""
+    value = model.get(key, [])
     if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-        raise ModelError(f"{where}: [model] modalities must be a list of DICOM Modality values, not {value!r}")
+        raise ModelError(f"{where}: [model] {key} must be a list of {what} values, not {value!r}")
     return tuple(" ".join(v.split()).upper() for v in value)  # "dx  for processing" = "DX FOR PROCESSING"
 
 
@@ -237,7 +243,9 @@ def load_spec(spec_path: str | Path, *, verify: bool = True) -> ModelSpec:
         thumbnail=int(model.get("thumbnail", 0)),
         stride=int(model.get("stride", 1)),
         spacing_mm=_spacing(model, task, where),
-        modalities=_modalities(model, where),
+        modalities=_terms(model, "modalities", "DICOM Modality", where),
+        body_parts=_terms(model, "body_parts", "BodyPartExamined", where),
+        views=_terms(model, "views", "ViewPosition", where),
         slices=_slices(model, task, inputs, where),
         thresholds={k: float(v) for k, v in doc.get("thresholds", {}).items()},
         description=str(model.get("description", "")),

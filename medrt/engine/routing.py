@@ -1,12 +1,15 @@
 """Which model takes a frame: frames are routed by their DICOM Modality (Secondary
 Captures as "SC", For Processing images as "<Modality> FOR PROCESSING", localizers as
 "<Modality> LOCALIZER") to the first model whose spec lists it (``[model] modalities``),
-else to the first that lists none; a frame no model is for is refused with the reason."""
+else to the first that lists none, among the models whose ``[model] body_parts`` and
+``views`` take its BodyPartExamined and ViewPosition; a frame no model is for is refused
+with the reason."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from pydicom import uid
 
@@ -16,8 +19,8 @@ if TYPE_CHECKING:
     from medrt.engine.backends.base import Backend
     from medrt.types import Frame
 
-__all__ = ["FOR_PROCESSING", "SECONDARY_CAPTURE", "fits_one_crop", "frame_routing", "image_type_of", "no_model_reason",
-           "pick_for_modality", "routing_modality"]
+__all__ = ["FOR_PROCESSING", "SECONDARY_CAPTURE", "ImageKind", "fits", "fits_one_crop", "image_type_of",
+           "no_model_reason", "pick", "pick_for_modality", "routing_modality"]
 
 # Secondary Capture Image Storage and its multi-frame forms: screenshots, dose reports,
 # burned-in overlays (medrt's own --sc output among them), not acquired images, whatever
@@ -64,18 +67,63 @@ def routing_modality(modality: str | None, sop_class_uid: str | None = None,
     return (modality or "").upper()
 
 
-def frame_routing(frame: Frame) -> str:
-    """:func:`routing_modality` of a decoded frame (its Image Type from its header)."""
-    return routing_modality(frame.modality, frame.sop_class_uid, image_type_of(frame.source.dataset))
+@dataclass(frozen=True, slots=True)
+class ImageKind:
+    """What picks a model for an image: how it routes (:func:`routing_modality`), and the
+    body part and view its header names (BodyPartExamined, ViewPosition; upper case, ""
+    when it names none). A chest model fed by a radiography room's whole feed must not
+    read a knee, or a lateral view it never saw."""
+
+    routed: str
+    modality: str = ""  # the DICOM Modality as written, for messages
+    body_part: str = ""
+    view: str = ""
+
+    @classmethod
+    def of(cls, modality: str | None, sop_class_uid: str | None = None, image_type: Sequence[str] = (),
+           body_part: str | None = "", view: str | None = "") -> ImageKind:
+        return cls(routing_modality(modality, sop_class_uid, image_type), modality or "",
+                   _term(body_part), _term(view))
+
+    @classmethod
+    def of_frame(cls, frame: Frame) -> ImageKind:
+        ds = frame.source.dataset
+        return cls.of(frame.modality, frame.sop_class_uid, image_type_of(ds), _header_text(ds, "BodyPartExamined"),
+                      _header_text(ds, "ViewPosition"))
+
+
+def _term(value: str | None) -> str:
+    return " ".join(str(value or "").split()).upper()
+
+
+def _header_text(ds: Any, keyword: str) -> str:
+    try:
+        return str(ds.get(keyword, "") or "") if ds is not None else ""
+    except Exception:  # a damaged value: as if absent
+        return ""
+
+
+def fits(spec: Any, kind: ImageKind) -> bool:
+    """Whether a spec's ``body_parts`` and ``views`` take ``kind``: each when the spec lists
+    none, or the header names none (BodyPartExamined is often left empty), or names one
+    the spec lists."""
+    parts, views = getattr(spec, "body_parts", ()), getattr(spec, "views", ())
+    return ((not parts or not kind.body_part or kind.body_part in parts)
+            and (not views or not kind.view or kind.view in views))
+
+
+def pick(backends: Sequence[Backend], kind: ImageKind) -> Backend | None:
+    """The first of ``backends`` whose spec lists ``kind.routed`` and :func:`fits` it,
+    else the first that lists no modality and fits it, else None."""
+    for b in backends:
+        if kind.routed in b.spec.modalities and fits(b.spec, kind):
+            return b
+    return next((b for b in backends if not b.spec.modalities and fits(b.spec, kind)), None)
 
 
 def pick_for_modality(backends: Sequence[Backend], modality: str) -> Backend | None:
-    """The first of ``backends`` whose spec lists ``modality``, else the first that
-    lists none (made for any), else None."""
-    for b in backends:
-        if modality in b.spec.modalities:
-            return b
-    return next((b for b in backends if not b.spec.modalities), None)
+    """:func:`pick` by routed modality alone (body part and view unknown)."""
+    return pick(backends, ImageKind(modality))
 
 
 def fits_one_crop(shape: tuple[int, int], crop: int) -> bool:
@@ -84,9 +132,26 @@ def fits_one_crop(shape: tuple[int, int], crop: int) -> bool:
     return shape[0] <= crop and shape[1] <= crop
 
 
-def no_model_reason(models: Sequence[Backend], routed: str, modality: str | None, roi: bool = False) -> str:
-    """Why none of ``models`` takes a frame routed as ``routed`` (its DICOM Modality:
-    ``modality``): the reason a :class:`~medrt.errors.NoModelForImageError` gives."""
+def no_model_reason(models: Sequence[Backend], routed: str | ImageKind, modality: str | None = None,
+                    roi: bool = False) -> str:
+    """Why none of ``models`` takes a frame routed as ``routed`` (an :class:`ImageKind`,
+    or the routed modality with the DICOM Modality ``modality``): the reason a
+    :class:`~medrt.errors.NoModelForImageError` gives."""
+    kind = routed if isinstance(routed, ImageKind) else ImageKind(routed, modality or "")
+    routed, modality = kind.routed, kind.modality
+    remedy = ("add one made for it (--roi-model SPEC.toml,...) or use --mode full" if roi else
+              "analyse it with a model made for it (--model SPEC.toml; see models/README.md)")
+    for_it = [m for m in models if routed in m.spec.modalities or not m.spec.modalities]
+    if for_it:  # made for the modality, not for this body part or view
+        idents = ", ".join(m.spec.ident for m in for_it)
+        verb = "is" if len(for_it) == 1 else "are"
+        if kind.body_part and all(m.spec.body_parts and kind.body_part not in m.spec.body_parts for m in for_it):
+            allowed = ", ".join(sorted({x for m in for_it for x in m.spec.body_parts}))
+            return (f"{routed or 'unknown-modality'} frame of BodyPartExamined {kind.body_part}, but {idents} "
+                    f"{verb} for {allowed} only (the spec's [model] body_parts); {remedy}")
+        allowed = ", ".join(sorted({x for m in for_it for x in m.spec.views}))
+        return (f"{routed or 'unknown-modality'} frame of ViewPosition {kind.view}, but {idents} {verb} for "
+                f"{allowed} views only (the spec's [model] views); {remedy}")
     what = routed or "unknown-modality"
     if routed == "SC":
         what += f" frame (a Secondary Capture, Modality {modality or 'none'})"
@@ -100,8 +165,6 @@ def no_model_reason(models: Sequence[Backend], routed: str, modality: str | None
     idents = ", ".join(m.spec.ident for m in models) or "none"
     allowed = ", ".join(sorted({x for m in models for x in m.spec.modalities})) or "no modality"
     if roi:
-        return (f"{what}, but the ROI classifier(s) {idents} are for {allowed} only; "
-                "add one made for it (--roi-model SPEC.toml,...) or use --mode full")
+        return f"{what}, but the ROI classifier(s) {idents} are for {allowed} only; {remedy}"
     return (f"{what}, but {idents} {'is' if len(models) == 1 else 'are'} for {allowed} only "
-            "(the spec's [model] modalities); analyse it with a model made for it "
-            "(--model SPEC.toml; see models/README.md)")
+            f"(the spec's [model] modalities); {remedy}")

@@ -70,6 +70,8 @@ class SeriesItem:
     input_index: int = 0
     source: Path | Dataset | tuple[Frame, ...] | None = field(default=None, compare=False, repr=False)
     image_type: tuple[str, ...] = ()  # Image Type (0008,0008), upper case
+    body_part: str = ""  # BodyPartExamined, as written
+    view: str = ""  # ViewPosition, as written
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,8 +95,21 @@ class Series:
     @property
     def image_type(self) -> tuple[str, ...]:
         """The Image Type every item shares (a localizer series: all LOCALIZER), else ()."""
-        types = {item.image_type for item in self.items}
-        return types.pop() if len(types) == 1 else ()
+        return self._shared("image_type", ())  # type: ignore[return-value]
+
+    @property
+    def body_part(self) -> str:
+        """The BodyPartExamined every item shares, else ""."""
+        return self._shared("body_part", "")  # type: ignore[return-value]
+
+    @property
+    def view(self) -> str:
+        """The ViewPosition every item shares, else "" (a PA and a lateral view in one series)."""
+        return self._shared("view", "")  # type: ignore[return-value]
+
+    def _shared(self, name: str, none: object) -> object:
+        values = {getattr(item, name) for item in self.items}
+        return values.pop() if len(values) == 1 else none
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +250,7 @@ def _read_header(
         item = SeriesItem(
             path, _text(ds, "SOPInstanceUID"), _int_or_none(ds.get("InstanceNumber")),
             _int_or_none(ds.get("AcquisitionNumber")), position, n_frames, geometry, index, source,
-            image_type_of(ds),
+            image_type_of(ds), _text(ds, "BodyPartExamined"), _text(ds, "ViewPosition"),
         )
     except InputError:
         raise
