@@ -185,11 +185,13 @@ class Analyzer:
         return chosen
 
     def refusal(self, modality: str | None, mode: str | None = None, sop_class_uid: str | None = None,
-                image_type: Sequence[str] = (), body_part: str | None = "", view: str | None = "") -> str | None:
-        """Why frames of ``modality`` (and SOP class, Image Type, BodyPartExamined and
-        ViewPosition) would be refused (no segmenter, or in ROI mode no classifier, takes
-        them), or None: lets a batch pass over a whole series before decoding it."""
-        kind = ImageKind.of(modality, sop_class_uid, image_type, body_part, view)
+                image_type: Sequence[str] = (), body_part: str | None = "", view: str | None = "",
+                plane: str | None = "") -> str | None:
+        """Why frames of ``modality`` (and SOP class, Image Type, BodyPartExamined,
+        ViewPosition and anatomical plane) would be refused (no segmenter, or in ROI mode
+        no classifier, takes them), or None: lets a batch pass over a whole series before
+        decoding it."""
+        kind = ImageKind.of(modality, sop_class_uid, image_type, body_part, view, plane)
         if pick(self.segs, kind) is None:
             return no_model_reason(self.segs, kind)
         if (mode or self.config.mode) == "roi" and pick(self.rois, kind) is None:  # auto: full

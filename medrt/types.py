@@ -82,6 +82,16 @@ class Geometry:
         r0, r1, r2, c0, c1, c2 = (float(v) for v in self.orientation)
         return (r1 * c2 - r2 * c1, r2 * c0 - r0 * c2, r0 * c1 - r1 * c0)
 
+    @property
+    def plane(self) -> str:
+        """The anatomical plane the frame lies nearest to: "SAGITTAL", "CORONAL" or "AXIAL"
+        (its normal's largest patient-axis component: x, y or z; a tilted-gantry axial slice
+        is still "AXIAL"), or "" for a degenerate orientation."""
+        n = [abs(v) for v in self.normal]
+        if max(n) <= 0.0:
+            return ""
+        return ("SAGITTAL", "CORONAL", "AXIAL")[n.index(max(n))]
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class SourceRef:

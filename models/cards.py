@@ -91,14 +91,20 @@ def _ct_only(spec: Any) -> bool:
 
 
 def _scope(spec: Any) -> list[str]:
-    """A limitation line saying which body parts and views the spec takes, when it says."""
+    """Limitation lines saying which body parts, views and planes the spec takes, when it says."""
+    lines = []
+    if spec.planes:
+        lines.append(f"- It takes {' and '.join(p.lower() for p in spec.planes)} images only (`[model] planes`, "
+                     "from ImageOrientationPatient): it learnt axial slices, and the analyzer refuses the coronal and "
+                     "sagittal reformats that come with a CT study with a note naming the file, so a lesion is not "
+                     "reported again per reformat.")
     if not (spec.body_parts or spec.views):
-        return []
+        return lines
     def either(values: tuple[str, ...], none: str) -> str:
         return none if not values else values[0] if len(values) == 1 else ", ".join(values[:-1]) + " or " + values[-1]
 
     parts, views = either(spec.body_parts, "any body part"), either(spec.views, "any view")
-    return [f"- It takes radiographs whose BodyPartExamined is {parts} and whose ViewPosition is {views} "
+    return lines + [f"- It takes radiographs whose BodyPartExamined is {parts} and whose ViewPosition is {views} "
             "(`[model] body_parts`, `views`; a header that names neither is taken too): the phantoms it learnt "
             "from are PA chest radiographs, and the analyzer refuses a knee or a lateral view with a note naming "
             "the file."]
@@ -327,7 +333,7 @@ def write_cards(models: Path, results: dict[str, Any], args: argparse.Namespace)
         lines += ["## Latency", ""] + _latency(results, name) + _training(spec, roi=False)
         if spec.spacing_mm is None or _ct_only(spec):  # a 1.x or CT-only model
             dx_full = results["dx"].get(f"{name}@full", {})
-            lines += ["## Limitations", "",
+            lines += ["## Limitations", "", *_scope(spec),
                       "- Trained on CT phantom patches only (`--data ct`): radiograph nodules are not learnt "
                       f"(held out over the whole radiograph: {_found(dx_full, 'nodules')}, "
                       f"{dx_full.get('fp_per_frame', float('nan')):.1f} false positives per frame"

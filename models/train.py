@@ -63,7 +63,8 @@ TWO_WINDOWS_NOTE = ("; CT comes in one wide window, and the graph cuts the soft-
 MODALITIES = {"all": ("CT", "DX", "CR"), "ct": ("CT",), "dx": ("DX", "CR")}
 # A model trained on the phantom's chest radiographs (PA) only: which radiographs it takes
 # ([model] body_parts / views; a header that names none is taken too). "all" models take
-# CT as well, whose BodyPartExamined they do not restrict.
+# CT as well, whose BodyPartExamined they do not restrict. A CT-only model learnt axial
+# slices, and takes no coronal or sagittal reformat ([model] planes).
 BODY_PARTS = {"dx": ("CHEST", "THORAX", "LUNG")}
 VIEWS = {"dx": ("PA", "AP")}
 EXPORT_NOTE = ("torch.onnx (TorchScript exporter), then medrt.engine.rewrite.cpu_friendly: PRelu as LeakyRelu, "
@@ -470,6 +471,8 @@ def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace)
     # an error naming the file (a CT/radiograph model marks dozens of "lesions" on an
     # ultrasound or a test pattern).
     lines.append(f"modalities = {json.dumps(list(MODALITIES[args.data]))}")
+    if args.data == "ct":  # axial slices only (a frontal radiograph lies in the coronal plane: not for "all")
+        lines.append('planes = ["AXIAL"]')
     if args.data in BODY_PARTS:
         lines.append(f"body_parts = {json.dumps(list(BODY_PARTS[args.data]))}")
         lines.append(f"views = {json.dumps(list(VIEWS[args.data]))}")

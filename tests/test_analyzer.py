@@ -334,6 +334,41 @@ def test_a_radiograph_of_another_body_part_or_a_lateral_view_goes_to_no_chest_mo
     assert both.seg_for(knee).spec.name == "knee_dx" and both.seg_for(chest).spec.name == "lesion_unet_dx"
 
 
+def test_a_coronal_or_sagittal_ct_reformat_goes_to_no_axial_model(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Every CT study comes with coronal and sagittal reformats; the CT UNet learnt axial
+    slices ([model] planes = ["AXIAL"]) and would report each lesion again per reformat."""
+    import pydicom
+
+    from conftest import SAMPLE_DIR
+    from medrt.errors import UnsupportedImageError
+    from medrt.io.dicom import read_frames
+    from medrt.types import Geometry
+
+    def plane(*orientation: float) -> str:
+        return Geometry((0.0, 0.0, 0.0), orientation).plane  # type: ignore[arg-type]
+
+    assert plane(1, 0, 0, 0, 1, 0) == "AXIAL" and plane(1, 0, 0, 0, 0.94, -0.34) == "AXIAL"  # a tilted gantry
+    assert plane(1, 0, 0, 0, 0, -1) == "CORONAL" and plane(0, 1, 0, 0, 0, -1) == "SAGITTAL"
+    assert plane(0, 0, 0, 0, 0, 0) == ""
+
+    shipped = load_analyzer(AnalyzerConfig(warmup_shapes=((256, 256),)))
+    assert shipped.segs[0].spec.planes == ("AXIAL",) and shipped.segs[1].spec.planes == ()
+    assert shipped.refusal("CT", plane="coronal").startswith(
+        "CT frame in the CORONAL plane (ImageOrientationPatient: a reformat, or a scan in that plane), but "
+        "lesion_unet_lite@4.1.1 is for AXIAL images only (the spec's [model] planes)")
+    assert shipped.refusal("CT", plane="AXIAL") is None and shipped.refusal("CT") is None
+    assert shipped.refusal("DX", plane="CORONAL") is None  # a frontal radiograph with a plane
+
+    slice_path = sorted((SAMPLE_DIR / "ct_stream").glob("*.dcm"))[20]
+    ds = pydicom.dcmread(slice_path)
+    ds.ImageOrientationPatient = [1, 0, 0, 0, 0, -1]
+    ds.save_as(tmp_path / "coronal.dcm")
+    axial, coronal = read_frames(slice_path)[0], read_frames(tmp_path / "coronal.dcm")[0]
+    assert shipped.seg_for(axial) is shipped.segs[0]
+    with pytest.raises(UnsupportedImageError, match="coronal.dcm: .*CT frame in the CORONAL plane"):
+        shipped.seg_for(coronal)
+
+
 def test_a_slice_reaches_the_two_and_a_half_d_model_with_its_neighbours(analyzer, ct_frames) -> None:  # type: ignore[no-untyped-def]
     """lesion_unet_lite 2.x and 3.x are 2.5-D: the slices before and after go in as channels,
     head side first whichever order they are given in, each in the model's window (3.x:

@@ -330,6 +330,28 @@ def test_a_knee_and_a_lateral_chest_radiograph_are_passed_over_with_the_reason(t
     assert len(_lines(out / "results.jsonl")) == 2  # the two CT slices
 
 
+def test_a_coronal_reformat_series_is_passed_over_before_decoding(tmp_path):
+    from pydicom.uid import generate_uid
+
+    src = _small_input(tmp_path, n=2)
+    series = generate_uid()
+    for i, path in enumerate(sorted((src / "ct").glob("*.dcm"))):
+        ds = pydicom.dcmread(path)
+        ds.ImageOrientationPatient = [1, 0, 0, 0, 0, -1]
+        x, y, z = (float(v) for v in ds.ImagePositionPatient)
+        ds.ImagePositionPatient = [x, y + 2.0 * i, z]  # one step apart along the coronal normal
+        ds.SeriesInstanceUID, ds.SeriesDescription = series, "COR 2mm"
+        ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+        ds.save_as(src / f"cor_{i}.dcm")
+    out = tmp_path / "out"
+    assert main(["batch", str(src), "--out", str(out), "--quiet", "--workers", "1", "--png", "none"]) == EXIT_OK
+    rows = {r["file"]: r for r in csv.DictReader((out / "errors.csv").open())}
+    for name in ("cor_0.dcm", "cor_1.dcm"):
+        assert (rows[name]["kind"], rows[name]["stage"]) == ("skipped", "plan")
+        assert "CT frame in the CORONAL plane" in rows[name]["reason"]
+    assert len(_lines(out / "results.jsonl")) == 2  # the axial slices
+
+
 def test_quiet_prints_errors_and_the_summary_but_no_warnings(tmp_path):
     """--quiet is for cron jobs: the per-file warnings (here, one slice given twice) stay
     out of the console, where without it they show; errors.csv keeps every file passed over."""

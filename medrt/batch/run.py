@@ -232,15 +232,15 @@ def _unfinished(plan: Plan, series_dir: Path, key: str) -> list[SeriesPlan]:
 def _for_these_models(plan: Plan, analyzer: Any) -> tuple[list[SeriesPlan], list[Note]]:
     """The series the analyzer has models for, and a "skipped" note for each file of the
     others (e.g. MR or ultrasound with the CT and radiograph models, a CT localizer series,
-    a knee radiograph), before any is decoded. A series whose images differ in Image Type,
-    body part or view is analysed, and the analyzer refuses its images that no model is
+    a knee radiograph, a coronal reformat), before any is decoded. A series whose images differ in Image Type,
+    body part, view or plane is analysed, and the analyzer refuses its images that no model is
     for one by one."""
     keep: list[SeriesPlan] = []
     notes: list[Note] = []
     for sp in plan.series:
         reason = analyzer.refusal(sp.series.modality, sop_class_uid=sp.series.sop_class_uid,
                                   image_type=sp.series.image_type, body_part=sp.series.body_part,
-                                  view=sp.series.view)
+                                  view=sp.series.view, plane=sp.series.plane)
         if reason is None:
             keep.append(sp)
             continue

@@ -117,15 +117,15 @@ class WorkerHandle:
 
 class Refusals:
     """The ``refusal`` of the workers' analyzer, asked once per (modality, SOP class, Image
-    Type, body part, view)."""
+    Type, body part, view, plane)."""
 
     def __init__(self, ray: Any, handle: Any) -> None:
         self.ray, self.handle = ray, handle
         self.cache: dict[tuple[Any, ...], str | None] = {}
 
     def refusal(self, modality: str | None, sop_class_uid: str | None = None, image_type: tuple[str, ...] = (),
-                body_part: str = "", view: str = "") -> str | None:
-        key = (modality, sop_class_uid, tuple(image_type), body_part, view)
+                body_part: str = "", view: str = "", plane: str = "") -> str | None:
+        key = (modality, sop_class_uid, tuple(image_type), body_part, view, plane)
         if key not in self.cache:
             self.cache[key] = self.ray.get(self.handle.refusal.remote(*key))
         return self.cache[key]

@@ -55,9 +55,9 @@ class SeriesWorker:
                 "models": list(self.analyzer.models)}
 
     def refusal(self, modality: str | None, sop_class_uid: str | None, image_type: tuple[str, ...] = (),
-                body_part: str = "", view: str = "") -> str | None:
+                body_part: str = "", view: str = "", plane: str = "") -> str | None:
         return self.analyzer.refusal(modality, sop_class_uid=sop_class_uid, image_type=image_type,
-                                     body_part=body_part, view=view)
+                                     body_part=body_part, view=view, plane=plane)
 
     def analyse(self, files: list[tuple[str, bytes]], root: str) -> dict[str, Any]:
         """Analyse one series, given as (path relative to the input folder, bytes) pairs;

@@ -129,7 +129,7 @@ def gated_int8(spec: ModelSpec, cache: str | Path | None = None) -> ModelSpec:
     # Which frames a model is for is the current spec's word, not the copy cached with the
     # twin (a spec edited since, or one from before [model] body_parts existed).
     reduced = replace(load_spec(folder / f"{spec.name}_int8.toml"), modalities=spec.modalities,
-                      body_parts=spec.body_parts, views=spec.views)
+                      body_parts=spec.body_parts, views=spec.views, planes=spec.planes)
     log.info("%s: INT8 from %s (%s)", spec.ident, folder, verdict.get("message", "gate passed"))
     return reduced
 

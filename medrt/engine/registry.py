@@ -82,6 +82,8 @@ class ModelSpec:
     # () = any, and a header that names none is taken too (medrt.engine.routing.fits)
     body_parts: tuple[str, ...] = ()
     views: tuple[str, ...] = ()
+    # the anatomical planes it takes (("AXIAL",) for a CT model trained on axial slices)
+    planes: tuple[str, ...] = ()
     # 3 = 2.5-D, the input's channels are the slice before, this slice and the slice
     # after (medrt.analysis.slices; an ROI classifier: their thumbnails); 1 = this slice alone.
     slices: int = 1
@@ -189,6 +191,15 @@ def _terms(model: dict[str, Any], key: str, what: str, where: str) -> tuple[str,
     return tuple(" ".join(v.split()).upper() for v in value)  # "dx  for processing" = "DX FOR PROCESSING"
 
 
+def _planes(model: dict[str, Any], where: str) -> tuple[str, ...]:
+    """``[model] planes``: AXIAL, CORONAL and/or SAGITTAL (:attr:`medrt.types.Geometry.plane`)."""
+    planes = _terms(model, "planes", "anatomical plane", where)
+    wrong = [p for p in planes if p not in ("AXIAL", "CORONAL", "SAGITTAL")]
+    if wrong:
+        raise ModelError(f"{where}: [model] planes takes AXIAL, CORONAL and SAGITTAL, not {wrong[0]!r}")
+    return planes
+
+
 def _slices(model: dict[str, Any], task: str, inputs: tuple[TensorSpec, ...], where: str) -> int:
     """``[model] slices``: 1 (default) or 3 (2.5-D), for segmentation models and ROI
     classifiers; with 3, the input's channel dimension, when the spec gives a number,
@@ -246,6 +257,7 @@ def load_spec(spec_path: str | Path, *, verify: bool = True) -> ModelSpec:
         modalities=_terms(model, "modalities", "DICOM Modality", where),
         body_parts=_terms(model, "body_parts", "BodyPartExamined", where),
         views=_terms(model, "views", "ViewPosition", where),
+        planes=_planes(model, where),
         slices=_slices(model, task, inputs, where),
         thresholds={k: float(v) for k, v in doc.get("thresholds", {}).items()},
         description=str(model.get("description", "")),

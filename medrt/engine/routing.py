@@ -69,27 +69,30 @@ def routing_modality(modality: str | None, sop_class_uid: str | None = None,
 
 @dataclass(frozen=True, slots=True)
 class ImageKind:
-    """What picks a model for an image: how it routes (:func:`routing_modality`), and the
+    """What picks a model for an image: how it routes (:func:`routing_modality`), the
     body part and view its header names (BodyPartExamined, ViewPosition; upper case, ""
-    when it names none). A chest model fed by a radiography room's whole feed must not
-    read a knee, or a lateral view it never saw."""
+    when it names none) and the anatomical plane it lies in. A chest model fed by a
+    radiography room's whole feed must not read a knee, or a lateral view it never saw;
+    an axial CT model must not read the coronal and sagittal reformats that come with
+    every CT study (each lesion reported again per reformat)."""
 
     routed: str
     modality: str = ""  # the DICOM Modality as written, for messages
     body_part: str = ""
     view: str = ""
+    plane: str = ""  # Geometry.plane: AXIAL, CORONAL, SAGITTAL; "" without ImageOrientationPatient
 
     @classmethod
     def of(cls, modality: str | None, sop_class_uid: str | None = None, image_type: Sequence[str] = (),
-           body_part: str | None = "", view: str | None = "") -> ImageKind:
+           body_part: str | None = "", view: str | None = "", plane: str | None = "") -> ImageKind:
         return cls(routing_modality(modality, sop_class_uid, image_type), modality or "",
-                   _term(body_part), _term(view))
+                   _term(body_part), _term(view), _term(plane))
 
     @classmethod
     def of_frame(cls, frame: Frame) -> ImageKind:
         ds = frame.source.dataset
         return cls.of(frame.modality, frame.sop_class_uid, image_type_of(ds), _header_text(ds, "BodyPartExamined"),
-                      _header_text(ds, "ViewPosition"))
+                      _header_text(ds, "ViewPosition"), frame.geometry.plane if frame.geometry is not None else "")
 
 
 def _term(value: str | None) -> str:
@@ -104,12 +107,16 @@ def _header_text(ds: Any, keyword: str) -> str:
 
 
 def fits(spec: Any, kind: ImageKind) -> bool:
-    """Whether a spec's ``body_parts`` and ``views`` take ``kind``: each when the spec lists
-    none, or the header names none (BodyPartExamined is often left empty), or names one
-    the spec lists."""
-    parts, views = getattr(spec, "body_parts", ()), getattr(spec, "views", ())
-    return ((not parts or not kind.body_part or kind.body_part in parts)
-            and (not views or not kind.view or kind.view in views))
+    """Whether a spec's ``body_parts``, ``views`` and ``planes`` take ``kind``: each when
+    the spec lists none, or the header names none (BodyPartExamined is often left empty),
+    or names one the spec lists."""
+    return all(not listed or not value or value in listed for listed, value in _scoped(spec, kind))
+
+
+def _scoped(spec: Any, kind: ImageKind) -> tuple[tuple[tuple[str, ...], str], ...]:
+    """(what the spec lists, what the image is) for body part, view and plane."""
+    return ((getattr(spec, "body_parts", ()), kind.body_part), (getattr(spec, "views", ()), kind.view),
+            (getattr(spec, "planes", ()), kind.plane))
 
 
 def pick(backends: Sequence[Backend], kind: ImageKind) -> Backend | None:
@@ -145,13 +152,18 @@ def no_model_reason(models: Sequence[Backend], routed: str | ImageKind, modality
     if for_it:  # made for the modality, not for this body part or view
         idents = ", ".join(m.spec.ident for m in for_it)
         verb = "is" if len(for_it) == 1 else "are"
+        frame = f"{routed or 'unknown-modality'} frame"
         if kind.body_part and all(m.spec.body_parts and kind.body_part not in m.spec.body_parts for m in for_it):
             allowed = ", ".join(sorted({x for m in for_it for x in m.spec.body_parts}))
-            return (f"{routed or 'unknown-modality'} frame of BodyPartExamined {kind.body_part}, but {idents} "
-                    f"{verb} for {allowed} only (the spec's [model] body_parts); {remedy}")
-        allowed = ", ".join(sorted({x for m in for_it for x in m.spec.views}))
-        return (f"{routed or 'unknown-modality'} frame of ViewPosition {kind.view}, but {idents} {verb} for "
-                f"{allowed} views only (the spec's [model] views); {remedy}")
+            return (f"{frame} of BodyPartExamined {kind.body_part}, but {idents} {verb} for {allowed} only "
+                    f"(the spec's [model] body_parts); {remedy}")
+        if kind.view and all(m.spec.views and kind.view not in m.spec.views for m in for_it):
+            allowed = ", ".join(sorted({x for m in for_it for x in m.spec.views}))
+            return (f"{frame} of ViewPosition {kind.view}, but {idents} {verb} for {allowed} views only "
+                    f"(the spec's [model] views); {remedy}")
+        allowed = ", ".join(sorted({x for m in for_it for x in m.spec.planes}))
+        return (f"{frame} in the {kind.plane} plane (ImageOrientationPatient: a reformat, or a scan in that "
+                f"plane), but {idents} {verb} for {allowed} images only (the spec's [model] planes); {remedy}")
     what = routed or "unknown-modality"
     if routed == "SC":
         what += f" frame (a Secondary Capture, Modality {modality or 'none'})"

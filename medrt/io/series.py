@@ -107,6 +107,12 @@ class Series:
         """The ViewPosition every item shares, else "" (a PA and a lateral view in one series)."""
         return self._shared("view", "")  # type: ignore[return-value]
 
+    @property
+    def plane(self) -> str:
+        """The anatomical plane every item lies in (:attr:`Geometry.plane`), else ""."""
+        planes = {item.geometry.plane if item.geometry is not None else "" for item in self.items}
+        return planes.pop() if len(planes) == 1 else ""
+
     def _shared(self, name: str, none: object) -> object:
         values = {getattr(item, name) for item in self.items}
         return values.pop() if len(values) == 1 else none
