@@ -1,9 +1,9 @@
 """Which model takes a frame: frames are routed by their DICOM Modality (Secondary
 Captures as "SC", For Processing images as "<Modality> FOR PROCESSING", localizers as
 "<Modality> LOCALIZER") to the first model whose spec lists it (``[model] modalities``),
-else to the first that lists none, among the models whose ``[model] body_parts`` and
-``views`` take its BodyPartExamined and ViewPosition; a frame no model is for is refused
-with the reason."""
+else to the first that lists none, among the models whose ``[model] body_parts``,
+``views`` and ``planes`` take its BodyPartExamined, ViewPosition and anatomical plane; a
+frame no model is for is refused with the reason."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def pick(backends: Sequence[Backend], kind: ImageKind) -> Backend | None:
 
 
 def pick_for_modality(backends: Sequence[Backend], modality: str) -> Backend | None:
-    """:func:`pick` by routed modality alone (body part and view unknown)."""
+    """:func:`pick` by routed modality alone (body part, view and plane unknown)."""
     return pick(backends, ImageKind(modality))
 
 
@@ -149,7 +149,7 @@ def no_model_reason(models: Sequence[Backend], routed: str | ImageKind, modality
     remedy = ("add one made for it (--roi-model SPEC.toml,...) or use --mode full" if roi else
               "analyse it with a model made for it (--model SPEC.toml; see models/README.md)")
     for_it = [m for m in models if routed in m.spec.modalities or not m.spec.modalities]
-    if for_it:  # made for the modality, not for this body part or view
+    if for_it:  # made for the modality, not for this body part, view or plane
         idents = ", ".join(m.spec.ident for m in for_it)
         verb = "is" if len(for_it) == 1 else "are"
         frame = f"{routed or 'unknown-modality'} frame"
