@@ -163,6 +163,12 @@ class Analyzer:
         """The most slices any model takes (3: a 2.5-D model needs neighbours)."""
         return max(m.spec.slices for m in (*self.segs, *self.rois))
 
+    @property
+    def neighbour_mm(self) -> float | None:
+        """The distance of the neighbouring slices the first 2.5-D model that names one
+        learnt (``[model] neighbour_mm``), or None: the next slices."""
+        return next((m.spec.neighbour_mm for m in (*self.segs, *self.rois) if m.spec.neighbour_mm), None)
+
     def seg_for(self, frame: Frame) -> Backend:
         """The segmenter for this frame (:class:`~medrt.engine.routing.ImageKind`: its routed
         modality, body part and view): the first whose spec lists its modality and takes

@@ -483,7 +483,9 @@ def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace)
                   f' per-cell lesion heatmap{TWO_WINDOWS_NOTE if args.two_windows else ""}."']
     else:
         cfg = UNET_VARIANTS[name]
-        lines += [f"slices = {args.slices}"] if args.slices == 3 else []
+        # 2.5-D: its neighbours were the phantom's next slices, 3 or 5 mm away; on a thinner
+        # series the slice nearest 3 mm stands in for them (lesion_unet_lite's card)
+        lines += [f"slices = {args.slices}", "neighbour_mm = 3.0"] if args.slices == 3 else []
         lines += [f"spacing_mm = {phantom_data.SEG_SPACING}",
                   f'description = "MONAI UNet channels {list(cfg["channels"])}, strides {list(cfg["strides"])}, '
                   f'{cfg["num_res_units"]} residual unit(s): lesion probability per pixel at '

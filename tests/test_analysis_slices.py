@@ -136,3 +136,66 @@ def test_slice_context_keeps_only_slices(tmp_path: Path) -> None:
     assert ctx(dx)[0].neighbours is None
     assert ctx(ct[0])[0].neighbours == (None, None)  # the radiograph beside it is no neighbour
     assert str(dx) not in ctx._cache and str(ct[0]) in ctx._cache
+
+
+@pytest.fixture(scope="module")
+def thin() -> list:
+    """A 1 mm phantom series (the models learnt 3 and 5 mm slices)."""
+    from medrt.phantom import generate_ct_series
+
+    return [p.as_frame(f"thin{p.index}") for p in generate_ct_series(31, n_frames=12, size=64, thickness_mm=1.0)]
+
+
+def test_a_thin_series_gives_the_neighbours_the_model_learnt(thin: list) -> None:
+    """With [model] neighbour_mm each side's neighbour is the slice nearest that distance;
+    the walk stops at a gap or another series, and without a target it is the next slice."""
+    from medrt.analysis.slices import along_normal, nearest_at
+    from medrt.engine.registry import find_spec
+
+    from medrt.phantom import generate_ct_series
+
+    assert find_spec("lesion_unet_lite").neighbour_mm == 3.0
+    with pytest.raises(ValueError, match="thickness_mm"):
+        generate_ct_series(31, n_frames=2, size=64, thickness_mm=0.0)
+    steps = {round(abs(along_normal(a) - along_normal(b)), 6) for a, b in zip(thin, thin[1:], strict=False)}
+    assert steps == {1.0}
+    nbs = series_neighbours(thin, 3.0)
+    assert nbs[5] == (thin[2], thin[8]) and nbs[1] == (thin[0], thin[4]) and nbs[-1] == (thin[-4], None)
+    assert series_neighbours(thin)[5] == (thin[4], thin[6])
+    assert series_neighbours(thin, 2.5)[5] == (thin[3], thin[7])  # 2 and 3 mm are as near: the nearer one
+    # a 3 mm series: the next slice is 3 mm away already
+    three = [replace(f, geometry=Geometry((*f.geometry.position[:2], f.geometry.position[2] * 3.0),
+                                          f.geometry.orientation)) for f in thin]
+    assert series_neighbours(three, 3.0)[5] == (three[4], three[6])
+    # the walk ends at a slice of another series, and looks at no slice past it
+    seen: list = []
+    mixed = [thin[6], replace(thin[7], series_instance_uid="9.9"), thin[8], thin[9]]
+
+    def outward():
+        for f in mixed:
+            seen.append(f)
+            yield f
+
+    assert nearest_at(thin[5], outward(), 3.0) is thin[6] and len(seen) == 2
+
+
+def test_slice_context_takes_the_neighbours_the_model_learnt(thin: list) -> None:
+    """Files in order (a batch, a replay): the files up to neighbour_mm away are decoded
+    once each; a multi-frame object's frames get theirs too."""
+    items = [f"slice{i}" for i in range(len(thin))]
+    by_item = dict(zip(items, thin, strict=True))
+    calls: list[str] = []
+
+    def decoder(item: object) -> list[Decoded]:
+        calls.append(str(item))
+        if item == "multi":
+            return [Decoded(f, 0.0, nb) for f, nb in zip(thin, series_neighbours(thin), strict=True)]
+        return [Decoded(by_item[str(item)], 0.0)]
+
+    ctx = SliceContext(decoder, items, target_mm=3.0)
+    out = [ctx(i)[0] for i in items]
+    assert out[5].neighbours == (thin[2], thin[8]) and out[0].neighbours == (None, thin[3])
+    assert sorted(calls) == sorted(items)  # each once, from the cache after
+    multi = ctx("multi")
+    assert multi[5].neighbours == (thin[2], thin[8])
+    assert SliceContext(decoder, items)(items[5])[0].neighbours == (thin[4], thin[6])  # no target: the next

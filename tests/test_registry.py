@@ -182,6 +182,10 @@ def test_a_missing_model_file_names_it(tmp_path: Path) -> None:
         (lambda s: s.replace("center = 40\n", ""), r"missing required key 'center'"),
         (lambda s: s.replace('activation = "sigmoid"', 'activation = "softmax"'), r"activation must be one of"),
         (lambda s: s.replace("[model]", "[model"), r"not valid TOML"),
+        (lambda s: s.replace("[model]", "[model]\nneighbour_mm = 3.0"), r"neighbour_mm is for a 2.5-D model"),
+        (lambda s: s.replace("[model]", "[model]\nneighbour_mm = -1"), r"neighbour_mm must be a distance"),
+        (lambda s: s.replace("[model]", '[model]\nplanes = ["AXIAL", "OBLIQUE"]'), r"planes takes AXIAL, .* 'OBLIQUE'"),
+        (lambda s: s.replace("[model]", '[model]\nbody_parts = "CHEST"'), r"body_parts must be a list"),
     ],
 )
 def test_bad_specs_name_the_file_and_the_reason(tmp_path: Path, edit, message: str) -> None:  # type: ignore[no-untyped-def]

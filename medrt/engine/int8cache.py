@@ -126,10 +126,12 @@ def gated_int8(spec: ModelSpec, cache: str | Path | None = None) -> ModelSpec:
     if not verdict.get("passed"):
         where = f"verdict kept in {folder}; delete it to measure again" if kept else "not cached"
         raise AccuracyGateError(f"{verdict.get('message', spec.ident + ' int8 refused')} [{where}]")
-    # Which frames a model is for is the current spec's word, not the copy cached with the
-    # twin (a spec edited since, or one from before [model] body_parts existed).
+    # Which frames a model is for, and which neighbours it gets, are the current spec's
+    # word, not the copy cached with the twin (a spec edited since, or one from before
+    # [model] body_parts existed).
     reduced = replace(load_spec(folder / f"{spec.name}_int8.toml"), modalities=spec.modalities,
-                      body_parts=spec.body_parts, views=spec.views, planes=spec.planes)
+                      body_parts=spec.body_parts, views=spec.views, planes=spec.planes,
+                      neighbour_mm=spec.neighbour_mm)
     log.info("%s: INT8 from %s (%s)", spec.ident, folder, verdict.get("message", "gate passed"))
     return reduced
 

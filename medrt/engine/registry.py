@@ -87,6 +87,10 @@ class ModelSpec:
     # 3 = 2.5-D, the input's channels are the slice before, this slice and the slice
     # after (medrt.analysis.slices; an ROI classifier: their thumbnails); 1 = this slice alone.
     slices: int = 1
+    # 2.5-D: the distance (mm) of the neighbouring slices the model learnt; the slice
+    # nearest it on each side is taken (a thin-slice series' next slice is almost this
+    # one). None: the next slice, whatever its distance.
+    neighbour_mm: float | None = None
     thresholds: dict[str, float] = field(default_factory=dict)
     description: str = ""
     card: Path | None = None
@@ -200,6 +204,18 @@ def _planes(model: dict[str, Any], where: str) -> tuple[str, ...]:
     return planes
 
 
+def _neighbour_mm(model: dict[str, Any], where: str) -> float | None:
+    """``[model] neighbour_mm``: a positive distance, for a 2.5-D model (``slices = 3``)."""
+    value = model.get("neighbour_mm")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < float(value) <= 10.0:
+        raise ModelError(f"{where}: [model] neighbour_mm must be a distance in mm (0-10), not {value!r}")
+    if model.get("slices", 1) != 3:
+        raise ModelError(f"{where}: [model] neighbour_mm is for a 2.5-D model (slices = 3)")
+    return float(value)
+
+
 def _slices(model: dict[str, Any], task: str, inputs: tuple[TensorSpec, ...], where: str) -> int:
     """``[model] slices``: 1 (default) or 3 (2.5-D), for segmentation models and ROI
     classifiers; with 3, the input's channel dimension, when the spec gives a number,
@@ -259,6 +275,7 @@ def load_spec(spec_path: str | Path, *, verify: bool = True) -> ModelSpec:
         views=_terms(model, "views", "ViewPosition", where),
         planes=_planes(model, where),
         slices=_slices(model, task, inputs, where),
+        neighbour_mm=_neighbour_mm(model, where),
         thresholds={k: float(v) for k, v in doc.get("thresholds", {}).items()},
         description=str(model.get("description", "")),
         card=(spec_path.parent / str(card)).resolve() if card else None,

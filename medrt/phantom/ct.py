@@ -115,10 +115,12 @@ class _Lesion3D:
         )
 
 
-def _make_series(n_frames: int, size: int, rng: np.random.Generator) -> _Series:
+def _make_series(n_frames: int, size: int, rng: np.random.Generator, thickness_mm: float | None = None) -> _Series:
     fov = rng.uniform(350.0, 400.0)
     spacing = round(fov / size, 6)
-    thickness = float(rng.choice([3.0, 5.0]))
+    thickness = float(rng.choice([3.0, 5.0]))  # drawn either way: the other draws stay as they were
+    if thickness_mm is not None:
+        thickness = float(thickness_mm)
     x0 = round(-(size - 1) / 2.0 * spacing, 4)
     y0 = round(x0 + 25.0, 4)
     grid = AxialGrid(
@@ -301,13 +303,16 @@ def noise_sigma(seed: int, n_frames: int = 40, size: int = 512) -> float:
 
 
 def generate_ct_series(
-    seed: int, n_frames: int = 40, size: int = 512, *, render_lesions: bool = True
+    seed: int, n_frames: int = 40, size: int = 512, *, render_lesions: bool = True,
+    thickness_mm: float | None = None,
 ) -> list[PhantomFrame]:
     """A CT-like axial series of ``n_frames`` slices of ``size``² pixels, head to feet.
 
     Same ``seed`` -> bit-identical frames. ``render_lesions=False`` gives the same
     series and truth without the lesions added to the pixels (a lesion-free
-    background, for checking that the masks sit on the lesions).
+    background, for checking that the masks sit on the lesions). ``thickness_mm``
+    sets the slice thickness and step (drawn from 3 and 5 mm when None; the models
+    were trained on those): a thin-slice series to test them on.
     """
     seed = check_seed(seed)
     if not isinstance(n_frames, int) or n_frames < 1:
@@ -315,7 +320,9 @@ def generate_ct_series(
     if not isinstance(size, int) or size < 64:
         raise ValueError(f'Argument "size" must be an integer >= 64, got {size!r}.')
     rng = stream_rng(seed, CT, 0)
-    series = _make_series(n_frames, size, rng)
+    if thickness_mm is not None and not 0.1 <= float(thickness_mm) <= 20.0:
+        raise ValueError(f'Argument "thickness_mm" must be in 0.1..20 mm, got {thickness_mm!r}.')
+    series = _make_series(n_frames, size, rng, thickness_mm)
     anatomy: Anatomy = make_anatomy(rng)
     tissues = [tissue_map(anatomy, series.grid, series.depth(i)) for i in range(n_frames)]
     lesions = _place_lesions(stream_rng(seed, CT, 2), series, tissues)

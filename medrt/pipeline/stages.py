@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from medrt.analysis.slices import series_neighbours
+from medrt.analysis.slices import MAX_REACH, nearest_at, series_neighbours
 from medrt.analyzer import Analyzer, AnalyzerConfig
 from medrt.io.dicom import read_frames
 from medrt.pipeline.graph import Stage
@@ -85,12 +85,22 @@ class SliceContext:
     neighbours and cost nothing extra; a neighbour that cannot be decoded is just
     missing (its own error is reported when its turn comes). Only single slices are
     kept in the cache, so a 4096² radiograph in the same folder is not held.
+
+    ``target_mm`` (the model's ``[model] neighbour_mm``): with ``order``, each side's
+    neighbour is the slice nearest that distance (:func:`medrt.analysis.slices.nearest_at`:
+    on a 1 mm series for a 3 mm model, the files at i ± 3), the slices up to it decoded
+    or taken from the cache; a multi-frame object's frames likewise. A live source still
+    gives the slices received just before and after (its next few have not arrived).
     """
 
     def __init__(self, decoder: Callable[[Any], list[Decoded]], order: Sequence[Any] | None = None,
-                 keep: int = 6, successor: Callable[[Any], Any] | None = None) -> None:
+                 keep: int = 6, successor: Callable[[Any], Any] | None = None,
+                 target_mm: float | None = None) -> None:
         self.decoder = decoder
         self.successor = successor
+        self.target_mm = target_mm
+        if target_mm is not None:  # the slices out to the one target_mm away, on both sides
+            keep = max(keep, 2 * MAX_REACH + 1)
         self.order = [os.fspath(p) for p in order] if order is not None else None
         self.index: dict[str, int] = {}
         for i, p in enumerate(self.order or ()):
@@ -153,7 +163,7 @@ class SliceContext:
             out = self._decoded(path) if ahead else self.decoder(item)  # type: ignore[arg-type]
             here = _slice(out)
             if here is None:
-                return out
+                return self._multi(out)
             after = None
             if isinstance(nxt, (str, os.PathLike)) and os.fspath(nxt) not in self._not_slices:
                 try:
@@ -164,13 +174,24 @@ class SliceContext:
                 before, self._last = self._last, here
             return [replace(out[0], neighbours=(before, after))]
         if not isinstance(item, (str, os.PathLike)) or os.fspath(item) not in self.index:
-            return self.decoder(item)
+            return self._multi(self.decoder(item))
         path = os.fspath(item)
         out = self._decoded(path)
-        if _slice(out) is None:
-            return out
+        here = _slice(out)
+        if here is None:
+            return self._multi(out)
         i = self.index[path]
-        return [replace(out[0], neighbours=(self._neighbour(i - 1), self._neighbour(i + 1)))]
+        before = nearest_at(here, (self._neighbour(j) for j in range(i - 1, i - 1 - MAX_REACH, -1)), self.target_mm)
+        after = nearest_at(here, (self._neighbour(j) for j in range(i + 1, i + 1 + MAX_REACH)), self.target_mm)
+        return [replace(out[0], neighbours=(before, after))]
+
+    def _multi(self, out: list[Decoded]) -> list[Decoded]:
+        """A multi-frame object's frames with their neighbours ``target_mm`` away (decode
+        gave each the next frame)."""
+        if self.target_mm is None or len(out) < 2:
+            return out
+        frames = [d.frame for d in out]
+        return [replace(d, neighbours=nb) for d, nb in zip(out, series_neighbours(frames, self.target_mm), strict=True)]
 
 
 def _decode_path(path: str) -> list[Decoded]:
@@ -221,7 +242,7 @@ def _start_worker(config: AnalyzerConfig, mode: str | None, recheck: bool | None
     analyzer = load_analyzer(config)
     decoder: Callable[[Any], list[Decoded]] = decode
     if order and analyzer.slices > 1:
-        decoder = SliceContext(decode, order)
+        decoder = SliceContext(decode, order, target_mm=analyzer.neighbour_mm)
     _WORKER.update(analyzer=analyzer, mode=mode, recheck=recheck, slots=WorkerSlots(), decoder=decoder)
 
 
@@ -327,7 +348,7 @@ def analysis_stages(
         decoder = ProcessDecoder(decode_processes) if decode_processes > 0 else decode
         decode_workers = max(decode_workers, decode_processes)
     if two_and_half and slice_context:
-        decoder = SliceContext(decoder, order, successor=successor)
+        decoder = SliceContext(decoder, order, successor=successor, target_mm=analyzer.neighbour_mm)
 
     def preprocess(d: Decoded) -> Any:
         return analyzer.prepare(d.frame, decode_ms=d.decode_ms, mode=mode, recheck_small=recheck,
