@@ -274,7 +274,7 @@ class Study:
         """Group the files (folders walked) into series in slice order. Reads headers only."""
         files = [p for p in iter_files(paths)]
         study = cls(title=title)
-        grouped = group_series(files)
+        grouped = group_series(files, dicomdir=False)  # iter_files expanded the DICOMDIRs named
         for s in grouped.series:
             entry = SeriesEntry(s.series_instance_uid, s.modality, patient=_patient_of(s.items[0].source))
             for item in s.items:

@@ -151,7 +151,6 @@ def test_a_thin_series_gives_the_neighbours_the_model_learnt(thin: list) -> None
     the walk stops at a gap or another series, and without a target it is the next slice."""
     from medrt.analysis.slices import along_normal, nearest_at
     from medrt.engine.registry import find_spec
-
     from medrt.phantom import generate_ct_series
 
     assert find_spec("lesion_unet_lite").neighbour_mm == 3.0

@@ -104,7 +104,7 @@ def wheel(w, steps: int) -> None:  # type: ignore[no-untyped-def]
 # -- browsing, window/level, navigation ------------------------------------------------
 
 
-def test_open_a_patient_disc_at_its_dicomdir(bot, make_window) -> None:  # type: ignore[no-untyped-def]
+def test_open_a_patient_disc_at_its_dicomdir(bot, make_window, caplog) -> None:  # type: ignore[no-untyped-def]
     """Opening a DICOMDIR (File > Open, or ``medrt view DISC/DICOMDIR``) shows the images it lists."""
     w = make_window(analysis=False)
     study = w.open_path(pydicom_test_dir() / "dicomdirtests" / "DICOMDIR")  # 2 patients, 13 series, 31 images
@@ -117,6 +117,14 @@ def test_open_a_patient_disc_at_its_dicomdir(bot, make_window) -> None:  # type:
     rows = [w.browser.series.item(i).text() for i in range(w.browser.series.count())]
     assert {r.split(" · ")[0] for r in rows} == {"Doe, Archibald", "Doe, Peter"}
     assert w.hud.text("top_left").startswith(f"{study.series[0].patient.name} · ID {study.series[0].patient.patient_id}")
+    # the disc's folder: each image once, the DICOMDIRs beside them noted as non-images
+    import logging
+
+    with caplog.at_level(logging.WARNING):
+        folder = w.open_path(pydicom_test_dir() / "dicomdirtests")
+    assert "given twice" not in caplog.text
+    assert sum(len(s.slots) for s in folder.series) == 31 + 50  # and TINY_ALPHA's 50 (no pixel data)
+    assert sum("Media Storage Directory" in str(p) for p in folder.problems) == 8
 
 
 def test_the_patient_and_study_are_shown_and_p_hides_them(bot, make_window) -> None:  # type: ignore[no-untyped-def]

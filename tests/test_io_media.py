@@ -68,6 +68,25 @@ def test_a_dicomdir_opens_as_the_images_it_lists(disc: Path) -> None:
             == [i.sop_instance_uid for i in originals.series[0].items])  # slice order, not record order
 
 
+def test_a_folder_holding_a_dicomdir_reads_each_image_once(disc: Path, tmp_path: Path, caplog) -> None:
+    """A disc opened at its folder: the walk finds the images, and the DICOMDIR beside them
+    is a non-image, not a second copy of each (every image was dropped as its own
+    duplicate before group_series was told its inputs were a walk's)."""
+    root = disc.parent
+    grouped = group_series(list(iter_files([root])), dicomdir=False)
+    assert len(grouped.series) == 1 and len(grouped.series[0].items) == 6
+    assert not grouped.series[0].duplicates_dropped
+    assert [n.kind for n in grouped.non_images] == ["Media Storage Directory Storage"]
+    out = tmp_path / "out"
+    with caplog.at_level(logging.WARNING):
+        assert main(["batch", str(root), "--out", str(out), "--quiet", "--workers", "1", "--png", "none"]) == 0
+    assert "given twice" not in caplog.text
+    rows = list(csv.DictReader((out / "errors.csv").open()))
+    assert [(r["file"], r["kind"], r["reason"]) for r in rows] == [
+        ("DICOMDIR", "skipped", "not an image (Media Storage Directory Storage)")]
+    assert len((out / "results.jsonl").read_text().splitlines()) == 6
+
+
 def test_a_disc_mounted_in_lower_case_still_opens(disc: Path) -> None:
     """Linux mounts an ISO 9660 disc without Rock Ridge in lower case (map=normal), some
     mounts keep the version suffix (;1) or a trailing dot: the DICOMDIR still says IMAGES\\IM000001."""

@@ -89,7 +89,7 @@ def scan(root: Path, *, exclude: Path | None = None, follow_links: bool = False)
     root = Path(root)
     files = [p for p in iter_files([root], follow_outside_links=follow_links)
              if exclude is None or not _inside(p, exclude)]
-    grouped = group_series(files)
+    grouped = group_series(files, dicomdir=False)  # a DICOMDIR given as root is expanded above, once
     base = root if root.is_dir() else root.parent
     notes: list[Note] = []
     for bad in grouped.errors:

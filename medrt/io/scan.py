@@ -14,12 +14,14 @@ __all__ = ["iter_files"]
 log = logging.getLogger(__name__)
 
 
-def iter_files(paths: Iterable[str | os.PathLike[str]], *, follow_outside_links: bool = False) -> Iterator[Path]:
+def iter_files(paths: Iterable[str | os.PathLike[str]], *, follow_outside_links: bool = False,
+               dicomdir: bool = True) -> Iterator[Path]:
     """Yield the files named by ``paths``, walking folders recursively in sorted order.
 
     A DICOMDIR named as a path (not one met inside a folder, whose files the walk
     finds anyway) stands for the files it references, in its record order
-    (:mod:`medrt.io.media`): a patient CD opens at its DICOMDIR.
+    (:mod:`medrt.io.media`): a patient CD opens at its DICOMDIR. ``dicomdir=False``
+    yields it as a file like any other (for paths that are already such a walk's output).
 
     Hidden files and folders (a leading dot) are passed over. A symbolic link
     inside a folder is followed only when it stays inside that folder, unless
@@ -30,7 +32,7 @@ def iter_files(paths: Iterable[str | os.PathLike[str]], *, follow_outside_links:
     for raw in paths:
         root = Path(raw)
         if not root.is_dir():
-            yield from _dicomdir_files(root)
+            yield from (_dicomdir_files(root) if dicomdir else (root,))
             continue
         real_root = root.resolve()
         seen: set[Path] = set()

@@ -163,12 +163,15 @@ class GroupResult:
 _Source = Path | Dataset | tuple[Frame, ...]
 
 
-def group_series(inputs: SeriesInput | Iterable[SeriesInput]) -> GroupResult:
+def group_series(inputs: SeriesInput | Iterable[SeriesInput], *, dicomdir: bool = True) -> GroupResult:
     """Group files (folders are walked), Datasets or Frames by study and series, in slice order.
 
     Only headers are read. Unusable inputs are listed in ``errors`` with their
     reason and non-image objects in ``non_images``; neither stops the grouping.
     Frames are grouped per SOPInstanceUID, so the frames of one object form one item.
+    A DICOMDIR among the inputs stands for the files it lists (:func:`iter_files`);
+    ``dicomdir=False`` for inputs that are already :func:`iter_files`' output (a folder
+    walk's DICOMDIR is then a non-image, its files being in the walk already).
     """
     if isinstance(inputs, (str, os.PathLike, Dataset, Frame)):
         inputs = [inputs]
@@ -177,7 +180,7 @@ def group_series(inputs: SeriesInput | Iterable[SeriesInput]) -> GroupResult:
     errors: list[BadInput] = []
     non_images: list[NonImage] = []
     count = 0
-    for count, (header, path, source) in enumerate(_headers(inputs), start=1):
+    for count, (header, path, source) in enumerate(_headers(inputs, dicomdir), start=1):
         try:
             if isinstance(header, InputError):
                 raise header
@@ -208,7 +211,7 @@ def group_series(inputs: SeriesInput | Iterable[SeriesInput]) -> GroupResult:
     return GroupResult(tuple(series), tuple(errors), tuple(non_images))
 
 
-def _headers(inputs: Iterable[SeriesInput]) -> Iterator[tuple[Dataset | InputError, Path | None, _Source]]:
+def _headers(inputs: Iterable[SeriesInput], dicomdir: bool = True) -> Iterator[tuple[Dataset | InputError, Path | None, _Source]]:
     """Each input's header (or why it has none), its path, and what its pixels come from."""
     frames: dict[str, list[Frame]] = {}
     for raw in inputs:
@@ -218,7 +221,7 @@ def _headers(inputs: Iterable[SeriesInput]) -> Iterator[tuple[Dataset | InputErr
             name = getattr(raw, "filename", None)
             yield raw, Path(name) if isinstance(name, (str, os.PathLike)) and str(name) else None, raw
         else:
-            for path in iter_files([raw]):
+            for path in iter_files([raw], dicomdir=dicomdir):
                 header: Dataset | InputError
                 try:
                     header = read_dataset(path, stop_before_pixels=True)
