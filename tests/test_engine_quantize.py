@@ -514,6 +514,12 @@ def test_a_twins_cache_folder_names_the_models_it_is_gated_with(tmp_path: Path) 
     after = cache_folder(spec, tmp_path / "int8")
     assert after != before and after.name.startswith(f"roi_classifier-{spec.sha256[:16]}-with")
     assert before.name.split("-with")[0] == after.name.split("-with")[0]
+    # a threshold tuned in the spec (its own or its partner's): gated again at it
+    from dataclasses import replace
+
+    tuned = replace(spec, thresholds={**spec.thresholds, "heatmap": 0.2})
+    assert cache_folder(tuned, tmp_path / "int8") != after
+    assert cache_folder(replace(spec), tmp_path / "int8") == after
     # the CPU's integer kernels: a verdict on VNNI (exact sums) does not hold on AVX2 (saturating)
     from medrt.engine.hardware import int8_kernels
 

@@ -33,12 +33,14 @@ __all__ = ["CACHE_FORMAT", "cache_folder", "cache_root", "clear", "entries", "ga
 
 log = logging.getLogger(__name__)
 
-CACHE_FORMAT = 8  # 2: the gate routes radiograph crops; 3: it scores only the model's modalities;
+CACHE_FORMAT = 9  # 2: the gate routes radiograph crops; 3: it scores only the model's modalities;
 # 4: ROI classifiers are calibrated on their modalities' thumbnails only; 5: the gate scores
 # a segmenter on radiographs through the fine sweep over the whole frame, as the analyzer runs it;
 # 6: about a hundred lesions per modality, and CT slices rechecked as the analyzer does;
 # 7: the folder names the CPU's INT8 kernel class (medrt.engine.hardware.int8_kernels);
-# 8: what feeds the FP32 input/output paths from shapes and constants stays FP32 too
+# 8: what feeds the FP32 input/output paths from shapes and constants stays FP32 too;
+# 9: the folder also names how the models are read (thresholds, spacing, window), which
+# the verdict was measured at
 VERDICT = "verdict.json"
 
 
@@ -60,10 +62,20 @@ def cache_folder(spec: ModelSpec, root: Path) -> Path:
     # kept the verdict it got through the segmenter it was first gated with), the
     # quantizer (ORT's version), the CPU's integer kernels (the verdict holds for one
     # class: without VNNI the products are summed with saturation; a VM can change host)
-    # and this recipe (calibration, rewrites, excluded layers, the gate's frames).
-    partners = hashlib.sha256("".join(p.sha256 for p in default_partners(spec)).encode()).hexdigest()[:8]
+    # and this recipe (calibration, rewrites, excluded layers, the gate's frames). The
+    # ``with`` hash also covers how the model and its partners are read (thresholds,
+    # spacing, window): a threshold tuned in the spec gets a verdict measured at it.
+    partners = hashlib.sha256((_reading(spec) + "".join(p.sha256 + _reading(p) for p in default_partners(spec)))
+                              .encode()).hexdigest()[:8]
     return root / (f"{spec.name}-{spec.sha256[:16]}-with{partners}-ort{ort.__version__}-{int8_kernels()}"
                    f"-v{CACHE_FORMAT}")
+
+
+def _reading(spec: ModelSpec) -> str:
+    """What, besides its file, decides what a model's outputs mean and how the gate scores
+    them: its thresholds, spacing and input window."""
+    return json.dumps({"thresholds": spec.thresholds, "spacing_mm": spec.spacing_mm,
+                       "normalization": spec.normalization, "window": spec.window}, sort_keys=True)
 
 
 def _make(spec: ModelSpec, folder: Path) -> None:
