@@ -91,7 +91,8 @@ def _ct_only(spec: Any) -> bool:
 
 
 def _scope(spec: Any) -> list[str]:
-    """Limitation lines saying which body parts, views and planes the spec takes, when it says."""
+    """Limitation lines for what the spec says about its input: the neighbours a 2.5-D model
+    gets, and the planes, body parts and views it takes."""
     lines = []
     if spec.neighbour_mm:
         lines.append(f"- 2.5-D: on each side the slice nearest {spec.neighbour_mm:g} mm away is its neighbour "
@@ -106,6 +107,7 @@ def _scope(spec: Any) -> list[str]:
                      "reported again per reformat.")
     if not (spec.body_parts or spec.views):
         return lines
+
     def either(values: tuple[str, ...], none: str) -> str:
         return none if not values else values[0] if len(values) == 1 else ", ".join(values[:-1]) + " or " + values[-1]
 

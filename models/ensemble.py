@@ -43,7 +43,8 @@ else:  # pragma: no cover - Python 3.10
 log = logging.getLogger("medrt.models.ensemble")
 
 # What the members must share: the analyzer prepares one input for the whole graph.
-SAME_MODEL = ("task", "multiple_of", "modalities", "body_parts", "views", "planes", "slices", "spacing_mm")
+SAME_MODEL = ("task", "multiple_of", "modalities", "body_parts", "views", "planes", "slices", "neighbour_mm",
+              "spacing_mm")
 SAME_TABLES = ("normalization", "inputs", "outputs")
 
 
