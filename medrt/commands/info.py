@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -108,16 +109,19 @@ def run(args: argparse.Namespace) -> int:
     media: list[dict[str, Any]] = []  # each DICOMDIR named: what it lists (counts, no names)
     for given in args.paths:
         walked = Path(given).is_dir()
-        if not walked and is_dicomdir(given):
+        paths: Iterable[Path] = iter_files([given], follow_outside_links=args.follow_links)
+        if not walked and is_dicomdir(given):  # read once: its summary, then its files
             try:
                 listing = read_dicomdir(given)
             except ValueError as exc:
                 media.append({"dicomdir": str(given), "error": str(exc)})
+                paths = [Path(given)]
             else:
                 media.append({"dicomdir": str(given), "summary": listing.summary(), "files": len(listing.files),
                               "missing": [str(p) for p in listing.missing], "refused": listing.refused,
                               "records": dict(listing.records)})
-        for path in iter_files([given], follow_outside_links=args.follow_links):
+                paths = listing.files
+        for path in paths:
             info = inspect_file(path)
             # Inside a folder, files that are not DICOM at all (notes, sidecars)
             # are passed over with a note; a file named on the command line is not.

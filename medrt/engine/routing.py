@@ -139,12 +139,9 @@ def fits_one_crop(shape: tuple[int, int], crop: int) -> bool:
     return shape[0] <= crop and shape[1] <= crop
 
 
-def no_model_reason(models: Sequence[Backend], routed: str | ImageKind, modality: str | None = None,
-                    roi: bool = False) -> str:
-    """Why none of ``models`` takes a frame routed as ``routed`` (an :class:`ImageKind`,
-    or the routed modality with the DICOM Modality ``modality``): the reason a
-    :class:`~medrt.errors.NoModelForImageError` gives."""
-    kind = routed if isinstance(routed, ImageKind) else ImageKind(routed, modality or "")
+def no_model_reason(models: Sequence[Backend], kind: ImageKind, roi: bool = False) -> str:
+    """Why none of ``models`` takes an image of ``kind`` (:func:`pick` found none): the
+    reason a :class:`~medrt.errors.NoModelForImageError` gives."""
     routed, modality = kind.routed, kind.modality
     remedy = ("add one made for it (--roi-model SPEC.toml,...) or use --mode full" if roi else
               "analyse it with a model made for it (--model SPEC.toml; see models/README.md)")

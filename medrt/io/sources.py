@@ -18,7 +18,6 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from medrt.io.media import is_dicomdir
 from medrt.io.scan import iter_files
 
 __all__ = ["FileReplay", "FolderWatch", "Lookahead", "QueueSource", "TEMP_SUFFIXES"]
@@ -74,12 +73,10 @@ class FileReplay:
             return cls.from_folder(p, fps, **kw)
         if not p.exists():
             raise FileNotFoundError(f"{p}: no such file or folder")
-        if is_dicomdir(p):
-            paths = list(iter_files([p]))
-            if not paths:
-                raise FileNotFoundError(f"{p}: the DICOMDIR references no files to replay")
-            return cls(paths, fps, **kw)
-        return cls([p], fps, **kw)
+        paths = list(iter_files([p]))  # a DICOMDIR's files; any other file itself
+        if not paths:
+            raise FileNotFoundError(f"{p}: the DICOMDIR references no files to replay")
+        return cls(paths, fps, **kw)
 
     def __len__(self) -> int:
         return len(self.paths) * self.loop
