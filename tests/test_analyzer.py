@@ -26,6 +26,27 @@ def ct_frames():  # type: ignore[no-untyped-def]
     return generate_ct_series(9902, n_frames=40)
 
 
+@pytest.fixture(scope="module")
+def shipped():  # type: ignore[no-untyped-def]
+    """The analyzer as shipped: every default model, routed by its spec."""
+    return load_analyzer(AnalyzerConfig(warmup_shapes=((256, 256),)))
+
+
+def _spec_copy(tmp_path, name: str, new_name: str, old: str, new: str):  # type: ignore[no-untyped-def]
+    """Shipped model ``name`` as ``new_name``: its file copied beside a spec with ``old`` replaced by ``new``."""
+    import shutil
+
+    from medrt.engine.registry import find_spec
+
+    spec = find_spec(name)
+    shutil.copy(spec.path, tmp_path / spec.path.name)
+    text = spec.spec_path.read_text(encoding="utf-8").replace(f'name = "{name}"', f'name = "{new_name}"', 1)
+    assert old in text
+    path = tmp_path / f"{new_name}.toml"
+    path.write_text(text.replace(old, new), encoding="utf-8")
+    return path
+
+
 def _with_neighbours(ct_frames, p, key: str):  # type: ignore[no-untyped-def]
     """The medrt Frame of phantom slice ``p`` and its (head, feet) neighbours in the series."""
     around = [q.as_frame(f"{key}{q.index}") for q in ct_frames[max(p.index - 1, 0) : p.index + 2]]
@@ -150,17 +171,10 @@ def test_refine_is_what_segment_does_after_its_first_pass(analyzer, radiograph_a
 def test_frames_go_to_the_roi_classifier_for_their_modality(tmp_path, ct_frames) -> None:  # type: ignore[no-untyped-def]
     """Several ROI classifiers: a frame goes to the first whose spec lists its modality,
     else to the first that lists none; with none for it, the error names the file."""
-    import shutil
-
     from medrt.engine.registry import find_spec
     from medrt.errors import UnsupportedImageError
-    shipped = find_spec("roi_classifier")
-    assert shipped.modalities == ("CT",)
-    shutil.copy(shipped.path, tmp_path / shipped.path.name)
-    text = shipped.spec_path.read_text(encoding="utf-8")
-    spec = tmp_path / "roi_any.toml"  # the same network, for any modality
-    spec.write_text(text.replace('name = "roi_classifier"', 'name = "roi_any"', 1).replace('modalities = ["CT"]\n', ""),
-                    encoding="utf-8")
+    assert find_spec("roi_classifier").modalities == ("CT",)
+    spec = _spec_copy(tmp_path, "roi_classifier", "roi_any", 'modalities = ["CT"]\n', "")  # for any modality
     ct = ct_frames[5].as_frame("ct5")
     dx = generate_radiograph(77, size=1024, index=0).as_frame("dx0")
     both = load_analyzer(AnalyzerConfig(seg_model="lesion_unet", roi_model=f"{spec},roi_classifier",
@@ -223,23 +237,20 @@ def test_segmenters_are_routed_by_modality(ct_frames) -> None:  # type: ignore[n
         both.analyze(sc)
 
 
-def test_a_for_processing_radiograph_goes_only_to_a_model_that_lists_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_for_processing_radiograph_goes_only_to_a_model_that_lists_it(tmp_path, shipped) -> None:  # type: ignore[no-untyped-def]
     """Raw detector data (Digital X-Ray Image Storage - For Processing, which modalities send
     CAD systems beside the For Presentation image) is not what the radiograph UNet was
     trained on: it is refused with the reason, unless a spec lists "DX FOR PROCESSING"."""
-    import shutil
-
     from pydicom.uid import (
         DigitalXRayImageStorageForPresentation,
         DigitalXRayImageStorageForProcessing,
     )
 
-    from medrt.engine.registry import find_spec, load_spec
+    from medrt.engine.registry import load_spec
     from medrt.errors import UnsupportedImageError
 
     dx = replace(generate_radiograph(77, size=1024, index=0).as_frame("dx0"), sop_class_uid=DigitalXRayImageStorageForPresentation)
     raw = replace(dx, sop_class_uid=DigitalXRayImageStorageForProcessing, sop_instance_uid="raw0")
-    shipped = load_analyzer(AnalyzerConfig(warmup_shapes=((256, 256),)))
     assert shipped.refusal("DX", sop_class_uid=dx.sop_class_uid) is None
     reason = shipped.refusal("DX", sop_class_uid=raw.sop_class_uid)
     assert reason.startswith("DX FOR PROCESSING frame (a For Processing image: raw detector data")
@@ -247,11 +258,8 @@ def test_a_for_processing_radiograph_goes_only_to_a_model_that_lists_it(tmp_path
     with pytest.raises(UnsupportedImageError, match="raw0: .*DX FOR PROCESSING frame"):
         shipped.analyze(raw)
 
-    unet = find_spec("lesion_unet_dx")
-    shutil.copy(unet.path, tmp_path / unet.path.name)
-    text = unet.spec_path.read_text(encoding="utf-8").replace('name = "lesion_unet_dx"', 'name = "dx_raw"', 1)
-    spec = tmp_path / "dx_raw.toml"
-    spec.write_text(text.replace('modalities = ["DX", "CR"]', 'modalities = ["dx  for processing"]'), encoding="utf-8")
+    spec = _spec_copy(tmp_path, "lesion_unet_dx", "dx_raw", 'modalities = ["DX", "CR"]',
+                      'modalities = ["dx  for processing"]')
     assert load_spec(spec).modalities == ("DX FOR PROCESSING",)
     own = load_analyzer(AnalyzerConfig(seg_model=f"lesion_unet_lite,{spec}", warmup_shapes=((256, 256),)))
     assert own.seg_for(raw).spec.name == "dx_raw"
@@ -260,7 +268,7 @@ def test_a_for_processing_radiograph_goes_only_to_a_model_that_lists_it(tmp_path
 
 
 @pytest.mark.filterwarnings("ignore:Invalid value for VR CS")  # a lower-case Image Type, read all the same
-def test_a_ct_localizer_is_refused_as_a_localizer() -> None:
+def test_a_ct_localizer_is_refused_as_a_localizer(shipped) -> None:  # type: ignore[no-untyped-def]
     """A scout has the Modality and SOP class of the slices; only Image Type tells it apart."""
     import pydicom
 
@@ -280,27 +288,23 @@ def test_a_ct_localizer_is_refused_as_a_localizer() -> None:
     assert image_type_of(other) == ("DERIVED",) and image_type_of(None) == ()
     assert routing_modality("CT", ds.SOPClassUID, ("ORIGINAL", "PRIMARY", "AXIAL")) == "CT"
     assert routing_modality("CT", ds.SOPClassUID, ("LOCALIZER",)) == "CT"  # value 1 is ORIGINAL/DERIVED
-    analyzer = load_analyzer(AnalyzerConfig(warmup_shapes=((256, 256),)))
-    assert analyzer.analyze(axial).models[-1].startswith("lesion_unet_lite@")
+    assert shipped.analyze(axial).models[-1].startswith("lesion_unet_lite@")
     with pytest.raises(UnsupportedImageError, match="CT LOCALIZER frame \\(a localizer, or scout"):
-        analyzer.analyze(scout)
+        shipped.analyze(scout)
 
 
-def test_a_radiograph_of_another_body_part_or_a_lateral_view_goes_to_no_chest_model(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_radiograph_of_another_body_part_or_a_lateral_view_goes_to_no_chest_model(tmp_path, shipped) -> None:  # type: ignore[no-untyped-def]
     """A radiography room sends the listener every image it takes; the chest-nodule UNet
     (trained on PA chest phantoms) takes chest radiographs, PA or AP, and those whose header
     names no body part or view, and refuses a knee or a lateral view with the reason. A
     spec that lists the body part takes it."""
-    import shutil
-
     import pydicom
 
     from conftest import SAMPLE_DIR
-    from medrt.engine.registry import find_spec, load_spec
+    from medrt.engine.registry import load_spec
     from medrt.errors import UnsupportedImageError
     from medrt.io.dicom import read_frames
 
-    shipped = load_analyzer(AnalyzerConfig(warmup_shapes=((256, 256),)))
     dx = shipped.segs[1].spec
     assert (dx.body_parts, dx.views) == (("CHEST", "THORAX", "LUNG"), ("PA", "AP"))
     assert shipped.refusal("DX", body_part="KNEE") == (
@@ -324,17 +328,14 @@ def test_a_radiograph_of_another_body_part_or_a_lateral_view_goes_to_no_chest_mo
     with pytest.raises(UnsupportedImageError, match="BodyPartExamined KNEE, but roi_classifier_dx@.*--roi-model"):
         shipped.roi_for(knee)
 
-    unet = find_spec("lesion_unet_dx")
-    shutil.copy(unet.path, tmp_path / unet.path.name)
-    text = unet.spec_path.read_text(encoding="utf-8").replace('name = "lesion_unet_dx"', 'name = "knee_dx"', 1)
-    spec = tmp_path / "knee_dx.toml"
-    spec.write_text(text.replace('body_parts = ["CHEST", "THORAX", "LUNG"]', 'body_parts = ["knee"]'), encoding="utf-8")
+    spec = _spec_copy(tmp_path, "lesion_unet_dx", "knee_dx", 'body_parts = ["CHEST", "THORAX", "LUNG"]',
+                      'body_parts = ["knee"]')
     assert load_spec(spec).body_parts == ("KNEE",)
     both = load_analyzer(AnalyzerConfig(seg_model=f"lesion_unet_dx,{spec}", warmup_shapes=((256, 256),)))
     assert both.seg_for(knee).spec.name == "knee_dx" and both.seg_for(chest).spec.name == "lesion_unet_dx"
 
 
-def test_a_coronal_or_sagittal_ct_reformat_goes_to_no_axial_model(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_coronal_or_sagittal_ct_reformat_goes_to_no_axial_model(tmp_path, shipped) -> None:  # type: ignore[no-untyped-def]
     """Every CT study comes with coronal and sagittal reformats; the CT UNet learnt axial
     slices ([model] planes = ["AXIAL"]) and would report each lesion again per reformat."""
     import pydicom
@@ -351,7 +352,6 @@ def test_a_coronal_or_sagittal_ct_reformat_goes_to_no_axial_model(tmp_path) -> N
     assert plane(1, 0, 0, 0, 0, -1) == "CORONAL" and plane(0, 1, 0, 0, 0, -1) == "SAGITTAL"
     assert plane(0, 0, 0, 0, 0, 0) == ""
 
-    shipped = load_analyzer(AnalyzerConfig(warmup_shapes=((256, 256),)))
     assert shipped.segs[0].spec.planes == ("AXIAL",) and shipped.segs[1].spec.planes == ()
     assert shipped.refusal("CT", plane="coronal").startswith(
         "CT frame in the CORONAL plane (ImageOrientationPatient: a reformat, or a scan in that plane), but "
