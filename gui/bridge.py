@@ -209,7 +209,7 @@ class Session:
             from medrt.pipeline.stages import SliceContext, decode
 
             self._decoder = SliceContext(decode, getattr(self.source, "paths", None),
-                                         successor=getattr(self.source, "next_of", None),  # a Lookahead watch
+                                         ahead=self.source if hasattr(self.source, "following") else None,  # a Lookahead watch
                                          target_mm=analyzer.neighbour_mm)
         stages = analysis_stages(analyzer, infer_workers=self.workers, decoder=self._decode, slice_context=False)
         stages.append(Stage("display", self._display, workers=1))

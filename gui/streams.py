@@ -73,7 +73,8 @@ class StreamsMixin:
                     lookahead: float = 0.0) -> Session | None:
         """Show images as they land in ``folder`` (a PACS listener's spool, a scanner export).
         ``lookahead`` > 0: hold each until the next lands (at most that many seconds), so a
-        2.5-D model gets the slice after it too (:class:`medrt.io.sources.Lookahead`)."""
+        2.5-D model gets the slice after it too (:class:`medrt.io.sources.Lookahead`; on a
+        thin-slice series the next few, up to the distance the model learnt)."""
         from medrt.io.sources import FolderWatch, Lookahead
 
         self.stop_sessions()

@@ -106,7 +106,7 @@ def test_a_live_source_gets_the_slice_decoded_before(series: list) -> None:
 
 
 def test_a_live_source_with_lookahead_gets_both_neighbours_and_decodes_each_file_once() -> None:
-    """With ``successor`` (a Lookahead source: the file that arrived after this one) a
+    """With ``ahead`` (a Lookahead source: the files that arrived after this one) a
     live frame gets the slice after it too, as a replay in file order does; that file is
     decoded once and reused for its own turn."""
     paths = sorted(STREAM.glob("*.dcm"))[:4]
@@ -117,7 +117,17 @@ def test_a_live_source_with_lookahead_gets_both_neighbours_and_decodes_each_file
         calls.append(str(item))
         return decode(item)
 
-    live = SliceContext(counting, successor=after.get)
+    class Ahead:  # what a Lookahead of depth 1 says (the real one: the thin-slice test below)
+        depth = 1
+
+        def following(self, item: object) -> list:
+            return [after[item]] if item in after else []
+
+        def want(self, depth: int) -> None:
+            self.depth = depth
+
+    ahead = Ahead()
+    live = SliceContext(counting, ahead=ahead, target_mm=3.0)
     out = [live(p)[0] for p in paths]
     ordered = [d[0] for d in map(SliceContext(decode, paths), paths)]
     assert sorted(calls) == sorted(str(p) for p in paths)  # each file decoded once
@@ -125,6 +135,7 @@ def test_a_live_source_with_lookahead_gets_both_neighbours_and_decodes_each_file
         assert [None if n is None else n.sop_instance_uid for n in got.neighbours] == \
             [None if n is None else n.sop_instance_uid for n in want.neighbours]
     assert out[1].neighbours[1] is out[2].frame and out[-1].neighbours[1] is None
+    assert ahead.depth == 1  # 5 mm slices: the next one is the model's 3 mm neighbour
 
 
 def test_slice_context_keeps_only_slices(tmp_path: Path) -> None:
@@ -198,3 +209,40 @@ def test_slice_context_takes_the_neighbours_the_model_learnt(thin: list) -> None
     multi = ctx("multi")
     assert multi[5].neighbours == (thin[2], thin[8])
     assert SliceContext(decoder, items)(items[5])[0].neighbours == (thin[4], thin[6])  # no target: the next
+
+
+def test_a_watched_thin_series_gets_the_neighbours_the_model_learnt(thin: list) -> None:
+    """A live source (a watched folder behind a Lookahead): from the slices' spacing the
+    decode stage asks the source to hold three files on a 1 mm series for a model that
+    learnt 3 mm neighbours, and from then on each slice gets the slices 3 mm before and
+    after it, as a replay in file order gives them; each file is decoded once."""
+    import threading
+
+    from medrt.io.sources import Lookahead, QueueSource
+
+    items = [f"slice{i}" for i in range(len(thin))]
+    by_item = dict(zip(items, thin, strict=True))
+    calls: list[str] = []
+
+    def decoder(item: object) -> list[Decoded]:
+        calls.append(str(item))
+        return [Decoded(by_item[str(item)], 0.0)]
+
+    src = QueueSource()
+    ahead = Lookahead(src, wait=5.0)
+    ctx = SliceContext(decoder, ahead=ahead, target_mm=3.0)
+    for item in items:
+        src.put(item)
+    src.close()
+    got: list = []
+    t = threading.Thread(target=lambda: got.extend(ctx(item)[0] for item in ahead))  # the decode stage
+    t.start()
+    t.join(20)
+    assert not t.is_alive() and len(got) == len(thin)
+    assert ahead.depth == 3
+    assert sorted(calls) == sorted(items)
+    want = series_neighbours(thin, 3.0)
+    assert got[0].neighbours == (None, thin[1])  # before the spacing was known: the next file
+    for i in range(1, len(thin)):
+        assert got[i].neighbours == want[i], i
+    assert got[5].neighbours == (thin[2], thin[8])

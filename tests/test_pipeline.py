@@ -363,7 +363,7 @@ def test_queue_source_ends_after_close():
 
 
 def test_lookahead_lets_each_item_go_when_the_next_arrives():
-    """Each item is held until its successor arrives (then next_of names it), or until the
+    """Each item is held until its successor arrives (then following() names it), or until the
     wait runs out, or the source ends; arrival() gives when each really came."""
     src = QueueSource()
     ahead = Lookahead(src, wait=1.0)
@@ -379,8 +379,8 @@ def test_lookahead_lets_each_item_go_when_the_next_arrives():
     while len(got) < 2 and time.monotonic() < deadline:  # "b" goes alone once the wait is over
         time.sleep(0.01)
     assert [x for x, _ in got] == ["a", "b"]
-    assert ahead.next_of("a") == "b" and ahead.next_of("a") is None  # told once
-    assert ahead.next_of("b") is None  # nothing came after it in time
+    assert ahead.following("a") == ["b"] and ahead.following("a") == []  # told once
+    assert ahead.following("b") == []  # nothing came after it in time
     assert got[1][1] - ahead.arrival("b") >= 0.9  # held for the wait, and the pipeline is told so
     assert t_a <= ahead.arrival("a") <= got[0][1]
     src.put("c")
@@ -388,9 +388,38 @@ def test_lookahead_lets_each_item_go_when_the_next_arrives():
     src.close()  # the end lets the last one go
     t.join(5)
     assert not t.is_alive() and [x for x, _ in got] == ["a", "b", "c", "d"]
-    assert ahead.next_of("c") == "d" and ahead.next_of("d") is None
+    assert ahead.following("c") == ["d"] and ahead.following("d") == []
     with pytest.raises(ValueError, match="wait"):
         Lookahead(src, wait=0)
+
+
+def test_a_deeper_lookahead_holds_each_item_for_the_next_few():
+    """depth n: each item goes when n more have arrived (a thin-slice series, whose
+    neighbours a model learnt some mm away, needs several); want() changes it from the
+    next item on, within 1..MAX_DEPTH; a pause lets everything held go."""
+    src = QueueSource()
+    ahead = Lookahead(src, wait=1.0, depth=2)
+    it = iter(ahead)
+    for x in "abc":
+        src.put(x)
+    assert next(it) == "a" and ahead.following("a") == ["b", "c"]
+    ahead.want(3)
+    for x in "def":
+        src.put(x)
+    assert next(it) == "b" and ahead.following("b") == ["c", "d", "e"]  # held for three now
+    assert next(it) == "c" and ahead.following("c") == ["d", "e", "f"]
+    t0 = time.perf_counter()
+    assert [next(it), next(it), next(it)] == ["d", "e", "f"]  # nothing more came: all go after the wait
+    assert time.perf_counter() - t0 >= 0.9
+    assert ahead.following("d") == ["e", "f"] and ahead.following("f") == []
+    ahead.want(99)
+    assert ahead.depth == Lookahead.MAX_DEPTH
+    ahead.want(0)
+    assert ahead.depth == 1
+    src.close()
+    assert list(it) == []
+    with pytest.raises(ValueError, match="depth"):
+        Lookahead(src, depth=0)
 
 
 def test_a_lookahead_source_counts_its_wait_in_the_latency():

@@ -238,7 +238,7 @@ def test_a_watched_folder_with_lookahead_finds_what_the_replay_finds(tmp_path, a
     live = Collect()
     t = threading.Thread(target=sender)
     t.start()
-    assert Pipeline(ahead, analysis_stages(analyzer, successor=ahead.next_of), [live]).run(timeout=120)
+    assert Pipeline(ahead, analysis_stages(analyzer, ahead=ahead), [live]).run(timeout=120)
     t.join()
     replay = Collect()
     assert Pipeline(FileReplay(srcs, fps=0), analysis_stages(analyzer, order=srcs), [replay]).run(timeout=120)
@@ -249,6 +249,50 @@ def test_a_watched_folder_with_lookahead_finds_what_the_replay_finds(tmp_path, a
     plain = Collect()
     assert Pipeline(FileReplay(srcs, fps=0), analysis_stages(analyzer), [plain]).run(timeout=120)
     assert _lesions_by_frame(plain.results) != _lesions_by_frame(replay.results)
+
+
+def test_a_watched_thin_series_finds_what_the_replay_finds(tmp_path, analyzer):
+    """A 1 mm series landing in a watched folder, for a model that learnt 3 mm
+    neighbours (``[model] neighbour_mm``): from the first two slices the decode stage
+    learns the spacing and the Lookahead holds three files, so from the second slice on
+    every slice gets the slices 3 mm away and the findings equal a replay's in order.
+    The next slices instead (what a live source gave before) find other things."""
+    import threading
+    import time
+
+    from medrt.io.sources import FolderWatch, Lookahead
+    from medrt.phantom.folders import write_ct_series
+
+    assert analyzer.neighbour_mm == 3.0
+    srcs = write_ct_series(tmp_path / "thin", 40, n_frames=14, thickness_mm=1.0)
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+
+    def sender():
+        for p in srcs:
+            part = inbox / (p.name + ".part")
+            part.write_bytes(p.read_bytes())
+            part.rename(inbox / p.name)
+            time.sleep(0.1)
+
+    ahead = Lookahead(FolderWatch(inbox, poll=0.05, settle=0.2, idle_timeout=2.0), wait=3.0)
+    live = Collect()
+    t = threading.Thread(target=sender)
+    t.start()
+    assert Pipeline(ahead, analysis_stages(analyzer, ahead=ahead), [live]).run(timeout=120)
+    t.join()
+    assert ahead.depth == 3 and not live.errors
+    replay = Collect()
+    assert Pipeline(FileReplay(srcs, fps=0), analysis_stages(analyzer, order=srcs), [replay]).run(timeout=120)
+    plain = Collect()  # each slice with the next ones, as before
+    assert Pipeline(FileReplay(srcs, fps=0), analysis_stages(analyzer), [plain]).run(timeout=120)
+    first = replay.results[0].frame.sop_instance_uid  # its neighbour after was the next file
+    got, want, near = (
+        {k: v for k, v in _lesions_by_frame(c.results).items() if k != first} for c in (live, replay, plain)
+    )
+    assert len(got) == len(want) == 13 and any(want.values())
+    assert got == want
+    assert near != want
 
 
 def test_worker_processes_on_a_live_source_warn_that_the_slices_lose_their_neighbours(analyzer, caplog):

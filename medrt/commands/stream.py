@@ -64,6 +64,7 @@ def _source(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from medrt.analyzer import load_analyzer
+    from medrt.io.sources import Lookahead
     from medrt.pipeline.admission import live_in_flight
     from medrt.pipeline.graph import Pipeline
     from medrt.pipeline.stages import analysis_stages
@@ -79,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     stages = analysis_stages(analyzer, infer_workers=workers, decode_workers=args.decode_workers,
                              decode_processes=args.decode_processes, processes=args.processes,
                              order=getattr(source, "paths", None),  # a replay's files: a 2.5-D model's neighbours
-                             successor=getattr(source, "next_of", None))  # --lookahead: the file after each
+                             ahead=source if isinstance(source, Lookahead) else None)  # --lookahead
     # Drop (or refuse) at the entry only, before any work is spent on a frame; the
     # inner edges block, so back-pressure reaches the entry. A live replay keeps up
     # with its "scanner" (latest); a watched folder or an as-fast-as-it-goes replay
@@ -168,8 +169,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="with --watch, stop after this long without a new file (default: run until Ctrl-C)")
     p.add_argument("--lookahead", type=float, default=0.0, metavar="SECONDS",
                    help="with --watch, hold each file until the next one arrives (at most SECONDS), so a 2.5-D "
-                        "model gets the slice after it too, as in a replay or a batch; adds up to one frame "
-                        "interval of latency, which the figures include (default 0: off)")
+                        "model gets the slice after it too, as in a replay or a batch (on a thin-slice series the "
+                        "next few, up to the distance the model learnt: three at 1 mm for 3 mm); adds that many "
+                        "frame intervals of latency, which the figures include (default 0: off)")
     p.add_argument("--jsonl", type=Path, default=None, help="write per-frame telemetry as JSON lines here")
     p.add_argument("--histogram", type=Path, default=None, help="write the end-to-end latency histogram PNG here")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")

@@ -29,7 +29,8 @@ def add_view_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loop", type=int, default=1, help="with --replay: replay the folder this many times")
     p.add_argument("--lookahead", type=float, default=0.0, metavar="SECONDS",
                    help="with --watch: hold each image until the next one lands (at most SECONDS), so a 2.5-D "
-                        "model gets the slice after it too; each image shows up to one frame later (default 0: off)")
+                        "model gets the slice after it too (on a thin-slice series the next few, up to the distance "
+                        "the model learnt); each image shows that many frames later (default 0: off)")
     p.add_argument("--follow", choices=("results", "images"), default="results",
                    help="with --replay/--watch: follow the stream at its newest AI result, drawn with its overlay "
                         "(default; behind the newest image by the AI's latency), or at its newest image as it "

@@ -13,7 +13,7 @@ import os
 import queue
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -224,27 +224,38 @@ def _ident(item: Any) -> Any:
 
 
 class Lookahead:
-    """Hold each item of a live ``source`` until the one after it has arrived, so a 2.5-D
-    model gets the slice after each slice too, as a replay in file order gives it.
+    """Hold each item of a live ``source`` until the ``depth`` items after it have arrived,
+    so a 2.5-D model gets the slices after each slice too, as a replay in file order
+    gives them.
 
     A watched folder or a queue cannot say what comes next; a scanner sends a series in
-    slice order, so the next file to arrive is the next slice. Each item is let go when
-    its successor arrives (:meth:`next_of` then names it), after ``wait`` seconds
-    without one (the end of a series, a pause), or when the source ends. That costs up
-    to one frame interval of latency (``wait`` at most), and the pipeline counts it:
-    :meth:`arrival` gives the time each item really arrived, which the pipeline's
-    end-to-end latency starts from. Whether the successor really is the next slice
-    is checked where the input is built (:func:`medrt.analysis.slices.adjacent`).
+    slice order, so the next files to arrive are the next slices. Each item is let go
+    when ``depth`` more have arrived (:meth:`following` then names them), after ``wait``
+    seconds without a new one (the end of a series, a pause: everything held goes), or
+    when the source ends. That costs up to ``depth`` frame intervals of latency (``wait``
+    at most), and the pipeline counts it: :meth:`arrival` gives the time each item really
+    arrived, which the pipeline's end-to-end latency starts from. Whether a later item
+    really is a neighbouring slice is checked where the input is built
+    (:func:`medrt.analysis.slices.adjacent`).
+
+    ``depth`` starts at 1 (the next slice). A model that learnt neighbours some mm away
+    needs more on a thin-slice series (three files at 1 mm for 3 mm), which the decode
+    stage learns from the slices themselves and asks for with :meth:`want`.
     """
 
     _END = object()
+    #: The most items held back for one (0.25 mm slices for a 3 mm neighbour: 12).
+    MAX_DEPTH = 16
 
-    def __init__(self, source: Iterable[Any], wait: float = 0.5) -> None:
+    def __init__(self, source: Iterable[Any], wait: float = 0.5, depth: int = 1) -> None:
         if not wait > 0:
             raise ValueError(f'Argument "wait" must be > 0 seconds, got {wait!r}.')
+        if not 1 <= depth <= self.MAX_DEPTH:
+            raise ValueError(f'Argument "depth" must be 1-{self.MAX_DEPTH}, got {depth!r}.')
         self.source, self.wait = source, float(wait)
+        self.depth = int(depth)
         # Bounded: an item dropped at a latest-policy entry is never asked about.
-        self._next: OrderedDict[Any, Any] = OrderedDict()
+        self._next: OrderedDict[Any, list[Any]] = OrderedDict()
         self._arrived: OrderedDict[Any, float] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -253,6 +264,11 @@ class Lookahead:
         if source is None or name.startswith("_"):
             raise AttributeError(name)
         return getattr(source, name)
+
+    def want(self, depth: int) -> None:
+        """Hold each item until ``depth`` more have arrived from now on (1 to
+        :data:`MAX_DEPTH`; the decode stage asks once it knows the slice spacing)."""
+        self.depth = max(1, min(int(depth), self.MAX_DEPTH))
 
     def __iter__(self) -> Iterator[Any]:
         q: queue.Queue[Any] = queue.Queue()
@@ -267,38 +283,39 @@ class Lookahead:
                 q.put(self._END)
 
         threading.Thread(target=pump, name="medrt-lookahead", daemon=True).start()
-        held: Any = self._END
+        held: deque[Any] = deque()
         while True:
             try:
-                got = q.get() if held is self._END else q.get(timeout=self.wait)
-            except queue.Empty:  # no successor in time: the held item goes alone
-                yield held
-                held = self._END
+                got = q.get(timeout=self.wait) if held else q.get()
+            except queue.Empty:  # nothing more in time: what is held goes as it is
+                while held:
+                    yield held.popleft()
                 continue
             if isinstance(got, Exception):
-                if held is not self._END:
-                    yield held  # what arrived before the source broke is still analysed
+                while held:
+                    yield held.popleft()  # what arrived before the source broke is still analysed
                 raise got
             if got is self._END:
-                if held is not self._END:
-                    yield held
+                while held:
+                    yield held.popleft()
                 return
             item, arrived = got
             with self._lock:
                 self._arrived[_ident(item)] = arrived
-                if held is not self._END:
-                    self._next[_ident(held)] = item
+                for earlier in held:
+                    self._next.setdefault(_ident(earlier), []).append(item)
                 for kept in (self._arrived, self._next):
                     while len(kept) > _KEEP:
                         kept.popitem(last=False)
-            if held is not self._END:
-                yield held
-            held = item
+            held.append(item)
+            while len(held) > self.depth:
+                yield held.popleft()
 
-    def next_of(self, item: Any) -> Any | None:
-        """The item that arrived right after ``item``, once (None: none came in time)."""
+    def following(self, item: Any) -> list[Any]:
+        """The items that arrived after ``item`` while it was held, in order, once (empty:
+        none came in time)."""
         with self._lock:
-            return self._next.pop(_ident(item), None)
+            return self._next.pop(_ident(item), [])
 
     def arrival(self, item: Any) -> float | None:
         """When ``item`` arrived (``time.perf_counter()``), once."""

@@ -52,12 +52,14 @@ SAMPLE_XRAY: Mapping[str, Any] = MappingProxyType(
 
 
 def write_ct_series(
-    out_dir: str | Path, seed: int, n_frames: int = 40, size: int = 512, compress: str = "rle"
+    out_dir: str | Path, seed: int, n_frames: int = 40, size: int = 512, compress: str = "rle",
+    thickness_mm: float | None = None,
 ) -> list[Path]:
-    """Write a CT phantom series as ``ct_0001.dcm``... plus its ground truth; return the files."""
+    """Write a CT phantom series as ``ct_0001.dcm``... plus its ground truth; return the files.
+    ``thickness_mm``: the same anatomy in slices that thin (:func:`generate_ct_series`)."""
     _check_compress(compress)
     out = Path(out_dir)
-    frames = generate_ct_series(seed, n_frames=n_frames, size=size)
+    frames = generate_ct_series(seed, n_frames=n_frames, size=size, thickness_mm=thickness_mm)
     paths: list[Path] = []
     with TruthWriter(out, seed, CT) as truth:
         for f in frames:

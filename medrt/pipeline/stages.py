@@ -8,16 +8,17 @@ the same code the serial ``Analyzer.analyze`` runs.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from medrt.analysis.slices import MAX_REACH, nearest_at, series_neighbours
+from medrt.analysis.slices import MAX_REACH, adjacent, along_normal, nearest_at, series_neighbours
 from medrt.analyzer import Analyzer, AnalyzerConfig
 from medrt.io.dicom import read_frames
 from medrt.pipeline.graph import Stage
@@ -74,10 +75,11 @@ class SliceContext:
     batch plan, a replayed folder): for the file at position i the files at i - 1 and
     i + 1 are decoded too, or taken from a small cache of the last few decoded, so a
     replay in order decodes each file once. Without it (a watched folder, a queue: the
-    next slice has not arrived yet) each frame gets the one decoded before it, which
-    is its neighbour when the scanner sends a series in order, and with ``successor``
-    (:meth:`medrt.io.sources.Lookahead.next_of`: the file that arrived after it) that
-    one too, decoded once and kept for its own turn. Whether a frame really
+    next slice has not arrived yet) each frame gets one decoded before it, which
+    is its neighbour when the scanner sends a series in order, and with ``ahead``
+    (a :class:`medrt.io.sources.Lookahead` source: :meth:`~medrt.io.sources.Lookahead.following`
+    names the files that arrived after it) one of those too, decoded once and kept for
+    their own turn. Whether a frame really
     is a neighbour (same series, one slice step away) is checked by
     :func:`medrt.analysis.slices.adjacent` when the input is built, and the stack is
     put head to feet by position, so a frame from another series or out of order only
@@ -89,15 +91,20 @@ class SliceContext:
     ``target_mm`` (the model's ``[model] neighbour_mm``): with ``order``, each side's
     neighbour is the slice nearest that distance (:func:`medrt.analysis.slices.nearest_at`:
     on a 1 mm series for a 3 mm model, the files at i ± 3), the slices up to it decoded
-    or taken from the cache; a multi-frame object's frames likewise. A live source still
-    gives the slices received just before and after (its next few have not arrived).
+    or taken from the cache; a multi-frame object's frames likewise. A live source takes
+    the slice nearest that distance among those received before (the last
+    :data:`~medrt.analysis.slices.MAX_REACH` are kept) and, with ``ahead``, among those
+    held after it; from the spacing of the slices it sees it asks ``ahead`` to hold as
+    many as that needs (:meth:`~medrt.io.sources.Lookahead.want`: three files on a 1 mm
+    series for a 3 mm model, one on 3 mm slices), which costs that many frame intervals
+    of latency on a thin-slice series only.
     """
 
     def __init__(self, decoder: Callable[[Any], list[Decoded]], order: Sequence[Any] | None = None,
-                 keep: int = 6, successor: Callable[[Any], Any] | None = None,
+                 keep: int = 6, ahead: Any | None = None,
                  target_mm: float | None = None) -> None:
         self.decoder = decoder
-        self.successor = successor
+        self.ahead = ahead
         self.target_mm = target_mm
         if target_mm is not None:  # the slices out to the one target_mm away, on both sides
             keep = max(keep, 2 * MAX_REACH + 1)
@@ -107,7 +114,8 @@ class SliceContext:
             self.index.setdefault(p, i)
         self.keep = max(3, keep)
         self._cache: OrderedDict[str, list[Decoded]] = OrderedDict()
-        self._last: Frame | None = None
+        # live: the slices decoded last, newest first (one without a target distance)
+        self._recent: deque[Frame] = deque(maxlen=MAX_REACH if target_mm is not None else 1)
         # files that decoded to something else (radiographs), the last few hundred: a
         # watched folder runs for days
         self._not_slices: OrderedDict[str, None] = OrderedDict()
@@ -120,7 +128,7 @@ class SliceContext:
             close()
         with self._lock:
             self._cache.clear()
-            self._last = None
+            self._recent.clear()
 
     def __getattr__(self, name: str) -> Any:  # the wrapped decoder's state (e.g. a pool's ``running``)
         decoder = self.__dict__.get("decoder")
@@ -156,23 +164,8 @@ class SliceContext:
         return _slice(out)
 
     def __call__(self, item: Any) -> list[Decoded]:
-        if self.order is None:  # live: the frame decoded before this one (and the one after it, if known)
-            path = os.fspath(item) if isinstance(item, (str, os.PathLike)) else None
-            ahead = self.successor is not None and path is not None
-            nxt = self.successor(item) if ahead else None  # type: ignore[misc]
-            out = self._decoded(path) if ahead else self.decoder(item)  # type: ignore[arg-type]
-            here = _slice(out)
-            if here is None:
-                return self._multi(out)
-            after = None
-            if isinstance(nxt, (str, os.PathLike)) and os.fspath(nxt) not in self._not_slices:
-                try:
-                    after = _slice(self._decoded(os.fspath(nxt)))
-                except Exception:  # reported when that file's own turn comes
-                    after = None
-            with self._lock:
-                before, self._last = self._last, here
-            return [replace(out[0], neighbours=(before, after))]
+        if self.order is None:
+            return self._live(item)
         if not isinstance(item, (str, os.PathLike)) or os.fspath(item) not in self.index:
             return self._multi(self.decoder(item))
         path = os.fspath(item)
@@ -184,6 +177,54 @@ class SliceContext:
         before = nearest_at(here, (self._neighbour(j) for j in range(i - 1, i - 1 - MAX_REACH, -1)), self.target_mm)
         after = nearest_at(here, (self._neighbour(j) for j in range(i + 1, i + 1 + MAX_REACH)), self.target_mm)
         return [replace(out[0], neighbours=(before, after))]
+
+    def _live(self, item: Any) -> list[Decoded]:
+        """A live source's file: the slices decoded before it (and with ``ahead`` those
+        that arrived after it), nearest ``target_mm`` away on each side."""
+        path = os.fspath(item) if isinstance(item, (str, os.PathLike)) else None
+        ahead = self.ahead is not None and path is not None
+        later = self.ahead.following(item) if ahead else []  # type: ignore[union-attr]
+        out = self._decoded(path) if ahead else self.decoder(item)  # type: ignore[arg-type]
+        here = _slice(out)
+        if here is None:
+            return self._multi(out)
+        after = nearest_at(here, (self._live_slice(p) for p in later), self.target_mm)
+        with self._lock:
+            earlier = list(self._recent)
+            self._recent.appendleft(here)
+        before = nearest_at(here, earlier, self.target_mm)
+        if ahead:
+            nearest = [earlier[0]] if earlier else []
+            if later:  # decoded already (or no slice), from the cache
+                nearest.append(self._live_slice(later[0]))
+            self._ask_depth(here, nearest)
+        return [replace(out[0], neighbours=(before, after))]
+
+    def _live_slice(self, item: Any) -> Frame | None:
+        """A file that arrived after this one, as a slice (decoded once, kept for its own
+        turn); None when it is no slice or cannot be decoded (reported at its turn)."""
+        if not isinstance(item, (str, os.PathLike)) or os.fspath(item) in self._not_slices:
+            return None
+        try:
+            return _slice(self._decoded(os.fspath(item)))
+        except Exception:
+            return None
+
+    def _ask_depth(self, here: Frame, nearest: list[Frame | None]) -> None:
+        """Ask the live source to hold as many files as this series' slice spacing needs
+        for a neighbour ``target_mm`` away; kept as it is until a slice of this series
+        received just before or after this one says the spacing."""
+        other = next((f for f in nearest if adjacent(here, f)), None)
+        if self.target_mm is None or other is None:
+            return
+        step = abs(along_normal(here) - along_normal(other))  # type: ignore[operator]
+        depth = max(1, min(math.ceil(self.target_mm / step - 1e-6), MAX_REACH))
+        if depth != getattr(self.ahead, "depth", depth):
+            log.info("live slices %.2f mm apart: holding %d file(s) for the neighbours %.1f mm away",
+                     step, depth, self.target_mm)
+        want = getattr(self.ahead, "want", None)
+        if callable(want):
+            want(depth)
 
     def _multi(self, out: list[Decoded]) -> list[Decoded]:
         """A multi-frame object's frames with their neighbours ``target_mm`` away (decode
@@ -312,7 +353,7 @@ def analysis_stages(
     processes: int = 0,
     order: Sequence[Any] | None = None,
     slice_context: bool = True,
-    successor: Callable[[Any], Any] | None = None,
+    ahead: Any | None = None,
 ) -> list[Stage]:
     """The five stages around one loaded analyzer. ``infer_workers`` > 1 runs several
     frames through the ROI classifier and the UNet at once (useful when each
@@ -325,9 +366,9 @@ def analysis_stages(
 
     ``order``: the files the source will send, in slice order. A 2.5-D segmentation
     model then gets each file's neighbouring slices (:class:`SliceContext`); without
-    it (a queue, a watched folder) each frame gets the one decoded before it, when
-    that is its neighbour, and with ``successor`` (a live source wrapped in
-    :class:`medrt.io.sources.Lookahead`) the one after it too. (With worker processes
+    it (a queue, a watched folder) each frame gets one decoded before it, when
+    that is its neighbour, and with ``ahead`` (a live source wrapped in
+    :class:`medrt.io.sources.Lookahead`) one after it too. (With worker processes
     each process decodes the neighbours it needs, so a file may be decoded in both;
     without ``order`` they get none, as a process sees only every other file.) ``slice_context=False``: the
     ``decoder`` hands out the neighbours itself (the viewer announces each frame as
@@ -348,7 +389,7 @@ def analysis_stages(
         decoder = ProcessDecoder(decode_processes) if decode_processes > 0 else decode
         decode_workers = max(decode_workers, decode_processes)
     if two_and_half and slice_context:
-        decoder = SliceContext(decoder, order, successor=successor, target_mm=analyzer.neighbour_mm)
+        decoder = SliceContext(decoder, order, ahead=ahead, target_mm=analyzer.neighbour_mm)
 
     def preprocess(d: Decoded) -> Any:
         return analyzer.prepare(d.frame, decode_ms=d.decode_ms, mode=mode, recheck_small=recheck,
