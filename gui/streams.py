@@ -70,18 +70,19 @@ class StreamsMixin:
         return self._start_session("replay", source, label=f"{fps:g} fps")
 
     def start_watch(self: Any, folder: str | os.PathLike[str], *, existing: bool = True,
-                    lookahead: float = 0.0) -> Session | None:
+                    lookahead: float | None = None) -> Session | None:
         """Show images as they land in ``folder`` (a PACS listener's spool, a scanner export).
         ``lookahead`` > 0: hold each until the next lands (at most that many seconds), so a
         2.5-D model gets the slice after it too (:class:`medrt.io.sources.Lookahead`; on a
-        thin-slice series the next few, up to the distance the model learnt)."""
-        from medrt.io.sources import FolderWatch, Lookahead
+        thin-slice series the next few, up to the distance the model learnt); None: that,
+        up to half a second, when the model is 2.5-D; 0: never
+        (:func:`medrt.commands.options.watch_lookahead`)."""
+        from medrt.commands.options import watch_lookahead
+        from medrt.io.sources import FolderWatch
 
         self.stop_sessions()
         try:
-            source: Any = FolderWatch(folder, existing=existing)
-            if lookahead > 0:
-                source = Lookahead(source, lookahead)
+            source: Any = watch_lookahead(FolderWatch(folder, existing=existing), lookahead)
         except OSError as exc:
             self.status(f"cannot watch {folder}: {exc}")
             return None

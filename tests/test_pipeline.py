@@ -414,12 +414,30 @@ def test_a_deeper_lookahead_holds_each_item_for_the_next_few():
     assert ahead.following("d") == ["e", "f"] and ahead.following("f") == []
     ahead.want(99)
     assert ahead.depth == Lookahead.MAX_DEPTH
-    ahead.want(0)
-    assert ahead.depth == 1
     src.close()
     assert list(it) == []
     with pytest.raises(ValueError, match="depth"):
-        Lookahead(src, depth=0)
+        Lookahead(src, depth=-1)
+
+
+def test_a_lookahead_of_depth_0_lets_items_through_until_asked():
+    """Depth 0 (a watched folder's default): nothing is held until a 2.5-D model's decode
+    stage asks for the next slices with want()."""
+    src = QueueSource()
+    ahead = Lookahead(src, wait=5.0, depth=0)
+    it = iter(ahead)
+    src.put("a")
+    assert next(it) == "a" and ahead.following("a") == []  # at once, not after the wait
+    ahead.want(1)
+    src.put("b")
+    src.put("c")
+    assert next(it) == "b" and ahead.following("b") == ["c"]
+    ahead.want(0)
+    assert next(it) == "c" and ahead.following("c") == []  # let go at once after the change
+    src.put("d")
+    assert next(it) == "d"
+    src.close()
+    assert list(it) == []
 
 
 def test_a_lookahead_source_counts_its_wait_in_the_latency():

@@ -134,12 +134,33 @@ def test_stream_watch_picks_up_files_as_they_land(tmp_path, capsys):
 
     t = threading.Thread(target=sender)
     t.start()
-    rc = main(["stream", str(inbox), "--watch", "--idle-exit", "3", "--json", "--workers", "1", "--lookahead", "2"])
+    rc = main(["stream", str(inbox), "--watch", "--idle-exit", "3", "--json", "--workers", "1"])
     t.join()
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["findings"]["frames"] == 3 and out["findings"]["errors"] == 0
     assert main(["stream", str(inbox), "--lookahead", "2"]) == 2  # a replay knows its order already
     assert "--lookahead" in capsys.readouterr().err
+
+
+def test_a_watched_folder_holds_files_only_as_asked(tmp_path):
+    """``--lookahead`` not given: a Lookahead that lets files through until a 2.5-D model's
+    decode stage asks for the next slice (then each waits at most half a second); 0: none;
+    SECONDS: each held for the next file from the start."""
+    from medrt.commands.options import DEFAULT_LOOKAHEAD_S, watch_lookahead
+    from medrt.io.sources import FolderWatch, Lookahead
+
+    watch = FolderWatch(tmp_path)
+    auto = watch_lookahead(watch, None)
+    assert isinstance(auto, Lookahead) and auto.depth == 0 and auto.wait == DEFAULT_LOOKAHEAD_S == 0.5
+    assert watch_lookahead(watch, 0) is watch
+    held = watch_lookahead(watch, 2.0)
+    assert held.depth == 1 and held.wait == 2.0
+    one = load_analyzer(seg_model="lesion_unet_lite", threads=1)  # 2.5-D
+    analysis_stages(one, ahead=auto)
+    assert auto.depth == 1
+    flat = watch_lookahead(watch, None)
+    analysis_stages(load_analyzer(seg_model="lesion_unet_dx", threads=1), ahead=flat)  # 2-D
+    assert flat.depth == 0
 
 
 def test_process_decoder_gives_the_same_frames_and_errors(tmp_path):
@@ -253,8 +274,9 @@ def test_a_watched_folder_with_lookahead_finds_what_the_replay_finds(tmp_path, a
 
 def test_a_watched_thin_series_finds_what_the_replay_finds(tmp_path, analyzer):
     """A 1 mm series landing in a watched folder, for a model that learnt 3 mm
-    neighbours (``[model] neighbour_mm``): from the first two slices the decode stage
-    learns the spacing and the Lookahead holds three files, so from the second slice on
+    neighbours (``[model] neighbour_mm``), with the watch's default Lookahead (depth 0: the
+    2.5-D decode stage asks for the next file when it is made): from the first two slices
+    the decode stage learns the spacing and the Lookahead holds three files, so from the second slice on
     every slice gets the slices 3 mm away and the findings equal a replay's in order.
     The next slices instead (what a live source gave before) find other things."""
     import threading
@@ -275,7 +297,7 @@ def test_a_watched_thin_series_finds_what_the_replay_finds(tmp_path, analyzer):
             part.rename(inbox / p.name)
             time.sleep(0.1)
 
-    ahead = Lookahead(FolderWatch(inbox, poll=0.05, settle=0.2, idle_timeout=2.0), wait=3.0)
+    ahead = Lookahead(FolderWatch(inbox, poll=0.05, settle=0.2, idle_timeout=2.0), wait=3.0, depth=0)
     live = Collect()
     t = threading.Thread(target=sender)
     t.start()

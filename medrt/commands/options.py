@@ -85,13 +85,28 @@ def add_pipeline_options(p: argparse.ArgumentParser, *, policy: str | None) -> N
                         "with many cores (see README, Performance); default 0: threads")
 
 
-LOOKAHEAD_MISUSE = "--lookahead takes seconds > 0 and goes with --watch"
+LOOKAHEAD_MISUSE = "--lookahead takes seconds >= 0 and goes with --watch"
+#: A watched folder's files wait at most this long for the next one, when a 2.5-D model
+#: needs it and ``--lookahead`` is not given.
+DEFAULT_LOOKAHEAD_S = 0.5
 
 
 def lookahead_misused(args: argparse.Namespace) -> bool:
     """``--lookahead`` holds the files of a watched folder (``medrt stream``, ``medrt
-    view``): a negative value, or one without ``--watch``, is a mistake to report."""
-    return args.lookahead < 0 or bool(args.lookahead and not args.watch)
+    view``): a negative value, or one > 0 without ``--watch``, is a mistake to report."""
+    return args.lookahead is not None and (args.lookahead < 0 or bool(args.lookahead and not args.watch))
+
+
+def watch_lookahead(source: Any, seconds: float | None) -> Any:
+    """A watched folder's source wrapped in :class:`medrt.io.sources.Lookahead`: ``seconds``
+    None (``--lookahead`` not given) lets each file through at once unless a 2.5-D model
+    asks for the next slices (then each waits up to :data:`DEFAULT_LOOKAHEAD_S` for it);
+    > 0 holds each for the next file, at most that long; 0 never holds one."""
+    from medrt.io.sources import Lookahead
+
+    if seconds is None:
+        return Lookahead(source, DEFAULT_LOOKAHEAD_S, depth=0)
+    return Lookahead(source, seconds) if seconds > 0 else source
 
 
 def add_seg_options(p: argparse.ArgumentParser) -> None:

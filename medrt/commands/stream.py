@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from medrt.commands.options import (
+    DEFAULT_LOOKAHEAD_S,
     LOOKAHEAD_MISUSE,
     add_engine_options,
     add_pipeline_options,
     analyzer_config,
     lookahead_misused,
     thread_layout,
+    watch_lookahead,
 )
 from medrt.errors import NoModelForImageError
 
@@ -51,14 +53,13 @@ class _Findings:
 
 
 def _source(args: argparse.Namespace) -> Any:
-    from medrt.io.sources import FileReplay, FolderWatch, Lookahead
+    from medrt.io.sources import FileReplay, FolderWatch
 
     src = Path(args.source)
     if lookahead_misused(args):
         raise ValueError(f"{LOOKAHEAD_MISUSE} (a replay knows its file order)")
     if args.watch:
-        watch = FolderWatch(src, idle_timeout=args.idle_exit)
-        return Lookahead(watch, args.lookahead) if args.lookahead else watch
+        return watch_lookahead(FolderWatch(src, idle_timeout=args.idle_exit), args.lookahead)
     return FileReplay.from_path(src, fps=args.fps, loop=args.loop)
 
 
@@ -167,11 +168,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--watch", action="store_true", help="watch SOURCE for new complete files instead of replaying")
     p.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
                    help="with --watch, stop after this long without a new file (default: run until Ctrl-C)")
-    p.add_argument("--lookahead", type=float, default=0.0, metavar="SECONDS",
+    p.add_argument("--lookahead", type=float, default=None, metavar="SECONDS",
                    help="with --watch, hold each file until the next one arrives (at most SECONDS), so a 2.5-D "
                         "model gets the slice after it too, as in a replay or a batch (on a thin-slice series the "
                         "next few, up to the distance the model learnt: three at 1 mm for 3 mm); adds that many "
-                        "frame intervals of latency, which the figures include (default 0: off)")
+                        "frame intervals of latency, which the figures include (default: "
+                        f"{DEFAULT_LOOKAHEAD_S:g} s when the model is 2.5-D, else none; 0: off)")
     p.add_argument("--jsonl", type=Path, default=None, help="write per-frame telemetry as JSON lines here")
     p.add_argument("--histogram", type=Path, default=None, help="write the end-to-end latency histogram PNG here")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")

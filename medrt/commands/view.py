@@ -11,7 +11,12 @@ import argparse
 import sys
 from pathlib import Path
 
-from medrt.commands.options import LOOKAHEAD_MISUSE, add_engine_options, lookahead_misused
+from medrt.commands.options import (
+    DEFAULT_LOOKAHEAD_S,
+    LOOKAHEAD_MISUSE,
+    add_engine_options,
+    lookahead_misused,
+)
 
 __all__ = ["add_view_arguments", "register", "run"]
 
@@ -27,10 +32,11 @@ def add_view_arguments(p: argparse.ArgumentParser) -> None:
     live.add_argument("--watch", action="store_true",
                       help="watch the folder PATH: images appear as they land (a PACS spool)")
     p.add_argument("--loop", type=int, default=1, help="with --replay: replay the folder this many times")
-    p.add_argument("--lookahead", type=float, default=0.0, metavar="SECONDS",
+    p.add_argument("--lookahead", type=float, default=None, metavar="SECONDS",
                    help="with --watch: hold each image until the next one lands (at most SECONDS), so a 2.5-D "
                         "model gets the slice after it too (on a thin-slice series the next few, up to the distance "
-                        "the model learnt); each image shows that many frames later (default 0: off)")
+                        "the model learnt); each image shows that many frames later (default: "
+                        f"{DEFAULT_LOOKAHEAD_S:g} s when the model is 2.5-D, else none; 0: off)")
     p.add_argument("--follow", choices=("results", "images"), default="results",
                    help="with --replay/--watch: follow the stream at its newest AI result, drawn with its overlay "
                         "(default; behind the newest image by the AI's latency), or at its newest image as it "

@@ -238,9 +238,12 @@ class Lookahead:
     really is a neighbouring slice is checked where the input is built
     (:func:`medrt.analysis.slices.adjacent`).
 
-    ``depth`` starts at 1 (the next slice). A model that learnt neighbours some mm away
-    needs more on a thin-slice series (three files at 1 mm for 3 mm), which the decode
-    stage learns from the slices themselves and asks for with :meth:`want`.
+    ``depth`` 1 holds each for the next slice; 0 lets every item through at once until a
+    2.5-D model's decode stage asks for more (the watched folders of ``medrt stream`` and
+    ``medrt view`` by default, so only a model that needs the next slices costs the
+    latency). A model that learnt neighbours some mm away needs more on a thin-slice
+    series (three files at 1 mm for 3 mm), which the decode stage learns from the slices
+    themselves and asks for with :meth:`want`.
     """
 
     _END = object()
@@ -250,8 +253,8 @@ class Lookahead:
     def __init__(self, source: Iterable[Any], wait: float = 0.5, depth: int = 1) -> None:
         if not wait > 0:
             raise ValueError(f'Argument "wait" must be > 0 seconds, got {wait!r}.')
-        if not 1 <= depth <= self.MAX_DEPTH:
-            raise ValueError(f'Argument "depth" must be 1-{self.MAX_DEPTH}, got {depth!r}.')
+        if not 0 <= depth <= self.MAX_DEPTH:
+            raise ValueError(f'Argument "depth" must be 0-{self.MAX_DEPTH}, got {depth!r}.')
         self.source, self.wait = source, float(wait)
         self.depth = int(depth)
         # Bounded: an item dropped at a latest-policy entry is never asked about.
@@ -266,9 +269,10 @@ class Lookahead:
         return getattr(source, name)
 
     def want(self, depth: int) -> None:
-        """Hold each item until ``depth`` more have arrived from now on (1 to
-        :data:`MAX_DEPTH`; the decode stage asks once it knows the slice spacing)."""
-        self.depth = max(1, min(int(depth), self.MAX_DEPTH))
+        """Hold each item until ``depth`` more have arrived from now on (0 to
+        :data:`MAX_DEPTH`; a 2.5-D model's decode stage asks for 1 when it is made, and for
+        more once it knows the slice spacing)."""
+        self.depth = max(0, min(int(depth), self.MAX_DEPTH))
 
     def __iter__(self) -> Iterator[Any]:
         q: queue.Queue[Any] = queue.Queue()

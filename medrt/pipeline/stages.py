@@ -106,6 +106,8 @@ class SliceContext:
         self.decoder = decoder
         self.ahead = ahead
         self.target_mm = target_mm
+        if ahead is not None and getattr(ahead, "depth", 1) < 1 and callable(getattr(ahead, "want", None)):
+            ahead.want(1)  # a source that lets files through at once: hold each for the next slice
         if target_mm is not None:  # the slices out to the one target_mm away, on both sides
             keep = max(keep, 2 * MAX_REACH + 1)
         self.order = [os.fspath(p) for p in order] if order is not None else None
