@@ -39,6 +39,7 @@ from medrt.engine.routing import (
     no_model_reason,
     pick,
     pick_for_modality,
+    resolve_aliases,
     routing_modality,
 )
 from medrt.errors import NoModelForImageError
@@ -175,20 +176,31 @@ class Analyzer:
         it, else the first that lists none; a :class:`~medrt.errors.NoModelForImageError`
         naming the file when none is for it (a CT-only segmenter marks dozens of false
         lesions on a radiograph, a chest one marks a knee's)."""
-        kind = ImageKind.of_frame(frame)
-        chosen = pick(self.segs, kind)
+        kind = self.kind_of(frame)
+        chosen = pick(self.segs, kind, self.config.strict_routing)
         if chosen is None:
-            raise NoModelForImageError(frame.source.path or frame.key, no_model_reason(self.segs, kind))
+            raise NoModelForImageError(frame.source.path or frame.key,
+                                       no_model_reason(self.segs, kind, strict=self.config.strict_routing))
         return chosen
 
     def roi_for(self, frame: Frame) -> Backend:
         """The ROI classifier for this frame, picked as :meth:`seg_for` picks; a
         :class:`~medrt.errors.NoModelForImageError` naming the file when none is for it."""
-        kind = ImageKind.of_frame(frame)
-        chosen = pick(self.rois, kind)
+        kind = self.kind_of(frame)
+        chosen = pick(self.rois, kind, self.config.strict_routing)
         if chosen is None:
-            raise NoModelForImageError(frame.source.path or frame.key, no_model_reason(self.rois, kind, roi=True))
+            raise NoModelForImageError(frame.source.path or frame.key,
+                                       no_model_reason(self.rois, kind, roi=True, strict=self.config.strict_routing))
         return chosen
+
+    def kind_of(self, frame: Frame) -> ImageKind:
+        """What routes ``frame`` (:meth:`ImageKind.of_frame`), its body part read through
+        the config's ``body_part_aliases``."""
+        return self._aliased(ImageKind.of_frame(frame))
+
+    def _aliased(self, kind: ImageKind) -> ImageKind:
+        aliases = self.config.body_part_aliases
+        return replace(kind, body_part=resolve_aliases(kind.body_part, aliases)) if aliases else kind
 
     def refusal(self, modality: str | None, mode: str | None = None, sop_class_uid: str | None = None,
                 image_type: Sequence[str] = (), body_part: str | None = "", view: str | None = "",
@@ -197,11 +209,12 @@ class Analyzer:
         ViewPosition and anatomical plane) would be refused (no segmenter, or in ROI mode
         no classifier, takes them), or None: lets a batch pass over a whole series before
         decoding it."""
-        kind = ImageKind.of(modality, sop_class_uid, image_type, body_part, view, plane)
-        if pick(self.segs, kind) is None:
-            return no_model_reason(self.segs, kind)
-        if (mode or self.config.mode) == "roi" and pick(self.rois, kind) is None:  # auto: full
-            return no_model_reason(self.rois, kind, roi=True)
+        kind = self._aliased(ImageKind.of(modality, sop_class_uid, image_type, body_part, view, plane))
+        strict = self.config.strict_routing
+        if pick(self.segs, kind, strict) is None:
+            return no_model_reason(self.segs, kind, strict=strict)
+        if (mode or self.config.mode) == "roi" and pick(self.rois, kind, strict) is None:  # auto: full
+            return no_model_reason(self.rois, kind, roi=True, strict=strict)
         return None
 
     def mode_for(self, frame: Frame, seg: Backend, mode: str) -> str:
@@ -223,7 +236,7 @@ class Analyzer:
             return "full"
         if fits_one_crop(frame.shape, self.config.crop):
             return "full"
-        return "roi" if pick(self.rois, ImageKind.of_frame(frame)) is not None else "full"
+        return "roi" if pick(self.rois, self.kind_of(frame), self.config.strict_routing) is not None else "full"
 
     def sweeps_whole(self, frame: Frame, seg: Backend, mode: str, recheck: bool) -> bool:
         """Whether :meth:`segment` will run the fine sweep over the whole of ``frame`` (a

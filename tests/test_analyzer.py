@@ -309,7 +309,8 @@ def test_a_radiograph_of_another_body_part_or_a_lateral_view_goes_to_no_chest_mo
     assert (dx.body_parts, dx.views) == (("CHEST", "THORAX", "LUNG"), ("PA", "AP"))
     assert shipped.refusal("DX", body_part="KNEE") == (
         "DX frame of BodyPartExamined KNEE, but lesion_unet_dx@1.2.0 is for CHEST, LUNG, THORAX only (the spec's"
-        " [model] body_parts); analyse it with a model made for it (--model SPEC.toml; see models/README.md)")
+        " [model] body_parts; where KNEE is this site's word for one of them, --body-part-alias KNEE=CHEST reads it"
+        " so); analyse it with a model made for it (--model SPEC.toml; see models/README.md)")
     assert shipped.refusal("CR", body_part="chest", view="LL").startswith(
         "CR frame of ViewPosition LL, but lesion_unet_dx@1.2.0 is for AP, PA views only (the spec's [model] views)")
     for body_part, view in (("", ""), ("chest", "pa"), ("CHEST", "AP"), ("", "PA"), ("CHEST", "")):
@@ -333,6 +334,57 @@ def test_a_radiograph_of_another_body_part_or_a_lateral_view_goes_to_no_chest_mo
     assert load_spec(spec).body_parts == ("KNEE",)
     both = load_analyzer(AnalyzerConfig(seg_model=f"lesion_unet_dx,{spec}", warmup_shapes=((256, 256),)))
     assert both.seg_for(knee).spec.name == "knee_dx" and both.seg_for(chest).spec.name == "lesion_unet_dx"
+
+
+def test_body_parts_are_matched_by_word_through_site_aliases_and_strictly_on_request(shipped) -> None:  # type: ignore[no-untyped-def]
+    """Sites write BodyPartExamined as free text: a word of it naming a listed term is
+    enough ("CHEST PA"), a site's own word is read as a term through
+    ``body_part_aliases`` (``--body-part-alias``), and ``strict_routing``
+    (``--strict-routing``) refuses an image whose header names no body part or view where
+    the model lists some, with the reason."""
+    from medrt.engine.routing import ImageKind, names, resolve_aliases
+
+    for value in ("CHEST PA", "chest_ap", "Thorax, AP", "LUNGS CHEST"):
+        assert shipped.refusal("DX", body_part=value, view="PA") is None, value
+    for value in ("TORAX", "CHESTWALL", "KNEE AP"):
+        assert shipped.refusal("DX", body_part=value).startswith(f"DX frame of BodyPartExamined {value.upper()}")
+    assert names("CHEST PA", ("CHEST",)) and not names("", ("CHEST",)) and not names("CHESTX", ("CHEST",))
+    assert resolve_aliases("TORAX PA", {"TORAX": "CHEST"}) == "CHEST PA"
+    assert resolve_aliases("PECHO", {"PECHO": "CHEST"}) == "CHEST"
+    assert ImageKind.of("DX", body_part=" torax  pa ").body_part == "TORAX PA"
+
+    site = load_analyzer(AnalyzerConfig(body_part_aliases={" torax ": "chest", "Pecho": "Chest"}, strict_routing=True,
+                                        warmup_shapes=((256, 256),)))
+    assert site.config.body_part_aliases == {"TORAX": "CHEST", "PECHO": "CHEST"}
+    for value in ("TORAX", "torax pa", "PECHO", "CHEST"):
+        assert site.refusal("DX", body_part=value, view="PA") is None, value
+    assert site.refusal("DX", body_part="", view="PA") == (
+        "DX frame whose header names no BodyPartExamined, and with --strict-routing lesion_unet_dx@1.2.0 is only for"
+        " images it names as CHEST, LUNG, THORAX; analyse it with a model made for it (--model SPEC.toml; see"
+        " models/README.md)")
+    assert site.refusal("DX", body_part="CHEST", view="").startswith(
+        "DX frame whose header names no ViewPosition, and with --strict-routing lesion_unet_dx@1.2.0 is only for"
+        " images it names as AP, PA views")
+    assert site.refusal("DX", mode="roi", body_part="CHEST", view="PA") is None
+    assert site.refusal("CT", body_part="", plane="AXIAL") is None  # the CT model lists no body part
+    assert shipped.refusal("DX", body_part="", view="") is None  # not strict: taken
+    # per frame too (the viewer, a stream)
+    import pydicom
+
+    from conftest import SAMPLE_DIR
+    from medrt.errors import UnsupportedImageError
+    from medrt.io.dicom import read_frames
+
+    ds = pydicom.dcmread(SAMPLE_DIR / "radiographs" / "dx_0001.dcm")
+    del ds.BodyPartExamined
+    blank = read_frames(ds)[0]
+    assert shipped.seg_for(blank) is shipped.segs[1]
+    with pytest.raises(UnsupportedImageError, match="names no BodyPartExamined, and with --strict-routing"):
+        site.seg_for(blank)
+    ds.BodyPartExamined = "Torax"
+    assert site.seg_for(read_frames(ds)[0]).spec.name == "lesion_unet_dx"
+    with pytest.raises(ValueError, match="body_part_aliases"):
+        AnalyzerConfig(body_part_aliases={"TORAX": " "})
 
 
 def test_a_coronal_or_sagittal_ct_reformat_goes_to_no_axial_model(tmp_path, shipped) -> None:  # type: ignore[no-untyped-def]

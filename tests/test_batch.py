@@ -330,6 +330,37 @@ def test_a_knee_and_a_lateral_chest_radiograph_are_passed_over_with_the_reason(t
     assert len(_lines(out / "results.jsonl")) == 2  # the two CT slices
 
 
+def test_a_site_word_for_the_chest_is_read_as_chest_and_strict_routing_refuses_a_blank_header(tmp_path):
+    """``--body-part-alias TORAX=CHEST``: a room that writes its own word gets the chest
+    model; ``--strict-routing``: a radiograph whose header names no body part is passed
+    over with the reason (the CT model lists none, so CT slices are taken as before)."""
+    from pydicom.uid import generate_uid
+
+    src = _small_input(tmp_path, n=2)
+    for name, body_part in (("torax.dcm", "Torax"), ("blank.dcm", None)):
+        ds = pydicom.dcmread(SAMPLE_DIR / "radiographs" / "dx_0001.dcm")
+        if body_part is None:
+            del ds.BodyPartExamined
+        else:
+            ds.BodyPartExamined = body_part
+        ds.SeriesInstanceUID = generate_uid()
+        ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+        ds.save_as(src / name)
+    torax = pydicom.dcmread(src / "torax.dcm", stop_before_pixels=True).SOPInstanceUID
+    out = tmp_path / "out"
+    assert main(["batch", str(src), "--out", str(out), "--quiet", "--workers", "1", "--png", "none",
+                 "--body-part-alias", "torax=chest", "--strict-routing"]) == EXIT_OK
+    rows = {r["file"]: r for r in csv.DictReader((out / "errors.csv").open())}
+    assert set(rows) == {"blank.dcm"} and rows["blank.dcm"]["stage"] == "plan"
+    assert ("DX frame whose header names no BodyPartExamined, and with --strict-routing lesion_unet_dx@"
+            in rows["blank.dcm"]["reason"])
+    analysed = {r["sop_instance_uid"] for r in _lines(out / "results.jsonl")}
+    assert len(analysed) == 3 and torax in analysed
+    with pytest.raises(SystemExit) as bad:
+        main(["batch", str(src), "--out", str(tmp_path / "x"), "--body-part-alias", "TORAX"])
+    assert bad.value.code == 2
+
+
 def test_a_coronal_reformat_series_is_passed_over_before_decoding(tmp_path):
     from pydicom.uid import generate_uid
 

@@ -67,6 +67,12 @@ class AnalyzerConfig:
     threads: int | None = None
     # per-backend constructor options, e.g. {"torch": {"cuda_graph": True, "max_graphs": 64}}
     backend_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Routing by the header (medrt.engine.routing): a site's own BodyPartExamined words read
+    # as the terms the specs list ({"TORAX": "CHEST"}; upper-cased), and whether an image
+    # whose header names no body part or view is refused where a model lists some (by
+    # default it is taken: many rooms leave BodyPartExamined empty).
+    body_part_aliases: Mapping[str, str] = field(default_factory=dict)
+    strict_routing: bool = False
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -75,6 +81,13 @@ class AnalyzerConfig:
             raise ValueError(f'Argument "overlap" must be in [0, 1), got {self.overlap!r}.')
         if not self.min_diameter_mm >= 0.0:
             raise ValueError(f'Argument "min_diameter_mm" must be >= 0, got {self.min_diameter_mm!r}.')
+        aliases = {}
+        for local, term in dict(self.body_part_aliases).items():
+            key, value = (" ".join(str(x).split()).upper() for x in (local, term))
+            if not key or not value:
+                raise ValueError(f'Argument "body_part_aliases" maps words to terms, got {local!r}: {term!r}.')
+            aliases[key] = value
+        object.__setattr__(self, "body_part_aliases", aliases)
 
 
 def sweep_config(config: AnalyzerConfig) -> SweepConfig | None:

@@ -30,6 +30,14 @@ def _millimetres(text: str) -> float:
     return value
 
 
+def _alias(text: str) -> tuple[str, str]:
+    """``WORD=TERM`` (``--body-part-alias``)."""
+    word, sep, term = text.partition("=")
+    if not sep or not word.strip() or not term.strip():
+        raise argparse.ArgumentTypeError(f"expected WORD=TERM (e.g. TORAX=CHEST), got {text!r}")
+    return word.strip(), term.strip()
+
+
 def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_unet_lite,lesion_unet_dx") -> None:
     g = p.add_argument_group("inference engine")
     g.add_argument("--backend", default="auto", choices=("auto", "onnxruntime", "tensorrt", "torch"),
@@ -57,6 +65,13 @@ def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_u
                         " (default roi_classifier,roi_classifier_dx)")
     g.add_argument("--threads", type=int, default=None,
                    help="threads per model session (default: 1 per inference worker on CPU)")
+    g.add_argument("--body-part-alias", action="append", type=_alias, default=[], metavar="WORD=TERM",
+                   help="read this site's BodyPartExamined word as a term the models list (e.g. TORAX=CHEST; "
+                        "repeatable). A value is matched as a whole or by its words, so CHEST PA is CHEST already")
+    g.add_argument("--strict-routing", action="store_true",
+                   help="refuse an image whose header names no body part (BodyPartExamined) or view "
+                        "(ViewPosition) where the model lists the ones it is for (default: such an image is taken, "
+                        "as many rooms leave BodyPartExamined empty)")
 
 
 def add_pipeline_options(p: argparse.ArgumentParser, *, policy: str | None) -> None:
@@ -145,6 +160,8 @@ def analyzer_config(args: argparse.Namespace, **overrides: Any) -> Any:
         mode=args.mode, backend=args.backend, device=args.device, precision=args.precision,
         seg_model=args.model, recheck=not args.no_recheck, threads=threads,
         min_diameter_mm=getattr(args, "min_diameter", 1.5),
+        body_part_aliases=dict(getattr(args, "body_part_alias", None) or ()),
+        strict_routing=getattr(args, "strict_routing", False),
     )
     if args.roi_model:
         fields["roi_model"] = args.roi_model

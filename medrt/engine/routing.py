@@ -7,7 +7,8 @@ frame no model is for is refused with the reason."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,8 +20,8 @@ if TYPE_CHECKING:
     from medrt.engine.backends.base import Backend
     from medrt.types import Frame
 
-__all__ = ["FOR_PROCESSING", "SECONDARY_CAPTURE", "ImageKind", "fits", "fits_one_crop", "image_type_of",
-           "no_model_reason", "pick", "pick_for_modality", "routing_modality"]
+__all__ = ["FOR_PROCESSING", "SECONDARY_CAPTURE", "ImageKind", "fits", "fits_one_crop", "image_type_of", "names",
+           "no_model_reason", "pick", "pick_for_modality", "resolve_aliases", "routing_modality"]
 
 # Secondary Capture Image Storage and its multi-frame forms: screenshots, dose reports,
 # burned-in overlays (medrt's own --sc output among them), not acquired images, whatever
@@ -106,26 +107,53 @@ def _header_text(ds: Any, keyword: str) -> str:
         return ""
 
 
-def fits(spec: Any, kind: ImageKind) -> bool:
+def fits(spec: Any, kind: ImageKind, strict: bool = False) -> bool:
     """Whether a spec's ``body_parts``, ``views`` and ``planes`` take ``kind``: each when
-    the spec lists none, or the header names none (BodyPartExamined is often left empty),
-    or names one the spec lists."""
-    return all(not listed or not value or value in listed for listed, value in _scoped(spec, kind))
+    the spec lists none, or the header names one the spec lists (:func:`names`: the
+    value, or a word of it: BodyPartExamined "CHEST PA" names CHEST), or names none
+    (BodyPartExamined is often left empty) unless ``strict`` (then an empty body part or
+    view is refused where the spec lists some; the plane is never required: a radiograph
+    has none)."""
+    return all(not listed or names(value, listed) or (not value and not (strict and required))
+               for listed, value, required in _scoped(spec, kind))
 
 
-def _scoped(spec: Any, kind: ImageKind) -> tuple[tuple[tuple[str, ...], str], ...]:
-    """(what the spec lists, what the image is) for body part, view and plane."""
-    return ((getattr(spec, "body_parts", ()), kind.body_part), (getattr(spec, "views", ()), kind.view),
-            (getattr(spec, "planes", ()), kind.plane))
+def names(value: str, listed: Sequence[str]) -> bool:
+    """Whether a header ``value`` (upper case, as :class:`ImageKind` holds it) names one of
+    ``listed``: the whole value, or one of its words. Sites write BodyPartExamined as free
+    text ("CHEST PA", "CHEST_AP", "THORAX, AP"), not always as the defined term alone."""
+    return bool(value) and (value in listed or any(w in listed for w in _words(value)))
 
 
-def pick(backends: Sequence[Backend], kind: ImageKind) -> Backend | None:
+def _words(value: str) -> list[str]:
+    return [w for w in re.split(r"[^0-9A-Z]+", value) if w]
+
+
+def resolve_aliases(value: str, aliases: Mapping[str, str]) -> str:
+    """``value`` with a site's own terms read as the defined ones (``aliases``: upper-case
+    LOCAL -> TERM, e.g. ``{"TORAX": "CHEST"}``): the whole value when it is one, else each
+    word that is one ("TORAX PA" -> "CHEST PA")."""
+    if not value or not aliases:
+        return value
+    if value in aliases:
+        return aliases[value]
+    return " ".join(aliases.get(w, w) for w in _words(value))
+
+
+def _scoped(spec: Any, kind: ImageKind) -> tuple[tuple[tuple[str, ...], str, bool], ...]:
+    """(what the spec lists, what the image is, whether strict routing requires it) for
+    body part, view and plane."""
+    return ((getattr(spec, "body_parts", ()), kind.body_part, True), (getattr(spec, "views", ()), kind.view, True),
+            (getattr(spec, "planes", ()), kind.plane, False))
+
+
+def pick(backends: Sequence[Backend], kind: ImageKind, strict: bool = False) -> Backend | None:
     """The first of ``backends`` whose spec lists ``kind.routed`` and :func:`fits` it,
     else the first that lists no modality and fits it, else None."""
     for b in backends:
-        if kind.routed in b.spec.modalities and fits(b.spec, kind):
+        if kind.routed in b.spec.modalities and fits(b.spec, kind, strict):
             return b
-    return next((b for b in backends if not b.spec.modalities and fits(b.spec, kind)), None)
+    return next((b for b in backends if not b.spec.modalities and fits(b.spec, kind, strict)), None)
 
 
 def pick_for_modality(backends: Sequence[Backend], modality: str) -> Backend | None:
@@ -139,9 +167,9 @@ def fits_one_crop(shape: tuple[int, int], crop: int) -> bool:
     return shape[0] <= crop and shape[1] <= crop
 
 
-def no_model_reason(models: Sequence[Backend], kind: ImageKind, roi: bool = False) -> str:
-    """Why none of ``models`` takes an image of ``kind`` (:func:`pick` found none): the
-    reason a :class:`~medrt.errors.NoModelForImageError` gives."""
+def no_model_reason(models: Sequence[Backend], kind: ImageKind, roi: bool = False, strict: bool = False) -> str:
+    """Why none of ``models`` takes an image of ``kind`` (:func:`pick` with ``strict`` found
+    none): the reason a :class:`~medrt.errors.NoModelForImageError` gives."""
     routed, modality = kind.routed, kind.modality
     remedy = ("add one made for it (--roi-model SPEC.toml,...) or use --mode full" if roi else
               "analyse it with a model made for it (--model SPEC.toml; see models/README.md)")
@@ -150,14 +178,22 @@ def no_model_reason(models: Sequence[Backend], kind: ImageKind, roi: bool = Fals
         idents = ", ".join(m.spec.ident for m in for_it)
         verb = "is" if len(for_it) == 1 else "are"
         frame = f"{routed or 'unknown-modality'} frame"
-        if kind.body_part and all(m.spec.body_parts and kind.body_part not in m.spec.body_parts for m in for_it):
-            allowed = ", ".join(sorted({x for m in for_it for x in m.spec.body_parts}))
-            return (f"{frame} of BodyPartExamined {kind.body_part}, but {idents} {verb} for {allowed} only "
-                    f"(the spec's [model] body_parts); {remedy}")
-        if kind.view and all(m.spec.views and kind.view not in m.spec.views for m in for_it):
-            allowed = ", ".join(sorted({x for m in for_it for x in m.spec.views}))
-            return (f"{frame} of ViewPosition {kind.view}, but {idents} {verb} for {allowed} views only "
-                    f"(the spec's [model] views); {remedy}")
+        for value, key, keyword, noun in ((kind.body_part, "body_parts", "BodyPartExamined", ""),
+                                          (kind.view, "views", "ViewPosition", " views")):
+            if not all(getattr(m.spec, key) and not names(value, getattr(m.spec, key)) for m in for_it):
+                continue
+            listed = sorted({x for m in for_it for x in getattr(m.spec, key)})
+            allowed = ", ".join(listed)
+            if value and key == "body_parts":
+                return (f"{frame} of {keyword} {value}, but {idents} {verb} for {allowed} only (the spec's "
+                        f"[model] {key}; where {value} is this site's word for one of them, "
+                        f"--body-part-alias {value}={listed[0]} reads it so); {remedy}")
+            if value:
+                return (f"{frame} of {keyword} {value}, but {idents} {verb} for {allowed}{noun} only "
+                        f"(the spec's [model] {key}); {remedy}")
+            if strict:
+                return (f"{frame} whose header names no {keyword}, and with --strict-routing {idents} "
+                        f"{verb} only for images it names as {allowed}{noun}; {remedy}")
         allowed = ", ".join(sorted({x for m in for_it for x in m.spec.planes}))
         return (f"{frame} in the {kind.plane} plane (ImageOrientationPatient: a reformat, or a scan in that "
                 f"plane), but {idents} {verb} for {allowed} images only (the spec's [model] planes); {remedy}")
