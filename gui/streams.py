@@ -192,6 +192,19 @@ class StreamsMixin:
         self.status(str(problem), 30_000)
         log.warning("viewer: %s", problem)
 
+    def finished_message(self: Any) -> str:
+        """What an opened folder's analysis found: lesions each counted once (a CT lesion's
+        sections on neighbouring slices joined, as the Series tab and ``medrt batch`` count
+        them), the sections when they are more, and the images with any."""
+        frames = [s for e in self.study.series for s in e.slots if s.result is not None]
+        sections = sum(len(s.result.lesions) for s in frames)
+        lesions = sum(len(e.series_lesions()[0]) for e in self.study.series)
+        positive = sum(1 for s in frames if s.result.lesions)
+        bad = len(self.failures)
+        found = f"{lesions} lesion(s)" + (f" ({sections} sections on CT slices)" if sections != lesions else "")
+        return (f"analysis finished: {found} in {positive} of {len(frames)} image(s)"
+                + (f"; {bad} file(s) could not be read, first {self.failures[0]}" if bad else ""))
+
     def _on_session_started(self: Any, sid: int, backend: str) -> None:
         if self._mine(sid):
             self.status(f"{self.session.kind}: running on {backend}", 5000)
@@ -200,12 +213,7 @@ class StreamsMixin:
         if not self._mine(sid):
             return
         if not self.session.live:
-            frames = [s for e in self.study.series for s in e.slots if s.result is not None]
-            lesions = sum(len(s.result.lesions) for s in frames)
-            positive = sum(1 for s in frames if s.result.lesions)
-            bad = len(self.failures)
-            self.status(f"analysis finished: {lesions} lesion(s) in {positive} of {len(frames)} image(s)"
-                        + (f"; {bad} file(s) could not be read, first {self.failures[0]}" if bad else ""), 0)
+            self.status(self.finished_message(), 0)
         else:
             self.status(f"{self.session.kind} ended: {self.frames_received} image(s) received", 0)
         self._tick()
