@@ -246,3 +246,59 @@ def test_a_watched_thin_series_gets_the_neighbours_the_model_learnt(thin: list) 
     for i in range(1, len(thin)):
         assert got[i].neighbours == want[i], i
     assert got[5].neighbours == (thin[2], thin[8])
+
+
+def test_neighbours_among_slices_in_any_order(thin: list) -> None:
+    """nearest_sides: the head- and feet-side neighbours among slices that came in no
+    order (a sender that does not send in slice order), other series and far slices left
+    out; the same as series_neighbours on the ordered series."""
+    from medrt.analysis.slices import nearest_sides
+
+    rng = np.random.default_rng(3)
+    other = replace(thin[6], series_instance_uid="9.9")
+    for target in (None, 3.0):
+        want = series_neighbours(thin, target)
+        for i in (0, 5, 11):
+            pool = [thin[j] for j in rng.permutation(len(thin)) if j != i] + [other, None]
+            assert nearest_sides(thin[i], pool, target) == want[i], (target, i)
+    assert nearest_sides(thin[5], [thin[0], thin[11], thin[5]], 3.0) == (thin[0], thin[11])  # the nearest there is
+    assert nearest_sides(thin[5], [replace(thin[0], geometry=None)], None) == (None, None)
+
+
+def test_a_live_source_out_of_slice_order_still_finds_the_neighbours(thin: list) -> None:
+    """Two series landing interleaved (a scanner sending two reconstructions at once),
+    each two by two in the wrong order (a PACS's own order, a spool named by SOP Instance
+    UID): the source is asked to hold twice the files the spacing needs, and each slice's
+    neighbours are looked for among those received lately and those held after it, one
+    on each side and of its own series, not taken as the files next to it in arrival
+    order; so every slice gets one on each side, 2-4 mm away (in order: 3 mm)."""
+    import threading
+
+    from medrt.analysis.slices import along_normal
+    from medrt.io.sources import Lookahead, QueueSource
+
+    other = [replace(f, series_instance_uid="9.9", sop_instance_uid=f"{f.sop_instance_uid}.9") for f in thin]
+    by_item = {}
+    for i in [1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10]:
+        by_item[f"a{i}"], by_item[f"b{i}"] = thin[i], other[i]
+
+    def decoder(item: object) -> list[Decoded]:
+        return [Decoded(by_item[str(item)], 0.0)]
+
+    src = QueueSource()
+    ahead = Lookahead(src, wait=5.0, depth=0)
+    ctx = SliceContext(decoder, ahead=ahead, target_mm=3.0)
+    for item in by_item:
+        src.put(item)
+    src.close()
+    got: dict[str, object] = {}
+    t = threading.Thread(target=lambda: got.update((item, ctx(item)[0]) for item in ahead))
+    t.start()
+    t.join(20)
+    assert not t.is_alive() and len(got) == 2 * len(thin) and ahead.depth == 6  # 3 files x 2 series
+    for series, frames in (("a", thin), ("b", other)):
+        for i in range(2, len(thin) - 2):  # 0 and 1 came before the spacing was known, 10 and 11 last
+            here = got[f"{series}{i}"]
+            gaps = [along_normal(frames[i]) - along_normal(nb) for nb in here.neighbours]
+            assert gaps[0] < 0 < gaps[1] and all(2.0 <= abs(g) <= 4.0 for g in gaps), (series, i, gaps)
+            assert {nb.series_instance_uid for nb in here.neighbours} == {frames[i].series_instance_uid}

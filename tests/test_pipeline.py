@@ -344,6 +344,23 @@ def test_folder_watch_waits_for_complete_files(tmp_path):
     assert got == [tmp_path / "old.dcm", tmp_path / "new.dcm"]
 
 
+def test_folder_watch_gives_files_that_complete_together_in_the_order_they_landed(tmp_path):
+    """A listener that names files by SOP Instance UID: name order is not slice order, the
+    order they were written in is (a 2.5-D model's live neighbours are looked for among
+    the files around each one)."""
+    import os
+
+    names = ["CT.1.2.9", "CT.1.2.10", "CT.1.2.1", "CT.1.2.5"]  # landed in this order
+    for i, name in enumerate(names):
+        path = tmp_path / name
+        path.write_bytes(b"x" * 10)
+        os.utime(path, ns=(1_700_000_000_000_000_000 + i * 1_000_000,) * 2)
+    (tmp_path / "CT.1.2.0").write_bytes(b"x")  # written last; the same time as another: then by name
+    os.utime(tmp_path / "CT.1.2.0", ns=(1_700_000_000_000_000_000 + 3 * 1_000_000,) * 2)
+    got = list(FolderWatch(tmp_path, poll=0.02, settle=0.05, idle_timeout=0.3))
+    assert [p.name for p in got] == ["CT.1.2.9", "CT.1.2.10", "CT.1.2.1", "CT.1.2.0", "CT.1.2.5"]
+
+
 def test_folder_watch_close_ends_iteration(tmp_path):
     watch = FolderWatch(tmp_path, poll=0.02)
     t = threading.Thread(target=lambda: list(watch))

@@ -28,7 +28,8 @@ import numpy as np
 from medrt.preprocess import normalize
 from medrt.types import Frame
 
-__all__ = ["MAX_GAP_MM", "MAX_REACH", "Neighbours", "Sides", "adjacent", "along_normal", "nearest_at", "ordered_sides",
+__all__ = ["MAX_GAP_MM", "MAX_REACH", "Neighbours", "Sides", "adjacent", "along_normal", "nearest_at", "nearest_sides",
+           "ordered_sides",
            "slice_stack", "series_neighbours",
            "stack_pixels", "phantom_input", "phantom_sides"]
 
@@ -137,6 +138,30 @@ def nearest_at(frame: Frame, outward: Iterable[Frame | None], target_mm: float |
         if gap >= target_mm:
             break
     return best
+
+
+def nearest_sides(frame: Frame, pool: Iterable[Frame | None], target_mm: float | None = None) -> Neighbours:
+    """The neighbours of ``frame`` among ``pool``, slices in no particular order (a live
+    source's: those received lately and those held after it): on each side (head, feet)
+    the :func:`adjacent` slice whose distance along the normal is nearest ``target_mm``
+    (None: the nearest slice), the nearer of two as near. A sender's order (a scanner's
+    slice order, or a PACS's, or a spool's file names) is then no matter, as long as the
+    neighbours are among them. Returned as (head side, feet side)."""
+    here = along_normal(frame)
+    best: list[tuple[float, float, Frame] | None] = [None, None]
+    if here is None:
+        return (None, None)
+    for other in pool:
+        if not adjacent(frame, other):
+            continue
+        signed = along_normal(other) - here  # type: ignore[operator]
+        gap = abs(signed)
+        key = (abs(gap - target_mm) if target_mm is not None else gap, gap)
+        side = 0 if signed > 0 else 1
+        held = best[side]
+        if held is None or key < held[:2]:
+            best[side] = (*key, other)  # type: ignore[assignment]
+    return tuple(None if b is None else b[2] for b in best)  # type: ignore[return-value]
 
 
 def stack_pixels(pixels: np.ndarray, window: tuple[float, float], before: np.ndarray | None = None,

@@ -111,7 +111,10 @@ class FolderWatch:
     over ``settle`` seconds (senders that write in place), or at once when it
     appears under its final name by an atomic rename and ``trust_rename`` is set.
     Names of partial files (dot-files, ``*.tmp``, ``*.part`` …) are ignored until
-    they are renamed. Polling (not inotify) so that it also works on network shares.
+    they are renamed. Files that complete together are yielded in the order they were
+    last written (then by name): a sender's order, which for a scanner is slice order,
+    where names often are not (a listener that names files by SOP Instance UID).
+    Polling (not inotify) so that it also works on network shares.
     Files present at start are yielded too unless ``existing=False``. Iteration ends
     after ``close()`` or when nothing new has completed for ``idle_timeout`` seconds.
     """
@@ -154,24 +157,24 @@ class FolderWatch:
         last_new = time.monotonic()
         while not self._closed.is_set():
             now = time.monotonic()
-            for path, sig in sorted(self._snapshot().items()):
+            ready: list[tuple[int, Path]] = []
+            for path, sig in self._snapshot().items():
                 if path in done:
                     continue
                 prev = seen.get(path)
                 if prev is None and self.trust_rename and sig[0] > 0:
-                    ready = True
+                    ready.append((sig[1], path))
                 elif prev is None or prev[0] != sig:
                     seen[path] = (sig, now)
-                    ready = False
-                else:
-                    ready = now - prev[1] >= self.settle and sig[0] > 0
-                if ready:
-                    done.add(path)
-                    seen.pop(path, None)
-                    last_new = now
-                    yield path
-                    if self._closed.is_set():
-                        return
+                elif now - prev[1] >= self.settle and sig[0] > 0:
+                    ready.append((sig[1], path))
+            for _, path in sorted(ready):  # as they landed (then by name), not by name alone
+                done.add(path)
+                seen.pop(path, None)
+                last_new = now
+                yield path
+                if self._closed.is_set():
+                    return
             if self.idle_timeout is not None and time.monotonic() - last_new > self.idle_timeout:
                 return
             self._closed.wait(self.poll)

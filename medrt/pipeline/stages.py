@@ -7,6 +7,7 @@ the same code the serial ``Analyzer.analyze`` runs.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import os
@@ -18,7 +19,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from medrt.analysis.slices import MAX_REACH, adjacent, along_normal, nearest_at, series_neighbours
+from medrt.analysis.slices import (
+    MAX_REACH,
+    adjacent,
+    along_normal,
+    nearest_at,
+    nearest_sides,
+    series_neighbours,
+)
 from medrt.analyzer import Analyzer, AnalyzerConfig
 from medrt.io.dicom import read_frames
 from medrt.pipeline.graph import Stage
@@ -27,6 +35,11 @@ from medrt.pipeline.workers import WorkerPool
 from medrt.types import Frame, FrameResult
 
 log = logging.getLogger(__name__)
+
+#: A live source's slices kept to find the next ones' neighbours among (a model without
+#: ``neighbour_mm``; one with keeps :data:`~medrt.analysis.slices.MAX_REACH`): a sender
+#: that does not send a series in slice order still finds them a few files apart.
+LIVE_KEEP = 8
 
 __all__ = ["Decoded", "STAGE_NAMES", "decode", "analysis_stages", "ProcessDecoder", "ProcessAnalysis", "SliceContext"]
 
@@ -116,8 +129,10 @@ class SliceContext:
             self.index.setdefault(p, i)
         self.keep = max(3, keep)
         self._cache: OrderedDict[str, list[Decoded]] = OrderedDict()
-        # live: the slices decoded last, newest first (one without a target distance)
-        self._recent: deque[Frame] = deque(maxlen=MAX_REACH if target_mm is not None else 1)
+        # live: the slices decoded last, newest first, among which each one's neighbours are
+        # looked for (in whatever order they came)
+        self._recent: deque[Frame] = deque(maxlen=MAX_REACH if target_mm is not None else LIVE_KEEP)
+        self._needs: OrderedDict[str, int] = OrderedDict()  # series -> files its neighbours need held
         # files that decoded to something else (radiographs), the last few hundred: a
         # watched folder runs for days
         self._not_slices: OrderedDict[str, None] = OrderedDict()
@@ -181,8 +196,9 @@ class SliceContext:
         return [replace(out[0], neighbours=(before, after))]
 
     def _live(self, item: Any) -> list[Decoded]:
-        """A live source's file: the slices decoded before it (and with ``ahead`` those
-        that arrived after it), nearest ``target_mm`` away on each side."""
+        """A live source's file: on each side the slice nearest ``target_mm`` away among
+        those decoded lately and (with ``ahead``) those that arrived after it, whatever
+        order they came in (:func:`~medrt.analysis.slices.nearest_sides`)."""
         path = os.fspath(item) if isinstance(item, (str, os.PathLike)) else None
         ahead = self.ahead is not None and path is not None
         later = self.ahead.following(item) if ahead else []  # type: ignore[union-attr]
@@ -190,17 +206,13 @@ class SliceContext:
         here = _slice(out)
         if here is None:
             return self._multi(out)
-        after = nearest_at(here, (self._live_slice(p) for p in later), self.target_mm)
+        pool = [f for f in (self._live_slice(p) for p in later) if f is not None]
         with self._lock:
-            earlier = list(self._recent)
+            pool += self._recent
             self._recent.appendleft(here)
-        before = nearest_at(here, earlier, self.target_mm)
         if ahead:
-            nearest = [earlier[0]] if earlier else []
-            if later:  # decoded already (or no slice), from the cache
-                nearest.append(self._live_slice(later[0]))
-            self._ask_depth(here, nearest)
-        return [replace(out[0], neighbours=(before, after))]
+            self._ask_depth(here, pool)
+        return [replace(out[0], neighbours=nearest_sides(here, pool, self.target_mm))]
 
     def _live_slice(self, item: Any) -> Frame | None:
         """A file that arrived after this one, as a slice (decoded once, kept for its own
@@ -212,18 +224,28 @@ class SliceContext:
         except Exception:
             return None
 
-    def _ask_depth(self, here: Frame, nearest: list[Frame | None]) -> None:
-        """Ask the live source to hold as many files as this series' slice spacing needs
-        for a neighbour ``target_mm`` away; kept as it is until a slice of this series
-        received just before or after this one says the spacing."""
-        other = next((f for f in nearest if adjacent(here, f)), None)
-        if self.target_mm is None or other is None:
+    def _ask_depth(self, here: Frame, pool: list[Frame]) -> None:
+        """Ask the live source to hold as many files as the neighbours need: for each series
+        received lately, the slices out to ``target_mm`` at its spacing (the least gap to
+        one of its slices among ``pool``; one without ``target_mm``), times the number of
+        series arriving interleaved (a scanner sending two reconstructions at once), the
+        most any of them needs; kept until a slice says its series' spacing."""
+        gaps = [abs(along_normal(f) - along_normal(here)) for f in pool if adjacent(here, f)]  # type: ignore[operator]
+        with self._lock:
+            if gaps:
+                per = math.ceil(self.target_mm / min(gaps) - 1e-6) if self.target_mm is not None else 1
+                self._needs[here.series_instance_uid] = max(1, min(per, MAX_REACH))
+                self._needs.move_to_end(here.series_instance_uid)
+                while len(self._needs) > LIVE_KEEP:
+                    self._needs.popitem(last=False)
+            active = {f.series_instance_uid for f in itertools.islice(self._recent, LIVE_KEEP)}
+            needs = [self._needs[u] for u in active if u in self._needs]
+        if not needs:
             return
-        step = abs(along_normal(here) - along_normal(other))  # type: ignore[operator]
-        depth = max(1, min(math.ceil(self.target_mm / step - 1e-6), MAX_REACH))
+        depth = min(max(needs) * len(active), MAX_REACH)
         if depth != getattr(self.ahead, "depth", depth):
-            log.info("live slices %.2f mm apart: holding %d file(s) for the neighbours %.1f mm away",
-                     step, depth, self.target_mm)
+            log.info("live slices: holding %d file(s) for the neighbours (%d series arriving together)",
+                     depth, len(active))
         want = getattr(self.ahead, "want", None)
         if callable(want):
             want(depth)
