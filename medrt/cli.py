@@ -26,6 +26,7 @@ EXIT_BROKEN_PIPE = 141  # the reader went away (``medrt eval ... | head``): 128 
 
 COMMANDS = (
     "medrt.commands.info",
+    "medrt.commands.checks",
     "medrt.commands.phantom",
     "medrt.commands.bench",
     "medrt.commands.models",

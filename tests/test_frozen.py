@@ -58,6 +58,20 @@ def test_the_frozen_medrt_reads_every_test_file_as_the_installed_one(frozen):
         assert syntax in decoded  # each codec plugin made it into the bundle
 
 
+def test_the_frozen_medrt_checks_itself(frozen):
+    """`medrt checks` in the bundle, as a site's IT runs it after installing: every model
+    matches its spec, every syntax has a decoder, and the viewer is there."""
+    from medrt.checks import DECODED_SYNTAXES
+
+    run = subprocess.run([str(frozen / "medrt"), "checks", "--json"], capture_output=True, text=True, timeout=300)
+    out = json.loads(run.stdout)
+    assert run.returncode == 0 and out["ok"], run.stdout
+    rows = {(r["area"], r["item"]): r["status"] for r in out["rows"]}
+    assert all(rows[("decoders", name)] == "ok" for name, _ in DECODED_SYNTAXES)
+    assert rows[("models", "lesion_unet_dx")] == rows[("runtime", "onnxruntime")] == "ok"
+    assert rows[("optional", "PySide6-Essentials")] == "ok"
+
+
 def test_the_frozen_batch_finds_what_the_installed_one_finds(frozen, tmp_path):
     def lesions(out: Path) -> list[tuple[str, int, list[float]]]:
         rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
