@@ -5,6 +5,8 @@ big a pixel is, and what that size means.
 - ``ImagerPixelSpacing`` (DX, CR): at the detector plane, so a length includes the
   geometric magnification (often 5–15 % for a chest radiograph): "12.3 mm at detector",
   as OHIF and Cornerstone mark a projection calibration.
+- ``ImagerPixelSpacing`` with an Estimated Radiographic Magnification Factor: at the
+  patient plane, estimated: "11.2 mm (ERMF)", as Cornerstone marks it.
 - ``ImagePlanePixelSpacing`` (RT images): "12.3 mm at receptor";
   ``NominalScannedPixelSpacing`` (a scanned film): "12.3 mm (scanned film)".
 - No spacing: pixels, never an invented mm value: "45.0 px".
@@ -30,6 +32,7 @@ __all__ = ["Length", "Ellipse", "length_mm", "length_text", "ellipse_mask", "ell
 _QUALIFIER = {
     SpacingSource.PIXEL_SPACING: "",
     SpacingSource.IMAGER_PIXEL_SPACING: " at detector",
+    SpacingSource.ERMF: " (ERMF)",  # at the patient plane, estimated: Cornerstone's "mm ERMF"
     SpacingSource.IMAGE_PLANE: " at receptor",
     SpacingSource.NOMINAL_SCANNED: " (scanned film)",
 }

@@ -36,11 +36,16 @@ class SpacingSource(str, enum.Enum):
 
     ``PixelSpacing`` is in the patient (CT, MR) and is what measurements use;
     ``ImagerPixelSpacing`` is at the detector plane of projection radiography
-    (DX, CR, MG), so sizes measured with it include the geometric magnification.
+    (DX, CR, MG), so sizes measured with it include the geometric magnification (also
+    when a radiograph's PixelSpacing only repeats it: PS3.3 10.7.1.1). ``ERMF``: a
+    radiograph's ImagerPixelSpacing divided by its Estimated Radiographic Magnification
+    Factor (SID / SOD), an estimate at the patient plane, as IHE Mammography and
+    Cornerstone/OHIF correct it.
     """
 
     PIXEL_SPACING = "PixelSpacing"
     IMAGER_PIXEL_SPACING = "ImagerPixelSpacing"
+    ERMF = "ImagerPixelSpacing/EstimatedRadiographicMagnificationFactor"
     IMAGE_PLANE = "ImagePlanePixelSpacing"  # RT Image: at the image receptor plane
     NOMINAL_SCANNED = "NominalScannedPixelSpacing"
     NONE = "none"

@@ -387,6 +387,29 @@ def test_body_parts_are_matched_by_word_through_site_aliases_and_strictly_on_req
         AnalyzerConfig(body_part_aliases={"TORAX": " "})
 
 
+def test_a_radiograph_with_a_magnification_factor_is_measured_at_the_patient(shipped) -> None:  # type: ignore[no-untyped-def]
+    """ImagerPixelSpacing is at the detector; with an Estimated Radiographic Magnification
+    Factor of 1.1 the same nodules measure 1.1 times smaller, at the patient plane (the
+    network sees the same input: 0.125 / 1.1 mm still averages 4 pixels to its 0.5 mm)."""
+    import pydicom
+
+    from conftest import SAMPLE_DIR
+    from medrt.io.dicom import read_frames
+    from medrt.types import SpacingSource
+
+    ds = pydicom.dcmread(SAMPLE_DIR / "radiographs" / "dx_0001.dcm")
+    detector = shipped.analyze(read_frames(ds)[0])
+    ds.EstimatedRadiographicMagnificationFactor = "1.1"
+    patient = shipped.analyze(read_frames(ds)[0])
+    assert detector.frame.spacing_source is SpacingSource.IMAGER_PIXEL_SPACING
+    assert patient.frame.spacing_source is SpacingSource.ERMF
+    assert len(patient.lesions) == len(detector.lesions) >= 3
+    for a, b in zip(detector.lesions, patient.lesions, strict=True):
+        assert a.bbox == b.bbox
+        assert b.diameter_mm == pytest.approx(a.diameter_mm / 1.1, rel=1e-6)
+        assert b.area_mm2 == pytest.approx(a.area_mm2 / 1.21, rel=1e-6)
+
+
 def test_a_coronal_or_sagittal_ct_reformat_goes_to_no_axial_model(tmp_path, shipped) -> None:  # type: ignore[no-untyped-def]
     """Every CT study comes with coronal and sagittal reformats; the CT UNet learnt axial
     slices ([model] planes = ["AXIAL"]) and would report each lesion again per reformat."""

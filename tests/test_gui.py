@@ -323,6 +323,7 @@ def test_length_text_says_what_a_millimetre_means():
     assert length_mm(line, (2.0, 1.0)) == pytest.approx(math.hypot(3 * 1.0, 4 * 2.0))
     assert length_text(line, (0.5, 0.5), SpacingSource.PIXEL_SPACING) == "2.5 mm"
     assert length_text(line, (0.5, 0.5), SpacingSource.IMAGER_PIXEL_SPACING) == "2.5 mm at detector"
+    assert length_text(line, (0.5, 0.5), SpacingSource.ERMF) == "2.5 mm (ERMF)"  # estimated at the patient
     assert length_text(line, (0.5, 0.5), "NominalScannedPixelSpacing") == "2.5 mm (scanned film)"
     assert length_text(line, None, SpacingSource.NONE) == "5.0 px"  # never an invented mm value
 

@@ -259,6 +259,30 @@ def test_monochrome1_is_inverted_to_display_semantics() -> None:
     assert not mono2.inverted
 
 
+def test_a_radiographs_spacing_says_where_it_measures() -> None:
+    """PS3.3 10.7.1.1: a radiograph's ImagerPixelSpacing is at the detector, also when its
+    PixelSpacing repeats it; with an Estimated Radiographic Magnification Factor it is
+    corrected to the patient plane (IHE Mammography, Cornerstone/OHIF); a PixelSpacing
+    that differs (calibrated at the modality) is in the patient."""
+    stored = np.zeros((4, 4), dtype=np.uint16)
+
+    def spacing(**attrs):  # type: ignore[no-untyped-def]
+        frame = read_frames(_mono_dataset("MONOCHROME2", stored, **attrs))[0]
+        return frame.spacing_mm, frame.spacing_source
+
+    assert spacing(ImagerPixelSpacing=[0.15, 0.1]) == ((0.15, 0.1), SpacingSource.IMAGER_PIXEL_SPACING)
+    mm, source = spacing(ImagerPixelSpacing=[0.15, 0.1], EstimatedRadiographicMagnificationFactor="1.25")
+    assert mm == pytest.approx((0.12, 0.08)) and source is SpacingSource.ERMF
+    for ermf in ("1.0", "0.8", ""):  # no magnification, or none that makes sense: at the detector
+        assert spacing(ImagerPixelSpacing=[0.15, 0.1], EstimatedRadiographicMagnificationFactor=ermf)[1] \
+            is SpacingSource.IMAGER_PIXEL_SPACING, ermf
+    assert spacing(PixelSpacing=[0.15, 0.1], ImagerPixelSpacing=[0.15, 0.1],
+                   EstimatedRadiographicMagnificationFactor="1.25") == ((0.15, 0.1), SpacingSource.IMAGER_PIXEL_SPACING)
+    assert spacing(PixelSpacing=[0.12, 0.08], ImagerPixelSpacing=[0.15, 0.1]) == \
+        ((0.12, 0.08), SpacingSource.PIXEL_SPACING)
+    assert spacing(PixelSpacing=[0.5, 0.5]) == ((0.5, 0.5), SpacingSource.PIXEL_SPACING)
+
+
 def test_window_first_value_from_header_and_percentile_fallback() -> None:
     stored = (np.arange(100 * 100, dtype=np.uint16) % 4096).reshape(100, 100)
     two = read_frames(_mono_dataset("MONOCHROME2", stored, WindowCenter=[40, 300], WindowWidth=[400, 1500]))[0]

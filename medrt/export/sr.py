@@ -29,8 +29,9 @@ descriptors (geometry, spacing, size: TID 1602, optional), the others do not, wh
 keeps a long series' SR small and quick to build (:func:`_image_library`). When the pixel spacing of a frame
 is unknown, its lesions are measured in pixels (unit ``{pixels}``: the pixel
 count for the area, pixel widths for the diameter); no mm value is invented.
-Sizes from ImagerPixelSpacing (DX, CR) are at the detector plane, as in the
-Lesion records.
+Sizes from ImagerPixelSpacing (DX, CR) are at the detector plane, or at the patient
+plane where the radiograph gives its Estimated Radiographic Magnification Factor
+(:func:`medrt.io.header.pixel_spacing`), as in the Lesion records.
 """
 
 from __future__ import annotations

@@ -81,20 +81,45 @@ def functional_item(ds: Dataset, keyword: str, index: int) -> Dataset | None:
 
 
 def pixel_spacing(ds: Dataset) -> tuple[tuple[float, float] | None, SpacingSource]:
-    candidates: list[tuple[Any, SpacingSource]] = [
-        (ds.get("PixelSpacing"), SpacingSource.PIXEL_SPACING),
-        (ds.get("ImagerPixelSpacing"), SpacingSource.IMAGER_PIXEL_SPACING),
-        (ds.get("ImagePlanePixelSpacing"), SpacingSource.IMAGE_PLANE),
-        (ds.get("NominalScannedPixelSpacing"), SpacingSource.NOMINAL_SCANNED),
-    ]
+    """The frame's pixel spacing (row, column; mm) and what it means (PS3.3 10.7.1.1).
+
+    PixelSpacing first (also from the enhanced Pixel Measures group): in the patient,
+    unless it repeats the ImagerPixelSpacing of a radiograph, which is at the detector.
+    A radiograph with ImagerPixelSpacing alone is measured at the detector, or, when it
+    gives an Estimated Radiographic Magnification Factor above 1, at the patient plane:
+    ImagerPixelSpacing / ERMF (as IHE Mammography and Cornerstone/OHIF do; a chest PA's
+    magnification is often 5-15 %, enough to move a nodule across a 6 or 8 mm threshold).
+    """
+    imager = _float_pair(ds.get("ImagerPixelSpacing"))
     measures = functional_item(ds, "PixelMeasuresSequence", 0)
-    if measures is not None:
-        candidates.insert(1, (measures.get("PixelSpacing"), SpacingSource.PIXEL_SPACING))
-    for value, source in candidates:
+    for value in (ds.get("PixelSpacing"), measures.get("PixelSpacing") if measures is not None else None):
+        pair = _float_pair(value)
+        if pair is not None:
+            if imager is not None and np.allclose(pair, imager, rtol=1e-4, atol=0.0):
+                return pair, SpacingSource.IMAGER_PIXEL_SPACING
+            return pair, SpacingSource.PIXEL_SPACING
+    if imager is not None:
+        ermf = _float(ds.get("EstimatedRadiographicMagnificationFactor"))
+        if ermf is not None and 1.0 < ermf < 10.0:
+            return (imager[0] / ermf, imager[1] / ermf), SpacingSource.ERMF
+        return imager, SpacingSource.IMAGER_PIXEL_SPACING
+    for value, source in ((ds.get("ImagePlanePixelSpacing"), SpacingSource.IMAGE_PLANE),
+                          (ds.get("NominalScannedPixelSpacing"), SpacingSource.NOMINAL_SCANNED)):
         pair = _float_pair(value)
         if pair is not None:
             return pair, source
     return None, SpacingSource.NONE
+
+
+def _float(value: Any) -> float | None:
+    """A finite number from a DS/FD value (the first of several), else None."""
+    if value is not None and not isinstance(value, (str, bytes)) and hasattr(value, "__getitem__"):
+        value = value[0] if len(value) else None  # a multi-valued element: its first value
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if np.isfinite(number) else None
 
 
 def _float_pair(value: Any) -> tuple[float, float] | None:
