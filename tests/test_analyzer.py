@@ -387,6 +387,46 @@ def test_body_parts_are_matched_by_word_through_site_aliases_and_strictly_on_req
         AnalyzerConfig(body_part_aliases={"TORAX": " "})
 
 
+def test_a_view_given_only_by_its_code_is_routed_by_it(tmp_path, shipped) -> None:  # type: ignore[no-untyped-def]
+    """Some rooms leave ViewPosition empty and fill View Code Sequence (CID 4010): a lateral
+    chest radiograph coded so is refused like one whose ViewPosition says LL, and a PA one
+    is taken; a code this table does not know is read by its meaning."""
+    import pydicom
+    from pydicom.dataset import Dataset
+
+    from conftest import SAMPLE_DIR
+    from medrt.errors import UnsupportedImageError
+    from medrt.io.dicom import read_frames
+    from medrt.io.header import view_of
+    from medrt.io.series import group_series
+
+    def coded(value: str, scheme: str, meaning: str):  # type: ignore[no-untyped-def]
+        ds = pydicom.dcmread(SAMPLE_DIR / "radiographs" / "dx_0001.dcm")
+        ds.ViewPosition = ""
+        item = Dataset()
+        item.CodeValue, item.CodingSchemeDesignator, item.CodeMeaning = value, scheme, meaning
+        ds.ViewCodeSequence = [item]
+        return ds
+
+    lateral = coded("399067008", "SCT", "lateral")
+    assert view_of(lateral) == "LATERAL"
+    with pytest.raises(UnsupportedImageError, match="ViewPosition LATERAL, but lesion_unet_dx@"):
+        shipped.seg_for(read_frames(lateral)[0])
+    assert view_of(coded("R-10214", "SRT", "postero-anterior")) == "PA"  # an older code: by its meaning
+    assert view_of(coded("X1", "99LOCAL", "Left Lateral")) == "LL"
+    pa = coded("272479007", "SCT", "postero-anterior")
+    assert view_of(pa) == "PA" and shipped.seg_for(read_frames(pa)[0]) is shipped.segs[1]
+    assert view_of(coded("X2", "99LOCAL", "erect")) == "" and view_of(None) == ""
+    lateral.ViewPosition = "PA"  # ViewPosition, where given, is what counts
+    assert view_of(lateral) == "PA"
+    lateral.ViewPosition = ""
+    lateral.save_as(tmp_path / "lateral.dcm")
+    (series,) = group_series([tmp_path / "lateral.dcm"]).series  # the series' view, for the batch plan
+    assert series.view == "LATERAL"
+    assert shipped.refusal("DX", body_part=series.body_part, view=series.view).startswith(
+        "DX frame of ViewPosition LATERAL")
+
+
 def test_a_radiograph_with_a_magnification_factor_is_measured_at_the_patient(shipped) -> None:  # type: ignore[no-untyped-def]
     """ImagerPixelSpacing is at the detector; with an Estimated Radiographic Magnification
     Factor of 1.1 the same nodules measure 1.1 times smaller, at the patient plane (the

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydicom import uid
 
-from medrt.io.header import image_type_of
+from medrt.io.header import image_type_of, view_of
 
 if TYPE_CHECKING:
     from medrt.engine.backends.base import Backend
@@ -93,7 +93,7 @@ class ImageKind:
     def of_frame(cls, frame: Frame) -> ImageKind:
         ds = frame.source.dataset
         return cls.of(frame.modality, frame.sop_class_uid, image_type_of(ds), _header_text(ds, "BodyPartExamined"),
-                      _header_text(ds, "ViewPosition"), frame.geometry.plane if frame.geometry is not None else "")
+                      view_of(ds), frame.geometry.plane if frame.geometry is not None else "")
 
 
 def _term(value: str | None) -> str:

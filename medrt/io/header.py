@@ -6,6 +6,7 @@ them in the shared or per-frame functional groups. Each function looks in both.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +24,7 @@ __all__ = [
     "header_window",
     "percentile_window",
     "image_type_of",
+    "view_of",
 ]
 
 _PERCENTILE_MAX_SAMPLES = 1 << 20
@@ -197,3 +199,49 @@ def image_type_of(ds: Dataset | None) -> tuple[str, ...]:
         return ()
     values = [value] if isinstance(value, str) else list(value)
     return tuple(str(v).strip().upper() for v in values)
+
+
+@functools.lru_cache(maxsize=1)
+def _view_codes() -> dict[tuple[str, str], str]:
+    """DX View codes (CID 4010, from pydicom's code dictionary) as ViewPosition terms."""
+    from pydicom.sr.codedict import codes
+
+    named = {"PosteroAnterior": "PA", "AnteroPosterior": "AP", "AnteroPosteriorProjection": "AP",
+             "Lateral": "LATERAL", "LateralProjection": "LATERAL", "LeftLateral": "LL",
+             "LeftLateralProjection": "LL", "RightLateral": "RL", "RightLateralProjection": "RL"}
+    out = {}
+    for name, term in named.items():
+        code = getattr(codes.SCT, name, None)
+        if code is not None:
+            out[(code.scheme_designator, code.value)] = term
+    return out
+
+
+# Code meanings of the DX View context group, when the code itself is not known here
+# (an older SRT/SNM3 code, a vendor's own): the longest first.
+_VIEW_MEANINGS = (("postero-anterior", "PA"), ("posteroanterior", "PA"), ("antero-posterior", "AP"),
+                  ("anteroposterior", "AP"), ("left lateral", "LL"), ("right lateral", "RL"), ("lateral", "LATERAL"))
+
+
+def view_of(ds: Dataset | None) -> str:
+    """The radiographic view (ViewPosition's terms: PA, AP, LL, RL, LATERAL...): ViewPosition
+    (0018,5101), or, where it is empty, the first item of View Code Sequence (0054,0220),
+    which some rooms fill instead (by its SNOMED code, else its meaning); "" for none."""
+    if ds is None:
+        return ""
+    try:
+        position = str(ds.get("ViewPosition", "") or "").strip()
+        if position:
+            return position
+        seq = ds.get("ViewCodeSequence")
+        item = seq[0] if seq else None
+    except Exception:  # a damaged value: as if absent
+        return ""
+    if item is None:
+        return ""
+    scheme = str(item.get("CodingSchemeDesignator", "") or "").strip().upper()
+    term = _view_codes().get((scheme, str(item.get("CodeValue", "") or "").strip()))
+    if term:
+        return term
+    meaning = str(item.get("CodeMeaning", "") or "").lower()
+    return next((t for words, t in _VIEW_MEANINGS if words in meaning), "")

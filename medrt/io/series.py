@@ -28,7 +28,7 @@ from pydicom.uid import UID
 
 from medrt.errors import CorruptDicomError, InputError, UnsupportedImageError, describe_source
 from medrt.io.dicom import is_image_sop_class, number_of_frames, read_dataset, read_frames
-from medrt.io.header import frame_geometries, image_type_of
+from medrt.io.header import frame_geometries, image_type_of, view_of
 from medrt.io.scan import iter_files
 from medrt.types import Frame, Geometry
 
@@ -71,7 +71,7 @@ class SeriesItem:
     source: Path | Dataset | tuple[Frame, ...] | None = field(default=None, compare=False, repr=False)
     image_type: tuple[str, ...] = ()  # Image Type (0008,0008), upper case
     body_part: str = ""  # BodyPartExamined, as written
-    view: str = ""  # ViewPosition, as written
+    view: str = ""  # ViewPosition, as written (else from ViewCodeSequence: medrt.io.header.view_of)
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,7 +259,7 @@ def _read_header(
         item = SeriesItem(
             path, _text(ds, "SOPInstanceUID"), _int_or_none(ds.get("InstanceNumber")),
             _int_or_none(ds.get("AcquisitionNumber")), position, n_frames, geometry, index, source,
-            image_type_of(ds), _text(ds, "BodyPartExamined"), _text(ds, "ViewPosition"),
+            image_type_of(ds), _text(ds, "BodyPartExamined"), view_of(ds),
         )
     except InputError:
         raise
