@@ -176,6 +176,14 @@ class Run:
             info["tensorrt"] = tensorrt.__version__
         except Exception as exc:
             info["tensorrt"] = f"absent ({type(exc).__name__})"
+        try:  # what `medrt checks` says of this machine: the runtime the analysis picks, what fails
+            from medrt.checks import failed, run_checks
+
+            rows = run_checks()
+            info["checks"] = {"runs_on": next(r.detail for r in rows if r.item == "analysis runs on"),
+                              "failed": [f"{r.area} {r.item}: {r.detail}" for r in failed(rows)]}
+        except Exception as exc:
+            info["checks"] = f"did not run ({type(exc).__name__}: {exc})"
         return info
 
     def make_frames(self) -> dict[str, Any]:

@@ -28,6 +28,7 @@ def test_the_gpu_check_dry_run_runs_every_section(tmp_path: Path) -> None:
     # the CT rows are onnxruntime on the CPU here (the torch rows need CUDA), with lesions
     assert [row["backend"] for row in doc["ct"]] == ["onnxruntime"] and doc["ct"][0]["n"] > 0
     assert "Host profile" in (tmp_path / "gpu_check.md").read_text()
+    assert doc["env"]["checks"]["failed"] == [] and doc["env"]["checks"]["runs_on"]  # medrt checks, recorded
     # --only runs the sections named, and refuses one it does not know
     only = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--dry-run", "--only",
                            "nonsense", "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=60, cwd=REPO)
