@@ -347,18 +347,35 @@ def test_folder_watch_waits_for_complete_files(tmp_path):
 def test_folder_watch_gives_files_that_complete_together_in_the_order_they_landed(tmp_path):
     """A listener that names files by SOP Instance UID: name order is not slice order, the
     order they were written in is (a 2.5-D model's live neighbours are looked for among
-    the files around each one)."""
+    the files around each one). Files there before the watch began (copied in: their
+    times say nothing) go first, by name, as before."""
     import os
 
+    watched = tmp_path / "watched"
+    watched.mkdir()
+    t0 = 1_700_000_000_000_000_000
+    for i, name in enumerate(["b.dcm", "a.dcm"]):  # the backlog, written b then a
+        (watched / name).write_bytes(b"x" * 10)
+        os.utime(watched / name, ns=(t0 + i * 1_000_000,) * 2)
+    staging = tmp_path / "staging"
+    staging.mkdir()
     names = ["CT.1.2.9", "CT.1.2.10", "CT.1.2.1", "CT.1.2.5"]  # landed in this order
     for i, name in enumerate(names):
-        path = tmp_path / name
-        path.write_bytes(b"x" * 10)
-        os.utime(path, ns=(1_700_000_000_000_000_000 + i * 1_000_000,) * 2)
-    (tmp_path / "CT.1.2.0").write_bytes(b"x")  # written last; the same time as another: then by name
-    os.utime(tmp_path / "CT.1.2.0", ns=(1_700_000_000_000_000_000 + 3 * 1_000_000,) * 2)
-    got = list(FolderWatch(tmp_path, poll=0.02, settle=0.05, idle_timeout=0.3))
-    assert [p.name for p in got] == ["CT.1.2.9", "CT.1.2.10", "CT.1.2.1", "CT.1.2.0", "CT.1.2.5"]
+        (staging / name).write_bytes(b"x" * 10)
+        os.utime(staging / name, ns=(t0 + i * 1_000_000,) * 2)
+    (staging / "CT.1.2.0").write_bytes(b"x")  # the same time as CT.1.2.5: then by name
+    os.utime(staging / "CT.1.2.0", ns=(t0 + 3 * 1_000_000,) * 2)
+    watch = FolderWatch(watched, poll=0.02, settle=0.1, idle_timeout=1.0)
+    got: list[Path] = []
+    t = threading.Thread(target=lambda: got.extend(watch))
+    t.start()
+    deadline = time.monotonic() + 10
+    while len(got) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.rename(staging, watched / "incoming")  # all five land at once
+    t.join(10)
+    assert not t.is_alive()
+    assert [p.name for p in got] == ["a.dcm", "b.dcm", "CT.1.2.9", "CT.1.2.10", "CT.1.2.1", "CT.1.2.0", "CT.1.2.5"]
 
 
 def test_folder_watch_close_ends_iteration(tmp_path):

@@ -111,9 +111,11 @@ class FolderWatch:
     over ``settle`` seconds (senders that write in place), or at once when it
     appears under its final name by an atomic rename and ``trust_rename`` is set.
     Names of partial files (dot-files, ``*.tmp``, ``*.part`` …) are ignored until
-    they are renamed. Files that complete together are yielded in the order they were
-    last written (then by name): a sender's order, which for a scanner is slice order,
-    where names often are not (a listener that names files by SOP Instance UID).
+    they are renamed. Files that land while watched and complete together are yielded
+    in the order they were last written (then by name): a sender's order, which for a
+    scanner is slice order, where names often are not (a listener that names files by
+    SOP Instance UID). Files there at start go first, by name (copied in, their times
+    say nothing).
     Polling (not inotify) so that it also works on network shares.
     Files present at start are yielded too unless ``existing=False``. Iteration ends
     after ``close()`` or when nothing new has completed for ``idle_timeout`` seconds.
@@ -153,22 +155,26 @@ class FolderWatch:
 
     def __iter__(self) -> Iterator[Path]:
         done: set[Path] = set() if self.existing else set(self._snapshot())
+        backlog: set[Path] = set(self._snapshot()) if self.existing else set()  # there before: in name order
         seen: dict[Path, tuple[tuple[int, int], float]] = {}
         last_new = time.monotonic()
         while not self._closed.is_set():
             now = time.monotonic()
-            ready: list[tuple[int, Path]] = []
+            ready: list[tuple[bool, int, Path]] = []
             for path, sig in self._snapshot().items():
                 if path in done:
                     continue
                 prev = seen.get(path)
+                order = (path not in backlog, sig[1] if path not in backlog else 0, path)
                 if prev is None and self.trust_rename and sig[0] > 0:
-                    ready.append((sig[1], path))
+                    ready.append(order)
                 elif prev is None or prev[0] != sig:
                     seen[path] = (sig, now)
                 elif now - prev[1] >= self.settle and sig[0] > 0:
-                    ready.append((sig[1], path))
-            for _, path in sorted(ready):  # as they landed (then by name), not by name alone
+                    ready.append(order)
+            # Files that land while watched: as they landed (then by name), not by name alone;
+            # those already there (copied in, whatever their times): by name, first.
+            for *_, path in sorted(ready):
                 done.add(path)
                 seen.pop(path, None)
                 last_new = now
