@@ -35,11 +35,11 @@ from medrt.engine.registry import ModelSpec, find_spec
 from medrt.engine.routing import (
     SECONDARY_CAPTURE,
     ImageKind,
+    aliased,
     fits_one_crop,
     no_model_reason,
     pick,
     pick_for_modality,
-    resolve_aliases,
     routing_modality,
 )
 from medrt.errors import NoModelForImageError
@@ -199,8 +199,7 @@ class Analyzer:
         return self._aliased(ImageKind.of_frame(frame))
 
     def _aliased(self, kind: ImageKind) -> ImageKind:
-        aliases = self.config.body_part_aliases
-        return replace(kind, body_part=resolve_aliases(kind.body_part, aliases)) if aliases else kind
+        return aliased(kind, self.config.body_part_aliases)
 
     def refusal(self, modality: str | None, mode: str | None = None, sop_class_uid: str | None = None,
                 image_type: Sequence[str] = (), body_part: str | None = "", view: str | None = "",

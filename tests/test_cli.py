@@ -45,6 +45,36 @@ def test_info_on_a_folder_with_a_mix_of_good_and_bad_files(tmp_path: Path) -> No
     assert "truncated.dcm" in human.stdout and "ERROR (CorruptPixelDataError)" in human.stdout
 
 
+def test_info_route_says_which_model_takes_each_image_or_why_none_does(tmp_path: Path) -> None:
+    """``medrt info --route``: what IT checks before pointing a modality at the listener,
+    with the same routing options batch and listen take, and no model run."""
+    import pydicom
+
+    ct = SAMPLE_DIR / "ct_stream" / "ct_0001.dcm"
+    ds = pydicom.dcmread(SAMPLE_DIR / "radiographs" / "dx_0001.dcm")
+    ds.BodyPartExamined = "Torax"
+    ds.save_as(tmp_path / "torax.dcm")
+    del ds.BodyPartExamined
+    ds.save_as(tmp_path / "blank.dcm")
+    files = [str(ct), str(tmp_path / "torax.dcm"), str(tmp_path / "blank.dcm"), str(pydicom_test_dir() / "MR_small.dcm")]
+
+    def routes(*options: str) -> list[tuple[str | None, str | None]]:
+        out = medrt("info", "--json", "--route", *options, *files)
+        assert out.returncode == 0, out.stderr
+        return [(f["route"], f["passed_over"]) for f in json.loads(out.stdout)["files"]]
+
+    got = routes()
+    assert got[0] == ("lesion_unet_lite@4.1.1", None) and got[2] == ("lesion_unet_dx@1.2.0", None)
+    assert got[1][0] is None and "BodyPartExamined TORAX" in got[1][1] and "--body-part-alias TORAX=CHEST" in got[1][1]
+    assert got[3][0] is None and got[3][1].startswith("MR frame, but ")
+    got = routes("--body-part-alias", "TORAX=CHEST", "--strict-routing")
+    assert got[1] == ("lesion_unet_dx@1.2.0", None)
+    assert got[2][0] is None and "names no BodyPartExamined, and with --strict-routing" in got[2][1]
+    text = medrt("info", "--route", str(tmp_path / "torax.dcm")).stdout
+    assert "\n  -> passed over: DX frame of BodyPartExamined TORAX" in text
+    assert "route" in medrt("info", "--json", str(ct)).stdout and "-> " not in medrt("info", str(ct)).stdout
+
+
 def test_info_never_prints_patient_names() -> None:
     import pydicom
 

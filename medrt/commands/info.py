@@ -5,17 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydicom.uid import UID
 
+from medrt.commands.options import alias_arg
 from medrt.errors import InputError
 from medrt.io.dicom import frames_from_dataset, read_dataset
 from medrt.io.media import is_dicomdir, read_dicomdir
 from medrt.io.scan import iter_files
+from medrt.types import Frame
 
 __all__ = ["FileInfo", "inspect_file", "register"]
 
@@ -44,11 +46,40 @@ class FileInfo:
     bits_stored: int | None = None
     window: dict[str, Any] | None = None
     decode_ms: float | None = None
+    # --route: the segmentation model that takes the image (``name@version``), or why none does
+    route: str | None = None
+    passed_over: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-def inspect_file(path: Path) -> FileInfo:
-    """Read and decode ``path``; report what was found, or the error that stopped it."""
+Router = Callable[[Frame], "tuple[str | None, str | None]"]
+
+
+def router(model: str, aliases: dict[str, str], strict: bool) -> Router:
+    """What ``medrt info --route`` asks of each image's first frame: the segmentation model
+    (of ``model``, comma-separated names or specs) the analyzer would route it to, or the
+    reason it would pass the image over, with the same routing rules (aliases, strict) and
+    without loading a model into a runtime (specs only)."""
+    from types import SimpleNamespace
+
+    from medrt.analysis.config import AnalyzerConfig
+    from medrt.engine.registry import find_spec
+    from medrt.engine.routing import ImageKind, aliased, route
+
+    config = AnalyzerConfig(seg_model=model, body_part_aliases=aliases, strict_routing=strict)  # checks them
+    segs = [SimpleNamespace(spec=find_spec(name.strip(), verify=False)) for name in model.split(",") if name.strip()]
+
+    def routed(frame: Frame) -> tuple[str | None, str | None]:
+        kind = aliased(ImageKind.of_frame(frame), config.body_part_aliases)
+        chosen, reason = route(segs, kind, config.strict_routing)
+        return (chosen.spec.ident if chosen is not None else None), reason
+
+    return routed
+
+
+def inspect_file(path: Path, routed: Router | None = None) -> FileInfo:
+    """Read and decode ``path``; report what was found, or the error that stopped it (and,
+    with ``routed``, which model takes it)."""
     info = FileInfo(path=str(path), ok=False)
     try:
         ds = read_dataset(path, defer_size=1 << 16)  # pixels stay in the file until decoded
@@ -76,6 +107,8 @@ def inspect_file(path: Path) -> FileInfo:
     info.photometric = first.photometric
     info.bits_stored = int(first.source.dataset.get("BitsStored", 0) or 0) or None
     info.window = {"center": round(first.window.center, 3), "width": round(first.window.width, 3), "source": first.window.source.value}
+    if routed is not None:
+        info.route, info.passed_over = routed(first)
     return info
 
 
@@ -99,7 +132,12 @@ def _human(info: FileInfo) -> str:
         f"window {window.get('center'):g}/{window.get('width'):g} ({window.get('source')})",
         f"decoded in {info.decode_ms:.1f} ms",
     ]
-    return f"{info.path}\n  " + " | ".join(parts)
+    text = f"{info.path}\n  " + " | ".join(parts)
+    if info.route:
+        text += f"\n  -> {info.route}"
+    elif info.passed_over:
+        text += f"\n  -> passed over: {info.passed_over}"
+    return text
 
 
 def run(args: argparse.Namespace) -> int:
@@ -107,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
 
     results: list[FileInfo] = []
     media: list[dict[str, Any]] = []  # each DICOMDIR named: what it lists (counts, no names)
+    routed = router(args.model, dict(args.body_part_alias), args.strict_routing) if args.route else None
     for given in args.paths:
         walked = Path(given).is_dir()
         paths: Iterable[Path] = iter_files([given], follow_outside_links=args.follow_links)
@@ -122,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
                               "records": dict(listing.records)})
                 paths = listing.files
         for path in paths:
-            info = inspect_file(path)
+            info = inspect_file(path, routed)
             # Inside a folder, files that are not DICOM at all (notes, sidecars)
             # are passed over with a note; a file named on the command line is not.
             info.skipped = walked and info.error_kind == "NotDicomError"
@@ -158,4 +197,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("paths", nargs="+", metavar="PATH", help="files, folders or DICOMDIRs")
     p.add_argument("--json", action="store_true", help="print one JSON object for programs")
     p.add_argument("--follow-links", action="store_true", help="follow symbolic links that lead outside a folder")
+    g = p.add_argument_group("routing (--route)")
+    g.add_argument("--route", action="store_true",
+                   help="also say which segmentation model the analysis would give each image, or why it would "
+                        "pass it over (modality, SOP class, Image Type, body part, view, plane), without running it")
+    g.add_argument("--model", default="lesion_unet_lite,lesion_unet_dx",
+                   help="with --route: the segmentation models, as the analysis options take them")
+    g.add_argument("--body-part-alias", action="append", type=alias_arg, default=[], metavar="WORD=TERM",
+                   help="with --route: a site's BodyPartExamined word read as a term (as batch/listen take it)")
+    g.add_argument("--strict-routing", action="store_true",
+                   help="with --route: refuse images whose header names no body part or view, as batch/listen do")
     p.set_defaults(func=run)

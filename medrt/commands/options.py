@@ -30,7 +30,7 @@ def _millimetres(text: str) -> float:
     return value
 
 
-def _alias(text: str) -> tuple[str, str]:
+def alias_arg(text: str) -> tuple[str, str]:
     """``WORD=TERM`` (``--body-part-alias``)."""
     word, sep, term = text.partition("=")
     if not sep or not word.strip() or not term.strip():
@@ -65,7 +65,7 @@ def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_u
                         " (default roi_classifier,roi_classifier_dx)")
     g.add_argument("--threads", type=int, default=None,
                    help="threads per model session (default: 1 per inference worker on CPU)")
-    g.add_argument("--body-part-alias", action="append", type=_alias, default=[], metavar="WORD=TERM",
+    g.add_argument("--body-part-alias", action="append", type=alias_arg, default=[], metavar="WORD=TERM",
                    help="read this site's BodyPartExamined word as a term the models list (e.g. TORAX=CHEST; "
                         "repeatable). A value is matched as a whole or by its words, so CHEST PA is CHEST already")
     g.add_argument("--strict-routing", action="store_true",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from pydicom import uid
@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from medrt.engine.backends.base import Backend
     from medrt.types import Frame
 
-__all__ = ["FOR_PROCESSING", "SECONDARY_CAPTURE", "ImageKind", "fits", "fits_one_crop", "image_type_of", "names",
-           "no_model_reason", "pick", "pick_for_modality", "resolve_aliases", "routing_modality"]
+__all__ = ["FOR_PROCESSING", "SECONDARY_CAPTURE", "ImageKind", "aliased", "fits", "fits_one_crop", "image_type_of",
+           "names", "no_model_reason", "pick", "pick_for_modality", "resolve_aliases", "route", "routing_modality"]
 
 # Secondary Capture Image Storage and its multi-frame forms: screenshots, dose reports,
 # burned-in overlays (medrt's own --sc output among them), not acquired images, whatever
@@ -138,6 +138,20 @@ def resolve_aliases(value: str, aliases: Mapping[str, str]) -> str:
     if value in aliases:
         return aliases[value]
     return " ".join(aliases.get(w, w) for w in _words(value))
+
+
+def aliased(kind: ImageKind, aliases: Mapping[str, str]) -> ImageKind:
+    """``kind`` with its body part read through a site's ``aliases`` (:func:`resolve_aliases`)."""
+    if not aliases or not kind.body_part:
+        return kind
+    return replace(kind, body_part=resolve_aliases(kind.body_part, aliases))
+
+
+def route(models: Sequence[Any], kind: ImageKind, strict: bool = False) -> tuple[Any | None, str | None]:
+    """(the model of ``models`` that takes ``kind``, None) or (None, why none does):
+    :func:`pick` and :func:`no_model_reason` together, for a caller that reports either."""
+    chosen = pick(models, kind, strict)
+    return (chosen, None) if chosen is not None else (None, no_model_reason(models, kind, strict=strict))
 
 
 def _scoped(spec: Any, kind: ImageKind) -> tuple[tuple[tuple[str, ...], str, bool], ...]:
