@@ -27,7 +27,7 @@ import numpy as np
 
 from medrt.types import SpacingSource
 
-__all__ = ["Length", "Ellipse", "length_mm", "length_text", "ellipse_mask", "ellipse_text"]
+__all__ = ["Length", "Ellipse", "length_mm", "length_text", "ellipse_mask", "ellipse_text", "size_units"]
 
 _QUALIFIER = {
     SpacingSource.PIXEL_SPACING: "",
@@ -45,6 +45,16 @@ class Length:
 
     a: tuple[float, float]
     b: tuple[float, float]
+
+
+def size_units(spacing_mm: tuple[float, float] | None, source: SpacingSource | str) -> tuple[str, str]:
+    """(length unit, area unit) for sizes measured on an image of this spacing: "mm" and
+    "mm²" with the qualifier :func:`length_text` gives ("mm at detector", "mm (ERMF)"), or
+    "px" and "px²" when the header gives no spacing (the lesions are then in pixels)."""
+    if spacing_mm is None:
+        return "px", "px²"
+    qualifier = _QUALIFIER.get(SpacingSource(source), "")
+    return f"mm{qualifier}", f"mm²{qualifier}"
 
 
 def length_mm(line: Length, spacing_mm: tuple[float, float] | None) -> float | None:

@@ -131,9 +131,19 @@ class LesionList(QTableWidget):
         self.rows: tuple[LesionRow, ...] = ()
         self.cellClicked.connect(lambda row, _col: self.activate(row))
 
-    def show_lesions(self, lesions: tuple[Lesion, ...], rows: Sequence[LesionRow] | None = None) -> None:
+    def show_lesions(self, lesions: tuple[Lesion, ...], rows: Sequence[LesionRow] | None = None,
+                     units: tuple[str, str] = ("mm", "mm²")) -> None:
         """The lesions of the image shown; ``rows`` (one per lesion) number them as lesions of
-        the series, a lesion on several slices keeping its number on each."""
+        the series, a lesion on several slices keeping its number on each. ``units``: the
+        image's length and area units (:func:`medrt_gui.measure.size_units`: a radiograph's
+        sizes are at the detector unless its header gives the magnification, an image
+        without spacing is measured in pixels), which head the size columns."""
+        headers = list(LESION_COLUMNS)
+        headers[2], headers[3] = f"area {units[1]}", f"diam. {units[0]}"
+        for col, text in enumerate(headers):
+            item = self.horizontalHeaderItem(col)
+            if item is None or item.text() != text:
+                self.setHorizontalHeaderItem(col, QTableWidgetItem(text))
         rows = tuple(rows) if rows is not None else tuple(LesionRow(i + 1, 1, 1, None) for i in range(len(lesions)))
         if (lesions, rows) == (self.lesions, self.rows):
             return

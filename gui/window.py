@@ -23,7 +23,7 @@ from medrt_gui.imaging import (
     apply_lut,
     window_lut,
 )
-from medrt_gui.measure import Ellipse, Length
+from medrt_gui.measure import Ellipse, Length, size_units
 from medrt_gui.panels import (
     FOLLOW_MODES,
     Controls,
@@ -422,7 +422,7 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
         self.view.set_lesions(lesions, [row.number for row in rows])
         self.view.set_measurements([(shape, self._measure_text(shape, slot))
                                     for shape in self.measurements.get(slot.key, ())])
-        self.lesion_list.show_lesions(lesions, rows)
+        self.lesion_list.show_lesions(lesions, rows, size_units(slot.frame.spacing_mm, slot.frame.spacing_source))
         entry = self.current_series
         self.series_lesions.show_series_lesions(entry.series_lesions()[0] if entry is not None else ())
         self.shown_key = slot.key

@@ -315,6 +315,7 @@ def test_length_text_says_what_a_millimetre_means():
         ellipse_text,
         length_mm,
         length_text,
+        size_units,
     )
 
     from medrt.types import SpacingSource
@@ -326,6 +327,8 @@ def test_length_text_says_what_a_millimetre_means():
     assert length_text(line, (0.5, 0.5), SpacingSource.ERMF) == "2.5 mm (ERMF)"  # estimated at the patient
     assert length_text(line, (0.5, 0.5), "NominalScannedPixelSpacing") == "2.5 mm (scanned film)"
     assert length_text(line, None, SpacingSource.NONE) == "5.0 px"  # never an invented mm value
+    assert size_units((0.5, 0.5), SpacingSource.ERMF) == ("mm (ERMF)", "mm² (ERMF)")
+    assert size_units(None, SpacingSource.NONE) == ("px", "px²")  # lesions are measured in pixels then
 
     pixels = np.zeros((20, 20), dtype=np.float32)
     pixels[:, 10:] = 100.0
@@ -370,12 +373,19 @@ def test_zoom_fit_pan_and_series_keys(bot, make_window) -> None:  # type: ignore
     key_click(bot, w, Qt.Key.Key_Space)
     assert w.view.zoom == pytest.approx(fit, rel=1e-3)
     first_series = w.current_series.uid
+    header = w.lesion_list.horizontalHeaderItem
+    first_header = header(3).text()
     key_click(bot, w, Qt.Key.Key_PageDown)
     wait_shown(bot, w)
     assert w.current_series.uid != first_series and w.series_i == 1
+    # the size columns say where the sizes are: a CT slice's in the patient, a radiograph's
+    # at the detector (as its length tool says)
+    seen = {w.current_series.modality: (header(2).text(), header(3).text())}
     key_click(bot, w, Qt.Key.Key_PageUp)
     wait_shown(bot, w)
-    assert w.current_series.uid == first_series
+    assert w.current_series.uid == first_series and header(3).text() == first_header
+    seen[w.current_series.modality] = (header(2).text(), header(3).text())
+    assert seen == {"CT": ("area mm²", "diam. mm"), "DX": ("area mm² at detector", "diam. mm at detector")}
 
 
 def test_cine_plays_and_stops(bot, make_window) -> None:  # type: ignore[no-untyped-def]
