@@ -206,10 +206,11 @@ class Session:
             return
         self.backend = f"{analyzer.backend_name} {analyzer.precision}"
         if analyzer.slices > 1:  # a 2.5-D model: each slice with its neighbours
+            from medrt.io.sources import Lookahead
             from medrt.pipeline.stages import SliceContext, decode
 
             self._decoder = SliceContext(decode, getattr(self.source, "paths", None),
-                                         ahead=self.source if hasattr(self.source, "following") else None,  # a Lookahead watch
+                                         ahead=self.source if isinstance(self.source, Lookahead) else None,  # a watch
                                          target_mm=analyzer.neighbour_mm)
         stages = analysis_stages(analyzer, infer_workers=self.workers, decoder=self._decode, slice_context=False)
         stages.append(Stage("display", self._display, workers=1))

@@ -37,9 +37,9 @@ from medrt.engine.routing import (
     ImageKind,
     aliased,
     fits_one_crop,
-    no_model_reason,
     pick,
     pick_for_modality,
+    route,
     routing_modality,
 )
 from medrt.errors import NoModelForImageError
@@ -176,21 +176,17 @@ class Analyzer:
         it, else the first that lists none; a :class:`~medrt.errors.NoModelForImageError`
         naming the file when none is for it (a CT-only segmenter marks dozens of false
         lesions on a radiograph, a chest one marks a knee's)."""
-        kind = self.kind_of(frame)
-        chosen = pick(self.segs, kind, self.config.strict_routing)
+        chosen, reason = route(self.segs, self.kind_of(frame), self.config.strict_routing)
         if chosen is None:
-            raise NoModelForImageError(frame.source.path or frame.key,
-                                       no_model_reason(self.segs, kind, strict=self.config.strict_routing))
+            raise NoModelForImageError(frame.source.path or frame.key, reason)
         return chosen
 
     def roi_for(self, frame: Frame) -> Backend:
         """The ROI classifier for this frame, picked as :meth:`seg_for` picks; a
         :class:`~medrt.errors.NoModelForImageError` naming the file when none is for it."""
-        kind = self.kind_of(frame)
-        chosen = pick(self.rois, kind, self.config.strict_routing)
+        chosen, reason = route(self.rois, self.kind_of(frame), self.config.strict_routing, roi=True)
         if chosen is None:
-            raise NoModelForImageError(frame.source.path or frame.key,
-                                       no_model_reason(self.rois, kind, roi=True, strict=self.config.strict_routing))
+            raise NoModelForImageError(frame.source.path or frame.key, reason)
         return chosen
 
     def kind_of(self, frame: Frame) -> ImageKind:
@@ -210,11 +206,10 @@ class Analyzer:
         decoding it."""
         kind = self._aliased(ImageKind.of(modality, sop_class_uid, image_type, body_part, view, plane))
         strict = self.config.strict_routing
-        if pick(self.segs, kind, strict) is None:
-            return no_model_reason(self.segs, kind, strict=strict)
-        if (mode or self.config.mode) == "roi" and pick(self.rois, kind, strict) is None:  # auto: full
-            return no_model_reason(self.rois, kind, roi=True, strict=strict)
-        return None
+        _, reason = route(self.segs, kind, strict)
+        if reason is None and (mode or self.config.mode) == "roi":  # auto: full
+            _, reason = route(self.rois, kind, strict, roi=True)
+        return reason
 
     def mode_for(self, frame: Frame, seg: Backend, mode: str) -> str:
         """``mode`` for this frame, with "auto" resolved: "full" when the frame is much

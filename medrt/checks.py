@@ -15,7 +15,6 @@ reported and do not fail the check.
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
 import shutil
@@ -89,13 +88,6 @@ def failed(rows: Sequence[Row]) -> list[Row]:
     return [r for r in rows if r.required and r.status in (MISSING, FAILED)]
 
 
-def _version(dist: str) -> str | None:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
 def _system() -> list[Row]:
     from medrt import __version__
     from medrt.engine.hardware import cpu_name, int8_kernels
@@ -116,10 +108,10 @@ def _system() -> list[Row]:
 
 
 def _runtime(backend: str, device: str, precision: str) -> list[Row]:
-    from medrt.engine.select import probe, rank
+    from medrt.engine.select import installed_version, probe, rank
 
     found = probe()
-    ort = _version("onnxruntime") or _version("onnxruntime-gpu")
+    ort = installed_version("onnxruntime") or installed_version("onnxruntime-gpu")
     rows = [Row("runtime", "onnxruntime", OK if ort else MISSING,
                 f"{ort}, providers {', '.join(found.ort_providers)}" if ort else "pip install onnxruntime")]
     gpu = f"{found.gpu_name} (compute capability {found.gpu_capability})" if found.cuda else "none"
@@ -201,9 +193,11 @@ def _encoders() -> list[Row]:
 def _optional() -> list[Row]:
     import importlib.util
 
+    from medrt.engine.select import installed_version
+
     rows = []
     for dist, module, use, install in OPTIONAL_PARTS:
-        version = _version(dist)
+        version = installed_version(dist)
         if version is None or importlib.util.find_spec(module) is None:
             rows.append(Row("optional", dist, MISSING, f"for {use}: {install}", False))
         elif module == "torch" and "+cpu" in version:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from medrt.commands.options import add_runtime_options
+
 __all__ = ["register", "run"]
 
 
@@ -45,9 +47,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--model", default=None, metavar="NAMES",
                    help="models to check, comma-separated names or .toml specs (default: the analyzer's default "
                         "ROI classifiers and segmenters)")
-    p.add_argument("--backend", default="auto", choices=("auto", "onnxruntime", "tensorrt", "torch"),
-                   help="the runtime to check for (default: the best one this machine allows)")
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8"))
+    add_runtime_options(p)  # the setting to check for, as the analysis commands take it
     p.add_argument("--json", action="store_true", help="print one JSON object for programs")
     p.set_defaults(func=run)

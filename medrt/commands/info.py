@@ -12,7 +12,7 @@ from typing import Any
 
 from pydicom.uid import UID
 
-from medrt.commands.options import alias_arg
+from medrt.commands.options import DEFAULT_SEG_MODEL, add_routing_options
 from medrt.errors import InputError
 from medrt.io.dicom import frames_from_dataset, read_dataset
 from medrt.io.media import is_dicomdir, read_dicomdir
@@ -201,10 +201,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--route", action="store_true",
                    help="also say which segmentation model the analysis would give each image, or why it would "
                         "pass it over (modality, SOP class, Image Type, body part, view, plane), without running it")
-    g.add_argument("--model", default="lesion_unet_lite,lesion_unet_dx",
-                   help="with --route: the segmentation models, as the analysis options take them")
-    g.add_argument("--body-part-alias", action="append", type=alias_arg, default=[], metavar="WORD=TERM",
-                   help="with --route: a site's BodyPartExamined word read as a term (as batch/listen take it)")
-    g.add_argument("--strict-routing", action="store_true",
-                   help="with --route: refuse images whose header names no body part or view, as batch/listen do")
+    g.add_argument("--model", default=DEFAULT_SEG_MODEL,
+                   help=f"with --route: the segmentation models, as the analysis options take them (default "
+                        f"{DEFAULT_SEG_MODEL})")
+    add_routing_options(g, when="with --route: ")
     p.set_defaults(func=run)

@@ -38,14 +38,36 @@ def alias_arg(text: str) -> tuple[str, str]:
     return word.strip(), term.strip()
 
 
-def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_unet_lite,lesion_unet_dx") -> None:
-    g = p.add_argument_group("inference engine")
+def add_runtime_options(g: Any) -> None:
+    """``--backend``, ``--device`` and ``--precision`` (the engine options; ``medrt checks``)."""
     g.add_argument("--backend", default="auto", choices=("auto", "onnxruntime", "tensorrt", "torch"),
                    help="runtime (default: the best one this machine allows; a fallback is logged)")
     g.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     g.add_argument("--precision", default="fp32", choices=("fp32", "fp16", "int8"),
                    help="int8 on the CPU: each model is quantized and gated on first use (cached); one that loses more"
                         " than 1 point of Dice or sensitivity runs in fp32, with a warning")
+
+
+def add_routing_options(g: Any, *, when: str = "") -> None:
+    """``--body-part-alias`` and ``--strict-routing`` (the engine options; ``medrt info
+    --route``, whose help says ``when`` they apply)."""
+    g.add_argument("--body-part-alias", action="append", type=alias_arg, default=[], metavar="WORD=TERM",
+                   help=f"{when}read this site's BodyPartExamined word as a term the models list (e.g. TORAX=CHEST; "
+                        "repeatable). A value is matched as a whole or by its words, so CHEST PA is CHEST already")
+    g.add_argument("--strict-routing", action="store_true",
+                   help=f"{when}refuse an image whose header names no body part (BodyPartExamined) or view "
+                        "(ViewPosition) where the model lists the ones it is for (default: such an image is taken, "
+                        "as many rooms leave BodyPartExamined empty)")
+
+
+#: The segmenters by default (AnalyzerConfig.seg_model's; named here so that building the
+#: command line does not import the analysis).
+DEFAULT_SEG_MODEL = "lesion_unet_lite,lesion_unet_dx"
+
+
+def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = DEFAULT_SEG_MODEL) -> None:
+    g = p.add_argument_group("inference engine")
+    add_runtime_options(g)
     g.add_argument("--mode", default="auto", choices=("auto", "roi", "full"),
                    help="roi: thumbnail classifier + 1024² crops; full: sliding window over the frame; auto"
                         " (default): full for frames much finer than the UNet's spacing (radiographs), frames that"
@@ -65,13 +87,7 @@ def add_engine_options(p: argparse.ArgumentParser, *, seg_model: str = "lesion_u
                         " (default roi_classifier,roi_classifier_dx)")
     g.add_argument("--threads", type=int, default=None,
                    help="threads per model session (default: 1 per inference worker on CPU)")
-    g.add_argument("--body-part-alias", action="append", type=alias_arg, default=[], metavar="WORD=TERM",
-                   help="read this site's BodyPartExamined word as a term the models list (e.g. TORAX=CHEST; "
-                        "repeatable). A value is matched as a whole or by its words, so CHEST PA is CHEST already")
-    g.add_argument("--strict-routing", action="store_true",
-                   help="refuse an image whose header names no body part (BodyPartExamined) or view "
-                        "(ViewPosition) where the model lists the ones it is for (default: such an image is taken, "
-                        "as many rooms leave BodyPartExamined empty)")
+    add_routing_options(g)
 
 
 def add_pipeline_options(p: argparse.ArgumentParser, *, policy: str | None) -> None:

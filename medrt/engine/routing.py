@@ -147,11 +147,12 @@ def aliased(kind: ImageKind, aliases: Mapping[str, str]) -> ImageKind:
     return replace(kind, body_part=resolve_aliases(kind.body_part, aliases))
 
 
-def route(models: Sequence[Any], kind: ImageKind, strict: bool = False) -> tuple[Any | None, str | None]:
+def route(models: Sequence[Any], kind: ImageKind, strict: bool = False,
+          roi: bool = False) -> tuple[Any | None, str | None]:
     """(the model of ``models`` that takes ``kind``, None) or (None, why none does):
     :func:`pick` and :func:`no_model_reason` together, for a caller that reports either."""
     chosen = pick(models, kind, strict)
-    return (chosen, None) if chosen is not None else (None, no_model_reason(models, kind, strict=strict))
+    return (chosen, None) if chosen is not None else (None, no_model_reason(models, kind, roi, strict))
 
 
 def _scoped(spec: Any, kind: ImageKind) -> tuple[tuple[tuple[str, ...], str, bool], ...]:

@@ -26,7 +26,8 @@ from medrt.engine.backends import BACKENDS, create
 from medrt.engine.backends.base import Backend
 from medrt.engine.registry import ModelError, ModelSpec
 
-__all__ = ["Probe", "Choice", "Combo", "ALLOW_LIST", "PREFERENCE", "probe", "select", "rank", "create_backend"]
+__all__ = ["Probe", "Choice", "Combo", "ALLOW_LIST", "PREFERENCE", "probe", "select", "rank", "create_backend",
+           "installed_version"]
 
 log = logging.getLogger(__name__)
 
@@ -126,7 +127,8 @@ def _module(name: str) -> tuple[Any | None, str | None]:
         return None, f"{name} is installed but does not import ({type(exc).__name__}: {exc})"
 
 
-def _installed(dist: str) -> str | None:
+def installed_version(dist: str) -> str | None:
+    """The installed version of distribution ``dist`` (e.g. "torch"), or None; imports nothing."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -147,7 +149,7 @@ def probe() -> Probe:
     count, name, cap, note_gpu = _nvml()
     if count == 0:
         return Probe(
-            ort_providers=providers, torch_version=_installed("torch"), tensorrt_version=None,
+            ort_providers=providers, torch_version=installed_version("torch"), tensorrt_version=None,
             notes=tuple(n for n in (note, note_gpu) if n),
         )
     torch, note_torch = _module("torch")
