@@ -304,6 +304,7 @@ class Decoder:
         self._lock = threading.Lock()
         self._pending: set[Path] = set()
         self._wanted: set[Path] = set()
+        self._closed = False
         self.process_bytes = process_bytes
         self._process = ProcessDecoder(1) if process_bytes > 0 else None
 
@@ -330,9 +331,14 @@ class Decoder:
         return read_frames(path)
 
     def want(self, paths: Iterable[Path]) -> None:
-        """Decode these files (the current image and its neighbours), forget the rest."""
+        """Decode these files (the current image and its neighbours), forget the rest.
+
+        After :meth:`shutdown` this does nothing: a render queued before the window
+        closed may still ask."""
         paths = [p for p in paths if p is not None]
         with self._lock:
+            if self._closed:
+                return
             self._wanted = set(paths)
             todo = [p for p in paths if p not in self._pending]
             self._pending.update(todo)
@@ -356,6 +362,7 @@ class Decoder:
 
     def shutdown(self) -> None:
         with self._lock:
+            self._closed = True
             self._wanted.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._process is not None:

@@ -519,6 +519,7 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
 
     def closeEvent(self, event: object) -> None:  # noqa: N802 (Qt's name)
         self.stop_sessions(wait=2.0)
+        self._render_timer.stop()
         self.decoder.shutdown()
         self.monitor.stop()
         self.cine.stop()
