@@ -154,14 +154,17 @@ class StreamsMixin:
     def _on_frame(self: Any, a: Arrival) -> None:
         if not self._mine(a.session):
             return
+        shown = self.current_slot()
         si, idx = self.study.add_live_frame(a.frame, a.index, a.path, keep=self.live_keep)
         self.frames_received += 1
         # Following the AI's results: the images are shown as they land only until the
         # first result comes (the models' first frame), then each result brings its image.
         if self.controls.follow.isChecked() and not (self.following_results() and self.newest_result_key):
             self.follow_to(si, idx)
-        elif si == self.series_i and idx == self.slot_i:
-            self.request_render()
+        else:
+            self.keep_showing(shown)  # the image may have been placed before the one shown
+            if si == self.series_i and idx == self.slot_i:
+                self.request_render()
 
     def _on_result(self: Any, r: Ready) -> None:
         if not self._mine(r.session):

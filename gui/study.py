@@ -2,13 +2,14 @@
 
 No Qt here. A :class:`Study` comes either from files (grouped by series and
 ordered by slice with :func:`medrt.io.series.group_series`; pixels are decoded
-later, on demand) or from a live stream, where frames are appended in arrival
-order as the pipeline decodes them. Everything is keyed by the frame key
+later, on demand) or from a live stream, where frames are placed in slice order
+as the pipeline decodes them, whatever order they were sent in (:meth:`SeriesEntry.place`). Everything is keyed by the frame key
 (``SOPInstanceUID[#frame]``), the name results and SEGs use too.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import os
 import zlib
@@ -25,7 +26,7 @@ from medrt.errors import InputError
 from medrt.io.dicom import read_dataset
 from medrt.io.scan import iter_files
 from medrt.io.seg import SEG_SOP_CLASSES, SegMasks
-from medrt.io.series import group_series
+from medrt.io.series import ORIENTATION_ATOL, group_series
 from medrt.privacy import describe_exception
 from medrt.types import Frame, FrameResult
 
@@ -83,6 +84,8 @@ class Slot:
     error: str | None = None
     version: int = 0  # bumped whenever something shown changes
     arrival: int = 0  # live: the study's arrival count when this image last came (0: never)
+    # live: (position along the slice normal, InstanceNumber, first arrival) that place it
+    place: tuple[float | None, int | None, int] = (None, None, 0)
     _packed: tuple[bytes, tuple[int, ...], np.dtype] | None = field(default=None, repr=False)
 
     def set_frame(self, frame: Frame, index: DisplayIndex | None) -> None:
@@ -188,6 +191,9 @@ class SeriesEntry:
     live: bool = False
     patient: PatientInfo | None = None  # the patient and study of its first image (gui.patient)
     _by_key: dict[str, Slot] = field(default_factory=dict, repr=False)
+    # live: how images are placed (:meth:`place`); an opened series comes in order
+    order_by: str = "position"
+    _orientation: tuple[float, ...] | None = field(default=None, repr=False)
     _linked: tuple[tuple[tuple[str, int], ...], Any] = field(default=((), ([], {})), repr=False)
 
     def add(self, slot: Slot) -> Slot:
@@ -195,17 +201,53 @@ class SeriesEntry:
         self._by_key[slot.key] = slot
         return slot
 
+    def place(self, slot: Slot, frame: Frame, seq: int) -> Slot:
+        """Put a live image where an opened folder would have it (:func:`medrt.io.series.
+        order_items`), whatever order the sender sent it in: by position along the slice
+        normal, ascending, while every image has patient geometry of one orientation; else
+        by InstanceNumber (the series is ordered again the first time that happens). Images
+        at one place keep their arrival order. ``seq`` is the arrival that brought it."""
+        from medrt.analysis.slices import along_normal
+
+        g = frame.geometry
+        number = _instance_number(frame)
+        slot.place = (along_normal(frame), number, seq)
+        if self.order_by == "position":
+            if g is None:
+                self._order_by_instance(f"{frame.key} has no ImagePositionPatient/ImageOrientationPatient")
+            elif self._orientation is None:
+                self._orientation = tuple(g.orientation)
+            elif not np.allclose(g.orientation, self._orientation, rtol=0.0, atol=ORIENTATION_ATOL):
+                self._order_by_instance(f"{frame.key}'s ImageOrientationPatient differs")
+        bisect.insort(self.slots, slot, key=self._order_key)
+        self._by_key[slot.key] = slot
+        return slot
+
+    def _order_key(self, slot: Slot) -> tuple[Any, ...]:
+        position, number, seq = slot.place
+        if self.order_by == "position":
+            return (position if position is not None else 0.0, seq)
+        return (number is None, number or 0, seq)
+
+    def _order_by_instance(self, reason: str) -> None:
+        self.order_by = "instance"
+        self.slots.sort(key=self._order_key)
+        log.info("live series %s: ordered by InstanceNumber from now on: %s", self.uid, reason)
+
     def get(self, key: str) -> Slot | None:
         return self._by_key.get(key)
 
     def trim(self, keep: int) -> int:
-        """Forget all but the newest ``keep`` slots (a long live stream); returns how many went."""
+        """Forget all but the ``keep`` slots received last (a long live stream); returns how
+        many went."""
         extra = len(self.slots) - keep
         if extra <= 0:
             return 0
-        for slot in self.slots[:extra]:
-            self._by_key.pop(slot.key, None)
-        del self.slots[:extra]
+        gone = {id(s) for s in sorted(self.slots, key=lambda s: s.arrival)[:extra]}
+        for slot in self.slots:
+            if id(slot) in gone:
+                self._by_key.pop(slot.key, None)
+        self.slots = [s for s in self.slots if id(s) not in gone]
         return extra
 
     @property
@@ -295,8 +337,9 @@ class Study:
 
     def add_live_frame(self, frame: Frame, index: DisplayIndex | None, path: Path | None = None,
                        keep: int | None = None) -> tuple[int, int]:
-        """Put a streamed frame in its series (a new one if needed), appended in arrival order.
-        A frame sent again (the same SOP instance: a looping replay, a re-sent image) takes
+        """Put a streamed frame in its series (a new one if needed), in slice order
+        (:meth:`SeriesEntry.place`; the series keeps the ``keep`` images received last). A
+        frame sent again (the same SOP instance: a looping replay, a re-sent image) takes
         its slot's place in the series and keeps the slot's last result on screen until its
         new one comes, so an image with a result is never drawn bare while it waits.
         Returns ``(series index, slot index)``."""
@@ -305,13 +348,13 @@ class Study:
             entry = SeriesEntry(frame.series_instance_uid, frame.modality, live=True,
                                 patient=PatientInfo.of(frame.source.dataset))
             self.series.append(entry)
+        self.arrivals += 1
         slot = entry.get(frame.key)
         if slot is None:
-            slot = entry.add(Slot(frame.key, path=path))
-            if keep is not None:
-                self.trimmed += entry.trim(keep)
-        self.arrivals += 1
+            slot = entry.place(Slot(frame.key, path=path), frame, self.arrivals)
         slot.arrival, self.newest_key = self.arrivals, frame.key
+        if keep is not None:
+            self.trimmed += entry.trim(keep)
         slot.set_frame(frame, index)
         return self.series.index(entry), entry.slots.index(slot)
 
@@ -376,6 +419,15 @@ class Study:
             self._seen_problems.add(problem)
             self.problems.append(problem)
         return problem
+
+
+def _instance_number(frame: Frame) -> int | None:
+    """The frame's InstanceNumber, or None where the header lacks it or it is not a number."""
+    try:
+        value = frame.source.dataset.get("InstanceNumber")
+        return int(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _name(source: object) -> str:

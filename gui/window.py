@@ -274,8 +274,8 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
         if entry is None or not entry.slots:
             return
         self.slot_i = max(0, min(index, len(entry.slots) - 1))
-        if self.session is not None and self.session.live and self.slot_i < len(entry.slots) - 1:
-            self.controls.follow.setChecked(False)  # looking back: stop following the stream
+        if self.session is not None and self.session.live and self.follow_target() != (self.series_i, self.slot_i):
+            self.controls.follow.setChecked(False)  # looking elsewhere: stop following the stream
         self.request_render()
 
     def step(self, delta: int, wrap: bool = False) -> None:
@@ -327,17 +327,35 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
         self.series_i, self.slot_i = series, image
         self.request_render()
 
+    def follow_target(self) -> tuple[int, int] | None:
+        """(series, image) that following a live stream shows: its newest AI result when
+        following results (and one has come), else its newest image; None when not live.
+        A live series is in slice order (:meth:`Study.add_live_frame`), so that is not
+        always its last image."""
+        if self.session is None or not self.session.live:
+            return None
+        return (self._place(self.newest_result_key) if self.follow_mode == "results" else None) \
+            or self._place(self.study.newest_key)
+
+    def keep_showing(self, slot: Slot | None) -> None:
+        """Keep ``slot`` on screen after its series changed around it (a live image placed
+        before it, the oldest trimmed); a slot gone is replaced by what is now at its place."""
+        entry = self.current_series
+        if slot is None or entry is None:
+            return
+        found = self.study.find(slot.key)
+        if found is not None and found[0] == self.series_i:
+            self.slot_i = found[1]
+        elif self.current_slot() is not slot:
+            self.request_render()
+
     def last_image(self) -> None:
-        """The last image; in a live stream, follow it again: at its newest AI result when
-        following results (and one has come), else at its newest image."""
+        """The last image; in a live stream, follow it again (:meth:`follow_target`)."""
         entry = self.current_series
         if entry is None:
             return
         live = self.session is not None and self.session.live
-        target = None
-        if live:
-            target = (self._place(self.newest_result_key) if self.follow_mode == "results" else None) \
-                or self._place(self.study.newest_key)
+        target = self.follow_target()
         if target is not None:
             self.follow_to(*target)
         else:

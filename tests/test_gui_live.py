@@ -140,14 +140,15 @@ def test_following_results_shows_the_newest_analysed_image_with_its_overlay(bot,
     assert [order[k] for k in shown] == sorted(order[k] for k in shown)  # forward, result by result
     assert len(set(shown)) >= min(10, len(results) // 2)  # the overlay moved with the stream
     assert w.shown_key == results[-1] and w.current_slot().result is not None
-    # Looking back stops following; End follows again, at the newest result.
-    w.previous_image()
+    # Looking at another image stops following; End follows again, at the newest result
+    # (the series is in slice order: the sample's newest slice is its first).
+    w.step(1 if w.slot_i == 0 else -1)
     assert not w.controls.follow.isChecked() and not w.following_results()
     w.last_image()
     assert w.controls.follow.isChecked() and w.current_slot().key == results[-1]
     # While following results, the HUD says how far the shown image trails the newest.
-    n, newest = len(w.current_series.slots), w.slot_i
-    w.slot_i = n - 3
+    newest = w.slot_i
+    w.slot_i = next(i for i, s in enumerate(w.current_series.slots) if s.arrival == w.study.arrivals - 2)
     w._update_hud()
     assert "AI result, 2 behind the newest" in w.hud.text("top_left")
     # A looping replay sends an image again, into its old place: it keeps its last result
@@ -224,3 +225,89 @@ def test_a_watched_folder_with_lookahead_gives_each_slice_both_neighbours(bot, w
         np.testing.assert_array_equal(got[name].labels, want.labels)
     w.stop_stream()
     bot.waitUntil(lambda: session.done, timeout=20_000)
+
+
+def test_a_live_series_is_in_slice_order_whatever_order_it_is_sent_in(bot, window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A sender that sends a series out of order (several associations, a PACS retrieve)
+    used to give a live series in arrival order, so scrolling it jumped back and forth
+    and it differed from the same files opened. Now each image is placed as an opened
+    folder has it; following still shows the newest, wherever it lands; an image placed
+    before the one a user is looking at does not change what they see; and the series
+    keeps the images received last, not the first places."""
+    from medrt_gui.bridge import Arrival
+    from medrt_gui.imaging import DisplayIndex
+    from medrt_gui.study import Study
+
+    from medrt.io.dicom import read_frames
+
+    w = window
+    sent = ["ct_0017.dcm", "ct_0013.dcm", "ct_0019.dcm", "ct_0014.dcm", "ct_0016.dcm", "ct_0018.dcm", "ct_0015.dcm"]
+    folder = tmp_path / "sent"
+    folder.mkdir()
+    for i, name in enumerate(sent):  # a replay sends by name: this order
+        shutil.copy(CT / name, folder / f"{i:02d}_{name}")
+    session = w.start_replay(folder, fps=10, loop=1)
+    assert session is not None
+    with bot.waitSignal(w.sessionFinished, timeout=180_000):
+        pass
+    bot.waitUntil(lambda: not w.render_pending, timeout=30_000)
+    assert w.frames_received == len(sent)  # (the entry is latest-wins: some may go unanalysed)
+    entry = w.current_series
+    opened = Study.from_paths([folder]).series[0]
+    assert [s.key for s in entry.slots] == [s.key for s in opened.slots]
+    assert [s.path.name[3:] for s in entry.slots] == sorted(sent, reverse=True)  # ascending position
+    # Following shows the newest result: the image sent last, in its place (not the last).
+    newest = next(i for i, s in enumerate(entry.slots) if s.path.name == "06_ct_0015.dcm")
+    assert (w.slot_i, w.current_slot().key) == (newest, w.newest_result_key) and newest < len(sent) - 1
+    w.step(1)  # looking elsewhere stops following; End follows again, at that image
+    assert not w.controls.follow.isChecked()
+    w.last_image()
+    assert w.controls.follow.isChecked() and w.slot_i == newest
+    w.show_image(len(sent) - 1)  # the last place is not the newest image: following stops too
+    assert not w.controls.follow.isChecked()
+    w.last_image()
+    # Not following: an image placed before the one shown leaves it on screen.
+    w.first_image()
+    shown = w.current_slot()
+    assert not w.controls.follow.isChecked() and w.slot_i == 0
+    frame = read_frames(CT / "ct_0020.dcm")[0]  # lower along the normal than all of them
+    w._on_frame(Arrival(session.sid, frame, DisplayIndex.from_frame(frame), CT / "ct_0020.dcm"))
+    assert entry.slots[0].key == frame.key and w.current_slot() is shown and w.slot_i == 1
+    # A long stream keeps the images received last (live_keep), wherever they are placed.
+    w.live_keep = len(sent)
+    frame = read_frames(CT / "ct_0012.dcm")[0]  # placed last, received last
+    w._on_frame(Arrival(session.sid, frame, DisplayIndex.from_frame(frame), CT / "ct_0012.dcm"))
+    names = [s.path.name for s in entry.slots]
+    assert len(names) == len(sent) and "00_ct_0017.dcm" not in names and "01_ct_0013.dcm" not in names
+    assert names[0] == "ct_0020.dcm" and names[-1] == "ct_0012.dcm"
+    assert w.current_slot() is shown and names[w.slot_i] == "02_ct_0019.dcm"
+
+
+def test_a_live_series_without_one_geometry_is_in_instance_order() -> None:
+    """As an opened folder is ordered (medrt.io.series.order_items): by position while every
+    image has patient geometry of one orientation; an image without it, or of another
+    orientation, puts the whole series in InstanceNumber order from then on."""
+    import dataclasses
+
+    from medrt_gui.study import Study
+
+    from medrt.io.dicom import read_frames
+    from medrt.types import Geometry
+
+    frames = {n: read_frames(CT / f"ct_{n:04d}.dcm")[0] for n in (13, 15, 17, 19, 21)}
+    study = Study(live=True)
+    for n in (17, 13, 19):
+        study.add_live_frame(frames[n], None)
+    entry = study.series[0]
+    assert [s.place[1] for s in entry.slots] == [19, 17, 13] and entry.order_by == "position"
+    sagittal = Geometry(frames[15].geometry.position, (0.0, 1.0, 0.0, 0.0, 0.0, -1.0))
+    study.add_live_frame(dataclasses.replace(frames[15], geometry=sagittal), None)
+    assert [s.place[1] for s in entry.slots] == [13, 15, 17, 19] and entry.order_by == "instance"
+    study.add_live_frame(frames[21], None)
+    assert [s.place[1] for s in entry.slots] == [13, 15, 17, 19, 21]
+
+    study = Study(live=True)
+    for n in (17, 13):
+        study.add_live_frame(frames[n], None)
+    study.add_live_frame(dataclasses.replace(frames[15], geometry=None), None)  # a header without it
+    assert [s.place[1] for s in study.series[0].slots] == [13, 15, 17]
