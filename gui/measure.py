@@ -33,6 +33,9 @@ _QUALIFIER = {
     SpacingSource.PIXEL_SPACING: "",
     SpacingSource.IMAGER_PIXEL_SPACING: " at detector",
     SpacingSource.ERMF: " (ERMF)",  # at the patient plane, estimated: Cornerstone's "mm ERMF"
+    SpacingSource.GEOMETRY: " (ERMF)",  # corrected so at the modality: Cornerstone's too
+    SpacingSource.CALIBRATED: " (calibrated)",
+    SpacingSource.UNKNOWN_CALIBRATION: " (calibration unknown)",
     SpacingSource.IMAGE_PLANE: " at receptor",
     SpacingSource.NOMINAL_SCANNED: " (scanned film)",
 }

@@ -41,11 +41,22 @@ class SpacingSource(str, enum.Enum):
     radiograph's ImagerPixelSpacing divided by its Estimated Radiographic Magnification
     Factor (SID / SOD), an estimate at the patient plane, as IHE Mammography and
     Cornerstone/OHIF correct it.
+
+    A radiograph's PixelSpacing that differs from its ImagerPixelSpacing was calibrated;
+    PixelSpacingCalibrationType says how (PS3.3 10.7.1.3): ``GEOMETRY``, corrected for
+    the magnification at the modality (an estimate at the patient plane, as ERMF);
+    ``CALIBRATED``, against an object of known size (FIDUCIAL) or another way the
+    header describes; ``UNKNOWN_CALIBRATION``, without saying how (the header does not
+    conform), or a radiograph with PixelSpacing alone. Cornerstone/OHIF mark these
+    "ERMF", "Calibrated" and "Unknown".
     """
 
     PIXEL_SPACING = "PixelSpacing"
     IMAGER_PIXEL_SPACING = "ImagerPixelSpacing"
     ERMF = "ImagerPixelSpacing/EstimatedRadiographicMagnificationFactor"
+    GEOMETRY = "PixelSpacing/GEOMETRY"
+    CALIBRATED = "PixelSpacing/calibrated"
+    UNKNOWN_CALIBRATION = "PixelSpacing/unknown calibration"
     IMAGE_PLANE = "ImagePlanePixelSpacing"  # RT Image: at the image receptor plane
     NOMINAL_SCANNED = "NominalScannedPixelSpacing"
     NONE = "none"

@@ -6,6 +6,7 @@ and read back with highdicom."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import subprocess
 from pathlib import Path
@@ -327,6 +328,40 @@ def test_radiographs_seg_sr_sc_without_patient_geometry(dx, tmp_path) -> None:  
     mono1 = render(dx[1], labels=False)[..., 0].astype(float)
     mono2 = render(dx[0], labels=False)[..., 0].astype(float)
     assert abs(mono1.mean() - mono2.mean()) < 40
+
+
+@pytest.mark.parametrize(("kind", "description"), [("FIDUCIAL", "Ruler at the patient's skin"), ("GEOMETRY", ""),
+                                                   ("", "Against a 25 mm sphere"), ("", "")])
+def test_a_calibrated_radiographs_sc_keeps_its_pixel_spacing_and_how(dx, tmp_path, kind, description) -> None:  # type: ignore[no-untyped-def]
+    """A radiograph's PixelSpacing calibrated at the modality (GEOMETRY) or against an object
+    of known size (FIDUCIAL, or a description of how) is in the patient: the SC carries it
+    with its calibration type and a description (the SC Image module's Basic Pixel Spacing
+    Calibration Macro: dciodvfy wants both or neither); one whose calibration the
+    header does not give is not carried."""
+    from medrt.io.header import pixel_spacing
+
+    r = dx[0]
+    header = copy.deepcopy(r.frame.source.dataset)
+    mm = tuple(v / 1.1 for v in r.frame.spacing_mm)
+    header.PixelSpacing = [f"{v:.6f}" for v in mm]
+    if kind:
+        header.PixelSpacingCalibrationType = kind
+    if description:
+        header.PixelSpacingCalibrationDescription = description
+    source = {"FIDUCIAL": SpacingSource.CALIBRATED, "GEOMETRY": SpacingSource.GEOMETRY}.get(
+        kind, SpacingSource.CALIBRATED if description else SpacingSource.UNKNOWN_CALIBRATION)
+    assert pixel_spacing(header) == (tuple(float(v) for v in header.PixelSpacing), source)
+    frame = dataclasses.replace(r.frame, spacing_mm=tuple(float(v) for v in header.PixelSpacing),
+                                spacing_source=source, source=dataclasses.replace(r.frame.source, dataset=header))
+    sc = pydicom.dcmread(dciodvfy(build_sc(dataclasses.replace(r, frame=frame)), tmp_path / "sc.dcm"))
+    if kind or description:
+        assert [float(v) for v in sc.PixelSpacing] == pytest.approx(mm, rel=1e-5)
+        assert sc.get("PixelSpacingCalibrationType", "") == kind
+        # the macro has the description if and only if it has the type
+        assert sc.get("PixelSpacingCalibrationDescription", "") == (
+            (description or f"As calibrated in the source image ({kind})") if kind else "")
+    else:
+        assert "PixelSpacing" not in sc and "PixelSpacingCalibrationType" not in sc
 
 
 def test_a_jpeg2000_seg_is_the_same_seg_far_smaller(dx, ct, tmp_path) -> None:  # type: ignore[no-untyped-def]

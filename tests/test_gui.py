@@ -325,6 +325,9 @@ def test_length_text_says_what_a_millimetre_means():
     assert length_text(line, (0.5, 0.5), SpacingSource.PIXEL_SPACING) == "2.5 mm"
     assert length_text(line, (0.5, 0.5), SpacingSource.IMAGER_PIXEL_SPACING) == "2.5 mm at detector"
     assert length_text(line, (0.5, 0.5), SpacingSource.ERMF) == "2.5 mm (ERMF)"  # estimated at the patient
+    assert length_text(line, (0.5, 0.5), SpacingSource.GEOMETRY) == "2.5 mm (ERMF)"  # so at the modality
+    assert length_text(line, (0.5, 0.5), SpacingSource.CALIBRATED) == "2.5 mm (calibrated)"
+    assert length_text(line, (0.5, 0.5), SpacingSource.UNKNOWN_CALIBRATION) == "2.5 mm (calibration unknown)"
     assert length_text(line, (0.5, 0.5), "NominalScannedPixelSpacing") == "2.5 mm (scanned film)"
     assert length_text(line, None, SpacingSource.NONE) == "5.0 px"  # never an invented mm value
     assert size_units((0.5, 0.5), SpacingSource.ERMF) == ("mm (ERMF)", "mm² (ERMF)")

@@ -263,7 +263,8 @@ def test_a_radiographs_spacing_says_where_it_measures() -> None:
     """PS3.3 10.7.1.1: a radiograph's ImagerPixelSpacing is at the detector, also when its
     PixelSpacing repeats it; with an Estimated Radiographic Magnification Factor it is
     corrected to the patient plane (IHE Mammography, Cornerstone/OHIF); a PixelSpacing
-    that differs (calibrated at the modality) is in the patient."""
+    that differs was calibrated, and PixelSpacingCalibrationType says how, or nobody
+    knows (Cornerstone/OHIF's rules); a CT's PixelSpacing is in the patient."""
     stored = np.zeros((4, 4), dtype=np.uint16)
 
     def spacing(**attrs):  # type: ignore[no-untyped-def]
@@ -278,9 +279,14 @@ def test_a_radiographs_spacing_says_where_it_measures() -> None:
             is SpacingSource.IMAGER_PIXEL_SPACING, ermf
     assert spacing(PixelSpacing=[0.15, 0.1], ImagerPixelSpacing=[0.15, 0.1],
                    EstimatedRadiographicMagnificationFactor="1.25") == ((0.15, 0.1), SpacingSource.IMAGER_PIXEL_SPACING)
-    assert spacing(PixelSpacing=[0.12, 0.08], ImagerPixelSpacing=[0.15, 0.1]) == \
-        ((0.12, 0.08), SpacingSource.PIXEL_SPACING)
-    assert spacing(PixelSpacing=[0.5, 0.5]) == ((0.5, 0.5), SpacingSource.PIXEL_SPACING)
+    calibrated = {"PixelSpacing": [0.12, 0.08], "ImagerPixelSpacing": [0.15, 0.1]}
+    assert spacing(**calibrated) == ((0.12, 0.08), SpacingSource.UNKNOWN_CALIBRATION)  # it does not say how
+    assert spacing(**calibrated, PixelSpacingCalibrationType="GEOMETRY") == ((0.12, 0.08), SpacingSource.GEOMETRY)
+    assert spacing(**calibrated, PixelSpacingCalibrationType="FIDUCIAL",
+                   PixelSpacingCalibrationDescription="ruler") == ((0.12, 0.08), SpacingSource.CALIBRATED)
+    assert spacing(**calibrated, PixelSpacingCalibrationDescription="sphere")[1] is SpacingSource.CALIBRATED
+    assert spacing(PixelSpacing=[0.5, 0.5]) == ((0.5, 0.5), SpacingSource.UNKNOWN_CALIBRATION)  # a DX's alone
+    assert spacing(PixelSpacing=[0.5, 0.5], Modality="CT") == ((0.5, 0.5), SpacingSource.PIXEL_SPACING)
 
 
 def test_window_first_value_from_header_and_percentile_fallback() -> None:

@@ -36,6 +36,8 @@ __all__ = ["build_sc", "build_sc_series", "patient_orientation"]
 log = logging.getLogger(__name__)
 
 _BIPED = frozenset("LRAPHF")
+#: Spacings in the patient plane, which an SC may carry as PixelSpacing.
+_PATIENT_SPACING = frozenset({SpacingSource.PIXEL_SPACING, SpacingSource.GEOMETRY, SpacingSource.CALIBRATED})
 
 
 def _letters(vector: Sequence[float]) -> str:
@@ -114,7 +116,9 @@ def build_sc(
     pixels = np.ascontiguousarray(render(item, window=window, labels=labels))
     orientation = patient_orientation(frame)
     single = orientation is not None and all(len(v) == 1 for v in orientation)
-    spacing = frame.spacing_mm if frame.spacing_source == SpacingSource.PIXEL_SPACING else None
+    # PixelSpacing is in the patient; a radiograph's only when calibrated, and then with
+    # how (the SC Image module has the Basic Pixel Spacing Calibration Macro).
+    spacing = frame.spacing_mm if frame.spacing_source in _PATIENT_SPACING else None
     sc = hd.sc.SCImage.from_ref_dataset(
         ref_dataset=readable_header(frame.source.dataset),
         pixel_array=pixels,
@@ -135,6 +139,14 @@ def build_sc(
         device_serial_number=DEVICE_SERIAL_NUMBER,
         series_description=series_description,
     )
+    if spacing is not None and frame.spacing_source is not SpacingSource.PIXEL_SPACING:
+        src = frame.source.dataset
+        kind = str(src.get("PixelSpacingCalibrationType", "") or "").strip()
+        if kind:  # the macro has the description if and only if it has the type
+            sc.PixelSpacingCalibrationType = kind
+            sc.PixelSpacingCalibrationDescription = (
+                str(src.get("PixelSpacingCalibrationDescription", "") or "").strip()
+                or f"As calibrated in the source image ({kind})")
     if not single:
         sc.PatientOrientation = list(orientation) if orientation is not None else ""
     _copy_body_part(frame.source.dataset, sc)

@@ -87,7 +87,10 @@ def pixel_spacing(ds: Dataset) -> tuple[tuple[float, float] | None, SpacingSourc
 
     PixelSpacing first (also from the enhanced Pixel Measures group): in the patient,
     unless it repeats the ImagerPixelSpacing of a radiograph, which is at the detector.
-    A radiograph with ImagerPixelSpacing alone is measured at the detector, or, when it
+    A radiograph's PixelSpacing that differs was calibrated, as its
+    PixelSpacingCalibrationType says (GEOMETRY, or FIDUCIAL and the like: CALIBRATED)
+    or does not (UNKNOWN_CALIBRATION, also for a radiograph's PixelSpacing alone;
+    Cornerstone/OHIF's rules). A radiograph with ImagerPixelSpacing alone is measured at the detector, or, when it
     gives an Estimated Radiographic Magnification Factor above 1, at the patient plane:
     ImagerPixelSpacing / ERMF (as IHE Mammography and Cornerstone/OHIF do; a chest PA's
     magnification is often 5-15 %, enough to move a nodule across a 6 or 8 mm threshold).
@@ -99,6 +102,8 @@ def pixel_spacing(ds: Dataset) -> tuple[tuple[float, float] | None, SpacingSourc
         if pair is not None:
             if imager is not None and np.allclose(pair, imager, rtol=1e-4, atol=0.0):
                 return pair, SpacingSource.IMAGER_PIXEL_SPACING
+            if imager is not None or str(ds.get("Modality", "")).upper() in PROJECTION_MODALITIES:
+                return pair, calibration(ds)
             return pair, SpacingSource.PIXEL_SPACING
     if imager is not None:
         ermf = _float(ds.get("EstimatedRadiographicMagnificationFactor"))
@@ -111,6 +116,22 @@ def pixel_spacing(ds: Dataset) -> tuple[tuple[float, float] | None, SpacingSourc
         if pair is not None:
             return pair, source
     return None, SpacingSource.NONE
+
+
+#: Projection radiography, whose pixel spacing is at the detector unless calibrated.
+PROJECTION_MODALITIES = frozenset({"CR", "DX", "MG", "IO", "PX", "RF", "XA", "RG"})
+
+
+def calibration(ds: Dataset) -> SpacingSource:
+    """What a radiograph's own PixelSpacing means, from its Basic Pixel Spacing
+    Calibration Macro (PS3.3 10.7.1.3): GEOMETRY, CALIBRATED (FIDUCIAL, or a type or
+    description other than GEOMETRY) or UNKNOWN_CALIBRATION."""
+    kind = str(ds.get("PixelSpacingCalibrationType", "") or "").strip().upper()
+    if kind == "GEOMETRY":
+        return SpacingSource.GEOMETRY
+    if kind or str(ds.get("PixelSpacingCalibrationDescription", "") or "").strip():
+        return SpacingSource.CALIBRATED
+    return SpacingSource.UNKNOWN_CALIBRATION
 
 
 def _float(value: Any) -> float | None:
