@@ -34,7 +34,7 @@ __all__ = ["SeriesBrowser", "LesionList", "LesionRow", "SeriesLesionTable", "Con
 #: Following a live stream shows ... (the combo box's text, the mode's name).
 FOLLOW_MODES = (("the newest AI result", "results"), ("the newest image", "images"))
 
-LESION_COLUMNS = ("#", "slice", "area mm²", "diam. mm", "vol. mm³", "score", "recheck")
+LESION_COLUMNS = ("#", "slice", "diam. mm", "area mm²", "vol. mm³", "score", "recheck")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +118,13 @@ def _read_only_rows(table: QTableWidget, columns: Sequence[str]) -> None:
     table.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
 
 
+def _header(name: str, unit: str) -> str:
+    """A size column's header: ``name`` and the unit, then what qualifies the unit on a line
+    of its own ("diam. mm" / "at detector")."""
+    unit, _, where = unit.partition(" ")
+    return f"{name} {unit}" + (f"\n{where}" if where else "")
+
+
 class LesionList(QTableWidget):
     """The lesions of the shown frame; clicking one emits ``lesionActivated``."""
 
@@ -137,13 +144,17 @@ class LesionList(QTableWidget):
         the series, a lesion on several slices keeping its number on each. ``units``: the
         image's length and area units (:func:`medrt_gui.measure.size_units`: a radiograph's
         sizes are at the detector unless its header gives the magnification, an image
-        without spacing is measured in pixels), which head the size columns."""
+        without spacing is measured in pixels), which head the size columns: the unit on
+        the first line, where it is measured on a second ("diam. mm" / "at detector"), so
+        the diameter stays in sight in a narrow panel."""
         headers = list(LESION_COLUMNS)
-        headers[2], headers[3] = f"area {units[1]}", f"diam. {units[0]}"
+        headers[2], headers[3] = _header("diam.", units[0]), _header("area", units[1])
         for col, text in enumerate(headers):
             item = self.horizontalHeaderItem(col)
             if item is None or item.text() != text:
-                self.setHorizontalHeaderItem(col, QTableWidgetItem(text))
+                item = QTableWidgetItem(text)
+                item.setToolTip(text.replace("\n", " "))
+                self.setHorizontalHeaderItem(col, item)
         rows = tuple(rows) if rows is not None else tuple(LesionRow(i + 1, 1, 1, None) for i in range(len(lesions)))
         if (lesions, rows) == (self.lesions, self.rows):
             return
@@ -151,8 +162,8 @@ class LesionList(QTableWidget):
         self.setRowCount(len(self.lesions))
         for row, (les, where) in enumerate(zip(self.lesions, rows, strict=True)):
             volume = "–" if where.volume_mm3 is None else f"{where.volume_mm3:.0f}"
-            cells = (str(where.number), f"{where.slice}/{where.slices}", f"{les.area_mm2:.1f}",
-                     f"{les.diameter_mm:.1f}", volume, f"{les.score:.2f}", "yes" if les.rechecked else "no")
+            cells = (str(where.number), f"{where.slice}/{where.slices}", f"{les.diameter_mm:.1f}",
+                     f"{les.area_mm2:.1f}", volume, f"{les.score:.2f}", "yes" if les.rechecked else "no")
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
