@@ -3,7 +3,8 @@
 No Qt here. A :class:`Study` comes either from files (grouped by series and
 ordered by slice with :func:`medrt.io.series.group_series`; pixels are decoded
 later, on demand) or from a live stream, where frames are placed in slice order
-as the pipeline decodes them, whatever order they were sent in (:meth:`SeriesEntry.place`). Everything is keyed by the frame key
+as the pipeline decodes them, whatever order they were sent in
+(:meth:`SeriesEntry.place`). Everything is keyed by the frame key
 (``SOPInstanceUID[#frame]``), the name results and SEGs use too.
 """
 
