@@ -45,6 +45,9 @@ HOTKEYS: tuple[Hotkey, ...] = (
     *(Hotkey(f"preset_{p.key}", (p.key,), f"{p.name} window (W {p.width:g} / L {p.level:g})")
       for p in PRESETS),
     Hotkey("toggle_segmentation", ("G",), "Show / hide the AI and SEG overlays", "g"),
+    Hotkey("next_finding", ("N",), "Next finding: the next lesion of the study, where it is largest, zoomed on",
+           "n"),
+    Hotkey("previous_finding", ("Shift+N",), "Previous finding", "Shift+n"),
     Hotkey("toggle_length", ("M",), "Length tool on / off (left drag measures in mm)", "m"),
     Hotkey("toggle_ellipse", ("E",), "Ellipse ROI tool on / off (left drag: mean, SD and area)", "e"),
     Hotkey("toggle_patient", ("P",), "Show / hide the patient and study details (a shared screen, a screenshot)",

@@ -93,7 +93,7 @@ class StreamsMixin:
         self.study = study
         self.series_i = self.slot_i = 0
         self.window_cw = None
-        self.shown_key = None
+        self.shown_key = self._finding = None
         self.newest_result_key = None
         self.frames_received = self.results_received = 0
         self.failures = []

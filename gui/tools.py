@@ -1,6 +1,6 @@
 """What the viewer's tools do to the image shown: zoom, window/level and its presets,
-invert, the segmentation overlay, cine, the length and ellipse tools, going to a lesion,
-and the value under the cursor. Mixed into the main window.
+invert, the segmentation overlay, cine, the length and ellipse tools, going to a lesion
+(and from finding to finding), and the value under the cursor. Mixed into the main window.
 
 Each only changes the window's view state and asks for a render (the drawing is
 :meth:`medrt_gui.window.MainWindow.request_render`'s), so none of them paints.
@@ -12,7 +12,7 @@ from typing import Any
 
 from medrt_gui.canvas import ZOOM_STEP
 from medrt_gui.imaging import PRESETS, drag_window, value_text
-from medrt_gui.measure import Ellipse, Length, ellipse_text, length_text
+from medrt_gui.measure import Ellipse, Length, ellipse_text, length_text, size_units
 from medrt_gui.study import Slot
 from PySide6.QtCore import Qt
 
@@ -152,6 +152,48 @@ class ViewToolsMixin:
             return  # a live stream's history moved on
         self.show_image(keys.index(lesion.largest.key))
         self.focus_lesion(lesion.largest.lesion)
+
+    def findings(self: Any) -> list[tuple[int, int, int, SeriesLesion]]:
+        """Every lesion of the study once, as ``(series, image, number, lesion)`` in reading
+        order: series by series, each at the image where it is largest."""
+        out = []
+        for si, entry in enumerate(self.study.series):
+            index = {slot.key: i for i, slot in enumerate(entry.slots)}
+            for lesion in entry.series_lesions()[0]:
+                if lesion.largest.key in index:
+                    out.append((si, index[lesion.largest.key], lesion.number, lesion))
+        return sorted(out, key=lambda f: f[:3])
+
+    def next_finding(self: Any, step: int = 1) -> SeriesLesion | None:
+        """Go to the next lesion of the study (``step`` -1: the previous), series by series
+        and image by image, at the image where it is largest, centred and zoomed on it; from
+        the last, round to the first. After scrolling elsewhere, the first one from the image
+        shown on. The status bar says which of how many it is."""
+        found = self.findings()
+        if not found:
+            self.status("no lesions found in the images analysed so far")
+            return None
+        here = (self.series_i, self.slot_i)
+        last = self._finding if self._finding is not None and self._finding[:2] == here else None
+        cursor = last or (*here, -1 if step > 0 else 1 << 30)
+        ahead = [f for f in found if (f[:3] > cursor if step > 0 else f[:3] < cursor)]
+        si, image, number, lesion = (ahead[0] if step > 0 else ahead[-1]) if ahead else found[0 if step > 0 else -1]
+        if si != self.series_i:
+            self.show_series(si)
+        self.show_image(image)
+        self.focus_lesion(lesion.largest.lesion)
+        self._finding = (si, image, number)
+        slot = self.study.series[si].slots[image]
+        frame = slot.result.frame if slot.result is not None else slot.frame
+        unit = size_units(frame.spacing_mm, frame.spacing_source)[0] if frame is not None else "mm"
+        unit = unit if lesion.in_mm else "px"
+        at = found.index((si, image, number, lesion)) + 1
+        self.status(f"finding {at} of {len(found)}: lesion {number}, {lesion.diameter_mm:.1f} {unit}"
+                    + (f", on {lesion.slices} slices" if lesion.slices > 1 else ""), 0)
+        return lesion
+
+    def previous_finding(self: Any) -> SeriesLesion | None:
+        return self.next_finding(-1)
 
     def _hover(self: Any, pixel: tuple[int, int] | None) -> None:
         self._hover_pixel = pixel

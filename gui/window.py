@@ -104,6 +104,7 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
         self.session_finished: int | None = None
         self._sid = 0
         self.shown_key: str | None = None
+        self._finding: tuple[int, int, int] | None = None  # (series, image, lesion) next_finding went to
         self.newest_result_key: str | None = None  # of the live session's newest AI result
         self.hover_text = ""
         self._hover_pixel: tuple[int, int] | None = None

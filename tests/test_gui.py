@@ -611,6 +611,43 @@ def test_the_series_tab_lists_each_lesion_once_and_goes_to_where_it_is_largest(b
     assert w.view.zoom > 1.9 * fit
 
 
+def test_n_goes_from_finding_to_finding_where_each_is_largest(bot, analysed) -> None:  # type: ignore[no-untyped-def]
+    """n: the next lesion of the study, each once, in reading order, at the image where it is
+    largest, centred and zoomed on, round to the first after the last; Shift+n back; after
+    scrolling elsewhere, the first from there on."""
+    from PySide6.QtCore import Qt
+
+    w = analysed
+    w.show_image(0)
+    wait_shown(bot, w)
+    w.view.fit()
+    fit = w.view.zoom
+    lesions, _ = w.current_series.series_lesions()
+    keys = [slot.key for slot in w.current_series.slots]
+    order = sorted(lesions, key=lambda les: (keys.index(les.largest.key), les.number))
+    assert len(order) >= 3
+    visited = []
+    for _ in range(len(order) + 1):
+        key_click(bot, w, Qt.Key.Key_N)
+        wait_shown(bot, w)
+        visited.append(w.current_slot().key)
+        assert w.statusBar().currentMessage().startswith(f"finding {(len(visited) - 1) % len(order) + 1} "
+                                                         f"of {len(order)}: lesion ")
+    assert visited == [les.largest.key for les in order] + [order[0].largest.key]  # each once, then round
+    target = order[0].largest.lesion.centroid
+    r, c = w.view.view_center()
+    assert abs(r - (target[0] + 0.5)) < 2 and abs(c - (target[1] + 0.5)) < 2 and w.view.zoom > 1.9 * fit
+    bot.keyClick(w.view, Qt.Key.Key_N, Qt.KeyboardModifier.ShiftModifier)  # back round to the last
+    wait_shown(bot, w)
+    assert w.current_slot().key == order[-1].largest.key
+    middle = keys.index(order[len(order) // 2].largest.key)
+    w.show_image(middle - 1)  # scrolled elsewhere: n goes on from there
+    key_click(bot, w, Qt.Key.Key_N)
+    wait_shown(bot, w)
+    after = next(les for les in order if keys.index(les.largest.key) >= middle - 1)
+    assert w.current_slot().key == after.largest.key
+
+
 # -- SEG, export, help, bad files ---------------------------------------------------------
 
 
@@ -843,6 +880,17 @@ def test_far_radiographs_keep_their_label_maps_packed(bot, make_window) -> None:
         assert np.count_nonzero(labels == les.label) == np.count_nonzero(labels[r0:r1, c0:c1] == les.label) > 0
     assert tinted(rendered(w)).any(), "its overlay is drawn again"
     assert f"{len(shown.result.lesions)} lesion" in w.hud.text("bottom_right")
+    # n goes from series to series: every nodule of the three radiographs once, then round
+    w.show_series(0)
+    wait_shown(bot, w)
+    seen = []
+    total = sum(len(e.series_lesions()[0]) for e in w.study.series)
+    for _ in range(total + 1):
+        lesion = w.next_finding()
+        seen.append((w.series_i, lesion.number))
+    assert len(set(seen)) == total == len(seen) - 1 and seen[-1] == seen[0]
+    assert [si for si, _ in seen[:-1]] == sorted(si for si, _ in seen[:-1])
+    assert {si for si, _ in seen} == {i for i, e in enumerate(w.study.series) if e.slots[0].result.lesions}
 
 
 def test_large_files_decode_in_a_process_small_ones_on_the_thread(bot, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
