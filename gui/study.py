@@ -203,9 +203,9 @@ class SeriesEntry:
         return slot
 
     def place(self, slot: Slot, frame: Frame, seq: int) -> Slot:
-        """Put a live image where an opened folder would have it (:func:`medrt.io.series.
-        order_items`), whatever order the sender sent it in: by position along the slice
-        normal, ascending, while every image has patient geometry of one orientation; else
+        """Put a live image where an opened folder would have it (:meth:`Study.from_paths`),
+        whatever order the sender sent it in: by position along the slice normal, head
+        first, while every image has patient geometry of one orientation; else
         by InstanceNumber (the series is ordered again the first time that happens). Images
         at one place keep their arrival order. ``seq`` is the arrival that brought it."""
         from medrt.analysis.slices import along_normal
@@ -227,7 +227,7 @@ class SeriesEntry:
     def _order_key(self, slot: Slot) -> tuple[Any, ...]:
         position, number, seq = slot.place
         if self.order_by == "position":
-            return (position if position is not None else 0.0, seq)
+            return (-position if position is not None else 0.0, seq)
         return (number is None, number or 0, seq)
 
     def _order_by_instance(self, reason: str) -> None:
@@ -314,13 +314,19 @@ class Study:
 
     @classmethod
     def from_paths(cls, paths: Iterable[str | os.PathLike[str]], title: str = "") -> Study:
-        """Group the files (folders walked) into series in slice order. Reads headers only."""
+        """Group the files (folders walked) into series in slice order, head first (the
+        larger position along the slice normal: an axial series from the top down, as
+        scanners number it, Cornerstone/OHIF sort it by position and
+        :mod:`medrt.analysis.tracking` counts a lesion's sections); by InstanceNumber where
+        the geometry does not allow that. Reads headers only."""
         files = [p for p in iter_files(paths)]
         study = cls(title=title)
         grouped = group_series(files, dicomdir=False)  # iter_files expanded the DICOMDIRs named
         for s in grouped.series:
             entry = SeriesEntry(s.series_instance_uid, s.modality, patient=_patient_of(s.items[0].source))
-            for item in s.items:
+            # head first (an axial series from the top down, as the scanner numbers it and as
+            # the lesions' sections are counted: medrt.analysis.tracking)
+            for item in (reversed(s.items) if s.ordered_by == "position" else s.items):
                 for i in range(item.frames):
                     entry.add(Slot(frame_key(item.sop_instance_uid, item.frames, i), path=item.path))
             study.series.append(entry)

@@ -114,7 +114,7 @@ def test_the_frozen_listener_answers_and_stops(frozen, tmp_path):
 
 def test_the_frozen_viewer_analyses_a_series_and_saves_a_screenshot(frozen, tmp_path):
     shot = tmp_path / "viewer.png"
-    run = subprocess.run([str(frozen / "medrt-viewer"), str(SAMPLE_DIR / "ct_stream"), "--image", "24",
+    run = subprocess.run([str(frozen / "medrt-viewer"), str(SAMPLE_DIR / "ct_stream"), "--image", "17",
                           "--screenshot", str(shot), "--timeout", "300"], capture_output=True, text=True, timeout=600,
                          env={**os.environ, "QT_QPA_PLATFORM": "offscreen"})
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]

@@ -18,8 +18,8 @@ from conftest import REPO, SAMPLE_DIR, require_module, require_tool
 pytestmark = pytest.mark.gui
 
 CT = SAMPLE_DIR / "ct_stream"
-# ct_0017.dcm (two ground-truth lesions) is image 24 of 40 in slice order.
-LESION_IMAGE = 24
+# ct_0017.dcm (two ground-truth lesions) is image 17 of 40 in slice order (head first).
+LESION_IMAGE = 17
 
 
 def _run(args: list[str], env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess[str]:
@@ -158,9 +158,10 @@ def test_seg_written_by_medrt_batch_opens_beside_its_source(tmp_path: Path) -> N
     (seg,) = (tmp_path / "out" / "series").glob("*/seg.dcm")
     shot = tmp_path / "seg.png"
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
-    # ct_0017 is image 1 of these four in slice order; no AI run, so only the SEG is drawn.
+    # ct_0017 is image 4 of these four in slice order (head first); no AI run, so only the
+    # SEG is drawn.
     out = _run([sys.executable, "-m", "medrt", "view", str(source), "--seg", str(seg), "--no-analysis",
-                "--image", "1", "--screenshot", str(shot)], env=env)
+                "--image", "4", "--screenshot", str(shot)], env=env)
     rgb = _check_screenshot(shot, out)
     # Each lesion's segment in the colour the SEG recommends for it (its outline, at 0.7 over grey).
     from medrt.io.seg import read_seg

@@ -255,7 +255,7 @@ def test_a_live_series_is_in_slice_order_whatever_order_it_is_sent_in(bot, windo
     entry = w.current_series
     opened = Study.from_paths([folder]).series[0]
     assert [s.key for s in entry.slots] == [s.key for s in opened.slots]
-    assert [s.path.name[3:] for s in entry.slots] == sorted(sent, reverse=True)  # ascending position
+    assert [s.path.name[3:] for s in entry.slots] == sorted(sent)  # head first, as the scanner numbers them
     # Following shows the newest result: the image sent last, in its place (not the last).
     newest = next(i for i, s in enumerate(entry.slots) if s.path.name == "06_ct_0015.dcm")
     assert (w.slot_i, w.current_slot().key) == (newest, w.newest_result_key) and newest < len(sent) - 1
@@ -267,20 +267,20 @@ def test_a_live_series_is_in_slice_order_whatever_order_it_is_sent_in(bot, windo
     assert not w.controls.follow.isChecked()
     w.last_image()
     # Not following: an image placed before the one shown leaves it on screen.
-    w.first_image()
+    w.show_image(1)
     shown = w.current_slot()
-    assert not w.controls.follow.isChecked() and w.slot_i == 0
-    frame = read_frames(CT / "ct_0020.dcm")[0]  # lower along the normal than all of them
-    w._on_frame(Arrival(session.sid, frame, DisplayIndex.from_frame(frame), CT / "ct_0020.dcm"))
-    assert entry.slots[0].key == frame.key and w.current_slot() is shown and w.slot_i == 1
+    assert not w.controls.follow.isChecked() and shown.path.name == "03_ct_0014.dcm"
+    frame = read_frames(CT / "ct_0012.dcm")[0]  # nearer the head than all of them
+    w._on_frame(Arrival(session.sid, frame, DisplayIndex.from_frame(frame), CT / "ct_0012.dcm"))
+    assert entry.slots[0].key == frame.key and w.current_slot() is shown and w.slot_i == 2
     # A long stream keeps the images received last (live_keep), wherever they are placed.
     w.live_keep = len(sent)
-    frame = read_frames(CT / "ct_0012.dcm")[0]  # placed last, received last
-    w._on_frame(Arrival(session.sid, frame, DisplayIndex.from_frame(frame), CT / "ct_0012.dcm"))
+    frame = read_frames(CT / "ct_0020.dcm")[0]  # placed last, received last
+    w._on_frame(Arrival(session.sid, frame, DisplayIndex.from_frame(frame), CT / "ct_0020.dcm"))
     names = [s.path.name for s in entry.slots]
     assert len(names) == len(sent) and "00_ct_0017.dcm" not in names and "01_ct_0013.dcm" not in names
-    assert names[0] == "ct_0020.dcm" and names[-1] == "ct_0012.dcm"
-    assert w.current_slot() is shown and names[w.slot_i] == "02_ct_0019.dcm"
+    assert names[0] == "ct_0012.dcm" and names[-1] == "ct_0020.dcm"
+    assert w.current_slot() is shown and names[w.slot_i] == "03_ct_0014.dcm"
 
 
 def test_a_live_series_without_one_geometry_is_in_instance_order() -> None:
@@ -299,7 +299,7 @@ def test_a_live_series_without_one_geometry_is_in_instance_order() -> None:
     for n in (17, 13, 19):
         study.add_live_frame(frames[n], None)
     entry = study.series[0]
-    assert [s.place[1] for s in entry.slots] == [19, 17, 13] and entry.order_by == "position"
+    assert [s.place[1] for s in entry.slots] == [13, 17, 19] and entry.order_by == "position"  # head first
     sagittal = Geometry(frames[15].geometry.position, (0.0, 1.0, 0.0, 0.0, 0.0, -1.0))
     study.add_live_frame(dataclasses.replace(frames[15], geometry=sagittal), None)
     assert [s.place[1] for s in entry.slots] == [13, 15, 17, 19] and entry.order_by == "instance"
