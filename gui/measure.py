@@ -29,17 +29,6 @@ from medrt.types import SpacingSource
 
 __all__ = ["Length", "Ellipse", "length_mm", "length_text", "ellipse_mask", "ellipse_text", "size_units"]
 
-_QUALIFIER = {
-    SpacingSource.PIXEL_SPACING: "",
-    SpacingSource.IMAGER_PIXEL_SPACING: " at detector",
-    SpacingSource.ERMF: " (ERMF)",  # at the patient plane, estimated: Cornerstone's "mm ERMF"
-    SpacingSource.GEOMETRY: " (ERMF)",  # corrected so at the modality: Cornerstone's too
-    SpacingSource.CALIBRATED: " (calibrated)",
-    SpacingSource.UNKNOWN_CALIBRATION: " (calibration unknown)",
-    SpacingSource.IMAGE_PLANE: " at receptor",
-    SpacingSource.NOMINAL_SCANNED: " (scanned film)",
-}
-
 
 @dataclass(frozen=True, slots=True)
 class Length:
@@ -56,7 +45,7 @@ def size_units(spacing_mm: tuple[float, float] | None, source: SpacingSource | s
     "px" and "px²" when the header gives no spacing (the lesions are then in pixels)."""
     if spacing_mm is None:
         return "px", "px²"
-    qualifier = _QUALIFIER.get(SpacingSource(source), "")
+    qualifier = SpacingSource(source).qualifier
     return f"mm{qualifier}", f"mm²{qualifier}"
 
 
@@ -74,7 +63,7 @@ def length_text(line: Length, spacing_mm: tuple[float, float] | None, source: Sp
     mm = length_mm(line, spacing_mm)
     if mm is None:
         return f"{math.hypot(line.b[0] - line.a[0], line.b[1] - line.a[1]):.1f} px"
-    return f"{mm:.1f} mm{_QUALIFIER.get(SpacingSource(source), '')}"
+    return f"{mm:.1f} mm{SpacingSource(source).qualifier}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,5 +103,5 @@ def ellipse_text(roi: Ellipse, pixels: np.ndarray, spacing_mm: tuple[float, floa
     if spacing_mm is None:
         area = f"{n} px"
     else:
-        area = f"{n * float(spacing_mm[0]) * float(spacing_mm[1]):.1f} mm²{_QUALIFIER.get(SpacingSource(source), '')}"
+        area = f"{n * float(spacing_mm[0]) * float(spacing_mm[1]):.1f} mm²{SpacingSource(source).qualifier}"
     return f"mean {values.mean():.1f}{unit}, SD {values.std():.1f}, {area}"

@@ -61,6 +61,24 @@ class SpacingSource(str, enum.Enum):
     NOMINAL_SCANNED = "NominalScannedPixelSpacing"
     NONE = "none"
 
+    @property
+    def qualifier(self) -> str:
+        """What follows "mm" in a size measured with this spacing, so nobody takes a
+        detector-plane size for one in the patient: "" in the patient, " at detector",
+        " (ERMF)", " (calibrated)", ... (Cornerstone/OHIF mark them the same way)."""
+        return _QUALIFIERS.get(self, "")
+
+
+_QUALIFIERS = {
+    SpacingSource.IMAGER_PIXEL_SPACING: " at detector",
+    SpacingSource.ERMF: " (ERMF)",  # at the patient plane, estimated: Cornerstone's "mm ERMF"
+    SpacingSource.GEOMETRY: " (ERMF)",  # corrected so at the modality: Cornerstone's too
+    SpacingSource.CALIBRATED: " (calibrated)",
+    SpacingSource.UNKNOWN_CALIBRATION: " (calibration unknown)",
+    SpacingSource.IMAGE_PLANE: " at receptor",
+    SpacingSource.NOMINAL_SCANNED: " (scanned film)",
+}
+
 
 class WindowSource(str, enum.Enum):
     HEADER = "header"

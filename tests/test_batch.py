@@ -94,6 +94,14 @@ def test_sample_findings_score_against_ground_truth(sample_run):
         assert max(les["diameter_mm"] for r in records for les in r["lesions"]
                    if r["series_instance_uid"] == row["series_instance_uid"]
                    and les["series_lesion"] == int(row["lesion"])) == largest["diameter_mm"]
+    # The findings say what the diameters are in: a radiograph's are at the detector.
+    units = {f["modality"]: f["diameter_unit"] for f in rep["series"]}
+    assert units == {"CT": "mm", "DX": "mm at detector"}
+    assert "mm at detector |" in (out / "report.md").read_text()
+    from medrt.commands.batch import _table
+
+    rows = _table(summary).splitlines()[1:]
+    assert all(r.endswith(" mm") for r in rows if " CT " in r) and any(r.endswith(" mm at detector") for r in rows)
     assert {"p50", "p95", "p99"} <= set(rep["timings_ms"]["segment"])
     assert (out / "report.md").read_text().startswith("# medrt batch report")
     assert (out / "latency.png").stat().st_size > 0
@@ -184,6 +192,28 @@ def test_seg_geometry_matches_results_and_ground_truth(sample_run):
     assert checked >= 5
     # most SEG pixels lie on the phantom's lesions (a shifted or flipped SEG would not)
     assert inter > 0.6 * total
+
+
+def test_a_series_without_pixel_spacing_is_measured_in_pixels_and_not_bucketed_as_mm(tmp_path, analyzer, capsys):
+    """No spacing in the header: the lesions are measured in pixels (never an invented mm
+    value), the findings say px, and the report's millimetre size buckets leave them out."""
+    src = tmp_path / "in"
+    src.mkdir()
+    for p in sorted(CT.glob("*.dcm"))[14:18]:  # slices with lesions
+        ds = pydicom.dcmread(p)
+        del ds.PixelSpacing
+        ds.save_as(src / p.name)
+    out = tmp_path / "out"
+    summary = run_batch(BatchConfig(src, out, workers=1), analyzer=analyzer)
+    rep = json.loads((out / "report.json").read_text())
+    (finding,) = rep["series"]
+    assert summary.lesions > 0 and finding["diameter_unit"] == "px" and finding["diameters_mm"]
+    assert sum(rep["lesions_by_diameter"].values()) == 0
+    largest = ", ".join(str(d) for d in finding["diameters_mm"][:5])
+    assert f"| {largest} px |" in (out / "report.md").read_text()
+    from medrt.commands.batch import _table
+
+    assert _table(summary).splitlines()[1].endswith(" px")  # the printed findings table too
 
 
 def test_interrupted_run_then_rerun_equals_one_clean_run(tmp_path, analyzer):

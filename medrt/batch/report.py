@@ -20,8 +20,12 @@ STEPS = ("decode", "preprocess", "roi", "segment", "recheck", "postprocess", "to
 
 
 def _buckets(findings: list[dict[str, Any]]) -> dict[str, int]:
+    """Lesions by longest diameter in mm; a series measured in pixels (no spacing in its
+    header) is left out, as its numbers are not millimetres."""
     counts = {name: 0 for _, _, name in SIZE_BUCKETS}
     for f in findings:
+        if f.get("diameter_unit") == "px":
+            continue
         for d in f["diameters_mm"]:
             for lo, hi, name in SIZE_BUCKETS:
                 if lo <= d < hi:
@@ -110,11 +114,12 @@ def _markdown(r: dict[str, Any]) -> str:
         "",
         "## Series",
         "",
-        "| series | modality | frames | lesions | sections | largest (mm) |",
+        "| series | modality | frames | lesions | sections | largest |",
         "|---|---|---|---|---|---|",
     ]
     for f in r["series"]:
-        largest = ", ".join(str(d) for d in f["diameters_mm"][:5]) or "-"
+        largest = ", ".join(str(d) for d in f["diameters_mm"][:5])
+        largest = f"{largest} {f.get('diameter_unit', 'mm')}" if largest else "-"
         lines.append(f"| `{f['series_instance_uid']}` | {f['modality']} | {f['frames']} | {f['lesions']} | "
                      f"{f['sections']} | {largest} |")
     if r["timings_ms"]:

@@ -27,6 +27,7 @@ from medrt.batch.outputs import LESIONS_JSON, OutputOptions, SeriesOutput
 from medrt.batch.plan import Note, Plan, SeriesPlan, finished, scan, series_notes, settings_key
 from medrt.errors import NoModelForImageError
 from medrt.export.write import atomic_write
+from medrt.types import SpacingSource
 
 __all__ = ["BatchConfig", "BatchSummary", "run_batch", "EXIT_OK", "EXIT_ERRORS", "EXIT_FAILED", "EXIT_INTERRUPTED"]
 
@@ -282,6 +283,7 @@ def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bo
                            "sections": sum(len(r["lesions"]) for r in recs),
                            "diameters_mm": sorted((round(f["diameter_mm"] if f["diameter_mm"] is not None
                                                          else f["diameter_px"], 1) for f in found), reverse=True),
+                           "diameter_unit": _diameter_unit(recs, found),
                            "folder": str(folder.relative_to(out))})
     atomic_write(out / RESULTS, lambda fp: fp.write("".join(lines).encode()))
     table = io.StringIO()
@@ -308,6 +310,20 @@ def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bo
     elif s.errors:
         s.exit_code = EXIT_ERRORS
     return s
+
+
+def _diameter_unit(recs: list[dict[str, Any]], found: list[dict[str, Any]]) -> str:
+    """What a series' lesion diameters are in: "px" without pixel spacing, else "mm" and
+    where it measures (:attr:`medrt.types.SpacingSource.qualifier`: "mm at detector" for
+    a radiograph's ImagerPixelSpacing, so nobody reads it as a size in the patient)."""
+    if found and all(f["diameter_mm"] is None for f in found):
+        return "px"
+    with_lesions = [r for r in recs if r["lesions"]] or recs
+    source = with_lesions[0].get("pixel_spacing_source") if with_lesions else None
+    try:
+        return "mm" + SpacingSource(source).qualifier
+    except ValueError:
+        return "mm"
 
 
 def _lesion_row(entry: dict[str, Any]) -> dict[str, Any]:

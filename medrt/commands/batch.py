@@ -48,9 +48,10 @@ def _progress(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _table(summary: Any) -> str:
-    lines = [f"{'series':<58} {'mod':<4} {'frames':>6} {'lesions':>7}  largest diameters (mm)"]
+    lines = [f"{'series':<58} {'mod':<4} {'frames':>6} {'lesions':>7}  largest diameters"]
     for f in summary.findings:
         sizes = ", ".join(f"{d:.1f}" for d in f["diameters_mm"][:6]) + (" …" if len(f["diameters_mm"]) > 6 else "")
+        sizes = f"{sizes} {f.get('diameter_unit', 'mm')}" if f["diameters_mm"] else ""
         lines.append(f"{f['series_instance_uid'][:58]:<58} {f['modality']:<4} {f['frames']:>6} {f['lesions']:>7}  "
                      f"{sizes or '-'}")
     return "\n".join(lines)
