@@ -11,7 +11,8 @@ captures and the viewer draw the same thing:
 - :func:`render` windows the frame to greyscale (display semantics: MONOCHROME1
   is already inverted in ``Frame.pixels``; colour sources show their luminance),
   composites the overlay and writes each lesion's longest diameter next to it
-  ("12.3 mm", or "12 px" when the spacing is unknown; ``*`` marks a lesion the
+  ("12.3 mm", "12.3 mm at detector" on a radiograph measured at the detector, or "12 px"
+  when the spacing is unknown; ``*`` marks a lesion the
   2× recheck confirmed). The font scales with the image, so the text reads the
   same on a 512² slice and on a 4096² radiograph, and it always stays inside the
   image.
@@ -73,9 +74,11 @@ def lesion_color(label: int) -> tuple[int, int, int]:
     return PALETTE[(int(label) - 1) % len(PALETTE)]
 
 
-def label_text(lesion: Lesion, spacing_known: bool) -> str:
-    """The text drawn beside a lesion: its longest diameter, in mm or in pixels."""
-    text = f"{lesion.diameter_mm:.1f} mm" if spacing_known else f"{lesion.diameter_mm:.0f} px"
+def label_text(lesion: Lesion, spacing_known: bool, qualifier: str = "") -> str:
+    """The text drawn beside a lesion: its longest diameter, in mm (followed by where it
+    measures, :attr:`medrt.types.SpacingSource.qualifier`: " at detector" on a radiograph
+    measured at its ImagerPixelSpacing) or in pixels."""
+    text = f"{lesion.diameter_mm:.1f} mm{qualifier}" if spacing_known else f"{lesion.diameter_mm:.0f} px"
     return text + (RECHECK_MARK if lesion.rechecked else "")
 
 
@@ -263,12 +266,13 @@ def _place(cands: list[Rect], shape: tuple[int, int], avoid: list[Rect], taken: 
 
 def _draw_labels(img: Image.Image, result: FrameResult, size: int) -> None:
     spacing_known = result.frame.spacing_mm is not None
+    qualifier = result.frame.spacing_source.qualifier if spacing_known else ""
     draw = ImageDraw.Draw(img)
     shape = (img.height, img.width)
     lesion_rects = [(c0, r0, c1, r1) for r0, c0, r1, c1 in (les.bbox for les in result.lesions)]
     taken: list[Rect] = []
     for lesion in result.lesions:
-        text = label_text(lesion, spacing_known)
+        text = label_text(lesion, spacing_known, qualifier)
         s = size
         while True:  # shrink only when the text would not fit in the image at all
             font = _font(s)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -143,6 +144,9 @@ def test_label_text_in_mm_or_pixels_with_recheck_marker() -> None:
     assert label_text(les, False) == "12 px"
     rechecked = Lesion(**{**{f: getattr(les, f) for f in les.__slots__}, "rechecked": True})
     assert label_text(rechecked, True) == "12.3 mm*"
+    # a radiograph measured at its ImagerPixelSpacing says so, as the viewer's tools do
+    assert label_text(les, True, SpacingSource.IMAGER_PIXEL_SPACING.qualifier) == "12.3 mm at detector"
+    assert label_text(les, False, " at detector") == "12 px"
 
 
 def _label_ink(res: FrameResult) -> np.ndarray:
@@ -162,6 +166,10 @@ def test_labels_on_4096_frames_are_large_near_their_lesion_and_never_clipped() -
         return _label_ink(res), res
 
     free, free_res = ink_for((n / 2, n / 2))
+    # Measured at a radiograph's detector: the label says so ("… mm at detector": more ink).
+    detector = dataclasses.replace(free_res, frame=dataclasses.replace(
+        free_res.frame, spacing_source=SpacingSource.IMAGER_PIXEL_SPACING))
+    assert np.count_nonzero(_label_ink(detector)) > 1.5 * np.count_nonzero(free)
     corner, corner_res = ink_for((n - 41, n - 41))  # touches the bottom-right corner
     # Same text, so the same ink, also where no side of the corner lesion has room.
     assert np.count_nonzero(free) == np.count_nonzero(corner) > 0
