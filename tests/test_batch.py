@@ -86,6 +86,7 @@ def test_sample_findings_score_against_ground_truth(sample_run):
     ct_rows = [r for r in rows if r["modality"] == "CT"]
     assert any(int(r["slices"]) > 1 for r in ct_rows) and all(float(r["volume_mm3"]) > 0 for r in ct_rows)
     assert all(r["volume_mm3"] == "" and r["slices"] == "1" for r in rows if r["modality"] != "CT")
+    assert {r["modality"]: r["diameter_unit"] for r in rows} == {"CT": "mm", "DX": "mm at detector"}
     for row in rows:  # the longest diameter is that of the section named
         (largest,) = [les for r in records if r["sop_instance_uid"] == row["largest_sop_instance_uid"]
                       for les in r["lesions"] if les["id"] == int(row["largest_id"])]

@@ -42,7 +42,7 @@ RESULTS = "results.jsonl"
 LESIONS_CSV = "lesions.csv"
 LESION_COLUMNS = ["series_instance_uid", "modality", "lesion", "slices", "diameter_mm", "diameter_px", "volume_mm3",
                   "score", "largest_sop_instance_uid", "largest_frame_index", "largest_id", "first_sop_instance_uid",
-                  "last_sop_instance_uid", "tracking_uid"]
+                  "last_sop_instance_uid", "tracking_uid", "diameter_unit"]
 ERRORS = "errors.csv"
 MASKS = "masks.npz"
 REPORT_JSON = "report.json"
@@ -277,13 +277,15 @@ def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bo
         linked = folder / LESIONS_JSON  # absent only when linking failed (errors.csv says so)
         found = json.loads(linked.read_text(encoding="utf-8"))["lesions"] if linked.is_file() else []
         s.series_lesions += len(found)
-        rows.extend({"series_instance_uid": sp.uid, "modality": sp.series.modality, **_lesion_row(f)} for f in found)
+        unit = _diameter_unit(recs, found)
+        rows.extend({"series_instance_uid": sp.uid, "modality": sp.series.modality, **_lesion_row(f),
+                     "diameter_unit": unit} for f in found)
         s.findings.append({"series_instance_uid": sp.uid, "modality": sp.series.modality,
                            "frames": len(recs), "lesions": len(found),
                            "sections": sum(len(r["lesions"]) for r in recs),
                            "diameters_mm": sorted((round(f["diameter_mm"] if f["diameter_mm"] is not None
                                                          else f["diameter_px"], 1) for f in found), reverse=True),
-                           "diameter_unit": _diameter_unit(recs, found),
+                           "diameter_unit": unit,
                            "folder": str(folder.relative_to(out))})
     atomic_write(out / RESULTS, lambda fp: fp.write("".join(lines).encode()))
     table = io.StringIO()
