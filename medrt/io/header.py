@@ -90,8 +90,9 @@ def pixel_spacing(ds: Dataset) -> tuple[tuple[float, float] | None, SpacingSourc
     A radiograph's PixelSpacing that differs was calibrated, as its
     PixelSpacingCalibrationType says (GEOMETRY, or FIDUCIAL and the like: CALIBRATED)
     or does not (UNKNOWN_CALIBRATION, also for a radiograph's PixelSpacing alone;
-    Cornerstone/OHIF's rules). A radiograph with ImagerPixelSpacing alone is measured at the detector, or, when it
-    gives an Estimated Radiographic Magnification Factor above 1, at the patient plane:
+    Cornerstone/OHIF's rules). A radiograph with ImagerPixelSpacing alone is measured
+    at the detector, or, when it gives an Estimated Radiographic Magnification Factor
+    above 1, at the patient plane:
     ImagerPixelSpacing / ERMF (as IHE Mammography and Cornerstone/OHIF do; a chest PA's
     magnification is often 5-15 %, enough to move a nodule across a 6 or 8 mm threshold).
     """
