@@ -192,7 +192,15 @@ class SeriesLesionTable(QTableWidget):
         self.lesions: tuple[Any, ...] = ()
         self.cellClicked.connect(lambda row, _col: self.activate(row))
 
-    def show_series_lesions(self, lesions: Sequence[Any]) -> None:
+    def show_series_lesions(self, lesions: Sequence[Any], unit: str = "mm") -> None:
+        """Every lesion of the series once; ``unit`` (the series' length unit, :func:`medrt_gui.
+        measure.size_units`) heads the longest-diameter column as in the "This image" tab."""
+        header = _header("longest", unit)
+        item = self.horizontalHeaderItem(2)
+        if item is None or item.text() != header:
+            item = QTableWidgetItem(header)
+            item.setToolTip(header.replace("\n", " "))
+            self.setHorizontalHeaderItem(2, item)
         if tuple(lesions) == self.lesions:
             return
         self.lesions = tuple(lesions)

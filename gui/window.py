@@ -441,9 +441,10 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
         self.view.set_lesions(lesions, [row.number for row in rows])
         self.view.set_measurements([(shape, self._measure_text(shape, slot))
                                     for shape in self.measurements.get(slot.key, ())])
-        self.lesion_list.show_lesions(lesions, rows, size_units(slot.frame.spacing_mm, slot.frame.spacing_source))
+        units = size_units(slot.frame.spacing_mm, slot.frame.spacing_source)
+        self.lesion_list.show_lesions(lesions, rows, units)
         entry = self.current_series
-        self.series_lesions.show_series_lesions(entry.series_lesions()[0] if entry is not None else ())
+        self.series_lesions.show_series_lesions(entry.series_lesions()[0] if entry is not None else (), units[0])
         self.shown_key = slot.key
         self._update_hud()
         self.rendered.emit(slot.key)

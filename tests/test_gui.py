@@ -70,9 +70,10 @@ def expected_gray(pixels: np.ndarray, level: float, width: float) -> np.ndarray:
 
 
 def wait_shown(bot, w, index: int | None = None) -> None:  # type: ignore[no-untyped-def]
-    def ok() -> bool:
+    def ok() -> bool:  # drawn, and no render still queued (it would change the panels)
         slot = w.current_slot()
-        return slot is not None and w.shown_key == slot.key and (index is None or w.slot_i == index)
+        return (slot is not None and w.shown_key == slot.key and (index is None or w.slot_i == index)
+                and not w.render_pending)
 
     bot.waitUntil(ok, timeout=20_000)
 
@@ -387,16 +388,18 @@ def test_zoom_fit_pan_and_series_keys(bot, make_window) -> None:  # type: ignore
     # its own: on one it pushed the diameter out of sight).
     table = w.lesion_list
 
-    def columns() -> tuple[str, str, bool]:
+    def columns() -> tuple[str, str, bool, str]:
         return header(2).text(), header(3).text(), \
-            table.columnViewportPosition(2) + table.columnWidth(2) <= table.viewport().width()
+            table.columnViewportPosition(2) + table.columnWidth(2) <= table.viewport().width(), \
+            w.series_lesions.horizontalHeaderItem(2).text()
 
     seen = {w.current_series.modality: columns()}
     key_click(bot, w, Qt.Key.Key_PageUp)
     wait_shown(bot, w)
     assert w.current_series.uid == first_series and header(2).text() == first_header
     seen[w.current_series.modality] = columns()
-    assert seen == {"CT": ("diam. mm", "area mm²", True), "DX": ("diam. mm\nat detector", "area mm²\nat detector", True)}
+    assert seen == {"CT": ("diam. mm", "area mm²", True, "longest mm"),
+                    "DX": ("diam. mm\nat detector", "area mm²\nat detector", True, "longest mm\nat detector")}
 
 
 def test_cine_plays_and_stops(bot, make_window) -> None:  # type: ignore[no-untyped-def]
