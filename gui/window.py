@@ -41,7 +41,7 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QDockWidget, QFileDialog, QMainWindow, QMessageBox, QTabWidget
 
 from medrt.overlay import overlay_rgba
-from medrt.types import FrameResult
+from medrt.types import Frame, FrameResult
 
 __all__ = ["MainWindow"]
 
@@ -60,6 +60,34 @@ def _seg_text(slot: Slot) -> str:
         return "SEG (no segment here)" if slot.seg is not None else "SEG"
     names = [slot.seg.label_of(n) for n in slot.seg_present]
     return "SEG: " + (", ".join(names) if len(names) <= 3 else f"{len(names)} segments")
+
+
+def slice_place(frame: Frame) -> str:
+    """Where a slice lies and how thick it is, as viewers' overlays give them
+    (" · loc -188.7 mm · thick 5.0 mm"): SliceLocation, else the position along the slice
+    normal; SliceThickness, also from an enhanced object's Pixel Measures. "" for a
+    radiograph, which has neither."""
+    from medrt.analysis.slices import along_normal
+    from medrt.io.header import functional_item
+
+    ds = frame.source.dataset
+    parts = []
+    try:
+        loc = float(ds.SliceLocation) if ds.get("SliceLocation") not in (None, "") else along_normal(frame)
+    except (TypeError, ValueError):
+        loc = along_normal(frame)
+    if loc is not None:
+        parts.append(f"loc {loc:.1f} mm")
+    measures = functional_item(ds, "PixelMeasuresSequence", frame.frame_index)
+    for holder in (ds, measures):
+        try:
+            thick = float(holder.SliceThickness) if holder is not None and holder.get("SliceThickness") else None
+        except (TypeError, ValueError):
+            thick = None
+        if thick:
+            parts.append(f"thick {thick:.1f} mm")
+            break
+    return "".join(f" · {p}" for p in parts)
 
 
 class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
@@ -480,6 +508,8 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
         desc = entry.description
         desc = desc if len(desc) <= 44 else desc[:43] + "…"
         top = f"{desc}\nimage {self.slot_i + 1}/{len(entry.slots)}"
+        header = slot.frame or (slot.result.frame if slot.result is not None else None)
+        top += slice_place(header) if header is not None else ""
         if self.show_patient and entry.patient is not None:
             top = f"{entry.patient.hud_text()}\n{top}"
         # images received after this one (a looping replay sends its slots again, in place)

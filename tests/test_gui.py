@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pydicom
 import pytest
 
 from conftest import SAMPLE_DIR, pydicom_test_dir, require_module
@@ -181,6 +182,11 @@ def test_open_folder_scroll_keys_and_wheel(bot, make_window) -> None:  # type: i
     wheel(w, -1)
     wait_shown(bot, w, 2)
     assert "image 3/40" in w.hud.text("top_left")
+    # where the slice lies and how thick it is, as viewers' overlays say (head first: 0003)
+    ds = pydicom.dcmread(w.current_slot().path, stop_before_pixels=True)
+    assert w.current_slot().path.name == "ct_0003.dcm"
+    assert f"image 3/40 · loc {float(ds.SliceLocation):.1f} mm · thick {float(ds.SliceThickness):.1f} mm" \
+        in w.hud.text("top_left")
 
 
 def test_presets_render_the_width_and_level_they_name(bot, make_window) -> None:  # type: ignore[no-untyped-def]
