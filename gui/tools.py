@@ -176,8 +176,9 @@ class ViewToolsMixin:
         here = (self.series_i, self.slot_i)
         last = self._finding if self._finding is not None and self._finding[:2] == here else None
         cursor = last or (*here, -1 if step > 0 else 1 << 30)
-        ahead = [f for f in found if (f[:3] > cursor if step > 0 else f[:3] < cursor)]
-        si, image, number, lesion = (ahead[0] if step > 0 else ahead[-1]) if ahead else found[0 if step > 0 else -1]
+        ahead = [i for i, f in enumerate(found) if (f[:3] > cursor if step > 0 else f[:3] < cursor)]
+        at = (ahead[0] if step > 0 else ahead[-1]) if ahead else (0 if step > 0 else len(found) - 1)
+        si, image, number, lesion = found[at]
         if si != self.series_i:
             self.show_series(si)
         self.show_image(image)
@@ -187,8 +188,7 @@ class ViewToolsMixin:
         frame = slot.result.frame if slot.result is not None else slot.frame
         unit = size_units(frame.spacing_mm, frame.spacing_source)[0] if frame is not None else "mm"
         unit = unit if lesion.in_mm else "px"
-        at = found.index((si, image, number, lesion)) + 1
-        self.status(f"finding {at} of {len(found)}: lesion {number}, {lesion.diameter_mm:.1f} {unit}"
+        self.status(f"finding {at + 1} of {len(found)}: lesion {number}, {lesion.diameter_mm:.1f} {unit}"
                     + (f", on {lesion.slices} slices" if lesion.slices > 1 else ""), 0)
         return lesion
 
