@@ -64,7 +64,7 @@ def _seg_text(slot: Slot) -> str:
 
 def slice_place(frame: Frame) -> str:
     """Where a slice lies and how thick it is, as viewers' overlays give them
-    (" · loc -188.7 mm · thick 5.0 mm"): SliceLocation, else the position along the slice
+    ("loc -188.7 mm · thick 5.0 mm"): SliceLocation, else the position along the slice
     normal; SliceThickness, also from an enhanced object's Pixel Measures. "" for a
     radiograph, which has neither."""
     from medrt.analysis.slices import along_normal
@@ -87,7 +87,7 @@ def slice_place(frame: Frame) -> str:
         if thick:
             parts.append(f"thick {thick:.1f} mm")
             break
-    return "".join(f" · {p}" for p in parts)
+    return " · ".join(parts)
 
 
 class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
@@ -508,14 +508,16 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
         desc = entry.description
         desc = desc if len(desc) <= 44 else desc[:43] + "…"
         top = f"{desc}\nimage {self.slot_i + 1}/{len(entry.slots)}"
-        header = slot.frame or (slot.result.frame if slot.result is not None else None)
-        top += slice_place(header) if header is not None else ""
         if self.show_patient and entry.patient is not None:
             top = f"{entry.patient.hud_text()}\n{top}"
         # images received after this one (a looping replay sends its slots again, in place)
         behind = self.study.arrivals - slot.arrival if slot.arrival else 0
         if behind > 0 and self.following_results():
             top += f" · AI result, {behind} behind the newest"
+        header = slot.frame or (slot.result.frame if slot.result is not None else None)
+        place = slice_place(header) if header is not None else ""
+        if place:  # a line of its own, clear of the live figures in the top right corner
+            top += f"\n{place}"
         if slot.error:
             top += f"\ncannot show: {slot.error}"
         elif slot.frame is None:

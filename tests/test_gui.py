@@ -185,7 +185,7 @@ def test_open_folder_scroll_keys_and_wheel(bot, make_window) -> None:  # type: i
     # where the slice lies and how thick it is, as viewers' overlays say (head first: 0003)
     ds = pydicom.dcmread(w.current_slot().path, stop_before_pixels=True)
     assert w.current_slot().path.name == "ct_0003.dcm"
-    assert f"image 3/40 · loc {float(ds.SliceLocation):.1f} mm · thick {float(ds.SliceThickness):.1f} mm" \
+    assert f"image 3/40\nloc {float(ds.SliceLocation):.1f} mm · thick {float(ds.SliceThickness):.1f} mm" \
         in w.hud.text("top_left")
 
 
