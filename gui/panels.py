@@ -118,6 +118,15 @@ def _read_only_rows(table: QTableWidget, columns: Sequence[str]) -> None:
     table.setFocusPolicy(Qt.FocusPolicy.ClickFocus)
 
 
+def _set_header(table: QTableWidget, col: int, text: str) -> None:
+    """Head column ``col`` with ``text`` (its lines joined in the tooltip), unless it is already."""
+    item = table.horizontalHeaderItem(col)
+    if item is None or item.text() != text:
+        item = QTableWidgetItem(text)
+        item.setToolTip(text.replace("\n", " "))
+        table.setHorizontalHeaderItem(col, item)
+
+
 def _header(name: str, unit: str) -> str:
     """A size column's header: ``name`` and the unit, then what qualifies the unit on a line
     of its own ("diam. mm" / "at detector")."""
@@ -150,11 +159,7 @@ class LesionList(QTableWidget):
         headers = list(LESION_COLUMNS)
         headers[2], headers[3] = _header("diam.", units[0]), _header("area", units[1])
         for col, text in enumerate(headers):
-            item = self.horizontalHeaderItem(col)
-            if item is None or item.text() != text:
-                item = QTableWidgetItem(text)
-                item.setToolTip(text.replace("\n", " "))
-                self.setHorizontalHeaderItem(col, item)
+            _set_header(self, col, text)
         rows = tuple(rows) if rows is not None else tuple(LesionRow(i + 1, 1, 1, None) for i in range(len(lesions)))
         if (lesions, rows) == (self.lesions, self.rows):
             return
@@ -195,12 +200,7 @@ class SeriesLesionTable(QTableWidget):
     def show_series_lesions(self, lesions: Sequence[Any], unit: str = "mm") -> None:
         """Every lesion of the series once; ``unit`` (the series' length unit, :func:`medrt_gui.
         measure.size_units`) heads the longest-diameter column as in the "This image" tab."""
-        header = _header("longest", unit)
-        item = self.horizontalHeaderItem(2)
-        if item is None or item.text() != header:
-            item = QTableWidgetItem(header)
-            item.setToolTip(header.replace("\n", " "))
-            self.setHorizontalHeaderItem(2, item)
+        _set_header(self, 2, _header("longest", unit))
         if tuple(lesions) == self.lesions:
             return
         self.lesions = tuple(lesions)

@@ -25,6 +25,7 @@ from medrt_gui.patient import PatientInfo, patients_text
 
 from medrt.errors import InputError
 from medrt.io.dicom import read_dataset
+from medrt.io.header import finite_float
 from medrt.io.scan import iter_files
 from medrt.io.seg import SEG_SOP_CLASSES, SegMasks
 from medrt.io.series import ORIENTATION_ATOL, group_series
@@ -88,6 +89,12 @@ class Slot:
     # live: (position along the slice normal, InstanceNumber, first arrival) that place it
     place: tuple[float | None, int | None, int] = (None, None, 0)
     _packed: tuple[bytes, tuple[int, ...], np.dtype] | None = field(default=None, repr=False)
+
+    @property
+    def header(self) -> Frame | None:
+        """The frame whose header describes this image: the decoded one, else the one its
+        result kept (an image released from the cache)."""
+        return self.frame or (self.result.frame if self.result is not None else None)
 
     def set_frame(self, frame: Frame, index: DisplayIndex | None) -> None:
         self.frame, self.error = frame, None
@@ -253,7 +260,7 @@ class SeriesEntry:
 
     @property
     def description(self) -> str:
-        frames = (s.frame or (s.result.frame if s.result is not None else None) for s in self.slots)
+        frames = (s.header for s in self.slots)
         ds = next((f.source.dataset for f in frames if f is not None), None)
         text = str(ds.get("SeriesDescription", "") or "") if ds is not None else ""
         n = len(self.slots)
@@ -430,11 +437,8 @@ class Study:
 
 def _instance_number(frame: Frame) -> int | None:
     """The frame's InstanceNumber, or None where the header lacks it or it is not a number."""
-    try:
-        value = frame.source.dataset.get("InstanceNumber")
-        return int(value) if value not in (None, "") else None
-    except (TypeError, ValueError):
-        return None
+    number = finite_float(frame.source.dataset.get("InstanceNumber"))
+    return int(number) if number is not None else None
 
 
 def _name(source: object) -> str:

@@ -185,7 +185,7 @@ class ViewToolsMixin:
         self.focus_lesion(lesion.largest.lesion)
         self._finding = (si, image, number)
         slot = self.study.series[si].slots[image]
-        frame = slot.result.frame if slot.result is not None else slot.frame
+        frame = slot.header
         unit = size_units(frame.spacing_mm, frame.spacing_source)[0] if frame is not None else "mm"
         unit = unit if lesion.in_mm else "px"
         self.status(f"finding {at + 1} of {len(found)}: lesion {number}, {lesion.diameter_mm:.1f} {unit}"

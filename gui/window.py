@@ -68,25 +68,19 @@ def slice_place(frame: Frame) -> str:
     normal; SliceThickness, also from an enhanced object's Pixel Measures. "" for a
     radiograph, which has neither."""
     from medrt.analysis.slices import along_normal
-    from medrt.io.header import functional_item
+    from medrt.io.header import finite_float, functional_item
 
     ds = frame.source.dataset
     parts = []
-    try:
-        loc = float(ds.SliceLocation) if ds.get("SliceLocation") not in (None, "") else along_normal(frame)
-    except (TypeError, ValueError):
-        loc = along_normal(frame)
+    loc = finite_float(ds.get("SliceLocation"))
+    loc = along_normal(frame) if loc is None else loc
     if loc is not None:
         parts.append(f"loc {loc:.1f} mm")
     measures = functional_item(ds, "PixelMeasuresSequence", frame.frame_index)
-    for holder in (ds, measures):
-        try:
-            thick = float(holder.SliceThickness) if holder is not None and holder.get("SliceThickness") else None
-        except (TypeError, ValueError):
-            thick = None
-        if thick:
-            parts.append(f"thick {thick:.1f} mm")
-            break
+    thick = finite_float(ds.get("SliceThickness")) or (
+        finite_float(measures.get("SliceThickness")) if measures is not None else None)
+    if thick:
+        parts.append(f"thick {thick:.1f} mm")
     return " · ".join(parts)
 
 
@@ -514,8 +508,7 @@ class MainWindow(QMainWindow, StreamsMixin, ViewToolsMixin):
         behind = self.study.arrivals - slot.arrival if slot.arrival else 0
         if behind > 0 and self.following_results():
             top += f" · AI result, {behind} behind the newest"
-        header = slot.frame or (slot.result.frame if slot.result is not None else None)
-        place = slice_place(header) if header is not None else ""
+        place = slice_place(slot.header) if slot.header is not None else ""
         if place:  # a line of its own, clear of the live figures in the top right corner
             top += f"\n{place}"
         if slot.error:

@@ -25,6 +25,7 @@ __all__ = [
     "percentile_window",
     "image_type_of",
     "view_of",
+    "finite_float",
 ]
 
 _PERCENTILE_MAX_SAMPLES = 1 << 20
@@ -107,7 +108,7 @@ def pixel_spacing(ds: Dataset) -> tuple[tuple[float, float] | None, SpacingSourc
                 return pair, calibration(ds)
             return pair, SpacingSource.PIXEL_SPACING
     if imager is not None:
-        ermf = _float(ds.get("EstimatedRadiographicMagnificationFactor"))
+        ermf = finite_float(ds.get("EstimatedRadiographicMagnificationFactor"))
         if ermf is not None and 1.0 < ermf < 10.0:
             return (imager[0] / ermf, imager[1] / ermf), SpacingSource.ERMF
         return imager, SpacingSource.IMAGER_PIXEL_SPACING
@@ -135,7 +136,7 @@ def calibration(ds: Dataset) -> SpacingSource:
     return SpacingSource.UNKNOWN_CALIBRATION
 
 
-def _float(value: Any) -> float | None:
+def finite_float(value: Any) -> float | None:
     """A finite number from a DS/FD value (the first of several), else None."""
     if value is not None and not isinstance(value, (str, bytes)) and hasattr(value, "__getitem__"):
         value = value[0] if len(value) else None  # a multi-valued element: its first value
