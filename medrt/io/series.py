@@ -28,7 +28,7 @@ from pydicom.uid import UID
 
 from medrt.errors import CorruptDicomError, InputError, UnsupportedImageError, describe_source
 from medrt.io.dicom import is_image_sop_class, number_of_frames, read_dataset, read_frames
-from medrt.io.header import frame_geometries, image_type_of, view_of
+from medrt.io.header import finite_float, frame_geometries, image_type_of, view_of
 from medrt.io.scan import iter_files
 from medrt.types import Frame, Geometry
 
@@ -268,16 +268,8 @@ def _read_header(
     return (study, series), item
 
 
-def _float_or_none(value: object) -> float | None:
-    try:
-        number = float(str(value)) if value not in (None, "") else None
-    except (TypeError, ValueError):
-        return None
-    return number if number is not None and np.isfinite(number) else None
-
-
 def _int_or_none(value: object) -> int | None:
-    number = _float_or_none(value)
+    number = finite_float(value)
     return int(number) if number is not None else None
 
 
@@ -447,7 +439,7 @@ def _slice_spacing(uid: str, positions: np.ndarray, first: Frame) -> float:
     """The slice step in mm: the median step, refused when the steps are not uniform."""
     if len(positions) == 1:  # one slice: its nominal thickness, else 1 mm
         header = first.source.dataset
-        values = (_float_or_none(header.get(k)) for k in ("SpacingBetweenSlices", "SliceThickness"))
+        values = (finite_float(header.get(k)) for k in ("SpacingBetweenSlices", "SliceThickness"))
         return next((v for v in values if v is not None and v > 0), 1.0)
     steps = np.diff(positions)
     if float(steps.min()) <= POSITION_ATOL_MM:
