@@ -43,6 +43,7 @@ from medrt.engine.routing import (
     routing_modality,
 )
 from medrt.errors import NoModelForImageError
+from medrt.io.header import PROJECTION_MODALITIES
 from medrt.preprocess import Windowed, normalize
 from medrt.types import Frame, FrameResult, RoiProposal, StageTimings
 
@@ -267,17 +268,24 @@ class Analyzer:
         log.info("warm-up took %.0f ms", (time.perf_counter() - t0) * 1000)
 
     def _warmup_sweep(self, seg: Backend) -> None:
-        """Where a new input shape is costly (a GPU: ``Backend.few_shapes``), the fine
-        sweep's shapes too: its whole-frame window and its flipped views (batched, in
-        their bucket sizes), each of which would cost the first radiograph cudnn's
-        algorithm search and a graph capture. Not on the CPU, where a new shape costs
-        little and a 2048² warm-up call ~0.3 s per model."""
+        """The fine sweep's whole-frame window, for a model that may sweep whole
+        radiographs (its spec takes projection images, or names no modality): its
+        largest input. On the CPU its first run costs ORT's arena growing to it, pages
+        touched for the first time: 1.1 s against 0.45 s steady for ``lesion_unet_dx``
+        at 2048² on an AVX-512 EPYC, which made the first radiograph 2.5x the steady
+        state's time (smaller inputs afterwards reuse the arena). Where any new input
+        shape is costly (a GPU: ``Backend.few_shapes``), the flipped views too (batched,
+        in their bucket sizes), each of which would cost the first radiograph cudnn's
+        algorithm search and a graph capture; on the CPU a small new shape costs little."""
         cfg, spacing = self.sweep_config, getattr(seg.spec, "spacing_mm", None)
-        if cfg is None or spacing is None or not self.config.recheck or not seg.few_shapes:
+        if cfg is None or spacing is None or not self.config.recheck or seg.spec.slices != 1:
             return
-        sides = cfg.view_sides(spacing, max(1, seg.spec.multiple_of))
-        seg.warmup([(cfg.window, cfg.window)], repeats=1)
-        seg.warmup([(h, w) for h in sides for w in sides], repeats=1, batch=len(cfg.flips))
+        modalities = set(seg.spec.modalities)
+        if seg.few_shapes or (self.config.mode != "roi" and (not modalities or modalities & PROJECTION_MODALITIES)):
+            seg.warmup([(cfg.window, cfg.window)], repeats=1)
+        if seg.few_shapes:
+            sides = cfg.view_sides(spacing, max(1, seg.spec.multiple_of))
+            seg.warmup([(h, w) for h in sides for w in sides], repeats=1, batch=len(cfg.flips))
 
     # -- stages -------------------------------------------------------------
 

@@ -574,15 +574,31 @@ def test_lesions_under_the_minimum_diameter_are_not_reported(analyzer, ct_frames
     assert dropped > 0, "nothing under 1.5 mm to drop: the test tests nothing"
 
 
-def test_a_gpu_backend_is_warmed_up_on_the_fine_sweeps_shapes(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """Where a new input shape is costly (``Backend.few_shapes``: a GPU), warm-up runs the
-    fine sweep's whole-frame window and its batched views in every bucket size, so the
-    first radiograph meets no new shape; on the CPU it runs only the configured shapes."""
+def test_warm_up_runs_the_fine_sweeps_shapes(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Warm-up runs the fine sweep's whole-frame window (its largest input: on the CPU the
+    first run of it grows ORT's arena, which made the first radiograph 2.5x the steady
+    state) for a model that may sweep whole radiographs, and where a new input shape is
+    costly (``Backend.few_shapes``: a GPU) its batched views in every bucket size too, so
+    the first radiograph meets no new shape. A CT-only model, a 2.5-D one and the ROI
+    path (which sweeps crops, not the whole frame) get only the configured shapes on the
+    CPU."""
     an = load_analyzer(AnalyzerConfig(seg_model="lesion_unet", warmup_shapes=((64, 64),)))
     seg, calls = an.segs[0], []
     monkeypatch.setattr(seg, "warmup", lambda shapes, repeats=2, batch=1: calls.append((shapes, batch)))
     an.warmup()
-    assert calls == [([(64, 64)], 1)]
+    assert calls == [([(64, 64)], 1), ([(2048, 2048)], 1)]
+    for config, model in ((replace(an.config, mode="roi"), seg.spec),
+                          (replace(an.config, recheck=False), seg.spec),
+                          (an.config, replace(seg.spec, modalities=("CT",))),
+                          (an.config, replace(seg.spec, modalities=("CT", "DX")))):
+        calls.clear()
+        monkeypatch.setattr(an, "config", config)
+        monkeypatch.setattr(seg, "spec", model)
+        an.warmup()
+        swept = (not model.modalities or "DX" in model.modalities) and config.mode != "roi" and config.recheck
+        assert calls == [([(64, 64)], 1)] + ([([(2048, 2048)], 1)] if swept else []), (config, model.modalities)
+    monkeypatch.undo()
+    monkeypatch.setattr(seg, "warmup", lambda shapes, repeats=2, batch=1: calls.append((shapes, batch)))
     calls.clear()
     monkeypatch.setattr(seg, "few_shapes", True, raising=False)
     an.warmup()
