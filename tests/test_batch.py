@@ -24,6 +24,7 @@ from medrt.batch import EXIT_ERRORS, EXIT_FAILED, EXIT_OK, BatchConfig, run_batc
 from medrt.cli import main
 
 CT = SAMPLE_DIR / "ct_stream"
+RADIOGRAPHS = SAMPLE_DIR / "radiographs"
 
 
 @pytest.fixture(scope="module")
@@ -286,6 +287,39 @@ def test_bad_files_are_listed_and_the_run_completes(tmp_path, analyzer, capsys):
     assert "for CR, CT, DX only" in rows["mr.dcm"]["reason"]
     assert len(_lines(out / "results.jsonl")) == 3  # the three good slices
     assert "errors.csv" in capsys.readouterr().out
+
+
+def test_a_series_none_of_whose_images_could_be_read_is_not_shown_as_negative(tmp_path, analyzer, capsys):
+    """A series whose every image failed to decode was not analysed: the findings table,
+    report.md and report.json say so, never "0 lesions" as for a series found clean; a
+    series with some images not analysed says how many beside its findings."""
+    src = _small_input(tmp_path, n=3)
+    lost = src / "lost"
+    lost.mkdir()
+    for p in sorted(RADIOGRAPHS.glob("*.dcm")):  # each radiograph is a series of its own
+        (lost / p.name).write_bytes(p.read_bytes()[:6000])  # headers whole, pixels cut off
+    other = sorted(CT.glob("*.dcm"))[0]  # a slice of the CT series not in the input
+    (src / "ct" / "truncated.dcm").write_bytes(other.read_bytes()[:4000])
+    out = tmp_path / "out"
+    rc = main(["batch", str(src), "--out", str(out), "--workers", "1"])
+    assert rc == EXIT_ERRORS
+    report = json.loads((out / "report.json").read_text())
+    by_modality = {}
+    for f in report["series"]:
+        by_modality.setdefault(f["modality"], []).append(f)
+    (ct,) = by_modality["CT"]
+    assert (ct["frames"], ct["failed"], ct["not_written"]) == (3, 1, []) and ct["lesions"] > 0
+    dx = by_modality["DX"]
+    assert len(dx) == 3 and all((f["frames"], f["failed"], f["lesions"]) == (0, 1, 0) for f in dx)
+    table = capsys.readouterr().out
+    rows = {line.split()[0]: line for line in table.splitlines() if line[:1].isdigit()}
+    for f in dx:
+        row = rows[f["series_instance_uid"][:58]]
+        assert row.split()[2:4] == ["0", "-"] and "not analysed: 1 image(s) failed (errors.csv)" in row, row
+    assert "1 image(s) not analysed (errors.csv)" in rows[ct["series_instance_uid"][:58]]
+    md = (out / "report.md").read_text()
+    assert md.count("| 0 | - | - | - | not analysed: 1 image(s) failed (errors.csv) |") == 3
+    assert f"| {ct['lesions']} | {ct['sections']} |" in md and "| 1 image(s) not analysed (errors.csv) |" in md
 
 
 def test_a_for_processing_radiograph_is_passed_over_with_the_reason(tmp_path):

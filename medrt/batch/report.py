@@ -12,7 +12,7 @@ from medrt import __version__
 from medrt.engine.hardware import cpu_name, int8_kernels
 from medrt.export.write import atomic_write
 
-__all__ = ["write_report", "SIZE_BUCKETS"]
+__all__ = ["write_report", "series_lesions", "series_problems", "SIZE_BUCKETS"]
 
 SIZE_BUCKETS = ((0.0, 2.0, "<2 mm"), (2.0, 5.0, "2-5 mm"), (5.0, 10.0, "5-10 mm"), (10.0, 30.0, "10-30 mm"),
                 (30.0, float("inf"), ">=30 mm"))
@@ -32,6 +32,23 @@ def _buckets(findings: list[dict[str, Any]]) -> dict[str, int]:
                     counts[name] += 1
                     break
     return counts
+
+
+def series_lesions(f: dict[str, Any], key: str = "lesions") -> str:
+    """A series' lesion (or section) count for a table: "-" when none of its images was
+    analysed (it is not a negative series)."""
+    return "-" if not f["frames"] and f.get("failed") else str(f[key])
+
+
+def series_problems(f: dict[str, Any]) -> str:
+    """What a table row must say beside a series' findings: images that could not be
+    analysed and outputs that could not be written (errors.csv has each reason)."""
+    parts = []
+    if f.get("failed"):
+        n = f["failed"]
+        parts.append(f"not analysed: {n} image(s) failed" if not f["frames"] else f"{n} image(s) not analysed")
+    parts += [f"{what.upper() if what in ('seg', 'sr', 'sc') else what} not written" for what in f.get("not_written", ())]
+    return "; ".join(parts) + " (errors.csv)" if parts else ""
 
 
 def write_report(s: Any, plan: Any, settings: dict[str, Any], analyzer: Any, telemetry: Any,
@@ -114,14 +131,14 @@ def _markdown(r: dict[str, Any]) -> str:
         "",
         "## Series",
         "",
-        "| series | modality | frames | lesions | sections | largest |",
-        "|---|---|---|---|---|---|",
+        "| series | modality | frames | lesions | sections | largest | problems |",
+        "|---|---|---|---|---|---|---|",
     ]
     for f in r["series"]:
         largest = ", ".join(str(d) for d in f["diameters_mm"][:5])
         largest = f"{largest} {f.get('diameter_unit', 'mm')}" if largest else "-"
-        lines.append(f"| `{f['series_instance_uid']}` | {f['modality']} | {f['frames']} | {f['lesions']} | "
-                     f"{f['sections']} | {largest} |")
+        lines.append(f"| `{f['series_instance_uid']}` | {f['modality']} | {f['frames']} | {series_lesions(f)} | "
+                     f"{series_lesions(f, 'sections')} | {largest} | {series_problems(f) or '-'} |")
     if r["timings_ms"]:
         lines += ["", "## Timings (this run, ms per frame, after warm-up)", "",
                   "| step | n | p50 | p95 | p99 |", "|---|---|---|---|---|"]

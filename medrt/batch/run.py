@@ -270,7 +270,8 @@ def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bo
         s.frames += len(recs)
         s.frames_with_lesions += sum(1 for r in recs if r["lesions"])
         s.lesions += sum(len(r["lesions"]) for r in recs)
-        notes.extend(Note(**n) for n in manifest.get("notes", []))
+        own = [Note(**n) for n in manifest.get("notes", [])]
+        notes.extend(own)
         if (folder / MASKS).is_file():
             with np.load(folder / MASKS) as npz:
                 masks.update({k: npz[k] for k in npz.files})
@@ -286,6 +287,11 @@ def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bo
                            "diameters_mm": sorted((round(f["diameter_mm"] if f["diameter_mm"] is not None
                                                          else f["diameter_px"], 1) for f in found), reverse=True),
                            "diameter_unit": unit,
+                           # what was not analysed or not written, so that a series none of
+                           # whose images could be read never reads as one with no lesions
+                           "failed": sum(1 for n in own if n.kind == "error" and not n.stage.startswith("export-")),
+                           "not_written": sorted({n.stage.removeprefix("export-") for n in own
+                                                  if n.kind == "error" and n.stage.startswith("export-")}),
                            "folder": str(folder.relative_to(out))})
     atomic_write(out / RESULTS, lambda fp: fp.write("".join(lines).encode()))
     table = io.StringIO()

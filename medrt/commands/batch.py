@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from medrt.batch.report import series_lesions, series_problems
 from medrt.commands.options import (
     add_engine_options,
     add_pipeline_options,
@@ -52,8 +53,9 @@ def _table(summary: Any) -> str:
     for f in summary.findings:
         sizes = ", ".join(f"{d:.1f}" for d in f["diameters_mm"][:6]) + (" …" if len(f["diameters_mm"]) > 6 else "")
         sizes = f"{sizes} {f.get('diameter_unit', 'mm')}" if f["diameters_mm"] else ""
-        lines.append(f"{f['series_instance_uid'][:58]:<58} {f['modality']:<4} {f['frames']:>6} {f['lesions']:>7}  "
-                     f"{sizes or '-'}")
+        said = " · ".join(x for x in (sizes, series_problems(f)) if x)
+        lines.append(f"{f['series_instance_uid'][:58]:<58} {f['modality']:<4} {f['frames']:>6} {series_lesions(f):>7}  "
+                     f"{said or '-'}")
     return "\n".join(lines)
 
 
