@@ -118,5 +118,20 @@ def describe_exception(exc: BaseException) -> str:
     object``). medrt's own errors carry no header values and are kept whole."""
     from medrt.errors import MedrtError
 
-    text = str(exc) if isinstance(exc, MedrtError) else redact(str(exc))
+    if isinstance(exc, MedrtError) or _names_a_missing_keyword(str(exc)):
+        text = str(exc)
+    else:
+        text = redact(str(exc))
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+_NO_ATTRIBUTE = re.compile(r"'[A-Za-z_]\w*' object has no attribute '([A-Za-z_]\w*)'")
+
+
+def _names_a_missing_keyword(text: str) -> bool:
+    """Whether ``text`` is Python's "'Dataset' object has no attribute 'PixelSpacing'" for
+    a DICOM keyword: a class name and a keyword, no header value, and the whole reason."""
+    from pydicom.datadict import tag_for_keyword
+
+    m = _NO_ATTRIBUTE.fullmatch(text)
+    return m is not None and tag_for_keyword(m.group(1)) is not None

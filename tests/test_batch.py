@@ -215,7 +215,12 @@ def test_a_series_without_pixel_spacing_is_measured_in_pixels_and_not_bucketed_a
     assert f"| {largest} px |" in (out / "report.md").read_text()
     from medrt.commands.batch import _table
 
-    assert _table(summary).splitlines()[1].endswith(" px")  # the printed findings table too
+    # the printed findings table too, saying that no SEG could be made: a CT with a Frame of
+    # Reference and no PixelSpacing cannot carry one, and errors.csv says why, naming the file
+    assert _table(summary).splitlines()[1].endswith(" px · SEG not written (errors.csv)")
+    (row,) = list(csv.DictReader((out / "errors.csv").open()))
+    assert (row["kind"], row["stage"]) == ("error", "export-seg") and row["file"].endswith(".dcm")
+    assert "has a Frame of Reference UID but no PixelSpacing" in row["reason"] and src.name in row["reason"]
 
 
 def test_interrupted_run_then_rerun_equals_one_clean_run(tmp_path, analyzer):

@@ -104,6 +104,13 @@ def test_exceptions_described_for_reports() -> None:
         "ValueError: Unable to convert '…' to '…' object")
     own = CorruptDicomError("a.dcm", "no 'DICM' prefix")  # medrt's own messages stay whole
     assert "'DICM'" in describe_exception(own)
+    # a missing attribute is named (a class and a keyword, no value), anything else quoted is not
+    assert describe_exception(AttributeError("'Dataset' object has no attribute 'PixelSpacing'")) == (
+        "AttributeError: 'Dataset' object has no attribute 'PixelSpacing'")
+    assert describe_exception(AttributeError(f"'Dataset' object has no attribute '{NAME}'")) == (
+        "AttributeError: '…' object has no attribute '…'")  # not a DICOM keyword
+    assert describe_exception(AttributeError("'Dataset' object has no attribute 'X' (was 'DOE^JOHN')")) == (
+        "AttributeError: '…' object has no attribute '…' (was '…')")
 
 
 def test_batch_never_prints_or_reports_patient_data_and_survives_bad_header_dates(tmp_path: Path) -> None:

@@ -119,6 +119,27 @@ def _check_planes(results: list[FrameResult]) -> None:
         seen[key] = r.frame.key
 
 
+#: What highdicom copies from a single-frame source with a Frame of Reference into the
+#: SEG's Pixel Measures and Plane Position/Orientation (``Image._prepare_spatial_metadata``,
+#: read as attributes: a missing one was an AttributeError naming no file).
+_PLANE_ATTRIBUTES = ("PixelSpacing", "SliceThickness", "ImagePositionPatient", "ImageOrientationPatient")
+
+
+def _check_plane_attributes(results: list[FrameResult], headers: list[Dataset]) -> None:
+    """A single-frame source in patient coordinates (it has a Frame of Reference UID) must
+    carry the attributes the SEG copies from it; say which are missing, and where."""
+    for r, ds in zip(results, headers, strict=True):
+        if "FrameOfReferenceUID" not in ds or "ImageOrientationSlide" in ds:
+            continue
+        missing = [k for k in _PLANE_ATTRIBUTES if k not in ds]
+        if missing:
+            raise ExportError(
+                f'Argument "results": {r.frame.source.path or r.frame.key} has a Frame of Reference UID but no '
+                f"{', '.join(missing)}, which a SEG copies from its source images into its Pixel Measures "
+                "and plane positions; no SEG can be built for this series (its SR and overlays can)."
+            )
+
+
 def _layout(results: list[FrameResult]) -> tuple[list[Dataset], list[FrameResult]]:
     """The source headers and the results in highdicom's frame order.
 
@@ -129,7 +150,9 @@ def _layout(results: list[FrameResult]) -> tuple[list[Dataset], list[FrameResult
     multi = [uid for uid, src in objects.items() if src.number_of_frames > 1]
     if not multi:
         _check_planes(results)
-        return [readable_header(r.frame.source.dataset) for r in results], results
+        headers = [readable_header(r.frame.source.dataset) for r in results]
+        _check_plane_attributes(results, headers)
+        return headers, results
     if len(objects) > 1:
         raise ExportError(
             f'Argument "results" spans {len(objects)} objects, {len(multi)} of them multi-frame: '
