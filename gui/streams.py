@@ -40,7 +40,7 @@ class StreamsMixin:
         self._set_study(study)
         for problem in study.problems:
             if not problem.skipped:
-                self.failures.append(str(problem))
+                self._note_failure(problem)
         bad = [p for p in study.problems if not p.skipped]
         if not study.series:
             self.status(f"{path}: no DICOM image found" + (f"; {bad[0]}" if bad else ""))
@@ -191,9 +191,18 @@ class StreamsMixin:
             if len(self.study.problems) > known:  # a note once, not on every replay loop
                 self.status(f"skipped {problem}", 5000)
             return
-        self.failures.append(str(problem))
+        if self._note_failure(problem):
+            log.warning("viewer: %s", problem)
         self.status(str(problem), 30_000)
-        log.warning("viewer: %s", problem)
+
+    def _note_failure(self: Any, problem: Any) -> bool:
+        """Keep a file's first problem in ``failures``, once: the same file fails both when
+        the AI reads it and when it is decoded for display (the status bar counted it
+        twice). Returns whether the file is new there."""
+        if any(f.startswith(f"{problem.name}: ") for f in self.failures):
+            return False
+        self.failures.append(str(problem))
+        return True
 
     def finished_message(self: Any) -> str:
         """What an opened folder's analysis found: lesions each counted once (a CT lesion's
@@ -203,7 +212,7 @@ class StreamsMixin:
         sections = sum(len(s.result.lesions) for s in frames)
         lesions = sum(len(e.series_lesions()[0]) for e in self.study.series)
         positive = sum(1 for s in frames if s.result.lesions)
-        bad = len(self.failures)
+        bad = len(self.failures)  # files, each once
         found = f"{lesions} lesion(s)" + (f" ({sections} sections on CT slices)" if sections != lesions else "")
         return (f"analysis finished: {found} in {positive} of {len(frames)} image(s)"
                 + (f"; {bad} file(s) could not be read, first {self.failures[0]}" if bad else ""))
@@ -230,7 +239,7 @@ class StreamsMixin:
                 slot.error = d.reason
                 slot.version += 1
             problem = self.study.add_problem(str(d.path), d.reason)
-            self.failures.append(str(problem))
+            self._note_failure(problem)
             self.status(str(problem), 30_000)
         for frame, index in d.frames:
             found = self.study.find(frame.key)

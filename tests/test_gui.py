@@ -809,6 +809,9 @@ def test_bad_files_are_named_and_the_rest_still_shows(bot, make_window, tmp_path
     bot.waitUntil(lambda: w.shown_key is None and not w.render_pending)
     assert w.view.image.pixmap().isNull(), "no stale image under the unreadable one's label"
     assert w.isVisible()
+    # Each unreadable file counted once, though cut_pixels.dcm failed both in the AI and on screen.
+    assert sorted(f.split(": ")[0].split("/")[-1] for f in w.failures) == ["cut_header.dcm", "cut_pixels.dcm"]
+    assert "; 2 file(s) could not be read, first" in w.finished_message()
 
 
 def test_an_analysed_series_holds_each_image_once(bot, make_window) -> None:  # type: ignore[no-untyped-def]
