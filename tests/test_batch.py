@@ -327,6 +327,28 @@ def test_a_series_none_of_whose_images_could_be_read_is_not_shown_as_negative(tm
     assert f"| {ct['lesions']} | {ct['sections']} |" in md and "| 1 image(s) not analysed (errors.csv) |" in md
 
 
+def test_a_copied_image_and_a_second_image_at_one_position_are_told_apart(tmp_path, analyzer):
+    """Two files of one instance (a copy) and two instances at one slice position (a
+    re-acquisition) are both passed over once, each with its own reason and the file kept."""
+    src = _small_input(tmp_path, n=3)
+    first, second = sorted((src / "ct").glob("*.dcm"))[:2]
+    shutil.copy(first, src / "ct" / "zz_copy.dcm")  # met later, so the copy is the one kept
+    ds = pydicom.dcmread(second)
+    ds.SOPInstanceUID = pydicom.uid.generate_uid(entropy_srcs=["medrt-test", ds.SOPInstanceUID])
+    ds.file_meta.MediaStorageSOPInstanceUID = ds.SOPInstanceUID
+    ds.AcquisitionNumber = int(ds.get("AcquisitionNumber") or 0) + 1
+    ds.save_as(src / "ct" / "reacquired.dcm")
+    out = tmp_path / "out"
+    run_batch(BatchConfig(src, out, workers=1), analyzer=analyzer)
+    rows = {r["file"]: r for r in csv.DictReader((out / "errors.csv").open())}
+    assert rows[f"ct/{first.name}"]["reason"] == (
+        "another copy of an image of the series (same SOPInstanceUID); ct/zz_copy.dcm was kept")
+    assert rows[f"ct/{second.name}"]["reason"].startswith(
+        "same slice position as ct/reacquired.dcm, which was kept (the higher AcquisitionNumber")
+    assert {r["kind"] for r in rows.values()} == {"skipped"} and len(rows) == 2
+    assert len(_lines(out / "results.jsonl")) == 3
+
+
 def test_a_for_processing_radiograph_is_passed_over_with_the_reason(tmp_path):
     """A modality that sends a CAD node both images: the For Presentation one is analysed,
     the For Processing one (raw detector data) is passed over before decoding, named."""

@@ -13,7 +13,7 @@ from typing import Any
 
 from medrt.engine.registry import sha256_file as file_sha256
 from medrt.io.scan import iter_files
-from medrt.io.series import Series, group_series
+from medrt.io.series import Series, SeriesItem, group_series
 
 __all__ = ["Note", "SeriesPlan", "Plan", "scan", "file_sha256", "settings_key", "finished", "paths_of", "MANIFEST",
            "series_notes"]
@@ -103,10 +103,21 @@ def scan(root: Path, *, exclude: Path | None = None, follow_links: bool = False)
     plans: list[SeriesPlan] = []
     names: set[str] = set()
     for series in grouped.series:
+        kept = {item.sop_instance_uid: item for item in series.items}
+        placed = [item for item in series.items if item.position is not None]
         for dup in series.duplicates_dropped:
+            copy_of = kept.get(dup.sop_instance_uid) if dup.sop_instance_uid else None
+            if copy_of is not None:  # the same instance twice (a re-sent or copied file)
+                reason = (f"another copy of an image of the series (same SOPInstanceUID); "
+                          f"{_name(copy_of, base)} was kept")
+            else:  # another image at the same place (a re-acquisition, a second reconstruction)
+                twin = (min(placed, key=lambda i: abs(i.position - dup.position))  # type: ignore[operator]
+                        if placed and dup.position is not None else None)
+                reason = ("same slice position as " + (_name(twin, base) if twin else "another image of the series")
+                          + ", which was kept (the higher AcquisitionNumber, then InstanceNumber, then the "
+                          "file met later is kept)")
             notes.append(Note(relative(dup.path, base) if dup.path else dup.sop_instance_uid, "skipped", "scan",
-                              "same slice position as another image of the series; kept the higher "
-                              "AcquisitionNumber", dup.sop_instance_uid))
+                              reason, dup.sop_instance_uid))
         paths = tuple(item.path for item in series.items if item.path is not None)
         frames = {str(item.path): item.frames for item in series.items if item.path is not None}
         h = hashlib.sha256()
@@ -119,6 +130,11 @@ def scan(root: Path, *, exclude: Path | None = None, follow_links: bool = False)
         plans.append(SeriesPlan(series, paths, frames, h.hexdigest(), name))
     plans.sort(key=lambda sp: relative(min(sp.paths), base) if sp.paths else sp.uid)
     return Plan(base, plans, notes, len(files))
+
+
+def _name(item: SeriesItem, base: Path) -> str:
+    """A series item for a note: its file relative to ``base``, else its SOPInstanceUID."""
+    return relative(item.path, base) if item.path else item.sop_instance_uid
 
 
 def series_notes(sp: SeriesPlan, root: Path, kind: str, stage: str, reason: str) -> list[Note]:
