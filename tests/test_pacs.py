@@ -325,6 +325,25 @@ def test_a_broken_image_is_named_and_the_rest_of_its_series_is_analysed(tmp_path
     assert rows[0]["reason"]
 
 
+def test_a_series_none_of_whose_images_could_be_read_says_nothing_was_analysed(tmp_path, analyzer):
+    """Every image cut short upstream: each is acknowledged (it is on disk) and named in
+    errors.csv, and the series is done with "nothing analysed" beside it in the log and the
+    spool, never as a series analysed and found clean; no SR says "0 lesions" for it."""
+    spool = Spool(tmp_path / "spool")
+    datasets = [pydicom.dcmread(p) for p in CT[:3]]
+    for ds in datasets:
+        ds.PixelData = ds.PixelData[: len(ds.PixelData) // 3]
+    with Listener(spool, host="127.0.0.1", port=0) as listener:
+        assert c_store(listener.port, datasets) == [0, 0, 0]
+    service = PacsService(spool, tmp_path / "out", analyzer, idle_s=0.0)
+    (outcome,) = service.run_once()
+    assert (outcome.state, outcome.frames, outcome.errors) == ("done", 0, 3)
+    assert outcome.detail == "nothing analysed (3 error(s), 0 passed over)"
+    assert spool.series(outcome.series_uid).detail == outcome.detail
+    assert result_files(outcome.out) == []
+    assert len(list(csv.DictReader((outcome.out / "errors.csv").open()))) == 3
+
+
 def test_results_a_pacs_cannot_take_are_kept_and_sent_on_retry(tmp_path, analyzer, storescp):
     dest, pacs = storescp
     spool = Spool(tmp_path / "spool")

@@ -188,7 +188,10 @@ class PacsService(BackgroundLoop):
             outcome.state, outcome.detail = "receiving", "interrupted; resumed at the next start"
             self.spool.mark(uid, "receiving", outcome.detail)
             return outcome.timed()
-        if summary.exit_code == EXIT_FAILED:  # nothing these models read (an SR, an MR series, ...): not an error
+        if summary.exit_code == EXIT_FAILED or (outcome.frames == 0 and outcome.errors):
+            # nothing these models read (an SR, an MR series, ...), or none of its images
+            # could be read: said beside "done", so the log and the spool never make it
+            # look like a series analysed and found clean
             outcome.detail = f"nothing analysed ({outcome.errors} error(s), {outcome.skipped} passed over)"
         destinations, problems = self.forwarder.destinations(state)
         if result_files(out) and (destinations or problems):
