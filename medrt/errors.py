@@ -99,7 +99,13 @@ class NoPixelDataError(InputError):
 
 
 class NotAnImageError(InputError):
+    """A DICOM object that holds no image (SR, SEG, presentation state, RT plan, a
+    DICOMDIR...). A scanner's export or a PACS spool holds these beside the images:
+    batch, stream and the viewer pass over them with a note, not as errors (``medrt
+    info``, which inspects files, still reports them)."""
+
     kind = "not an image"
+    skippable = True
 
 
 class CorruptPixelDataError(InputError):

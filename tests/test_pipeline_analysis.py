@@ -95,9 +95,25 @@ def test_stream_command_reports_bad_input_with_exit_1(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 1
     assert "b.dcm" in out and "1 unreadable input(s)" in out
+    (error,) = [line for line in out.splitlines() if line.startswith("  error: ")]
+    assert error.count("b.dcm") == 1, error  # the reason names the file; not named twice
     assert (tmp_path / "h.png").stat().st_size > 0
     lines = (tmp_path / "t.jsonl").read_text().splitlines()
     assert json.loads(lines[-1])["summary"]["frames"] == 1
+
+
+def test_stream_command_passes_over_dicom_objects_that_are_not_images(tmp_path, capsys):
+    """An SR and a DICOMDIR beside the images (a scanner's export, a PACS spool): passed
+    over and counted apart, not unreadable inputs, so the run exits 0."""
+    from conftest import pydicom_test_dir
+
+    shutil.copy(sorted(CT.glob("*.dcm"))[0], tmp_path / "a.dcm")
+    shutil.copy(pydicom_test_dir() / "test-SR.dcm", tmp_path / "report.dcm")
+    rc = main(["stream", str(tmp_path), "--fps", "0", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    f = out["findings"]
+    assert (f["frames"], f["errors"], f["skipped_not_an_image"], f["skipped_not_dicom"]) == (1, 0, 1, 0)
 
 
 def test_stream_command_passes_over_a_frame_no_model_is_for(tmp_path, capsys):

@@ -20,7 +20,7 @@ from medrt.commands.options import (
     thread_layout,
     watch_lookahead,
 )
-from medrt.errors import NoModelForImageError
+from medrt.errors import NoModelForImageError, NotAnImageError
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,7 @@ class _Findings:
         self.counter = LesionCounter()  # each lesion once: its sections on the slices before joined
         self.errors: list[tuple[str, str]] = []
         self.skipped = 0  # not DICOM
+        self.not_images = 0  # DICOM objects that hold no image (SR, SEG, KO, DICOMDIR...)
         self.no_model: list[tuple[str, str]] = []  # frames of a modality no loaded model is for
 
     def on_result(self, result: Any, env: Any) -> None:
@@ -46,6 +47,8 @@ class _Findings:
     def on_error(self, error: Any, env: Any) -> None:
         if isinstance(error.error, NoModelForImageError):
             self.no_model.append((str(getattr(env, "origin", "") or error.key), error.error.reason))
+        elif isinstance(error.error, NotAnImageError):
+            self.not_images += 1
         elif error.skippable:
             self.skipped += 1
         else:
@@ -122,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     summary["findings"] = {"frames": findings.frames, "positive_frames": findings.positive,
                            "lesions": findings.counter.lesions, "lesion_sections": findings.counter.sections,
                            "errors": len(findings.errors),
-                           "skipped_not_dicom": findings.skipped, "skipped_no_model": len(findings.no_model)}
+                           "skipped_not_dicom": findings.skipped, "skipped_not_an_image": findings.not_images,
+                           "skipped_no_model": len(findings.no_model)}
     summary["engine"] = {"backend": analyzer.backend_name, "precision": analyzer.precision,
                          "models": list(analyzer.models)}
     late = getattr(source, "late", None)
@@ -140,11 +144,13 @@ def run(args: argparse.Namespace) -> int:
         sections = f" ({f['lesion_sections']} sections)" if f["lesion_sections"] != f["lesions"] else ""
         print(f"findings: {f['lesions']} lesion(s){sections} in {f['positive_frames']} of {f['frames']} frame(s); "
               f"{f['errors']} unreadable input(s), {f['skipped_not_dicom']} non-DICOM file(s) skipped"
+              + (f", {f['skipped_not_an_image']} DICOM object(s) that are not images" if f["skipped_not_an_image"]
+                 else "")
               + (f", {f['skipped_no_model']} frame(s) no model is for" if f["skipped_no_model"] else "")
               + f"; backend {analyzer.backend_name} {analyzer.precision}; "
               f"queue depth {pipe.depth}, {workers} inference worker(s)")
-        for key, reason in findings.errors[:20]:
-            print(f"  error: {key}: {reason}")
+        for key, reason in findings.errors[:20]:  # medrt's own reasons name the file already
+            print(f"  error: {reason if key in reason else f'{key}: {reason}'}")
         if findings.no_model:  # one line: they share the reason, modality apart
             key, reason = findings.no_model[0]
             print(f"  skipped: {key}: {reason}" + (f" (and {len(findings.no_model) - 1} more)"
