@@ -79,7 +79,10 @@ class Screenshot:
         slot = w.current_slot()
         if slot is None:
             return w.session is None  # nothing opened: the empty window is the picture
-        if w.shown_key != slot.key:
+        # the shown image is drawn, or it cannot be (its file is unreadable: the HUD says
+        # so, which is the picture; before, --screenshot waited out its --timeout and failed)
+        unreadable = slot.error is not None and not w.render_pending
+        if w.shown_key != slot.key and not unreadable:
             return False
         if not w.analysis_enabled or w.session is None:
             return True

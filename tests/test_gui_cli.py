@@ -98,6 +98,25 @@ def _key_of(path: Path) -> str:
     return str(pydicom.dcmread(path, stop_before_pixels=True).SOPInstanceUID)
 
 
+def test_a_screenshot_whose_first_image_is_unreadable_is_taken_once_the_analysis_ends(tmp_path: Path) -> None:
+    """The image shown first cannot be read (its pixel data cut off): the window says so,
+    and that is the picture, taken once the folder is analysed, not after --timeout."""
+    require_module("PySide6.QtWidgets")
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("ct_0015.dcm", "ct_0016.dcm"):
+        (folder / name).write_bytes((CT / name).read_bytes())
+    data = (CT / "ct_0014.dcm").read_bytes()  # image 1 of the three (head first), shown first
+    (folder / "ct_0014.dcm").write_bytes(data[: len(data) // 2])  # a whole header: listed, then fails
+    shot = tmp_path / "viewer.png"
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    out = _run([sys.executable, "-m", "medrt", "view", str(folder), "--screenshot", str(shot),
+                "--timeout", "120"], env=env)
+    _check_screenshot(shot, out)
+    assert "nothing ready to show" not in out.stderr, out.stderr
+    assert "image -, 2 frame(s) analysed" in out.stdout, out.stdout  # nothing shown: image 1 is unreadable
+
+
 def test_screenshot_of_the_viewer_offscreen(tmp_path: Path) -> None:
     require_module("PySide6.QtWidgets")
     shot = tmp_path / "viewer.png"
