@@ -25,7 +25,7 @@ from medrt_gui.patient import PatientInfo, patients_text
 
 from medrt.errors import InputError
 from medrt.io.dicom import read_dataset
-from medrt.io.header import finite_float
+from medrt.io.header import finite_int
 from medrt.io.scan import iter_files
 from medrt.io.seg import SEG_SOP_CLASSES, SegMasks
 from medrt.io.series import ORIENTATION_ATOL, group_series
@@ -437,8 +437,7 @@ class Study:
 
 def _instance_number(frame: Frame) -> int | None:
     """The frame's InstanceNumber, or None where the header lacks it or it is not a number."""
-    number = finite_float(frame.source.dataset.get("InstanceNumber"))
-    return int(number) if number is not None else None
+    return finite_int(frame.source.dataset.get("InstanceNumber"))
 
 
 def _name(source: object) -> str:

@@ -116,8 +116,7 @@ def scan(root: Path, *, exclude: Path | None = None, follow_links: bool = False)
                 reason = ("same slice position as " + (_name(twin, base) if twin else "another image of the series")
                           + ", which was kept (the higher AcquisitionNumber, then InstanceNumber, then the "
                           "file met later is kept)")
-            notes.append(Note(relative(dup.path, base) if dup.path else dup.sop_instance_uid, "skipped", "scan",
-                              reason, dup.sop_instance_uid))
+            notes.append(Note(_name(dup, base), "skipped", "scan", reason, dup.sop_instance_uid))
         paths = tuple(item.path for item in series.items if item.path is not None)
         frames = {str(item.path): item.frames for item in series.items if item.path is not None}
         h = hashlib.sha256()

@@ -26,6 +26,7 @@ __all__ = [
     "image_type_of",
     "view_of",
     "finite_float",
+    "finite_int",
 ]
 
 _PERCENTILE_MAX_SAMPLES = 1 << 20
@@ -145,6 +146,12 @@ def finite_float(value: Any) -> float | None:
     except (TypeError, ValueError):
         return None
     return number if np.isfinite(number) else None
+
+
+def finite_int(value: Any) -> int | None:
+    """:func:`finite_float` as an integer (an IS value: InstanceNumber, AcquisitionNumber)."""
+    number = finite_float(value)
+    return int(number) if number is not None else None
 
 
 def _float_pair(value: Any) -> tuple[float, float] | None:

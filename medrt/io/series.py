@@ -28,7 +28,7 @@ from pydicom.uid import UID
 
 from medrt.errors import CorruptDicomError, InputError, UnsupportedImageError, describe_source
 from medrt.io.dicom import is_image_sop_class, number_of_frames, read_dataset, read_frames
-from medrt.io.header import finite_float, frame_geometries, image_type_of, view_of
+from medrt.io.header import finite_float, finite_int, frame_geometries, image_type_of, view_of
 from medrt.io.scan import iter_files
 from medrt.types import Frame, Geometry
 
@@ -257,8 +257,8 @@ def _read_header(
         geometry = source[0].geometry if isinstance(source, tuple) else frame_geometries(ds, n_frames)[0]
         position = _project(geometry, _unit_normal(geometry.orientation)) if geometry is not None else None
         item = SeriesItem(
-            path, _text(ds, "SOPInstanceUID"), _int_or_none(ds.get("InstanceNumber")),
-            _int_or_none(ds.get("AcquisitionNumber")), position, n_frames, geometry, index, source,
+            path, _text(ds, "SOPInstanceUID"), finite_int(ds.get("InstanceNumber")),
+            finite_int(ds.get("AcquisitionNumber")), position, n_frames, geometry, index, source,
             image_type_of(ds), _text(ds, "BodyPartExamined"), view_of(ds),
         )
     except InputError:
@@ -266,11 +266,6 @@ def _read_header(
     except Exception as exc:  # a lazily parsed attribute that is garbage
         raise CorruptDicomError(label, f"a header attribute cannot be read ({type(exc).__name__})") from exc
     return (study, series), item
-
-
-def _int_or_none(value: object) -> int | None:
-    number = finite_float(value)
-    return int(number) if number is not None else None
 
 
 def _unit_normal(orientation: Sequence[float]) -> np.ndarray:
