@@ -48,6 +48,12 @@ DECODED_SYNTAXES: tuple[tuple[str, str], ...] = (
     ("HTJ2K Lossless", uid.HTJ2KLossless),
     ("HTJ2K Lossless RPCL", uid.HTJ2KLosslessRPCL),
     ("HTJ2K", uid.HTJ2K),
+    # newer than pydicom 3.0 (medrt.io.codecs.register_newer_syntaxes)
+    ("JPEG XL Lossless", uid.UID("1.2.840.10008.1.2.4.110")),
+    ("JPEG XL JPEG Recompression", uid.UID("1.2.840.10008.1.2.4.111")),
+    ("JPEG XL", uid.UID("1.2.840.10008.1.2.4.112")),
+    ("Encapsulated Uncompressed Explicit VR Little Endian", uid.UID("1.2.840.10008.1.2.1.98")),
+    ("Deflated Image Frame Compression", uid.UID("1.2.840.10008.1.2.8.1")),
 )
 
 #: The encoders medrt's outputs use: what needs each, and whether it is needed by default.

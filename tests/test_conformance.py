@@ -24,6 +24,11 @@ def test_every_transfer_syntax_the_listener_accepts_is_listed_and_no_other():
     table = STATEMENT.split("#### 3.2.1")[1].split("#### 3.2.2")[0]
     listed = set(re.findall(r"\| (1\.2\.840\.10008\.1\.2[0-9.]*) \|", table))
     assert listed == set(scp.ACCEPTED_TRANSFER_SYNTAXES)
+    from pydicom.pixels import get_decoder
+
+    # offered only what can be read: no Part 2 multi-component JPEG 2000, which nothing here decodes
+    assert all(get_decoder(ts).is_available for ts in scp.ACCEPTED_TRANSFER_SYNTAXES)
+    assert "1.2.840.10008.1.2.4.92" not in listed and "1.2.840.10008.1.2.4.110" in listed
 
 
 @pytest.mark.parametrize("status", [scp.STATUS_OUT_OF_RESOURCES, scp.STATUS_DATASET_MISMATCH,

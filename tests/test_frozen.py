@@ -68,6 +68,9 @@ def test_the_frozen_medrt_checks_itself(frozen):
     assert run.returncode == 0 and out["ok"], run.stdout
     rows = {(r["area"], r["item"]): r["status"] for r in out["rows"]}
     assert all(rows[("decoders", name)] == "ok" for name, _ in DECODED_SYNTAXES)
+    detail = {r["item"]: r["detail"] for r in out["rows"] if r["area"] == "decoders"}
+    # imagecodecs's codecs made it in (they release the GIL; pyjpegls would stand in for JPEG-LS)
+    assert "imagecodecs first" in detail["JPEG-LS Lossless"] and "imagecodecs" in detail["JPEG XL Lossless"]
     assert rows[("models", "lesion_unet_dx")] == rows[("runtime", "onnxruntime")] == "ok"
     assert rows[("optional", "PySide6-Essentials")] == "ok"
 

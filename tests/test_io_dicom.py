@@ -518,3 +518,105 @@ def test_jpeg_2000_goes_to_imagecodecs_and_matches_pylibjpeg(tmp_path: Path) -> 
     assert not codecs.decode_holds_gil("1.2.840.10008.1.2.4.80")  # JPEG-LS lossless
     assert not codecs.decode_holds_gil(ExplicitVRLittleEndian)
     assert codecs.decode_holds_gil("1.2.840.10008.1.2.5")  # RLE: pylibjpeg-rle
+
+
+def _encapsulated(src: Path, syntax: str, fragments: list[bytes], **attrs: object) -> bytes:
+    """``src`` with its pixel data replaced by ``fragments`` (one per frame) in ``syntax``."""
+    from pydicom.encaps import encapsulate
+
+    ds = pydicom.dcmread(src)
+    for keyword, value in attrs.items():
+        setattr(ds, keyword, value)
+    if len(fragments) > 1:
+        ds.NumberOfFrames = len(fragments)
+    ds.PixelData = encapsulate(fragments)
+    ds["PixelData"].VR = "OB"
+    ds["PixelData"].is_undefined_length = True
+    ds.file_meta.TransferSyntaxUID = syntax
+    out = io.BytesIO()
+    ds.save_as(out, enforce_file_format=True)
+    return out.getvalue()
+
+
+def test_transfer_syntaxes_newer_than_pydicom_decode_exactly() -> None:
+    """JPEG XL (libjxl through imagecodecs), Encapsulated Uncompressed and Deflated Image
+    Frame Compression: pydicom 3.0 parses them but has no decoder; medrt gives it one. Each
+    decodes to the uncompressed slice's values, signed data in 12 and 16 bits, several
+    frames, RGB; damaged frames are named as corrupt pixel data."""
+    import zlib
+
+    import imagecodecs
+
+    from conftest import SAMPLE_DIR
+    from medrt.io import codecs
+
+    src = sorted((SAMPLE_DIR / "ct_stream").glob("*.dcm"))[20]
+    stored = pydicom.dcmread(src).pixel_array  # unsigned 12-bit, intercept -1024
+    want = read_frames(src)[0].pixels
+    jxl = imagecodecs.jpegxl_encode(stored, lossless=True)
+    for syntax in codecs.JPEG_XL:
+        (frame,) = read_frames(_encapsulated(src, syntax, [jxl]))
+        assert np.array_equal(frame.pixels, want) and frame.source.transfer_syntax_uid == syntax
+        assert UID(syntax).name.startswith("JPEG XL") and not codecs.decode_holds_gil(syntax)
+
+    hu = stored.astype(np.int32) - 1024  # signed: -1024 … 3071, written as its bit patterns
+    for bits in (16, 12):
+        patterns = (hu & ((1 << bits) - 1)).astype(np.uint16)
+        (frame,) = read_frames(_encapsulated(src, codecs.JPEG_XL[0], [imagecodecs.jpegxl_encode(patterns, lossless=True)],
+                                             PixelRepresentation=1, BitsStored=bits, HighBit=bits - 1,
+                                             RescaleIntercept=0))
+        assert np.array_equal(frame.pixels, hu.astype(np.float32)), bits
+
+    flipped = np.ascontiguousarray(stored[::-1])
+    frames = read_frames(_encapsulated(src, codecs.JPEG_XL[0], [jxl, imagecodecs.jpegxl_encode(flipped, lossless=True)]))
+    assert len(frames) == 2 and np.array_equal(frames[1].pixels, want[::-1])
+
+    rgb = np.stack([stored >> 4, stored >> 5, stored >> 6], axis=-1).astype(np.uint8)
+    (frame,) = read_frames(_encapsulated(src, codecs.JPEG_XL[2], [imagecodecs.jpegxl_encode(rgb, lossless=True)],
+                                         SamplesPerPixel=3, PhotometricInterpretation="RGB", PlanarConfiguration=0,
+                                         BitsAllocated=8, BitsStored=8, HighBit=7, RescaleIntercept=0))
+    assert np.array_equal(frame.color, rgb)
+
+    raw = stored.astype("<u2").tobytes()
+    frames = read_frames(_encapsulated(src, codecs.ENCAPSULATED_UNCOMPRESSED, [raw, flipped.astype("<u2").tobytes()]))
+    assert np.array_equal(frames[0].pixels, want) and np.array_equal(frames[1].pixels, want[::-1])
+    deflate = zlib.compressobj(6, zlib.DEFLATED, -15)  # raw deflate, no zlib header (PS3.5 8.2.16)
+    (frame,) = read_frames(_encapsulated(src, codecs.DEFLATED_IMAGE_FRAME, [deflate.compress(raw) + deflate.flush()]))
+    assert np.array_equal(frame.pixels, want)
+    assert not codecs.decode_holds_gil(codecs.DEFLATED_IMAGE_FRAME)
+
+    for syntax, fragment, reason in (
+        (codecs.JPEG_XL[0], b"\xff\x0a" + b"damaged" * 50, "JPEG XL Lossless pixel data could not be decoded"),
+        (codecs.JPEG_XL[0], imagecodecs.jpegxl_encode(stored[:256], lossless=True), "codestream is 512x256"),
+        (codecs.DEFLATED_IMAGE_FRAME, b"not deflate", "Deflated Image Frame Compression pixel data could not"),
+        (codecs.ENCAPSULATED_UNCOMPRESSED, raw[:1000], "the frame holds 1000 bytes, 524288 expected"),
+    ):
+        with pytest.raises(CorruptPixelDataError, match=reason):
+            read_frames(_encapsulated(src, syntax, [fragment]))
+
+
+def test_jpeg_xl_without_libjxl_names_the_package(tmp_path: Path) -> None:
+    import imagecodecs
+
+    from conftest import SAMPLE_DIR
+    from medrt.io import codecs
+
+    src = sorted((SAMPLE_DIR / "ct_stream").glob("*.dcm"))[0]
+    path = tmp_path / "jxl.dcm"
+    path.write_bytes(_encapsulated(src, codecs.JPEG_XL[0], [imagecodecs.jpegxl_encode(pydicom.dcmread(src).pixel_array)]))
+    code = f"""
+import sys
+sys.modules["imagecodecs"] = None  # as when not installed
+from medrt.errors import DecoderMissingError
+from medrt.io.dicom import read_frames
+from medrt.pacs.scp import ACCEPTED_TRANSFER_SYNTAXES
+assert "1.2.840.10008.1.2.4.110" not in ACCEPTED_TRANSFER_SYNTAXES  # not offered to senders either
+assert "1.2.840.10008.1.2.8.1" in ACCEPTED_TRANSFER_SYNTAXES  # zlib needs nothing
+try:
+    read_frames({str(path)!r})
+except DecoderMissingError as exc:
+    print("OK", exc)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.startswith("OK"), out.stdout + out.stderr
+    assert "jxl.dcm" in out.stdout and "JPEG XL Lossless" in out.stdout and "pip install imagecodecs" in out.stdout

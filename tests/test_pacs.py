@@ -262,6 +262,34 @@ def test_listener_refuses_what_it_cannot_file_or_store_and_keeps_serving(tmp_pat
     assert good.SOPInstanceUID in caplog.text and "SCANNER" in caplog.text
 
 
+def test_a_series_sent_in_jpeg_xl_is_taken_as_sent_and_decodes(tmp_path):
+    """JPEG XL is newer than pydicom 3.0; a scanner that proposes only it is still taken
+    (and what it sent is filed as it was sent)."""
+    import imagecodecs
+    from pydicom.encaps import encapsulate
+
+    spool = Spool(tmp_path / "spool")
+    sent = []
+    for path in CT[:3]:
+        ds = pydicom.dcmread(path)
+        ds.PixelData = encapsulate([imagecodecs.jpegxl_encode(ds.pixel_array, lossless=True)])
+        ds["PixelData"].VR = "OB"
+        ds.file_meta.TransferSyntaxUID = "1.2.840.10008.1.2.4.110"
+        sent.append(ds)
+    with Listener(spool, host="127.0.0.1", port=0) as listener:
+        assert c_store(listener.port, sent) == [0, 0, 0]
+    (series,) = spool.all_series()
+    stored = sorted(spool.paths(series.series_uid))
+    assert len(stored) == 3
+    from medrt.io.dicom import read_frames
+
+    by_uid = {pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID: p for p in stored}
+    for original, ds in zip(CT[:3], sent, strict=True):
+        (frame,) = read_frames(by_uid[ds.SOPInstanceUID])
+        assert frame.source.transfer_syntax_uid == "1.2.840.10008.1.2.4.110"
+        assert np.array_equal(frame.pixels, read_frames(original)[0].pixels)
+
+
 def test_allow_from_closes_connections_from_other_networks(tmp_path, caplog):
     """--allow-from: the site's scanners' and PACS' networks only; any other address has its
     TCP connection closed before any DICOM (a calling AE title is easy to copy, an address

@@ -203,7 +203,7 @@ def test_longest_diameter_convention() -> None:
 def small_files(tmp_path_factory) -> dict[str, list[Path]]:
     root = tmp_path_factory.mktemp("phantom")
     out = {}
-    for codec in ("none", "rle", "jpegls", "j2k", "htj2k"):
+    for codec in ("none", "rle", "jpegls", "j2k", "htj2k", "jpegxl"):
         out[f"ct-{codec}"] = write_ct_series(
             root / f"ct-{codec}", 2, n_frames=2, size=128, compress=codec
         )
@@ -223,7 +223,7 @@ def test_dciodvfy_reports_no_errors(small_files, key: str) -> None:
         assert not errors, f"{path.name}: {errors}"
 
 
-@pytest.mark.parametrize("codec", ["rle", "jpegls", "j2k", "htj2k"])
+@pytest.mark.parametrize("codec", ["rle", "jpegls", "j2k", "htj2k", "jpegxl"])
 def test_compressed_round_trip_is_lossless(small_files, codec: str) -> None:
     from medrt.io.dicom import read_frames
 

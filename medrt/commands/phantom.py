@@ -11,7 +11,7 @@ __all__ = ["register", "CODECS"]
 
 # The names of medrt.phantom.COMPRESSIONS, spelled out so that building the
 # parser does not import numpy, SimpleITK and pydicom (a test keeps them equal).
-CODECS = ("htj2k", "j2k", "jpegls", "none", "rle")
+CODECS = ("htj2k", "j2k", "jpegls", "jpegxl", "none", "rle")
 
 
 def _summary(out: Path, paths: list[Path], seconds: float, what: str = "lesions") -> str:
@@ -126,7 +126,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--compress",
         choices=codecs,
         default="rle",
-        help="transfer syntax: lossless RLE, JPEG-LS, JPEG 2000, or none (default rle)",
+        help="transfer syntax: lossless RLE, JPEG-LS, JPEG 2000, HTJ2K, JPEG XL, or none (default rle)",
     )
     ct.set_defaults(func=_run_ct)
 

@@ -50,14 +50,27 @@ STATUS_RESOURCE_LIMITATION = 0x0213
 
 
 def _accepted_transfer_syntaxes() -> list[str]:
-    """Every transfer syntax ``medrt.read_frames`` decodes: uncompressed (incl. deflated and
-    big endian), JPEG, JPEG-LS, JPEG 2000 (incl. HTJ2K) and RLE. Video is not accepted."""
+    """Every transfer syntax ``medrt.read_frames`` can decode here: uncompressed (incl.
+    deflated and big endian), JPEG, JPEG-LS, JPEG 2000 (incl. HTJ2K), RLE and those newer
+    than pydicom 3.0 (JPEG XL, encapsulated uncompressed, deflated image frames), each
+    only while its decoder is installed: a sender offered no other can send uncompressed
+    instead of filing images nothing here could read. Video is not accepted, nor JPEG 2000
+    Part 2 (multi-component), which no decoder here reads."""
     import pydicom.uid as u
+    from pydicom.pixels import get_decoder
 
+    from medrt.io.codecs import NEWER_SYNTAXES, register_newer_syntaxes
+
+    register_newer_syntaxes()
     seen: dict[str, None] = {}
     for group in (u.UncompressedTransferSyntaxes, u.JPEGTransferSyntaxes, u.JPEGLSTransferSyntaxes,
-                  u.JPEG2000TransferSyntaxes, u.RLETransferSyntaxes):
-        seen.update((str(ts), None) for ts in group)
+                  u.JPEG2000TransferSyntaxes, u.RLETransferSyntaxes, list(NEWER_SYNTAXES)):
+        for ts in group:
+            try:
+                if get_decoder(ts).is_available:
+                    seen[str(ts)] = None
+            except NotImplementedError:
+                continue
     return list(seen)
 
 

@@ -38,6 +38,7 @@ COMPRESSIONS: dict[str, str] = {
     "jpegls": JPEGLSLossless,
     "j2k": JPEG2000Lossless,
     "htj2k": HTJ2KLossless,
+    "jpegxl": "1.2.840.10008.1.2.4.110",  # JPEG XL Lossless (medrt.io.codecs names it for pydicom 3.0)
 }
 # A fixed encoder per syntax, so the same install writes the same bytes.
 _PLUGINS = {"rle": ("pylibjpeg", "pydicom"), "jpegls": ("pyjpegls",), "j2k": ("pylibjpeg",)}
@@ -207,8 +208,8 @@ def write_dataset(ds: Dataset, stored: np.ndarray, path: Path, compress: str = "
     stored = np.ascontiguousarray(stored, dtype=np.uint16)
     if compress == "none":
         ds.PixelData = stored.tobytes()
-    elif compress == "htj2k":
-        _encapsulate_htj2k(ds, stored)
+    elif compress in ("htj2k", "jpegxl"):
+        _encapsulate_imagecodecs(ds, stored, compress)
     else:
         ds.compress(
             COMPRESSIONS[compress],
@@ -223,20 +224,27 @@ def write_dataset(ds: Dataset, stored: np.ndarray, path: Path, compress: str = "
     return path
 
 
-def _encapsulate_htj2k(ds: Dataset, stored: np.ndarray) -> None:
-    """HTJ2K Lossless through imagecodecs (OpenJPH; pydicom 3.0 has no HTJ2K encoder).
+def _encapsulate_imagecodecs(ds: Dataset, stored: np.ndarray, compress: str) -> None:
+    """HTJ2K Lossless (OpenJPH) or JPEG XL Lossless (libjxl) through imagecodecs; pydicom
+    3.0 has an encoder for neither.
 
-    OpenJPH takes no sample precision, so the codestream says 16 bits where Bits Stored
-    says 12 (or 14): the files are still lossless and decoders use the codestream's
-    precision (pydicom recommends, not requires, that they agree). Bits Stored keeps
-    the phantom's real depth, which MONOCHROME1 inversion and the windows depend on."""
+    Neither encoder here takes a sample precision, so the codestream says 16 bits where
+    Bits Stored says 12 (or 14): the files are still lossless and decoders use the
+    codestream's precision (pydicom recommends, not requires, that they agree). Bits Stored
+    keeps the phantom's real depth, which MONOCHROME1 inversion and the windows depend on."""
     import imagecodecs
     from pydicom.encaps import encapsulate
 
-    ds.PixelData = encapsulate([imagecodecs.htj2k_encode(stored, reversible=True)])
+    import medrt.io.codecs  # noqa: F401  (names JPEG XL for pydicom 3.0, which writes the file)
+
+    if compress == "htj2k":
+        data = imagecodecs.htj2k_encode(stored, reversible=True)
+    else:
+        data = imagecodecs.jpegxl_encode(stored, lossless=True, effort=3)
+    ds.PixelData = encapsulate([data])
     ds["PixelData"].VR = "OB"
     ds["PixelData"].is_undefined_length = True
-    ds.file_meta.TransferSyntaxUID = HTJ2KLossless
+    ds.file_meta.TransferSyntaxUID = COMPRESSIONS[compress]
 
 
 def _plugin(compress: str) -> str:
