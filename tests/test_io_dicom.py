@@ -333,6 +333,24 @@ def test_enhanced_multiframe_functional_groups() -> None:
     assert frames[0].spacing_mm == (0.5, 0.6)
     np.testing.assert_array_equal(frames[1].pixels, np.arange(16, 32).reshape(4, 4) * 2 - 1024)
 
+    # Per-frame groups win over the shared one, frame by frame: a scanner that rescales,
+    # windows or samples one frame its own way (every frame got frame 1's rescale before).
+    own = Dataset()
+    own.RescaleSlope, own.RescaleIntercept, own.RescaleType = 0.5, -1000, "HU"
+    per_frame[1].PixelValueTransformationSequence = [own]
+    voi, fine = Dataset(), Dataset()
+    voi.WindowCenter, voi.WindowWidth = -600, 1500
+    per_frame[2].FrameVOILUTSequence = [voi]
+    fine.PixelSpacing = [0.25, 0.3]
+    per_frame[2].PixelMeasuresSequence = [fine]
+    frames = read_frames(ds)
+    np.testing.assert_array_equal(frames[0].pixels, np.arange(16).reshape(4, 4) * 2 - 1024)
+    np.testing.assert_array_equal(frames[1].pixels, np.arange(16, 32).reshape(4, 4) * 0.5 - 1000)
+    np.testing.assert_array_equal(frames[2].pixels, np.arange(32, 48).reshape(4, 4) * 2 - 1024)
+    assert (frames[2].window.center, frames[2].window.width) == (-600, 1500)
+    assert frames[0].window.source is WindowSource.PERCENTILE
+    assert frames[2].spacing_mm == (0.25, 0.3) and frames[1].spacing_mm == (0.5, 0.6)
+
 
 # ----------------------------------------------------------------------------- bad input
 

@@ -53,10 +53,10 @@ from medrt.errors import (
 from medrt.io.codecs import UNCOMPRESSED_LE, decoder_packages, preferred_plugins
 from medrt.io.header import (
     frame_geometries,
-    header_window,
+    frame_header_windows,
+    frame_pixel_spacings,
     modality_values,
     percentile_window,
-    pixel_spacing,
 )
 from medrt.privacy import redact
 from medrt.types import Frame, SourceRef, Window, WindowSource
@@ -297,7 +297,7 @@ def _frames(ds: Dataset, path: Path | None, label: object) -> list[Frame]:
 
     meta = _header_only(ds)
     ref = SourceRef(dataset=meta, path=path, transfer_syntax_uid=str(tsyntax), number_of_frames=n_frames)
-    spacing, spacing_source = pixel_spacing(ds)
+    spacings = frame_pixel_spacings(ds, n_frames)  # one for all frames, or one each (enhanced)
     geometries = frame_geometries(ds, n_frames)
     uids = {
         "sop_class_uid": sop_class,
@@ -306,12 +306,13 @@ def _frames(ds: Dataset, path: Path | None, label: object) -> list[Frame]:
         "study_instance_uid": str(ds.get("StudyInstanceUID", "") or ""),
         "frame_of_reference_uid": str(ds.FrameOfReferenceUID) if ds.get("FrameOfReferenceUID") else None,
     }
-    from_header = header_window(ds)
+    windows = frame_header_windows(ds, n_frames)
     frames: list[Frame] = []
     for i in range(n_frames):
         px = pixels[i]
         px.flags.writeable = False
-        window = from_header
+        window = windows[i if len(windows) > 1 else 0]
+        spacing, spacing_source = spacings[i if len(spacings) > 1 else 0]
         if window is not None and inverted:
             window = Window(low + high - window.center, window.width, WindowSource.HEADER)  # type: ignore[operator]
         if window is None:

@@ -18,6 +18,9 @@ from medrt.types import Geometry, SpacingSource, Window, WindowSource
 __all__ = [
     "modality_values",
     "rescale",
+    "frame_rescales",
+    "frame_pixel_spacings",
+    "frame_header_windows",
     "functional_item",
     "pixel_spacing",
     "frame_geometries",
@@ -44,14 +47,18 @@ def modality_values(arr: np.ndarray, ds: Dataset) -> tuple[np.ndarray, float, fl
         out = np.asarray(apply_modality_lut(arr, ds), dtype=np.float32)
         bounds = np.asarray(apply_modality_lut(np.array([smin, smax], dtype=np.int64), ds), dtype=np.float64)
         return out, float(bounds.min()), float(bounds.max())
-    slope, intercept = rescale(ds)
     out = arr.astype(np.float32)  # the one copy: a cast from the file's bytes
-    if slope != 1.0:
-        out *= np.float32(slope)
-    if intercept != 0.0:
-        out += np.float32(intercept)
-    a, b = smin * slope + intercept, smax * slope + intercept
-    return out, float(min(a, b)), float(max(a, b))
+    # An enhanced multi-frame object may rescale each frame its own way (per-frame Pixel
+    # Value Transformation, PS3.3 C.7.6.16.2.9): each frame gets its own.
+    pairs = frame_rescales(ds, out.shape[0]) if out.ndim >= 3 else [rescale(ds)]
+    for i, (slope, intercept) in enumerate(pairs):
+        view = out if len(pairs) == 1 else out[i]
+        if slope != 1.0:
+            view *= np.float32(slope)
+        if intercept != 0.0:
+            view += np.float32(intercept)
+    ends = [v for slope, intercept in set(pairs) for v in (smin * slope + intercept, smax * slope + intercept)]
+    return out, float(min(ends)), float(max(ends))
 
 
 def _modality_lut_item(ds: Dataset) -> Dataset | None:
@@ -59,14 +66,29 @@ def _modality_lut_item(ds: Dataset) -> Dataset | None:
     return seq[0] if seq else None
 
 
-def rescale(ds: Dataset) -> tuple[float, float]:
-    """RescaleSlope/Intercept, from the top level or the enhanced functional groups."""
+def rescale(ds: Dataset, index: int = 0) -> tuple[float, float]:
+    """RescaleSlope/Intercept of frame ``index``, from the top level or the enhanced
+    functional groups."""
     if "RescaleSlope" in ds and "RescaleIntercept" in ds:
         return float(ds.RescaleSlope), float(ds.RescaleIntercept)
-    item = functional_item(ds, "PixelValueTransformationSequence", 0)
+    item = functional_item(ds, "PixelValueTransformationSequence", index)
     if item is not None and "RescaleSlope" in item and "RescaleIntercept" in item:
         return float(item.RescaleSlope), float(item.RescaleIntercept)
     return 1.0, 0.0
+
+
+def frame_rescales(ds: Dataset, n_frames: int) -> list[tuple[float, float]]:
+    """Each frame's (slope, intercept); one pair when they are all the same."""
+    if not _per_frame(ds, "PixelValueTransformationSequence"):
+        return [rescale(ds)]
+    pairs = [rescale(ds, i) for i in range(n_frames)]
+    return pairs if len(set(pairs)) > 1 else pairs[:1]
+
+
+def _per_frame(ds: Dataset, keyword: str) -> bool:
+    """Whether any per-frame functional group item holds ``keyword``."""
+    per_frame = ds.get("PerFrameFunctionalGroupsSequence")
+    return bool(per_frame) and any(keyword in item for item in per_frame)
 
 
 def functional_item(ds: Dataset, keyword: str, index: int) -> Dataset | None:
@@ -84,8 +106,15 @@ def functional_item(ds: Dataset, keyword: str, index: int) -> Dataset | None:
     return None
 
 
-def pixel_spacing(ds: Dataset) -> tuple[tuple[float, float] | None, SpacingSource]:
-    """The frame's pixel spacing (row, column; mm) and what it means (PS3.3 10.7.1.1).
+def frame_pixel_spacings(ds: Dataset, n_frames: int) -> list[tuple[tuple[float, float] | None, SpacingSource]]:
+    """:func:`pixel_spacing` of each frame (per-frame Pixel Measures), or one for all."""
+    if not _per_frame(ds, "PixelMeasuresSequence"):
+        return [pixel_spacing(ds)]
+    return [pixel_spacing(ds, i) for i in range(n_frames)]
+
+
+def pixel_spacing(ds: Dataset, index: int = 0) -> tuple[tuple[float, float] | None, SpacingSource]:
+    """Frame ``index``'s pixel spacing (row, column; mm) and what it means (PS3.3 10.7.1.1).
 
     PixelSpacing first (also from the enhanced Pixel Measures group): in the patient,
     unless it repeats the ImagerPixelSpacing of a radiograph, which is at the detector.
@@ -99,7 +128,7 @@ def pixel_spacing(ds: Dataset) -> tuple[tuple[float, float] | None, SpacingSourc
     magnification is often 5-15 %, enough to move a nodule across a 6 or 8 mm threshold).
     """
     imager = _float_pair(ds.get("ImagerPixelSpacing"))
-    measures = functional_item(ds, "PixelMeasuresSequence", 0)
+    measures = functional_item(ds, "PixelMeasuresSequence", index)
     for value in (ds.get("PixelSpacing"), measures.get("PixelSpacing") if measures is not None else None):
         pair = _float_pair(value)
         if pair is not None:
@@ -192,10 +221,18 @@ def _geometry(position: Sequence[Any] | None, orientation: Sequence[Any] | None)
     return Geometry(position=p, orientation=o)  # type: ignore[arg-type]
 
 
-def header_window(ds: Dataset) -> Window | None:
+def frame_header_windows(ds: Dataset, n_frames: int) -> list[Window | None]:
+    """:func:`header_window` of each frame (per-frame Frame VOI LUT), or one for all."""
+    if not _per_frame(ds, "FrameVOILUTSequence"):
+        return [header_window(ds)]
+    return [header_window(ds, i) for i in range(n_frames)]
+
+
+def header_window(ds: Dataset, index: int = 0) -> Window | None:
+    """The first window the header gives frame ``index`` (top level, then functional groups)."""
     center, width = ds.get("WindowCenter"), ds.get("WindowWidth")
     if center is None or width is None:
-        item = functional_item(ds, "FrameVOILUTSequence", 0)
+        item = functional_item(ds, "FrameVOILUTSequence", index)
         if item is not None:
             center, width = item.get("WindowCenter"), item.get("WindowWidth")
     try:
