@@ -103,7 +103,12 @@ def test_sample_findings_score_against_ground_truth(sample_run):
     from medrt.commands.batch import _table
 
     rows = _table(summary).splitlines()[1:]
-    assert all(r.endswith(" mm") for r in rows if " CT " in r) and any(r.endswith(" mm at detector") for r in rows)
+    assert all(" mm  [ct_stream/" in r for r in rows if " CT " in r)
+    assert any(" mm at detector  [radiographs/dx_" in r for r in rows)
+    # each series whole (UIDs often differ only in their last digits) and its first file
+    assert {r.split()[0] for r in rows} == {f["series_instance_uid"] for f in rep["series"]}
+    assert {f["first_file"] for f in rep["series"]} == {"ct_stream/ct_0001.dcm", "radiographs/dx_0001.dcm",
+                                                       "radiographs/dx_0002.dcm", "radiographs/dx_0003.dcm"}
     assert {"p50", "p95", "p99"} <= set(rep["timings_ms"]["segment"])
     assert (out / "report.md").read_text().startswith("# medrt batch report")
     assert (out / "latency.png").stat().st_size > 0
@@ -217,7 +222,7 @@ def test_a_series_without_pixel_spacing_is_measured_in_pixels_and_not_bucketed_a
 
     # the printed findings table too, saying that no SEG could be made: a CT with a Frame of
     # Reference and no PixelSpacing cannot carry one, and errors.csv says why, naming the file
-    assert _table(summary).splitlines()[1].endswith(" px · SEG not written (errors.csv)")
+    assert " px · SEG not written (errors.csv)  [" in _table(summary).splitlines()[1]
     (row,) = list(csv.DictReader((out / "errors.csv").open()))
     assert (row["kind"], row["stage"]) == ("error", "export-seg") and row["file"].endswith(".dcm")
     assert "has a Frame of Reference UID but no PixelSpacing" in row["reason"] and src.name in row["reason"]
@@ -319,9 +324,9 @@ def test_a_series_none_of_whose_images_could_be_read_is_not_shown_as_negative(tm
     table = capsys.readouterr().out
     rows = {line.split()[0]: line for line in table.splitlines() if line[:1].isdigit()}
     for f in dx:
-        row = rows[f["series_instance_uid"][:58]]
+        row = rows[f["series_instance_uid"]]
         assert row.split()[2:4] == ["0", "-"] and "not analysed: 1 image(s) failed (errors.csv)" in row, row
-    assert "1 image(s) not analysed (errors.csv)" in rows[ct["series_instance_uid"][:58]]
+    assert "1 image(s) not analysed (errors.csv)" in rows[ct["series_instance_uid"]]
     md = (out / "report.md").read_text()
     assert md.count("| 0 | - | - | - | not analysed: 1 image(s) failed (errors.csv) |") == 3
     assert f"| {ct['lesions']} | {ct['sections']} |" in md and "| 1 image(s) not analysed (errors.csv) |" in md
@@ -622,3 +627,19 @@ def test_a_series_waiting_for_its_seg_holds_no_pixels_and_no_empty_label_maps() 
         assert np.array_equal(k.labels, r.labels)
     a, b = build_seg(full), build_seg(kept)
     assert a.PixelData == b.PixelData and a.NumberOfFrames == b.NumberOfFrames
+
+
+def test_file_names_that_are_not_utf8_are_analysed_and_named(tmp_path, analyzer, capsys):
+    """A disc from another hospital may name files in Latin-1: such names are not UTF-8,
+    and the run crashed on them (hashing the series, writing errors.csv). Now they are
+    analysed, and named with \\x escapes where a file must be UTF-8 text."""
+    src = _small_input(tmp_path, n=2)
+    first = sorted((src / "ct").iterdir())[0]
+    os.rename(first, os.fsdecode(bytes(src / "ct") + b"/0r\xf6ntgen.dcm"))
+    (src / os.fsdecode(b"bad\xffname.dcm")).write_bytes(b"\xff\xfe not dicom")
+    out = tmp_path / "out"
+    assert main(["batch", str(src), "--out", str(out), "--workers", "1"]) == EXIT_OK
+    assert {r["file"] for r in _lines(out / "results.jsonl")} >= {os.fsdecode(b"ct/0r\xf6ntgen.dcm")}
+    errors = (out / "errors.csv").read_text(encoding="utf-8")
+    assert "bad\\udcffname.dcm,skipped,scan,not a DICOM file" in errors
+    assert "[ct/0r\\xf6ntgen.dcm]" in capsys.readouterr().out  # the first file, as the terminal can show it

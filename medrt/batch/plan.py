@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -121,7 +122,7 @@ def scan(root: Path, *, exclude: Path | None = None, follow_links: bool = False)
         frames = {str(item.path): item.frames for item in series.items if item.path is not None}
         h = hashlib.sha256()
         for p in sorted(paths):
-            h.update(relative(p, base).encode() + b"\0" + file_sha256(p).encode() + b"\n")
+            h.update(os.fsencode(relative(p, base)) + b"\0" + file_sha256(p).encode() + b"\n")
         name = series.series_instance_uid
         if name in names:  # the same series UID in two studies
             name = f"{name}-{hashlib.sha256(series.study_instance_uid.encode()).hexdigest()[:8]}"

@@ -98,7 +98,7 @@ def write_report(s: Any, plan: Any, settings: dict[str, Any], analyzer: Any, tel
                   "histogram": "latency.png" if (out / "latency.png").exists() else None},
     }
     atomic_write(out / "report.json", lambda fp: fp.write(json.dumps(report, indent=2, default=str).encode()))
-    atomic_write(out / "report.md", lambda fp: fp.write(_markdown(report).encode()))
+    atomic_write(out / "report.md", lambda fp: fp.write(_markdown(report).encode("utf-8", "backslashreplace")))
     return report
 
 
@@ -131,14 +131,15 @@ def _markdown(r: dict[str, Any]) -> str:
         "",
         "## Series",
         "",
-        "| series | modality | frames | lesions | sections | largest | problems |",
-        "|---|---|---|---|---|---|---|",
+        "| series | modality | frames | lesions | sections | largest | problems | first file |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for f in r["series"]:
         largest = ", ".join(str(d) for d in f["diameters_mm"][:5])
         largest = f"{largest} {f.get('diameter_unit', 'mm')}" if largest else "-"
         lines.append(f"| `{f['series_instance_uid']}` | {f['modality']} | {f['frames']} | {series_lesions(f)} | "
-                     f"{series_lesions(f, 'sections')} | {largest} | {series_problems(f) or '-'} |")
+                     f"{series_lesions(f, 'sections')} | {largest} | {series_problems(f) or '-'} | "
+                     f"{f.get('first_file') or '-'} |")
     if r["timings_ms"]:
         lines += ["", "## Timings (this run, ms per frame, after warm-up)", "",
                   "| step | n | p50 | p95 | p99 |", "|---|---|---|---|---|"]

@@ -24,7 +24,16 @@ import numpy as np
 
 from medrt import __version__
 from medrt.batch.outputs import LESIONS_JSON, OutputOptions, SeriesOutput
-from medrt.batch.plan import Note, Plan, SeriesPlan, finished, scan, series_notes, settings_key
+from medrt.batch.plan import (
+    Note,
+    Plan,
+    SeriesPlan,
+    finished,
+    relative,
+    scan,
+    series_notes,
+    settings_key,
+)
 from medrt.errors import NoModelForImageError
 from medrt.export.write import atomic_write
 from medrt.types import SpacingSource
@@ -292,13 +301,16 @@ def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bo
                            "failed": sum(1 for n in own if n.kind == "error" and not n.stage.startswith("export-")),
                            "not_written": sorted({n.stage.removeprefix("export-") for n in own
                                                   if n.kind == "error" and n.stage.startswith("export-")}),
-                           "folder": str(folder.relative_to(out))})
+                           "folder": str(folder.relative_to(out)),
+                           # the series' first file in INPUT: UIDs that differ only at their
+                           # end look alike, a file name is what a reader recognises
+                           "first_file": relative(min(sp.paths), plan.root) if sp.paths else ""})
     atomic_write(out / RESULTS, lambda fp: fp.write("".join(lines).encode()))
     table = io.StringIO()
     writer = csv.DictWriter(table, fieldnames=LESION_COLUMNS)
     writer.writeheader()
     writer.writerows(rows)
-    atomic_write(out / LESIONS_CSV, lambda fp: fp.write(table.getvalue().encode()))
+    atomic_write(out / LESIONS_CSV, lambda fp: fp.write(table.getvalue().encode("utf-8", "backslashreplace")))
     buf = io.BytesIO()
     np.savez_compressed(buf, **masks)
     atomic_write(out / MASKS, lambda fp: fp.write(buf.getvalue()))
@@ -307,7 +319,7 @@ def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bo
     writer.writeheader()
     for n in notes:
         writer.writerow(n.as_row())
-    atomic_write(out / ERRORS, lambda fp: fp.write(text.getvalue().encode()))
+    atomic_write(out / ERRORS, lambda fp: fp.write(text.getvalue().encode("utf-8", "backslashreplace")))
     s.errors = sum(1 for n in notes if n.kind == "error")
     s.skipped = sum(1 for n in notes if n.kind == "skipped")
     s.elapsed_s = elapsed

@@ -49,14 +49,26 @@ def _progress(args: argparse.Namespace) -> tuple[Any, Any]:
 
 
 def _table(summary: Any) -> str:
-    lines = [f"{'series':<58} {'mod':<4} {'frames':>6} {'lesions':>7}  largest diameters"]
+    """One line per series: its UID whole (two UIDs often differ only in their last
+    digits), modality, frames, lesions, the largest diameters, and its first file."""
+    width = max([len("series")] + [len(f["series_instance_uid"]) for f in summary.findings])
+    lines = [f"{'series':<{width}} {'mod':<4} {'frames':>6} {'lesions':>7}  largest diameters  [first file]"]
     for f in summary.findings:
         sizes = ", ".join(f"{d:.1f}" for d in f["diameters_mm"][:6]) + (" …" if len(f["diameters_mm"]) > 6 else "")
         sizes = f"{sizes} {f.get('diameter_unit', 'mm')}" if f["diameters_mm"] else ""
         said = " · ".join(x for x in (sizes, series_problems(f)) if x)
-        lines.append(f"{f['series_instance_uid'][:58]:<58} {f['modality']:<4} {f['frames']:>6} {series_lesions(f):>7}  "
-                     f"{said or '-'}")
+        first = f"  [{printable(f['first_file'])}]" if f.get("first_file") else ""
+        lines.append(f"{f['series_instance_uid']:<{width}} {f['modality']:<4} {f['frames']:>6} "
+                     f"{series_lesions(f):>7}  {said or '-'}{first}")
     return "\n".join(lines)
+
+
+def printable(name: str) -> str:
+    """A file name as the terminal can show it: bytes that are not UTF-8 (a Latin-1 name
+    from another hospital's disc) as \\xNN escapes."""
+    import os
+
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
 def _on_ray(args: argparse.Namespace, config: Any, update: Any) -> Any:
