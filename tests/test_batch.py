@@ -255,18 +255,27 @@ def test_interrupted_run_then_rerun_equals_one_clean_run(tmp_path, analyzer):
     assert third.series_resumed == 2 and third.series_analysed == 0  # nothing left to do
 
 
-def test_killed_process_then_rerun_equals_one_clean_run(tmp_path, analyzer):
-    src = _small_input(tmp_path, n=10)
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_killed_process_then_rerun_equals_one_clean_run(tmp_path, analyzer, sig):
+    """SIGKILL leaves what was written; SIGTERM (systemd, a scheduler, `kill`) stops the run
+    as Ctrl-C does: exit 130, results and a report marked interrupted (it used to kill the
+    process before either was written)."""
+    src = _small_input(tmp_path, n=10 if sig == signal.SIGKILL else 24)  # SIGTERM must land mid-run
     clean = run_batch(BatchConfig(src, tmp_path / "clean"), analyzer=analyzer)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     cmd = [sys.executable, "-m", "medrt", "batch", str(src), "--out", str(tmp_path / "killed"), "--quiet",
            "--model", "lesion_unet", "--workers", "1"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list((tmp_path / "killed").glob("series/*/png/*.png")):
         time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 130, err
+        assert "interrupted; run the same command again" in err and "Traceback" not in err
+        assert json.loads((tmp_path / "killed" / "report.json").read_text())["interrupted"] is True
+        assert (tmp_path / "killed" / "results.jsonl").is_file()
     rerun = run_batch(BatchConfig(src, tmp_path / "killed"), analyzer=analyzer)
     assert rerun.exit_code == EXIT_OK
     assert _without_timings(_lines(tmp_path / "killed" / "results.jsonl")) == \
@@ -643,3 +652,15 @@ def test_file_names_that_are_not_utf8_are_analysed_and_named(tmp_path, analyzer,
     errors = (out / "errors.csv").read_text(encoding="utf-8")
     assert "bad\\udcffname.dcm,skipped,scan,not a DICOM file" in errors
     assert "[ct/0r\\xf6ntgen.dcm]" in capsys.readouterr().out  # the first file, as the terminal can show it
+
+
+def test_an_out_that_cannot_be_written_is_named_before_the_models_load(tmp_path, capsys, monkeypatch):
+    import medrt.analyzer
+
+    monkeypatch.setattr(medrt.analyzer, "load_analyzer", lambda *a, **k: pytest.fail("models loaded"))
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    for out, reason in ((taken, "File exists"), (taken / "below", "Not a directory"),
+                        (Path("/proc/medrt-out"), "No such file or directory")):
+        assert main(["batch", str(CT), "--out", str(out)]) == 2
+        assert capsys.readouterr().err.strip() == f"medrt batch: cannot write to {out}: {reason}"

@@ -5,8 +5,10 @@ and scripts can read. Exit codes: 0 all analysed, 1 completed with errors (see e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,44 @@ def _on_ray(args: argparse.Namespace, config: Any, update: Any) -> Any:
         return None
 
 
+def _unwritable(out: Path) -> str:
+    """Why ``out`` cannot take the outputs ("" when it can): made if missing, then a file
+    written and removed in it."""
+    import os
+    import tempfile
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".medrt-probe-", suffix=".tmp", dir=out)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return ""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (systemd, a job scheduler, ``kill``) stops the run as Ctrl-C does: finished
+    series kept, the report marked interrupted, exit 130. It used to kill the process
+    outright, before results.jsonl and the report were written."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(args: argparse.Namespace) -> int:
     from medrt.analyzer import load_analyzer
     from medrt.batch import EXIT_FAILED, BatchConfig, OutputOptions, run_batch
@@ -113,12 +153,18 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.ray:  # each worker sizes its sessions from its own CPUs unless --threads says
         config = replace(config, analyzer=replace(config.analyzer, threads=args.threads))
+    problem = _unwritable(config.out)
+    if problem:  # before the models load: a wrong --out should not cost a minute and a traceback
+        print(f"medrt batch: cannot write to {config.out}: {problem}", file=sys.stderr)
+        return 2
     analyzer = None if args.ray else load_analyzer(config.analyzer)
     progress, update = _progress(args)
     if progress is not None:
         progress.start()
     try:
-        summary = _on_ray(args, config, update) if args.ray else run_batch(config, analyzer=analyzer, progress=update)
+        with _sigterm_as_interrupt():
+            summary = (_on_ray(args, config, update) if args.ray
+                       else run_batch(config, analyzer=analyzer, progress=update))
     finally:
         if progress is not None:
             progress.stop()
