@@ -638,3 +638,34 @@ except DecoderMissingError as exc:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.startswith("OK"), out.stdout + out.stderr
     assert "jxl.dcm" in out.stdout and "JPEG XL Lossless" in out.stdout and "pip install imagecodecs" in out.stdout
+
+
+@pytest.mark.parametrize("signed", [False, True], ids=["junk-above-12-bits", "signed-12-bit-not-extended"])
+def test_bits_above_bits_stored_are_ignored_after_dcmtk_jpeg_ls(tmp_path: Path, signed: bool) -> None:
+    """DCMTK's dcmcjpls (and so Orthanc's transcoding) codes a 12-bit image at 16-bit
+    precision, bits above the twelfth included; the decode gives them back. PS3.5 8.1.1
+    says to ignore them, as medrt does for uncompressed data: it gave values up to
+    62,275 HU, or signed values read as positive, and batch lost or invented lesions."""
+    from conftest import SAMPLE_DIR, require_tool
+
+    src = sorted((SAMPLE_DIR / "ct_stream").glob("*.dcm"))[20]
+    ds = pydicom.dcmread(src)
+    ds.decompress()
+    stored = ds.pixel_array.astype(np.int32)
+    if signed:  # legal: bits above HighBit need not repeat the sign
+        hu = stored - 1024
+        ds.PixelRepresentation, ds.RescaleIntercept = 1, 0
+        ds.PixelData = (hu & 0x0FFF).astype("<u2").tobytes()
+        want = hu.astype(np.float32)
+    else:
+        junk = np.random.default_rng(0).integers(0, 16, stored.shape) << 12
+        ds.PixelData = (stored | junk).astype("<u2").tobytes()
+        want = (stored - 1024).astype(np.float32)
+    plain, packed = tmp_path / "plain.dcm", tmp_path / "jls.dcm"
+    ds.save_as(plain, enforce_file_format=True)
+    np.testing.assert_array_equal(read_frames(plain)[0].pixels, want)  # uncompressed: already right
+    run = subprocess.run([require_tool("dcmcjpls"), str(plain), str(packed)], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert pydicom.dcmread(packed).file_meta.TransferSyntaxUID == "1.2.840.10008.1.2.4.80"
+    np.testing.assert_array_equal(read_frames(packed)[0].pixels, want)

@@ -431,7 +431,34 @@ def _decode(ds: Dataset, tsyntax: UID, photometric: str, n_frames: int, label: o
     except BaseException as exc:  # noqa: BLE001 - Rust decoders panic with a BaseException
         raise CorruptPixelDataError(label, f"pixel data cannot be decoded ({_exc_text(exc)})") from exc
     shape = (n_frames, rows, cols, samples) if samples > 1 else (n_frames, rows, cols)
-    return arr.reshape(shape)
+    arr = arr.reshape(shape)
+    return _without_unused_bits(arr, ds) if samples == 1 else arr
+
+
+def _without_unused_bits(arr: np.ndarray, ds: Dataset) -> np.ndarray:
+    """Greyscale stored values with the bits above Bits Stored ignored (PS3.5 8.1.1):
+    masked, or for signed data sign-extended from the high bit.
+
+    pydicom does this for uncompressed data but not after a JPEG-LS (or JPEG 2000) decode,
+    which gives back the codestream's precision: DCMTK's ``dcmcjpls`` (and so Orthanc's
+    transcoding) writes a 12-bit image as a 16-bit codestream, bits above the twelfth
+    and all, and those bits came back as values up to 62,275 HU (unsigned) or signed
+    values read as positive, silently, with lesions lost or invented."""
+    if arr.dtype.kind not in "iu":
+        return arr
+    bits = 8 * arr.dtype.itemsize
+    stored = int(ds.get("BitsStored", bits) or bits)
+    if not 0 < stored < bits:
+        return arr
+    signed = int(ds.get("PixelRepresentation", 0) or 0) == 1
+    lo, hi = (-(1 << (stored - 1)), (1 << (stored - 1)) - 1) if signed else (0, (1 << stored) - 1)
+    if arr.max() <= hi and arr.min() >= lo:  # the usual case: nothing above Bits Stored
+        return arr
+    arr = arr.astype(np.dtype(f"{'i' if signed else 'u'}{arr.dtype.itemsize}"), copy=not arr.flags.writeable)
+    shift = bits - stored
+    np.left_shift(arr, shift, out=arr)
+    np.right_shift(arr, shift, out=arr)  # arithmetic on a signed type: sign extension
+    return arr
 
 
 def _check_fragments(ds: Dataset, n_frames: int, label: object) -> None:
