@@ -31,18 +31,32 @@ def test_info_on_a_folder_with_a_mix_of_good_and_bad_files(tmp_path: Path) -> No
     assert out.returncode == 1, "completed with errors"
     doc = json.loads(out.stdout)
     by_name = {Path(f["path"]).name: f for f in doc["files"]}
-    assert doc["summary"] == {"files": 6, "decoded": 2, "errors": 2, "skipped": 2}
+    assert doc["summary"] == {"files": 6, "decoded": 2, "errors": 1, "skipped": 3}
     assert by_name["ct.dcm"]["ok"] and by_name["ct.dcm"]["transfer_syntax"] == "Explicit VR Little Endian"
     assert by_name["ct.dcm"]["spacing_source"] == "PixelSpacing"
     assert by_name["mr_jls.dcm"]["transfer_syntax"] == "JPEG-LS Lossless Image Compression"
-    assert by_name["report.dcm"]["error_kind"] == "NotAnImageError"
+    assert by_name["report.dcm"]["error_kind"] == "NotAnImageError" and by_name["report.dcm"]["skipped"]
     assert by_name["truncated.dcm"]["error_kind"] == "CorruptPixelDataError"
     assert by_name["notes.txt"]["error_kind"] == "NotDicomError" and by_name["notes.txt"]["skipped"]
     assert by_name["noise.bin"]["error_kind"] == "NotDicomError" and by_name["noise.bin"]["skipped"]
 
     human = medrt("info", str(folder))
-    assert "6 file(s): 2 decoded, 2 with errors, 2 skipped (not DICOM)" in human.stdout
+    assert "6 file(s): 2 decoded, 1 with errors, 3 skipped (not DICOM, or not an image)" in human.stdout
     assert "truncated.dcm" in human.stdout and "ERROR (CorruptPixelDataError)" in human.stdout
+
+    # A patient disc: its DICOMDIR inside the folder is passed over, not an error (exit 0).
+    from pydicom import dcmread
+    from pydicom.fileset import FileSet
+
+    disc = tmp_path / "disc"
+    fs = FileSet()
+    for slice_ in sorted((SAMPLE_DIR / "ct_stream").glob("*.dcm"))[:2]:
+        fs.add(dcmread(slice_))
+    fs.write(disc)
+    out = medrt("info", "--json", str(disc))
+    doc = json.loads(out.stdout)
+    assert out.returncode == 0 and doc["summary"]["errors"] == 0, doc["summary"]
+    assert any(Path(f["path"]).name == "DICOMDIR" and f["skipped"] for f in doc["files"])
 
 
 def test_info_route_says_which_model_takes_each_image_or_why_none_does(tmp_path: Path) -> None:

@@ -162,9 +162,10 @@ def run(args: argparse.Namespace) -> int:
                 paths = listing.files
         for path in paths:
             info = inspect_file(path, routed)
-            # Inside a folder, files that are not DICOM at all (notes, sidecars)
-            # are passed over with a note; a file named on the command line is not.
-            info.skipped = walked and info.error_kind == "NotDicomError"
+            # Inside a folder, files that are not DICOM at all (notes, sidecars) and DICOM
+            # objects that are not images (a disc's DICOMDIR, SR, SEG) are passed over with
+            # a note, as medrt batch passes them over; a file named on the command line is not.
+            info.skipped = walked and info.error_kind in ("NotDicomError", "NotAnImageError")
             results.append(info)
     decoded = sum(r.ok for r in results)
     skipped = sum(r.skipped for r in results)
@@ -179,7 +180,8 @@ def run(args: argparse.Namespace) -> int:
         for r in results:
             print(_human(r))
         print(
-            f"\n{len(results)} file(s): {decoded} decoded, {errors} with errors, {skipped} skipped (not DICOM)"
+            f"\n{len(results)} file(s): {decoded} decoded, {errors} with errors, {skipped} skipped "
+            "(not DICOM, or not an image)"
         )
     return EXIT_PARTIAL if errors or not decoded else EXIT_OK
 
@@ -190,8 +192,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="show what medrt sees in DICOM files (SOP class, syntax, size, spacing) and whether they decode",
         description="Show what medrt sees in each file: SOP class, transfer syntax, size, frames, "
         "spacing and window, and whether the pixels decode (with the reason when they do not). "
-        "Folders are searched recursively; files in them that are not DICOM at all are "
-        "skipped with a note. Exit status 1 when any DICOM file (or any file named on the "
+        "Folders are searched recursively; files in them that are not DICOM at all, and DICOM "
+        "objects that are not images (DICOMDIR, SR, SEG), are skipped with a note. Exit status 1 when any DICOM file (or any file named on the "
         "command line) has an error, or nothing decoded.",
     )
     p.add_argument("paths", nargs="+", metavar="PATH", help="files, folders or DICOMDIRs")
