@@ -669,3 +669,18 @@ def test_bits_above_bits_stored_are_ignored_after_dcmtk_jpeg_ls(tmp_path: Path, 
     assert run.returncode == 0, run.stderr
     assert pydicom.dcmread(packed).file_meta.TransferSyntaxUID == "1.2.840.10008.1.2.4.80"
     np.testing.assert_array_equal(read_frames(packed)[0].pixels, want)
+
+
+def test_a_compressed_file_cut_inside_its_pixel_data_is_named_as_truncated_pixels(tmp_path: Path) -> None:
+    """pydicom returns an empty data set when a file ends inside encapsulated pixel data;
+    that read as a damaged header ("no data elements could be read") though the header
+    is whole and batch had grouped the file by it."""
+    from conftest import SAMPLE_DIR
+
+    data = (SAMPLE_DIR / "radiographs" / "dx_0001.dcm").read_bytes()  # JPEG-LS
+    cut = tmp_path / "cut.dcm"
+    cut.write_bytes(data[:300_000])
+    with pytest.raises(CorruptPixelDataError, match="cut.dcm.*ends inside the encapsulated pixel data"):
+        read_frames(cut)
+    with pytest.raises(CorruptDicomError):  # a header cut short is still a damaged header
+        read_frames(data[:200])

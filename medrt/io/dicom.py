@@ -184,8 +184,22 @@ def _parse(name: object, fp: BinaryIO, stop_before_pixels: bool, defer_size: int
     if not has_prefix and not _looks_like_dicom(ds):
         raise NotDicomError(name, "no 'DICM' prefix and no DICOM attributes found")
     if len(ds) == 0:
+        if not stop_before_pixels and _header_reads(fp, start):
+            # pydicom hands back an empty data set when the file ends inside undefined-length
+            # (encapsulated) pixel data: the header is whole, the pixels are cut
+            raise CorruptPixelDataError(name, "the file ends inside the encapsulated pixel data (truncated)")
         raise CorruptDicomError(name, "no data elements could be read: the file is truncated or damaged")
     return ds
+
+
+def _header_reads(fp: BinaryIO, start: int) -> bool:
+    """Whether the header up to the pixel data parses into an image's attributes."""
+    try:
+        fp.seek(start)
+        head = pydicom.dcmread(fp, stop_before_pixels=True, force=True)
+        return "Rows" in head and "Columns" in head
+    except Exception:
+        return False
 
 
 def _read_without_preamble(name: object, fp: BinaryIO, stop_before_pixels: bool) -> Dataset:
