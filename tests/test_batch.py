@@ -559,6 +559,12 @@ def test_a_folder_of_unreadable_files_says_so_not_that_no_model_is_for_them(tmp_
     (row,) = csv.DictReader((tmp_path / "out" / "errors.csv").open())
     assert row["file"] == "a.dcm" and "SeriesInstanceUID" in row["reason"]
 
+    # A series whose only image cannot be decoded: nothing was analysed, so the run failed
+    # (exit 2, as --help says), not "completed with errors" (1), as it said before.
+    (src / "a.dcm").unlink()
+    (src / "b.dcm").write_bytes((SAMPLE_DIR / "ct_stream" / "ct_0003.dcm").read_bytes()[:5000])
+    assert main(["batch", str(src), "--out", str(tmp_path / "out2"), "--quiet"]) == EXIT_FAILED
+
 
 def test_empty_or_missing_input_fails(tmp_path, analyzer):
     (tmp_path / "empty").mkdir()

@@ -325,7 +325,7 @@ def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bo
     s.elapsed_s = elapsed
     if interrupted:
         s.exit_code = EXIT_INTERRUPTED
-    elif not plan.series:  # no image, or none that these models are for
+    elif not plan.series or not s.frames:  # no image, none that these models are for, or none readable
         s.exit_code = EXIT_FAILED
     elif s.errors:
         s.exit_code = EXIT_ERRORS
