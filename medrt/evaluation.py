@@ -45,6 +45,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import zipfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -500,7 +501,10 @@ def iter_predictions(path: str | Path) -> Iterator[FramePrediction]:
     if not path.is_file():
         raise InputError(path, f"no {RESULTS_JSONL} found")
     masks_path = path.with_name(MASKS_NPZ)
-    npz = np.load(masks_path, allow_pickle=False) if masks_path.is_file() else None
+    try:
+        npz = np.load(masks_path, allow_pickle=False) if masks_path.is_file() else None
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise InputError(masks_path, f"the label maps cannot be read ({type(exc).__name__}: {exc})") from None
     try:
         with path.open(encoding="utf-8") as fh:
             for n, line in enumerate(fh, start=1):
@@ -520,6 +524,9 @@ def iter_predictions(path: str | Path) -> Iterator[FramePrediction]:
                             labels = np.asarray(npz[k])
                             break
                 yield FramePrediction(key, lesions, labels)
+    except UnicodeDecodeError as exc:  # a masks.npz, a PNG, a DICOM file given as PRED
+        raise InputError(path, f"not a {RESULTS_JSONL} (not UTF-8 text at byte {exc.start}); "
+                               "give a results.jsonl, its folder, or DICOM SEG (--seg)") from None
     finally:
         if npz is not None:
             npz.close()

@@ -326,6 +326,13 @@ def test_cli_eval_table_and_bad_inputs(
     assert main(["eval", str(tmp_path / "other"), str(SAMPLE_DIR)]) == 2
     assert "line 1" in capsys.readouterr().err
 
+    np.savez_compressed(tmp_path / "masks.npz", x=np.zeros((4, 4), np.uint16))  # the run's other file as PRED
+    assert main(["eval", str(tmp_path / "masks.npz"), str(SAMPLE_DIR)]) == 2  # was a UnicodeDecodeError
+    assert "masks.npz: bad input: not a results.jsonl (not UTF-8 text at byte" in capsys.readouterr().err
+    (tmp_path / "other" / "masks.npz").write_bytes(b"PK\x03\x04 cut short")
+    assert main(["eval", str(tmp_path / "other"), str(SAMPLE_DIR)]) == 2
+    assert "masks.npz: bad input: the label maps cannot be read" in capsys.readouterr().err
+
 
 NODULE_RGB = (0, 160, 255)  # the colour another tool's SEG recommends for its "Nodule" segment
 
