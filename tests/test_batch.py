@@ -20,7 +20,7 @@ import pytest
 
 from conftest import REPO, SAMPLE_DIR, pydicom_test_dir, require_tool
 from medrt.analyzer import load_analyzer
-from medrt.batch import EXIT_ERRORS, EXIT_FAILED, EXIT_OK, BatchConfig, run_batch
+from medrt.batch import EXIT_ERRORS, EXIT_FAILED, EXIT_OK, BatchConfig, OutputOptions, run_batch
 from medrt.cli import main
 
 CT = SAMPLE_DIR / "ct_stream"
@@ -670,3 +670,28 @@ def test_an_out_that_cannot_be_written_is_named_before_the_models_load(tmp_path,
                         (Path("/proc/medrt-out"), "No such file or directory")):
         assert main(["batch", str(CT), "--out", str(out)]) == 2
         assert capsys.readouterr().err.strip() == f"medrt batch: cannot write to {out}: {reason}"
+
+
+def test_a_series_whose_outputs_cannot_be_written_is_not_finished(tmp_path, analyzer):
+    """A full disk (here: the series' png folder gone, a file in its place, mid-series)
+    made the run write the manifest anyway, noting 'fewer frames decoded', so the series
+    read as finished with its lesions lost, and a rerun skipped it. Now it is not finished:
+    errors.csv says why, and the next run analyses it again."""
+    src = _small_input(tmp_path, n=4)
+    out = tmp_path / "out"
+
+    def progress(done, total):
+        if done == 2:  # after two frames are written, the series' folder stops taking files
+            (png,) = out.glob("series/*/png")
+            shutil.rmtree(png)
+            png.write_text("not a folder")
+
+    first = run_batch(BatchConfig(src, out, workers=1, outputs=OutputOptions(png="all")), analyzer=analyzer,
+                      progress=progress)
+    assert first.exit_code == EXIT_FAILED and first.series_analysed == 0 and list(first.unwritten)
+    assert not list(out.glob("series/*/manifest.json"))
+    (row,) = csv.DictReader((out / "errors.csv").open())
+    assert (row["kind"], row["stage"]) == ("error", "write") and "the next run analyses it again" in row["reason"]
+    assert "NotADirectoryError" in row["reason"] or "FileExistsError" in row["reason"]
+    second = run_batch(BatchConfig(src, out, workers=1, outputs=OutputOptions(png="all")), analyzer=analyzer)
+    assert second.exit_code == EXIT_OK and second.series_analysed == 1 and second.frames == 4

@@ -84,6 +84,34 @@ def test_healthz_names_what_is_wrong(tmp_path):
         spool.close()
 
 
+def test_a_worker_whose_every_pass_fails_is_named_and_logged_once_a_minute(tmp_path, caplog):
+    """The index's disk full made every pass of the series worker fail, twice a second, each
+    with a traceback in the log, while /healthz said "ok". Now the first failure is logged
+    with its traceback, repeats once a minute, and the health page names it."""
+    from medrt.pacs.service import PacsService
+
+    caplog.set_level("INFO", logger="medrt")
+    spool = Spool(tmp_path / "spool")
+    fill(spool, CT[:1])
+    service = PacsService(spool, tmp_path / "out", None)
+    monitor = Monitor(spool, service=service)
+    service.start(tick_s=0.02)
+    try:
+        spool.close()  # every pass now fails on the index
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "3 pass(es)" not in service.failing:
+            time.sleep(0.02)
+        problems = monitor.problems()
+        assert any(p.startswith("the series worker fails: ProgrammingError: Cannot operate on a closed database")
+                   for p in problems), problems
+        assert monitor.stuck() == []  # not mended by a restart
+        for thread in ("medrt-listener-worker", "medrt-listener-forwarder"):  # each logs its traceback once
+            assert caplog.text.count(f"{thread}: pass failed; trying again") == 1
+        assert caplog.text.count("Traceback") == 2 and "passes still failing" not in caplog.text
+    finally:
+        service.stop()
+
+
 def test_medrt_listen_reports_to_prometheus_and_to_systemd(tmp_path, storescp):
     dest, pacs = storescp
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)

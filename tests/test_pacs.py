@@ -89,6 +89,14 @@ def test_spool_files_by_uid_and_lists_a_series_once_it_is_quiet(tmp_path):
     assert not spool.mark(state.series_uid, "done", unless_received_after=state.last_received)
     assert spool.series(state.series_uid).state == "receiving"
     assert [p.name for p in spool.paths(state.series_uid)][-1] == f"{ds.SOPInstanceUID}.2.dcm"
+    # The series is listed by its images' modality: an SR or a PDF filed in it does not rename it.
+    spool.store(data, **{**uids, "sop_uid": ds.SOPInstanceUID + ".3"}, modality="SR", now=113.0)
+    assert spool.series(state.series_uid).modality == "CT"
+    other = {**uids, "series_uid": ds.SeriesInstanceUID + ".9", "sop_uid": ds.SOPInstanceUID + ".9"}
+    spool.store(data, **other, modality="DOC", now=114.0)  # a document first, then the images
+    assert spool.series(other["series_uid"]).modality == "DOC"
+    spool.store(data, **{**other, "sop_uid": ds.SOPInstanceUID + ".10"}, modality="CT", now=115.0)
+    assert spool.series(other["series_uid"]).modality == "CT"
 
 
 @pytest.mark.parametrize("uids, message", [
@@ -353,6 +361,42 @@ def test_a_broken_image_is_named_and_the_rest_of_its_series_is_analysed(tmp_path
     assert rows[0]["reason"]
 
 
+def test_results_that_cannot_be_written_leave_the_series_failed_and_retried(tmp_path, analyzer):
+    """A full disk while a series' results were written left it 'done' with its lesions
+    lost (its manifest was written anyway, SEG missing, the SR empty). Now it is 'failed',
+    said why, and analysed whole at the next try (here: its results folder could not be
+    made, a file in its place, until that was cleared)."""
+    spool = Spool(tmp_path / "spool")
+    fill(spool, CT[:4])
+    uid = pydicom.dcmread(CT[0], stop_before_pixels=True).SeriesInstanceUID
+    service = PacsService(spool, tmp_path / "out", analyzer, idle_s=0.0, retry_s=0.0)
+    blocker = tmp_path / "out" / uid / "series"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("")
+    (outcome,) = service.run_once()
+    assert outcome.state == "failed" and "its outputs could not be written" in outcome.detail
+    assert spool.series(uid).state == "failed"
+    blocker.unlink()
+    (outcome,) = service.run_once()
+    assert (outcome.state, outcome.frames) == ("done", 4) and outcome.lesions > 0
+
+
+def test_a_series_left_analysing_by_a_lost_outcome_is_analysed_again(tmp_path, analyzer):
+    """The outcome of an analysis could not be recorded (the index's disk full): the series
+    stayed 'analysing' until a restart, and `medrt spool --requeue` refused it. The next
+    pass makes it 'failed', analysed again after --retry."""
+    spool = Spool(tmp_path / "spool")
+    fill(spool, CT[:2])
+    (state,) = spool.due(0.0, now=100.0)
+    assert spool.claim(state.series_uid, expect_received=state.last_received, now=100.0)
+    service = PacsService(spool, tmp_path / "out", analyzer, idle_s=0.0, retry_s=60.0)
+    assert service.run_once(now=200.0) == []  # released, not yet due again
+    left = spool.series(state.series_uid)
+    assert (left.state, left.last_attempt) == ("failed", 200.0) and "could not be recorded" in left.detail
+    (outcome,) = service.run_once(now=261.0)
+    assert (outcome.state, outcome.frames) == ("done", 2)
+
+
 def test_a_series_none_of_whose_images_could_be_read_says_nothing_was_analysed(tmp_path, analyzer):
     """Every image cut short upstream: each is acknowledged (it is on disk) and named in
     errors.csv, and the series is done with "nothing analysed" beside it in the log and the
@@ -496,6 +540,31 @@ def test_the_wait_after_a_dead_peer_counts_from_its_failure(tmp_path, analyzer):
         silent.close()
     assert [o.state for o in outcomes] == ["unsent", "unsent"] and len(silent.accepted) == 1
     assert "not tried: it took nothing" in outcomes[1].detail
+
+
+def test_an_unsent_series_is_tried_again_retry_after_its_send_failed(tmp_path, analyzer):
+    """The spool dated an unsent series' retry from when its send began, the destination's
+    from when it failed (a --forward-timeout later): each retry in between was "not tried",
+    so a PACS that came back waited twice --retry. Both now count from the failure."""
+    silent = SilentPeer()
+    hung = Destination("PACS", "127.0.0.1", silent.port)
+    spool = Spool(tmp_path / "spool")
+    service = PacsService(spool, tmp_path / "out", analyzer, forward=hung, idle_s=0.0, retry_s=1.5,
+                          forward_timeout_s=1.5)
+    uid = "1.2.826.0.1.3680043.8.498.93"
+    try:
+        arrive(spool, service, uid, CT[:2])
+        (first,) = service.run_once()
+        failed = time.time()
+        assert first.state == "unsent" and len(silent.accepted) == 1
+        assert spool.series(uid).last_attempt >= failed - 1.0  # the failure, not the claim 1.5 s before it
+        deadline = time.monotonic() + 30
+        while not spool.to_send(retry_s=1.5) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        (second,) = service.run_once()
+    finally:
+        silent.close()
+    assert "not tried" not in second.detail and len(silent.accepted) == 2, second.detail
 
 
 def test_a_series_the_forwarder_claims_the_moment_it_is_analysed_keeps_its_analysis(tmp_path, analyzer, storescp):
@@ -738,7 +807,7 @@ def test_a_host_that_drops_connections_times_out_as_asked(tmp_path):
     time.sleep(0.2)
     t0 = time.monotonic()
     try:
-        with pytest.raises(ForwardError, match=r"association (aborted|not established)"):
+        with pytest.raises(ForwardError, match=r"PACS@127\.0\.0\.1:\d+: no answer within 2 s \(--forward-timeout"):
             send([CT[0]], Destination("PACS", "127.0.0.1", port), timeout_s=2.0)
         assert time.monotonic() - t0 < 60.0  # two minutes without connection_timeout; 2 s with it
     finally:
@@ -872,6 +941,10 @@ def test_medrt_spool_lists_the_queue_and_requeues_by_hand(tmp_path, analyzer, st
     service = PacsService(spool, tmp_path / "out", analyzer, forward=dest, idle_s=0.0, retry_s=1e9)
     (first,) = service.run_once()
     assert first.state == "done" and sorted(first.forwarded) == ["seg.dcm", "sr.dcm"]
+    # the pass released the series no analysis held (failed, due after retry_s); the listener
+    # analysing it now, as `medrt spool` in another shell sees it:
+    assert spool.series("1.2.826.0.1.3680043.8.498.3").state == "failed"
+    assert spool.claim("1.2.826.0.1.3680043.8.498.3", expect_received=2.0)
     capsys.readouterr()
 
     assert main(["spool", str(root)]) == 0
@@ -896,6 +969,7 @@ def test_medrt_spool_lists_the_queue_and_requeues_by_hand(tmp_path, analyzer, st
     assert again.sent == {str(dest): 2}  # a requeue forgets what the PACS took: it lost them
     assert len(list(pacs.iterdir())) >= 2
 
+    assert spool.claim("1.2.826.0.1.3680043.8.498.3", expect_received=2.0)  # being analysed again
     assert main(["spool", str(root), "--requeue-failed", "--json"]) == 0
     out, err = capsys.readouterr()
     report = json.loads(out)
@@ -910,10 +984,24 @@ def test_medrt_spool_lists_the_queue_and_requeues_by_hand(tmp_path, analyzer, st
     assert "not a medrt spool" in capsys.readouterr().err and not (tmp_path / "elsewhere").exists()
 
 
-def test_forward_error_names_the_destination(tmp_path):
-    dest = Destination.parse(f"NOBODY@127.0.0.1:{free_port()}")
-    with pytest.raises(ForwardError, match=r"NOBODY@127\.0\.0\.1:\d+: association"):
-        send([CT[0]], dest)
+def test_forward_error_names_the_destination_and_what_went_wrong(tmp_path):
+    """IT reads these in the log and in `medrt spool`: a refused connection, a peer that never
+    answers and a rejected association each say so (all three read "association aborted
+    (is MEDRT known to it, and is it listening?)" before)."""
+    port = free_port()
+    with pytest.raises(ForwardError, match=rf"NOBODY@127\.0\.0\.1:{port}: cannot connect to 127\.0\.0\.1:{port}: "
+                                           r"connection refused \(is it listening\?\)"):
+        send([CT[0]], Destination.parse(f"NOBODY@127.0.0.1:{port}"))
+    silent = SilentPeer()
+    try:
+        with pytest.raises(ForwardError, match=r"no answer within 1 s \(--forward-timeout"):
+            send([CT[0]], Destination("HUNG", "127.0.0.1", silent.port), timeout_s=1.0)
+    finally:
+        silent.close()
+    spool = Spool(tmp_path / "spool")
+    with Listener(spool, host="127.0.0.1", port=0, allowed_callers=["SCANNER"]) as listener:
+        with pytest.raises(ForwardError, match=r"association rejected \(is MEDRT known to it as a calling AE title"):
+            send([CT[0]], Destination("MEDRT", "127.0.0.1", listener.port))
     assert Destination.parse("ORTHANC@[::1]:4242") == Destination("ORTHANC", "::1", 4242)
     for text in ("ORTHANC@host", "@host:1", "A@h:99999"):
         with pytest.raises(ValueError, match="AET@HOST:PORT"):
@@ -951,7 +1039,7 @@ def test_medrt_listen_finishes_what_a_crash_left_in_the_spool(tmp_path, storescp
     assert "(1 series to finish, 1 resumed)" in text and "MiB free on the spool's disk" in text
     assert "below --min-free 1099511627776 MiB: images are refused" in text
     assert f"series {state.series_uid}: done, 3 frame(s)" in text and "2 object(s) forwarded" in text
-    assert "medrt listen: stopped; 0 image(s) stored" in text
+    assert "medrt listen: stopped; 0 image(s) stored" in text and "1 series outcome(s) (1 done)" in text
     assert len(list(pacs.iterdir())) == 2
     results = tmp_path / "spool" / "results" / state.series_uid
     assert (results / "results.jsonl").is_file()

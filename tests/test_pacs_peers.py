@@ -156,7 +156,7 @@ def test_a_report_the_sender_cannot_take_is_kept_and_sent_after_a_restart(tmp_pa
         assert [int(s.Status) for s in scanner.send(listener.port, images, [(1, request("2.25.7", held))])] == [0]
     reporter = CommitmentReporter(spool, peers, retry_s=60.0)
     ((commitment, outcome),) = reporter.run_once()
-    assert commitment.transaction_uid == "2.25.7" and f"SCANNER@127.0.0.1:{scanner.port}: association" in outcome
+    assert commitment.transaction_uid == "2.25.7" and f"SCANNER@127.0.0.1:{scanner.port}: cannot connect to " in outcome
     assert reporter.run_once() == []  # not before retry_s
     assert main(["spool", str(tmp_path / "spool")]) == 0
     assert "storage commitment: 0 report(s) sent, 0 pending, 1 failed (retried)" in capsys.readouterr().out

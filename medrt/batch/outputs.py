@@ -192,6 +192,8 @@ class SeriesOutput:
     def _export(self, what: str, build: Any) -> Any:
         try:
             return build()
+        except OSError:  # the disk, not the object: the series cannot be finished now (no manifest)
+            raise
         except Exception as exc:  # an object we cannot build must not lose the rest of the series
             reason = describe_exception(exc)  # a library's message may quote a header value
             log.error("series %s: %s export failed: %s", self.plan.uid, what, reason)

@@ -94,6 +94,7 @@ class BatchSummary:
     elapsed_s: float = 0.0
     out: Path | None = None
     findings: list[dict[str, Any]] = field(default_factory=list)  # per series, for the CLI table
+    unwritten: dict[str, str] = field(default_factory=dict)  # series UID -> why its outputs could not be written
     report: dict[str, Any] = field(default_factory=dict)
 
 
@@ -109,25 +110,46 @@ class _Sink:
         self.done = 0
         self.started: set[int] = set()
         self.finished: dict[str, dict[str, Any]] = {}
+        # series whose outputs could not be written (a full disk, a folder gone): never
+        # finished, so no manifest says they were; a rerun (the listener's retry) redoes them
+        self.unwritten: dict[str, str] = {}
         self.lock = threading.Lock()
 
     def _series(self, origin: str) -> SeriesOutput:
         so = self.by_path[origin]
         if id(so) not in self.started:
-            so.start()
             self.started.add(id(so))
+            self._writing(so, so.start)
         return so
+
+    def _writing(self, so: SeriesOutput, write: Callable[[], Any]) -> Any:
+        """``write()`` for a series still being written; an OSError gives the series up."""
+        if so.plan.uid in self.unwritten:
+            return None
+        try:
+            return write()
+        except OSError as exc:
+            from medrt.privacy import describe_exception
+
+            self.unwritten[so.plan.uid] = describe_exception(exc)
+            log.error("batch: series %s: its outputs cannot be written (%s); it is not finished",
+                      so.plan.uid, self.unwritten[so.plan.uid])
+            return None
 
     def _advance(self, so: SeriesOutput, frames: int) -> None:
         self.done += frames
         if self.progress is not None:
             self.progress(self.done, self.total)
-        if so.complete and so.plan.uid not in self.finished:
-            self.finished[so.plan.uid] = so.finish()
+        uid = so.plan.uid
+        if so.complete and uid not in self.finished and uid not in self.unwritten:
+            manifest = self._writing(so, so.finish)
+            if manifest is not None:
+                self.finished[uid] = manifest
 
     def on_result(self, result: Any, env: Any) -> None:
         so = self._series(env.origin)
-        so.add(result, env.origin)
+        if self._writing(so, lambda: so.add(result, env.origin)) is None and so.plan.uid in self.unwritten:
+            so.done_paths[env.origin] = so.done_paths.get(env.origin, 0) + 1  # counted, not kept
         self._advance(so, 1)
 
     def on_error(self, error: Any, env: Any) -> None:
@@ -211,11 +233,20 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
             pipe.abort()
         if not interrupted:  # a series whose frame count surprised us still gets its outputs
             for so in {id(s): s for s in outputs.values()}.values():
-                if id(so) in sink.started and so.plan.uid not in sink.finished:
+                uid = so.plan.uid
+                if id(so) in sink.started and uid not in sink.finished and uid not in sink.unwritten:
                     so.notes.append(Note(so.rel(str(so.plan.paths[0])), "error", "batch",
                                          "fewer frames decoded than the headers announced"))
-                    sink.finished[so.plan.uid] = so.finish()
+                    manifest = sink._writing(so, so.finish)
+                    if manifest is not None:
+                        sink.finished[uid] = manifest
+    for sp in pending:
+        if sp.uid in sink.unwritten:
+            plan.notes.append(Note(relative(min(sp.paths), plan.root) if sp.paths else sp.uid, "error", "write",
+                                   f"the series' outputs could not be written ({sink.unwritten[sp.uid]}); "
+                                   "it is not finished, and the next run analyses it again"))
     summary = _assemble(plan, out, series_dir, key, interrupted, time.perf_counter() - t0)
+    summary.unwritten = dict(sink.unwritten)
     summary.series_resumed = resumed
     summary.series_analysed = len(sink.finished)
     summary.report = _report(summary, plan, settings, analyzer, telemetry, out)

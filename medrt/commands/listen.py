@@ -260,10 +260,19 @@ def run(args: argparse.Namespace) -> int:
     c = listener.counts
     print(f"medrt listen: stopped; {c['stored']} image(s) stored, {c['refused']} refused, {c['failed']} not stored, "
           + (f"{listener.connections_refused} connection(s) refused (--allow-from), " if args.allow_from else "")
-          + f"{sum(service.processed.values())} series processed"
+          + _processed(service)
           + (f", {c['commitments']} storage commitment request(s), {reporter.reported} reported" if peers else ""),
           flush=True)
     return 0
+
+
+def _processed(service: Any) -> str:
+    """What the passes over series ended in since start, by state: outcomes, not series (a
+    series retried three times before it was done counts four times, as
+    medrt_series_processed_total does)."""
+    total = sum(service.processed.values())
+    ends = ", ".join(f"{n} {state}" for state, n in sorted(service.processed.items()) if n)
+    return f"{total} series outcome(s)" + (f" ({ends})" if ends else "")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

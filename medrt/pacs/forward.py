@@ -128,6 +128,7 @@ class _Sending:
     delivered: set[Path] = field(default_factory=set)
     stopped: bool = False  # a lane was stopped before it sent: the series waits for the next start
     recalled: list[str] = field(default_factory=list)  # lanes it was taken out of: new images came
+    failed_at: float = 0.0  # when the last lane that failed answered: --retry counts from it
 
 
 class Forwarder(BackgroundLoop):
@@ -343,6 +344,7 @@ class Forwarder(BackgroundLoop):
             job.stopped |= stopped
             if refused and why:
                 job.problems.append(why)
+                job.failed_at = max(job.failed_at, time.time() if now is None else now)
             job.left -= 1
             last = job.left == 0
         if last:
@@ -388,8 +390,12 @@ class Forwarder(BackgroundLoop):
                       outcome.detail, self.retry_s, outcome.out)
         else:
             outcome.state = "done"
+        # an unsent series is due again --retry after its send failed (as the destination is
+        # tried again then), not after it was claimed: the two clocks disagreed by the send's
+        # length, so every other retry was "not tried" and the real interval was twice --retry
         if not self.spool.mark(uid, outcome.state, outcome.detail if job.problems else "",
-                               unless_received_after=state.last_received):
+                               unless_received_after=state.last_received,
+                               attempted_at=job.failed_at if job.problems and job.failed_at else None):
             outcome.state = "receiving"  # more arrived meanwhile: analysed again once it is quiet
         log.info("listener: series %s %s: %d frame(s), %d lesion(s), %d error(s), %d sent to %s", uid,
                  outcome.state, outcome.frames, outcome.lesions, outcome.errors, len(outcome.forwarded),

@@ -13,8 +13,8 @@
 ``/healthz``
     ``200`` and ``{"status": "ok", ...}``, or ``503`` and ``{"status": "unhealthy",
     "problems": [...]}`` naming each: the DICOM port not served, the series worker, the
-    forwarder or the commitment reporter stopped, the spool's index unreadable, or the disk below
-    ``--min-free`` (images are refused then). A load balancer's or Nagios' check reads it.
+    forwarder or the commitment reporter stopped or failing every pass, the spool's index
+    unreadable, or the disk below ``--min-free`` (images are refused then). A load balancer's or Nagios' check reads it.
 
 Labels carry AE titles, addresses and states only; nothing here knows a patient.
 """
@@ -109,6 +109,13 @@ class Monitor:
             found.append(("the forwarder has stopped", True))
         if self.reporter is not None and not self.reporter.alive:
             found.append(("the storage commitment reporter has stopped", True))
+        # threads alive but every pass failing (a full disk under the index): not mended by a restart
+        for name, loop in (("the series worker", self.service),
+                           ("the forwarder", getattr(self.service, "forwarder", None)),
+                           ("the storage commitment reporter", self.reporter)):
+            failing = getattr(loop, "failing", "") if loop is not None else ""
+            if failing:
+                found.append((f"{name} fails: {failing}", False))
         try:
             self.spool.totals()
         except sqlite3.Error as exc:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import ssl
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,12 +134,33 @@ def associate(dest: Destination, contexts: Sequence[tuple[str, str | None]], *, 
             ae.add_requested_context(abstract)  # pynetdicom's uncompressed transfer syntaxes
         else:
             ae.add_requested_context(abstract, transfer)
+    started = time.monotonic()
     assoc = ae.associate(dest.host, dest.port, ae_title=dest.ae_title, ext_neg=list(ext_neg) or None,
                          tls_args=None if tls is None else (tls, None))
     if not assoc.is_established:
-        why = "rejected" if assoc.is_rejected else "aborted" if assoc.is_aborted else "not established"
-        raise ForwardError(f"{dest}: association {why} (is {calling_ae} known to it, and is it listening?)")
+        if assoc.is_rejected:
+            raise ForwardError(f"{dest}: association rejected (is {calling_ae} known to it as a calling AE title, "
+                               f"and is {dest.ae_title} its AE title?)")
+        if time.monotonic() - started >= 0.9 * timeout_s:
+            raise ForwardError(f"{dest}: no answer within {timeout_s:.0f} s (--forward-timeout; a hung PACS, "
+                               "a firewall dropping packets, or the host is off?)")
+        raise ForwardError(f"{dest}: {_why_not_connected(dest, timeout_s, calling_ae)}")
     return assoc
+
+
+def _why_not_connected(dest: Destination, timeout_s: float, calling_ae: str) -> str:
+    """Why an association that failed at once, neither established nor rejected, failed,
+    as IT reads it: pynetdicom reports a refused connection as an abort. A TCP connect,
+    only after that failure, tells them apart."""
+    import socket
+
+    try:
+        with socket.create_connection((dest.host, dest.port), timeout=min(timeout_s, 10.0)):
+            pass
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        return f"cannot connect to {dest.host}:{dest.port}: {reason[:1].lower() + reason[1:]} (is it listening?)"
+    return f"association aborted by the peer (is {calling_ae} known to it, and does it take DICOM here?)"
 
 
 def send(paths: Sequence[str | Path], dest: Destination, *, calling_ae: str = "MEDRT",

@@ -134,6 +134,12 @@ class PacsService(BackgroundLoop):
         outcomes are those of the whole (analysis and forwarding)."""
         done = []
         inline = not self.forwarder.alive
+        # No analysis runs between passes: a series still 'analysing' lost its outcome (the
+        # index could not record it); without this it stayed so until a restart.
+        stale = self.spool.release_analysing("its outcome could not be recorded (the spool's disk?); analysed again",
+                                             now=now)
+        if stale:
+            log.warning("listener: %d series left 'analysing' by a failed pass: analysed again after --retry", stale)
         for state in self.spool.due(self.idle_s, retry_s=self.retry_s, now=now):
             if self._stop.is_set():
                 break
@@ -178,6 +184,12 @@ class PacsService(BackgroundLoop):
             summary = run_batch(config, analyzer=self.analyzer, stop=self._stop)
         except Exception as exc:  # noqa: BLE001 - one series must not stop the listener; it is retried
             outcome.detail = f"analysis failed: {describe_exception(exc)}"
+            log.error("listener: series %s: %s (retried in %.0f s)", uid, outcome.detail, self.retry_s)
+            self.spool.mark(uid, "failed", outcome.detail, unless_received_after=state.last_received)
+            return outcome.timed()
+        if summary.unwritten:  # a full disk mid-series: its results are not whole, so not done
+            why = "; ".join(sorted(set(summary.unwritten.values())))
+            outcome.detail = f"analysis failed: its outputs could not be written ({why})"
             log.error("listener: series %s: %s (retried in %.0f s)", uid, outcome.detail, self.retry_s)
             self.spool.mark(uid, "failed", outcome.detail, unless_received_after=state.last_received)
             return outcome.timed()

@@ -62,6 +62,11 @@ __all__ = ["Spool", "SeriesState", "Commitment", "SpoolError", "STATES", "COMMIT
 
 log = logging.getLogger(__name__)
 
+# Modalities of objects a series may hold beside its images (structured reports, key
+# objects, presentation states, documents, segmentations, registrations, RT objects).
+NON_IMAGE_MODALITIES = ("SR", "KO", "PR", "DOC", "SEG", "REG", "RTSTRUCT", "RTPLAN", "RTRECORD", "RTDOSE")
+_NON_IMAGE_SQL = ", ".join(f"'{m}'" for m in NON_IMAGE_MODALITIES)
+
 STATES = ("receiving", "analysing", "analysed", "forwarding", "unsent", "done", "failed")
 # Who takes a series in each state from the queue: the analysis worker, or the forwarder.
 ANALYSIS_QUEUE = ("receiving", "failed")
@@ -202,7 +207,10 @@ class Spool(DeliveryRecords, CommitmentRecords):
                     "INSERT INTO series (series_uid, study_uid, modality, calling_ae, state, instances, first_received,"
                     " last_received) VALUES (?, ?, ?, ?, 'receiving', ?, ?, ?) ON CONFLICT(series_uid) DO UPDATE SET"
                     " state = 'receiving', instances = excluded.instances, last_received = excluded.last_received,"
-                    " modality = CASE WHEN excluded.modality != '' THEN excluded.modality ELSE series.modality END,"
+                    # the images' modality: an SR, KO or PDF filed in the series does not rename it
+                    f" modality = CASE WHEN excluded.modality = '' THEN series.modality"
+                    f" WHEN series.modality = '' OR series.modality IN ({_NON_IMAGE_SQL}) THEN excluded.modality"
+                    " ELSE series.modality END,"
                     " calling_ae = CASE WHEN excluded.calling_ae != '' THEN excluded.calling_ae"
                     " ELSE series.calling_ae END, attempts = 0, detail = ''",
                     (series_uid, study_uid, modality, calling_ae, count, now, now))
@@ -223,6 +231,16 @@ class Spool(DeliveryRecords, CommitmentRecords):
                 " OR (state = 'failed' AND last_attempt <= ?) ORDER BY last_received",
                 (now - idle_s, now - retry_s)).fetchall()
         return [SeriesState(*r) for r in rows]
+
+    def release_analysing(self, detail: str, *, now: float | None = None) -> int:
+        """Series left ``analysing`` by an analysis whose outcome could not be recorded (the
+        index's disk was full): ``failed``, tried again after the retry delay. Only for the
+        one analysis worker, between analyses (nothing else holds a series ``analysing``)."""
+        now = time.time() if now is None else now
+        with self._lock:
+            cur = self._db.execute("UPDATE series SET state = 'failed', detail = ?, last_attempt = ?"
+                                   " WHERE state = 'analysing'", (detail, now))
+            return cur.rowcount
 
     def claim(self, series_uid: str, *, expect_received: float, now: float | None = None) -> bool:
         """Move a due series to ``analysing``, unless an instance arrived since it was listed."""
@@ -257,19 +275,23 @@ class Spool(DeliveryRecords, CommitmentRecords):
                 (to, now, series_uid, *states, expect_received))
             return cur.rowcount == 1
 
-    def mark(self, series_uid: str, state: str, detail: str = "", *, unless_received_after: float | None = None) -> bool:
+    def mark(self, series_uid: str, state: str, detail: str = "", *, unless_received_after: float | None = None,
+             attempted_at: float | None = None) -> bool:
         """Set a series' state. With ``unless_received_after``, leave a series that received
-        an instance after that time alone (it is ``receiving`` again and will be redone)."""
+        an instance after that time alone (it is ``receiving`` again and will be redone).
+        ``attempted_at`` moves its last attempt (what retries count from) to that time."""
         if state not in STATES:
             raise ValueError(f"unknown series state {state!r}; expected one of {STATES}")
+        attempt = ", last_attempt = ?" if attempted_at is not None else ""
+        at = (attempted_at,) if attempted_at is not None else ()
         with self._lock:
             if unless_received_after is None:
-                cur = self._db.execute("UPDATE series SET state = ?, detail = ? WHERE series_uid = ?",
-                                       (state, detail, series_uid))
+                cur = self._db.execute(f"UPDATE series SET state = ?, detail = ?{attempt} WHERE series_uid = ?",
+                                       (state, detail, *at, series_uid))
             else:
                 cur = self._db.execute(
-                    "UPDATE series SET state = ?, detail = ? WHERE series_uid = ? AND last_received <= ?"
-                    " AND state != 'receiving'", (state, detail, series_uid, unless_received_after))
+                    f"UPDATE series SET state = ?, detail = ?{attempt} WHERE series_uid = ? AND last_received <= ?"
+                    " AND state != 'receiving'", (state, detail, *at, series_uid, unless_received_after))
             return cur.rowcount == 1
 
     def requeue(self, series_uid: str) -> str:
