@@ -233,6 +233,21 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path: Path) -> N
     assert os.listdir(tmp_path) == ["report.png"]
 
 
+def test_atomic_write_gives_the_mode_open_would_under_the_umask(tmp_path: Path) -> None:
+    """Every file came out 0600 (the temporary file's mode) whatever the umask: a PACS import
+    job or a colleague could not read a batch's SEG, and the listener unit's UMask=0027
+    was ignored. A child process, as the umask is the whole process's."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys; from medrt.io.atomic import atomic_write; os.umask(int(sys.argv[2], 8)); "
+            "p = atomic_write(sys.argv[1], lambda fp: fp.write(b'x')); print(oct(os.stat(p).st_mode & 0o777))")
+    for umask, mode in (("022", "0o644"), ("027", "0o640"), ("077", "0o600")):
+        out = subprocess.run([sys.executable, "-c", code, str(tmp_path / f"seg{umask}.dcm"), umask],
+                             capture_output=True, text=True, timeout=60)
+        assert out.stdout.strip() == mode, out.stdout + out.stderr
+
+
 # --------------------------------------------------------------------------- bad arguments
 
 

@@ -4,7 +4,10 @@ The bytes go to a temporary file in the destination's own folder (so the final
 rename never crosses a file system), are fsync'd, renamed over the destination
 with ``os.replace``, and the folder is fsync'd so the rename itself survives a
 power cut. On any error the temporary file is removed and the destination is
-left as it was. Temporary names are ``.<name>.<random>.tmp``.
+left as it was. Temporary names are ``.<name>.<random>.tmp``. The file gets the mode an
+``open()`` would give it (0666 less the umask), not the temporary file's 0600: a PACS
+import job or a colleague reads a batch's SEG, and the listener's unit's ``UMask=0027``
+means what it says.
 """
 
 from __future__ import annotations
@@ -16,6 +19,19 @@ from pathlib import Path
 from typing import BinaryIO
 
 __all__ = ["atomic_write", "atomic_write_bytes"]
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask sets it to read it, which
+    races with other threads creating files): Linux's /proc/self/status, else 0o022."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -44,6 +60,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[BinaryIO], objec
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
     try:
         with os.fdopen(fd, "wb") as fp:
+            os.fchmod(fd, 0o666 & ~_umask())
             write(fp)
             fp.flush()
             os.fsync(fp.fileno())
