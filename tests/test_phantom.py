@@ -393,5 +393,8 @@ def test_cli_writes_a_phantom(tmp_path: Path, capsys) -> None:
     assert main(dx_args.split()) == 0
     dx = pydicom.dcmread(tmp_path / "dx" / "dx_0001.dcm")
     assert dx.PhotometricInterpretation == "MONOCHROME1"
+    # the smallest size the help allows (below 128 nodule sizes ran out of room: a traceback)
+    assert main(f"phantom xray --out {tmp_path / 'dx64'} --count 3 --size 64 --compress none".split()) == 0
+    assert len(load_ground_truth(tmp_path / "dx64")) == 3
     with pytest.raises(SystemExit):
         main(["phantom", "ct", "--out", str(tmp_path / "x"), "--size", "8"])

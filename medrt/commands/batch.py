@@ -211,7 +211,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--out", required=True, help="output folder (created; a rerun resumes)")
     p.add_argument("--png", default="positive", choices=("positive", "all", "none"),
                    help="overlay PNGs for frames with lesions (default), every frame, or none")
-    p.add_argument("--png-max-side", type=int, default=2048, help="downsample PNGs to this longest side (0: full)")
+    p.add_argument("--png-max-side", type=int, default=2048, help="downsample PNGs to this longest side (default 2048; 0: full size)")
     p.add_argument("--sc", action="store_true", help="also write secondary captures with the overlay burned in")
     add_seg_options(p)
     p.add_argument("--follow-links", action="store_true", help="follow symbolic links that lead outside INPUT")

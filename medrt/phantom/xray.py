@@ -136,7 +136,8 @@ def _place_nodules(
     added_all: list[tuple[tuple[slice, slice], np.ndarray]] = []
     for center, role in roles:
         for _ in range(30):
-            diameter = log_uniform(rng, 6.0 if role == "border" else _MIN_MM, max_mm)
+            # a small --size leaves less room than the smallest nodule asks: draw within it
+            diameter = log_uniform(rng, min(6.0 if role == "border" else _MIN_MM, max_mm), max_mm)
             faint = bool(rng.random() < 0.4)
             r, c = (int(np.clip(v, 0, size - 1)) for v in center)
             blob, contrast, shape, kind = _nodule(rng, center, diameter, spacing, faint)
