@@ -106,6 +106,23 @@ class Work:
     # boxes holding every pixel of prob at or above the threshold, where the segment
     # stage knows them (the fine sweep's kept components): finish scans only those
     hot: tuple[tuple[int, int, int, int], ...] | None = None
+    # the pixels the models see when they differ from the frame's (a shutter's border
+    # filled from its edge: :func:`analysis_pixels`); None: the frame's own
+    pixels: np.ndarray | None = None
+
+
+def analysis_pixels(frame: Frame) -> np.ndarray:
+    """The frame's pixels as the models see them: a radiograph's padded border (its
+    :attr:`~medrt.types.Frame.content_box`) filled by repeating the image's edge outward.
+
+    A black shutter or collimation border is a sharp edge no training image had, and the
+    networks marked its corners as nodules (three to five false lesions of 5-23 mm per
+    radiograph with a 60-300 pixel border); the display keeps the border as it is."""
+    box = frame.content_box
+    if box is None:
+        return frame.pixels
+    r0, r1, c0, c1 = box
+    return np.pad(frame.pixels[r0:r1, c0:c1], ((r0, frame.rows - r1), (c0, frame.cols - c1)), mode="edge")
 
 
 class Analyzer:
@@ -310,15 +327,18 @@ class Analyzer:
         if frame.spacing_mm is None and seg.spec.spacing_mm is not None:
             self._warn_unscaled(frame, seg)
         window = seg.spec.input_window(frame.window)  # the VOI window, or the spec's fixed one
+        pixels = analysis_pixels(frame)
         if seg.spec.slices > 1:
-            norm: np.ndarray | Windowed = slice_stack(frame, sides=sides, window=window)
+            seen = frame if pixels is frame.pixels else replace(frame, pixels=pixels)
+            norm: np.ndarray | Windowed = slice_stack(seen, sides=sides, window=window)
         elif self.sweeps_whole(frame, seg, mode, do_recheck):
-            norm = Windowed(frame.pixels, *window)  # normalised where the sweep reads it
+            norm = Windowed(pixels, *window)  # normalised where the sweep reads it
         else:
-            norm = normalize(frame.pixels, *window)
+            norm = normalize(pixels, *window)
         ms = (time.perf_counter() - t0) * 1000.0
         return Work(frame=frame, norm=norm, mode=mode, recheck=do_recheck, roi=roi, seg=seg, sides=sides,
-                    timings=StageTimings(decode=decode_ms, preprocess=ms))
+                    timings=StageTimings(decode=decode_ms, preprocess=ms),
+                    pixels=None if pixels is frame.pixels else pixels)
 
     def propose(self, work: Work) -> Work:
         """Stage 2: the ROI classifier on the thumbnail; a negative frame gets no crops."""
@@ -326,7 +346,8 @@ class Analyzer:
             return work
         t0 = time.perf_counter()
         frame = work.frame
-        roi = classify(work.roi, frame.pixels, frame.window, crop=self.config.crop,
+        roi = classify(work.roi, frame.pixels if work.pixels is None else work.pixels, frame.window,
+                       crop=self.config.crop,
                        max_crops=self.config.max_crops, presence_threshold=self.config.presence_threshold,
                        heatmap_threshold=self.config.heatmap_threshold, neighbours=work.sides)
         ms = (time.perf_counter() - t0) * 1000.0

@@ -167,6 +167,10 @@ class Frame:
     geometry: Geometry | None = None
     color: np.ndarray | None = None
     inverted: bool = False
+    # (r0, r1, c0, c1): the rows and columns that hold the image, where all outside them is
+    # Pixel Padding Value (a radiograph's black shutter or collimation border); None when
+    # nothing is padded, or the padding is not a border (a CT's circle outside its field)
+    content_box: tuple[int, int, int, int] | None = None
 
     @property
     def rows(self) -> int:

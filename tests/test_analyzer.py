@@ -666,3 +666,38 @@ def test_the_engine_routes_and_gates_without_the_analyzer() -> None:
     assert analyzer.AnalyzerConfig is config.AnalyzerConfig and analyzer.sweep_config is config.sweep_config
     assert analyzer.pick_for_modality is routing.pick_for_modality
     assert analyzer.routing_modality is routing.routing_modality
+
+
+def test_a_radiographs_black_shutter_border_is_not_read_as_nodules(shipped, tmp_path):
+    """A radiograph with a 60-pixel black collimation border, marked as Pixel Padding Value
+    (as modalities do): the networks marked its corners as nodules (3 to 5 false lesions of
+    5-14 mm per image in an audit). The border is filled from the image's edge for the
+    models only (the frame shows it black) and the findings are those of the image without
+    a border."""
+    import pydicom
+
+    from medrt.io.dicom import read_frames
+    from medrt.phantom import write_radiographs
+
+    (path,) = write_radiographs(tmp_path, 7, count=1, size=2048, compress="none")
+    ds = pydicom.dcmread(path)
+    stored = ds.pixel_array.copy()
+    b = 60
+    stored[:b], stored[-b:], stored[:, :b], stored[:, -b:] = 0, 0, 0, 0
+    ds.PixelData = stored.astype("<u2").tobytes()
+    ds.PixelPaddingValue = 0
+    ds["PixelPaddingValue"].VR = "US"
+    (shuttered,) = read_frames(ds)
+    assert shuttered.content_box == (b, 2048 - b, b, 2048 - b)
+    assert shuttered.pixels[0, 0] == shuttered.pixels[: b, :].min()  # shown as it is: black
+    (plain,) = read_frames(path)
+    assert plain.content_box is None
+
+    def found(frame):  # type: ignore[no-untyped-def]
+        return sorted((round(les.centroid[0]), round(les.centroid[1])) for les in shipped.analyze(frame).lesions)
+
+    inside = [c for c in found(plain) if b <= min(c) and max(c) < 2048 - b]
+    assert found(shuttered) == inside and inside
+    del ds.PixelPaddingValue  # the same border, not marked: no box, and the corners are read as nodules
+    (unmarked,) = read_frames(ds)
+    assert unmarked.content_box is None and len(found(unmarked)) > len(inside)

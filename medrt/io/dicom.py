@@ -52,6 +52,7 @@ from medrt.errors import (
 )
 from medrt.io.codecs import UNCOMPRESSED_LE, decoder_packages, preferred_plugins
 from medrt.io.header import (
+    content_boxes,
     frame_geometries,
     frame_header_windows,
     frame_pixel_spacings,
@@ -293,6 +294,7 @@ def _frames(ds: Dataset, path: Path | None, label: object) -> list[Frame]:
 
     color: np.ndarray | None = None
     inverted = False
+    boxes: list[tuple[int, int, int, int] | None] = [None] * n_frames
     if arr.ndim == 4 or photometric == "PALETTE COLOR":
         if photometric == "PALETTE COLOR":
             from pydicom.pixels import apply_color_lut
@@ -302,6 +304,7 @@ def _frames(ds: Dataset, path: Path | None, label: object) -> list[Frame]:
         pixels = np.tensordot(arr, _LUMA, axes=([-1], [0])).astype(np.float32, copy=False)
         low = high = None
     else:
+        boxes = content_boxes(arr, ds)  # a shutter's border, in stored values (before any LUT)
         pixels, low, high = modality_values(arr, ds)
         if photometric == "MONOCHROME1":
             # Invert inside the range the stored values can take, so values stay in
@@ -348,6 +351,7 @@ def _frames(ds: Dataset, path: Path | None, label: object) -> list[Frame]:
                 geometry=geometries[i],
                 color=rgb,
                 inverted=inverted,
+                content_box=boxes[i],
                 **uids,
             )
         )

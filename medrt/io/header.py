@@ -17,6 +17,7 @@ from medrt.types import Geometry, SpacingSource, Window, WindowSource
 
 __all__ = [
     "modality_values",
+    "content_boxes",
     "rescale",
     "frame_rescales",
     "frame_pixel_spacings",
@@ -59,6 +60,31 @@ def modality_values(arr: np.ndarray, ds: Dataset) -> tuple[np.ndarray, float, fl
             view += np.float32(intercept)
     ends = [v for slope, intercept in set(pairs) for v in (smin * slope + intercept, smax * slope + intercept)]
     return out, float(min(ends)), float(max(ends))
+
+
+def content_boxes(stored: np.ndarray, ds: Dataset) -> list[tuple[int, int, int, int] | None]:
+    """For each frame of greyscale ``stored`` values, the box (r0, r1, c0, c1) outside which
+    every pixel is padding (Pixel Padding Value, up to Pixel Padding Range Limit; PS3.3
+    C.7.5.1.1.2): a radiograph's shutter or collimation border. None for a frame with no
+    such border (no padding, or padding that is not a border, as a CT's outside its
+    circle of reconstruction)."""
+    n = stored.shape[0]
+    value = finite_int(ds.get("PixelPaddingValue"))
+    if value is None or stored.ndim != 3:
+        return [None] * n
+    limit = finite_int(ds.get("PixelPaddingRangeLimit"))
+    lo, hi = sorted((value, value if limit is None else limit))
+    boxes: list[tuple[int, int, int, int] | None] = []
+    for frame in stored:
+        padded = (frame >= lo) & (frame <= hi) if lo != hi else frame == lo
+        rows = np.flatnonzero(~padded.all(axis=1))
+        cols = np.flatnonzero(~padded.all(axis=0))
+        if rows.size == 0 or cols.size == 0:  # all padding: nothing to keep
+            boxes.append(None)
+            continue
+        box = (int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1)
+        boxes.append(None if box == (0, frame.shape[0], 0, frame.shape[1]) else box)
+    return boxes
 
 
 def _modality_lut_item(ds: Dataset) -> Dataset | None:
