@@ -259,9 +259,12 @@ class Analyzer:
         return (mode == "full" and recheck and self.sweep_config is not None and seg.spec.slices == 1
                 and recheck_factors(frame.spacing_mm, getattr(seg.spec, "spacing_mm", None)) is not None)
 
-    def _warn_unscaled(self, frame: Frame, seg: Backend) -> None:
+    def _warn_unscaled(self, frame: Frame, seg: Backend, *, anisotropic: bool = False) -> None:
         """Once per series: a frame without pixel spacing cannot be brought to the spacing
-        the model was trained at, and its sizes are in pixels."""
+        the model was trained at, and its sizes are in pixels; a frame whose pixels are not
+        square is not resampled to square ones, so the models see it stretched (an audit:
+        a CT with 0.7 x 1.4 mm pixels lost its small lesions; sizes are still measured in
+        mm on each axis)."""
         key = frame.series_instance_uid or frame.key
         with self._warned:  # prepare runs on several pipeline threads
             if key in self._unscaled:
@@ -269,6 +272,13 @@ class Analyzer:
             self._unscaled[key] = None
             while len(self._unscaled) > 256:
                 self._unscaled.popitem(last=False)
+        if anisotropic:
+            rows_mm, cols_mm = frame.spacing_mm  # type: ignore[misc]
+            log.warning("%s: pixels are not square (%g x %g mm): %s sees the image stretched %.2f times along one "
+                        "axis (it is not resampled), so its findings may be wrong (series %s)",
+                        frame.source.path or frame.key, rows_mm, cols_mm, seg.spec.ident,
+                        max(rows_mm, cols_mm) / min(rows_mm, cols_mm), key)
+            return
         log.warning("%s: no pixel spacing in the header: %s runs at the frame's own resolution, not at the "
                     "%g mm it was trained at, and lesion sizes are in pixels (series %s)",
                     frame.source.path or frame.key, seg.spec.ident, seg.spec.spacing_mm, key)
@@ -326,6 +336,8 @@ class Analyzer:
             sides = ordered_sides(frame, neighbours)
         if frame.spacing_mm is None and seg.spec.spacing_mm is not None:
             self._warn_unscaled(frame, seg)
+        elif frame.spacing_mm is not None and max(frame.spacing_mm) > 1.1 * min(frame.spacing_mm):
+            self._warn_unscaled(frame, seg, anisotropic=True)
         window = seg.spec.input_window(frame.window)  # the VOI window, or the spec's fixed one
         pixels = analysis_pixels(frame)
         if seg.spec.slices > 1:

@@ -701,3 +701,17 @@ def test_a_radiographs_black_shutter_border_is_not_read_as_nodules(shipped, tmp_
     del ds.PixelPaddingValue  # the same border, not marked: no box, and the corners are read as nodules
     (unmarked,) = read_frames(ds)
     assert unmarked.content_box is None and len(found(unmarked)) > len(inside)
+
+
+def test_pixels_that_are_not_square_are_named_once_per_series(analyzer, ct_frames, caplog):
+    """The models are not given anisotropic pixels resampled to square ones: they see the
+    image stretched, and an audit's 0.7 x 1.4 mm CT lost its small lesions. The log says so,
+    once per series."""
+    caplog.set_level("WARNING", logger="medrt")
+    frames = [replace(f.as_frame(f"sq{f.index}"), spacing_mm=(0.7, 1.4)) for f in ct_frames[:3]]
+    for frame in frames:
+        analyzer.prepare(frame)
+    assert caplog.text.count("pixels are not square (0.7 x 1.4 mm)") == 1
+    assert "stretched 2.00 times" in caplog.text and frames[0].series_instance_uid in caplog.text
+    analyzer.prepare(replace(ct_frames[3].as_frame("sq3"), spacing_mm=(0.7, 0.72)))  # within 10 %: nothing to say
+    assert caplog.text.count("not square") == 1
