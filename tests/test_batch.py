@@ -265,14 +265,15 @@ def test_killed_process_then_rerun_equals_one_clean_run(tmp_path, analyzer, sig)
     env = dict(os.environ, PYTHONPATH=str(REPO))
     cmd = [sys.executable, "-m", "medrt", "batch", str(src), "--out", str(tmp_path / "killed"), "--quiet",
            "--model", "lesion_unet", "--workers", "1"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not list((tmp_path / "killed").glob("series/*/png/*.png")):
         time.sleep(0.05)
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    said, err = proc.communicate(timeout=60)
     if sig == signal.SIGTERM:
         assert proc.returncode == 130, err
+        assert "0 of 1 series finished (0 already done)" in said, said  # not "1 series", as if all were
         assert "interrupted; run the same command again" in err and "Traceback" not in err
         assert json.loads((tmp_path / "killed" / "report.json").read_text())["interrupted"] is True
         assert (tmp_path / "killed" / "results.jsonl").is_file()

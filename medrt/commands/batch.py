@@ -179,8 +179,11 @@ def run(args: argparse.Namespace) -> int:
         print()
     c = summary.report["counts"]
     sections = f" ({c['lesion_sections']} sections on CT slices)" if c["lesion_sections"] != c["lesions"] else ""
-    print(f"{c['lesions']} lesion(s){sections} in {c['frames_with_lesions']} of {c['frames']} frame(s), {c['series']} series "
-          f"({c['series_resumed']} already done); {c['errors']} error(s), {c['skipped']} skipped "
+    finished = c["series_resumed"] + c["series_analysed"]
+    series = (f"{c['series']} series ({c['series_resumed']} already done)" if finished >= c["series"]
+              else f"{finished} of {c['series']} series finished ({c['series_resumed']} already done)")
+    print(f"{c['lesions']} lesion(s){sections} in {c['frames_with_lesions']} of {c['frames']} frame(s), {series}; "
+          f"{c['errors']} error(s), {c['skipped']} skipped "
           f"-> {out / 'results.jsonl'}, {out / 'lesions.csv'}, report {out / 'report.md'}"
           + (f", see {out / 'errors.csv'}" if c["errors"] or c["skipped"] else ""))
     if summary.interrupted:
