@@ -52,6 +52,7 @@ HOTKEYS: tuple[Hotkey, ...] = (
     Hotkey("toggle_ellipse", ("E",), "Ellipse ROI tool on / off (left drag: mean, SD and area)", "e"),
     Hotkey("toggle_patient", ("P",), "Show / hide the patient and study details (a shared screen, a screenshot)",
            "p"),
+    Hotkey("toggle_hud", ("H",), "Show / hide the corner texts over the image (a finding under one)", "h"),
     Hotkey("clear_measurements", ("Delete", "Backspace"), "Delete the lengths and ROIs measured on this image",
            "Del"),
 )

@@ -101,6 +101,7 @@ class Hud(QObject):
     def __init__(self, viewport: QWidget) -> None:
         super().__init__(viewport)
         self.viewport = viewport
+        self.hidden = False  # every corner hidden by the user (h)
         font = QFont("monospace")
         font.setStyleHint(QFont.StyleHint.Monospace)
         font.setPointSize(9)
@@ -121,20 +122,36 @@ class Hud(QObject):
         if label.text() != text:
             label.setText(text)
             label.adjustSize()
-        label.setVisible(bool(text))
-        self._place(corner)
+        label.setVisible(bool(text) and not self.hidden)
+        self._place(corner.split("_")[0])
 
     def text(self, corner: str) -> str:
         return self.labels[corner].text()
 
-    def _place(self, corner: str) -> None:
-        label, vp, m = self.labels[corner], self.viewport, 6
-        x = vp.width() - label.width() - m if "right" in corner else m
-        y = vp.height() - label.height() - m if "bottom" in corner else m
-        label.move(max(0, x), max(0, y))
+    def set_hidden(self, hidden: bool) -> None:
+        """Hide every corner (the image whole, a lesion under a corner in view), or show them again."""
+        self.hidden = hidden
+        for label in self.labels.values():
+            label.setVisible(bool(label.text()) and not hidden)
+
+    def _place(self, row: str) -> None:
+        """The ``row``'s ("top" or "bottom") two corners; when the window is too narrow for
+        both side by side, the right one goes below (top) or above (bottom) the left one
+        instead of over it."""
+        left, right = self.labels[f"{row}_left"], self.labels[f"{row}_right"]
+        vp, m = self.viewport, 6
+        both = bool(left.text()) and bool(right.text())
+        stacked = both and left.width() + right.width() + 3 * m > vp.width()
+        if row == "top":
+            left_y, right_y = m, (2 * m + left.height() if stacked else m)
+        else:
+            left_y = vp.height() - left.height() - m
+            right_y = left_y - right.height() - m if stacked else vp.height() - right.height() - m
+        left.move(m, max(0, left_y))
+        right.move(max(0, vp.width() - right.width() - m), max(0, right_y))
 
     def eventFilter(self, obj: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt's name)
         if obj is self.viewport and event.type() == QEvent.Type.Resize:
-            for corner in self.CORNERS:
-                self._place(corner)
+            for row in ("top", "bottom"):
+                self._place(row)
         return False

@@ -84,6 +84,10 @@ class ViewToolsMixin:
         self.browser.show_study(self.study, self.series_i, show_patient=self.show_patient)
         self._update_hud()
 
+    def toggle_hud(self: Any) -> None:
+        """The corner texts over the image, on or off."""
+        self.hud.set_hidden(not self.hud.hidden)
+
     def toggle_segmentation(self: Any) -> None:
         self.controls.overlay.toggle()
 

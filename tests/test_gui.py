@@ -156,6 +156,33 @@ def test_the_patient_and_study_are_shown_and_p_hides_them(bot, make_window) -> N
     assert not any("PHANTOM" in hidden.browser.series.item(i).text() for i in range(hidden.browser.series.count()))
 
 
+def test_the_corner_texts_never_overlap_and_h_hides_them(bot, make_window) -> None:  # type: ignore[no-untyped-def]
+    """In a narrow window the top right corner was drawn over the top left one (and the
+    bottom ones likewise); they now stack. h hides every corner (a finding under one) and
+    shows them again."""
+    from PySide6.QtCore import Qt
+
+    w = make_window(analysis=False)
+    w.open_path(CT)
+    wait_shown(bot, w, 0)
+    w.hud.set_text("top_right", "AI 40 analysed\nonnxruntime fp32")
+    w.hud.set_text("bottom_right", "1 lesion · AI 243 ms · overlay on")
+    labels = w.hud.labels
+    narrowest = None
+    for width in (1100, 760, 560):
+        w.resize(width, 600)
+        bot.wait(100)  # the resize reaches the viewport (the docks keep the window from some widths)
+        narrowest = w.view.viewport().width()
+        for row in ("top", "bottom"):
+            left, right = labels[f"{row}_left"].geometry(), labels[f"{row}_right"].geometry()
+            assert not left.intersects(right), (width, row, left, right)
+    assert narrowest < labels["top_left"].width() + labels["top_right"].width()  # narrow enough to stack
+    key_click(bot, w, Qt.Key.Key_H)
+    assert not any(label.isVisible() for label in labels.values())
+    key_click(bot, w, Qt.Key.Key_H)
+    assert labels["top_left"].isVisible() and labels["top_right"].isVisible()
+
+
 def test_open_folder_scroll_keys_and_wheel(bot, make_window) -> None:  # type: ignore[no-untyped-def]
     from PySide6.QtCore import Qt
 
