@@ -24,6 +24,7 @@ __all__ = [
     "InputError",
     "NotDicomError",
     "CorruptDicomError",
+    "IncompleteHeaderError",
     "NoPixelDataError",
     "NotAnImageError",
     "CorruptPixelDataError",
@@ -92,6 +93,13 @@ class NotDicomError(InputError):
 
 class CorruptDicomError(InputError):
     kind = "corrupt DICOM"
+
+
+class IncompleteHeaderError(CorruptDicomError):
+    """A readable image whose header lacks what grouping needs (Study or Series Instance
+    UID): not damaged, and ``medrt info`` decodes it, but it belongs to no series."""
+
+    kind = "incomplete header"
 
 
 class NoPixelDataError(InputError):

@@ -26,7 +26,13 @@ import numpy as np
 from pydicom.dataset import Dataset
 from pydicom.uid import UID
 
-from medrt.errors import CorruptDicomError, InputError, UnsupportedImageError, describe_source
+from medrt.errors import (
+    CorruptDicomError,
+    IncompleteHeaderError,
+    InputError,
+    UnsupportedImageError,
+    describe_source,
+)
 from medrt.io.dicom import is_image_sop_class, number_of_frames, read_dataset, read_frames
 from medrt.io.header import finite_float, finite_int, frame_geometries, image_type_of, view_of
 from medrt.io.scan import iter_files
@@ -252,7 +258,7 @@ def _read_header(
             return NonImage(describe_source(label), sop_class, _text(ds, "SOPInstanceUID"), series, study)
         missing = [k for k, v in (("StudyInstanceUID", study), ("SeriesInstanceUID", series)) if not v]
         if missing:
-            raise CorruptDicomError(label, f"no {' or '.join(missing)}, so it cannot be grouped")
+            raise IncompleteHeaderError(label, f"no {' or '.join(missing)}, so it cannot be grouped into a series")
         n_frames = len(source) if isinstance(source, tuple) else number_of_frames(ds)
         geometry = source[0].geometry if isinstance(source, tuple) else frame_geometries(ds, n_frames)[0]
         position = _project(geometry, _unit_normal(geometry.orientation)) if geometry is not None else None
