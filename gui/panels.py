@@ -94,8 +94,13 @@ class SeriesBrowser(QWidget):
                 self.problems.clear()
                 for p in study.problems:
                     self._add_problem(p)
-            failed = sum(1 for p in study.problems if not p.skipped)
-            self.problems_label.setText(f"Problems: {failed} unreadable, {len(study.problems) - failed} skipped")
+            # images that failed, as the status bar counts them; SEGs that could not be laid
+            # over their images apart (the two counts disagreed by those)
+            failed = sum(1 for p in study.problems if not p.skipped and not p.seg)
+            segs = sum(1 for p in study.problems if p.seg and not p.skipped)
+            skipped = sum(1 for p in study.problems if p.skipped)
+            self.problems_label.setText(f"Problems: {failed} unreadable, " + (f"{segs} SEG(s) not shown, " if segs else "")
+                                        + f"{skipped} skipped")
         finally:
             self._updating = False
 

@@ -126,7 +126,7 @@ class StreamsMixin:
         try:
             seg = read_seg(path)
         except (ValueError, OSError) as exc:
-            self.study.add_problem(str(path), str(exc))
+            self.study.add_problem(str(path), str(exc), seg=True)
             self.status(str(exc))
             return 0
         matched = 0

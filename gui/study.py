@@ -293,6 +293,7 @@ class Problem:
     name: str
     reason: str
     skipped: bool = False
+    seg: bool = False  # a DICOM SEG that could not be laid over its images (not an image that failed)
 
     def __str__(self) -> str:
         return f"{self.name}: {self.reason}"
@@ -426,9 +427,9 @@ class Study:
     def frames(self) -> int:
         return sum(len(e.slots) for e in self.series)
 
-    def add_problem(self, name: str, reason: str, skipped: bool = False) -> Problem:
+    def add_problem(self, name: str, reason: str, skipped: bool = False, *, seg: bool = False) -> Problem:
         """Note a problem once (a replay loop meets the same file again and again)."""
-        problem = Problem(_name(name), reason, skipped)
+        problem = Problem(_name(name), reason, skipped, seg)
         if problem not in self._seen_problems:
             self._seen_problems.add(problem)
             self.problems.append(problem)

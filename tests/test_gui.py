@@ -841,6 +841,21 @@ def test_bad_files_are_named_and_the_rest_still_shows(bot, make_window, tmp_path
     assert "; 2 file(s) could not be read, first" in w.finished_message()
 
 
+def test_the_problems_panel_counts_unreadable_images_as_the_status_bar_does(bot, make_window, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A SEG the viewer could not lay over its images was counted as an unreadable file in
+    the panel (63 there, 61 in the status bar, on pydicom's test files); it is named apart."""
+    folder = tmp_path / "two"
+    folder.mkdir()
+    for n in ("ct_0014.dcm", "ct_0015.dcm"):
+        shutil.copy(CT / n, folder / n)
+    (folder / "cut_header.dcm").write_bytes((CT / "ct_0020.dcm").read_bytes()[:300])
+    shutil.copy(pydicom_test_dir() / "liver_expb_1frame.dcm", folder / "seg_big_endian.dcm")  # a SEG not shown
+    w = make_window(analysis=False)
+    study = w.open_path(folder)
+    assert [p.seg for p in study.problems if p.name.endswith("seg_big_endian.dcm")] == [True]
+    bot.waitUntil(lambda: w.browser.problems_label.text() == "Problems: 1 unreadable, 1 SEG(s) not shown, 0 skipped")
+
+
 def test_an_analysed_series_holds_each_image_once(bot, make_window) -> None:  # type: ignore[no-untyped-def]
     """A thin-slice CT has a thousand images or more: each slot keeps its image as the display
     index alone when that holds every value (integer HU), the result no pixels, and a
