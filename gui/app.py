@@ -54,6 +54,10 @@ def build_window(args: argparse.Namespace) -> MainWindow:
     for seg in args.seg:
         window.open_seg(seg)
     if args.image is not None:
+        count = len(window.study.series[0].slots) if window.study.series else 0
+        if count and not 1 <= args.image <= count:  # shown clamped, as the wheel would; said so
+            print(f"medrt view: --image {args.image}: the first series has {count} image(s); showing "
+                  f"{min(max(args.image, 1), count)}", file=sys.stderr)
         window.show_image(args.image - 1)
     if args.preset is not None:
         window.apply_preset(args.preset)

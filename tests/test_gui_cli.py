@@ -117,6 +117,20 @@ def test_a_screenshot_whose_first_image_is_unreadable_is_taken_once_the_analysis
     assert "image -, 2 frame(s) analysed" in out.stdout, out.stdout  # nothing shown: image 1 is unreadable
 
 
+def test_an_image_number_past_the_series_is_said_not_silently_clamped(tmp_path: Path) -> None:
+    require_module("PySide6.QtWidgets")
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("ct_0015.dcm", "ct_0016.dcm"):
+        (folder / name).write_bytes((CT / name).read_bytes())
+    shot = tmp_path / "viewer.png"
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen"}
+    out = _run([sys.executable, "-m", "medrt", "view", str(folder), "--image", "9", "--no-analysis",
+                "--screenshot", str(shot), "--timeout", "60"], env=env)
+    _check_screenshot(shot, out)
+    assert "medrt view: --image 9: the first series has 2 image(s); showing 2" in out.stderr, out.stderr
+
+
 def test_screenshot_of_the_viewer_offscreen(tmp_path: Path) -> None:
     require_module("PySide6.QtWidgets")
     shot = tmp_path / "viewer.png"
