@@ -31,6 +31,15 @@ def test_scan_is_recursive_sorted_and_stays_inside(tmp_path: Path) -> None:
     with_links = [p.relative_to(root).as_posix() for p in iter_files([root], follow_outside_links=True)]
     assert "link_out/secret.dcm" in with_links
 
+    # what was not followed is told (medrt batch lists it in errors.csv; it was silent)
+    passed_over: list[Path] = []
+    list(iter_files([root], not_followed=passed_over))
+    assert passed_over == [root / "link_out"]
+    from medrt.batch.plan import scan
+
+    notes = {n.file: n for n in scan(root).notes}
+    assert notes["link_out"].kind == "skipped" and "--follow-links follows it" in notes["link_out"].reason
+
 
 def test_scan_yields_missing_paths_for_the_reader_to_report(tmp_path: Path) -> None:
     assert list(iter_files([tmp_path / "absent.dcm"])) == [tmp_path / "absent.dcm"]

@@ -88,11 +88,13 @@ def scan(root: Path, *, exclude: Path | None = None, follow_links: bool = False)
     ``follow_links``), read headers only, and group the images into series.
     Files under ``exclude`` (the output folder, when it sits inside the input) are ignored."""
     root = Path(root)
-    files = [p for p in iter_files([root], follow_outside_links=follow_links)
+    outside: list[Path] = []
+    files = [p for p in iter_files([root], follow_outside_links=follow_links, not_followed=outside)
              if exclude is None or not _inside(p, exclude)]
     grouped = group_series(files, dicomdir=False)  # a DICOMDIR given as root is expanded above, once
     base = root if root.is_dir() else root.parent
-    notes: list[Note] = []
+    notes: list[Note] = [Note(relative(p, base), "skipped", "scan", "a symbolic link that leads outside INPUT: "
+                              "not followed (--follow-links follows it)") for p in outside]
     for bad in grouped.errors:
         error = bad.error
         skippable = bool(getattr(error, "skippable", False))

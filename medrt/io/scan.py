@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 
 def iter_files(paths: Iterable[str | os.PathLike[str]], *, follow_outside_links: bool = False,
-               dicomdir: bool = True) -> Iterator[Path]:
+               dicomdir: bool = True, not_followed: list[Path] | None = None) -> Iterator[Path]:
     """Yield the files named by ``paths``, walking folders recursively in sorted order.
 
     A DICOMDIR named as a path (not one met inside a folder, whose files the walk
@@ -26,8 +26,9 @@ def iter_files(paths: Iterable[str | os.PathLike[str]], *, follow_outside_links:
     Hidden files and folders (a leading dot) are passed over. A symbolic link
     inside a folder is followed only when it stays inside that folder, unless
     ``follow_outside_links`` is set, so a scan never wanders into the rest of the
-    file system. A path that does not exist is yielded as is, so that the reader
-    reports it like any other bad input.
+    file system (``not_followed``, when given, collects the links passed over). A path
+    that does not exist is yielded as is, so that the reader reports it like any other
+    bad input.
     """
     for raw in paths:
         root = Path(raw)
@@ -44,13 +45,13 @@ def iter_files(paths: Iterable[str | os.PathLike[str]], *, follow_outside_links:
                 continue
             seen.add(real_here)
             dirnames[:] = sorted(
-                d for d in dirnames if not d.startswith(".") and _allowed(here / d, real_root, follow_outside_links)
+                d for d in dirnames if not d.startswith(".") and _allowed(here / d, real_root, follow_outside_links, not_followed)
             )
             for name in sorted(filenames):
                 if name.startswith("."):
                     continue
                 path = here / name
-                if _allowed(path, real_root, follow_outside_links):
+                if _allowed(path, real_root, follow_outside_links, not_followed):
                     yield path
 
 
@@ -70,11 +71,13 @@ def _dicomdir_files(path: Path) -> Iterator[Path]:
     yield from listing.files
 
 
-def _allowed(path: Path, real_root: Path, follow_outside_links: bool) -> bool:
+def _allowed(path: Path, real_root: Path, follow_outside_links: bool, not_followed: list[Path] | None) -> bool:
     if follow_outside_links or not path.is_symlink():
         return True
     target = path.resolve()
     if target == real_root or real_root in target.parents:
         return True
     log.info("not following %s: the link leads outside the input folder", path)
+    if not_followed is not None:
+        not_followed.append(path)
     return False
