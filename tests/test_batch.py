@@ -697,3 +697,28 @@ def test_a_series_whose_outputs_cannot_be_written_is_not_finished(tmp_path, anal
     assert "NotADirectoryError" in row["reason"] or "FileExistsError" in row["reason"]
     second = run_batch(BatchConfig(src, out, workers=1, outputs=OutputOptions(png="all")), analyzer=analyzer)
     assert second.exit_code == EXIT_OK and second.series_analysed == 1 and second.frames == 4
+
+
+def test_a_series_analysed_again_names_its_earlier_sr_as_predecessor(tmp_path, analyzer):
+    """A series that grows after its results went out (a sender that stopped half-way, then
+    sent the rest) gets a new SR; a PACS holds both. The new one lists the earlier one in
+    its Predecessor Documents Sequence, so a viewer can tell which is current."""
+    src = _small_input(tmp_path, n=2)
+    out = tmp_path / "out"
+    assert run_batch(BatchConfig(src, out, workers=1), analyzer=analyzer).exit_code == EXIT_OK
+    (first_sr,) = out.glob("series/*/sr.dcm")
+    first = pydicom.dcmread(first_sr)
+    assert "PredecessorDocumentsSequence" not in first
+    shutil.copy(sorted(CT.glob("*.dcm"))[16], src / "ct")  # the third slice comes later
+    second = run_batch(BatchConfig(src, out, workers=1), analyzer=analyzer)
+    assert second.series_analysed == 1 and second.frames == 3
+    (new_sr,) = out.glob("series/*/sr.dcm")
+    new = pydicom.dcmread(new_sr)
+    (study,) = new.PredecessorDocumentsSequence
+    (series,) = study.ReferencedSeriesSequence
+    (instance,) = series.ReferencedSOPSequence
+    assert (study.StudyInstanceUID, series.SeriesInstanceUID, instance.ReferencedSOPInstanceUID) == (
+        first.StudyInstanceUID, first.SeriesInstanceUID, first.SOPInstanceUID)
+    assert new.SOPInstanceUID != first.SOPInstanceUID
+    run = subprocess.run([require_tool("dciodvfy"), str(new_sr)], capture_output=True, text=True, timeout=120)
+    assert not [ln for ln in (run.stdout + run.stderr).splitlines() if ln.startswith("Error")], run.stderr

@@ -94,10 +94,14 @@ class SeriesOutput:
     records: list[dict[str, Any]] = field(default_factory=list)
     notes: list[Note] = field(default_factory=list)
     done_paths: dict[str, int] = field(default_factory=dict)
+    previous_sr: Any = None  # the header of a finished earlier run's SR, which the new one replaces
 
     def start(self) -> None:
-        """Clear what an interrupted run may have left (no manifest: nothing in it is trusted)."""
+        """Clear what an interrupted or earlier run may have left (nothing in it is trusted),
+        keeping the header of an earlier run's SR: the new SR names it as its predecessor."""
         if self.folder.exists():
+            if (self.folder / MANIFEST).is_file():  # finished: its SR may have been sent on
+                self.previous_sr = _earlier_sr(self.folder / "sr.dcm")
             shutil.rmtree(self.folder)
         self.folder.mkdir(parents=True)
 
@@ -215,7 +219,8 @@ class SeriesOutput:
     def _sr(self, results: list[FrameResult], seg: Any, linked: Linked | None) -> Any:
         from medrt.export import build_sr
 
-        sr = build_sr(results, seg=seg, linked=linked)
+        sr = build_sr(results, seg=seg, linked=linked,
+                      previous_versions=[self.previous_sr] if self.previous_sr is not None else ())
         write_dataset(sr, self.folder / "sr.dcm")
         return sr
 
@@ -236,3 +241,18 @@ class SeriesOutput:
         buf = io.BytesIO()
         np.savez_compressed(buf, **maps)
         atomic_write(self.folder / "masks.npz", lambda fp: fp.write(buf.getvalue()))
+
+
+def _earlier_sr(path: Path) -> Any:
+    """The header of the SR at ``path`` (what a Predecessor Documents Sequence needs), or None
+    when there is none or it cannot be read (the new SR is then written without it)."""
+    if not path.is_file():
+        return None
+    import pydicom
+
+    try:
+        return pydicom.dcmread(path, stop_before_pixels=True)
+    except Exception as exc:  # noqa: BLE001 - a damaged earlier SR must not cost the new one
+        log.warning("%s: the earlier SR cannot be read (%s); the new one names no predecessor",
+                    path, type(exc).__name__)
+        return None

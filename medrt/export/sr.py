@@ -311,6 +311,7 @@ def build_sr(
     sop_instance_uid: str | None = None,
     instance_number: int = 1,
     series_description: str = "medrt lesion measurements (SR)",
+    previous_versions: Sequence[Dataset] = (),
 ) -> hd.sr.Comprehensive3DSR:
     """A TID 1500 Measurement Report of every lesion in ``results`` (frames of one study).
 
@@ -320,7 +321,10 @@ def build_sr(
     ``linked`` is :func:`medrt.analysis.tracking.link_series` of the series (default:
     of ``results``), as given to :func:`medrt.export.build_seg`. The SR goes into a new series (``series_instance_uid``, default a new UID)
     of the source study and lists the SEGs as evidence; ``sop_instance_uid``
-    defaults to a new UID.
+    defaults to a new UID. ``previous_versions`` are earlier SRs of these images that this
+    one replaces (the series analysed again after more images came): listed in its
+    Predecessor Documents Sequence, so a PACS or viewer can tell which is current; those
+    of another study are left out (with a warning).
 
     Raises ValueError naming "results" (see :func:`medrt.export.common.check_results`),
     "linked" (lacking one of their lesions) or "seg" (not a SEG, another study, or
@@ -365,6 +369,10 @@ def build_sr(
     modality = items[0].frame.modality
     described = {r.frame.sop_instance_uid for r in items if r.lesions}
     report = _report(groups, modality, _image_library(headers, described))
+    earlier = [p for p in previous_versions if str(p.get("StudyInstanceUID", "")) == study]
+    if len(earlier) < len(previous_versions):
+        log.warning("SR: %d earlier SR(s) of another study not listed as predecessors",
+                    len(previous_versions) - len(earlier))
     sr = hd.sr.Comprehensive3DSR(
         evidence=headers + segs,
         content=report,
@@ -375,6 +383,7 @@ def build_sr(
         **device_identity(),
         series_description=series_description,
         is_complete=True,
+        previous_versions=earlier or None,
     )
     log.info("SR %s: %d lesion(s) (%d section(s)) in %d frames of study %s, SEG %s", sr.SOPInstanceUID, n_lesions,
              sum(len(r.lesions) for r in items), len(items), study, ", ".join(s.SOPInstanceUID for s in segs) or "none")
