@@ -396,6 +396,13 @@ def test_a_series_left_analysing_by_a_lost_outcome_is_analysed_again(tmp_path, a
     (outcome,) = service.run_once(now=261.0)
     assert (outcome.state, outcome.frames) == ("done", 2)
 
+    # the same for a send whose end could not be recorded: 'forwarding' with no lane on it
+    spool.mark(state.series_uid, "analysed")
+    assert spool.claim_send(state.series_uid, expect_received=state.last_received, now=300.0)
+    assert service.forwarder.run_once(now=400.0) == []
+    left = spool.series(state.series_uid)
+    assert (left.state, left.last_attempt) == ("unsent", 400.0) and "could not be recorded" in left.detail
+
 
 def test_a_series_none_of_whose_images_could_be_read_says_nothing_was_analysed(tmp_path, analyzer):
     """Every image cut short upstream: each is acknowledged (it is on disk) and named in

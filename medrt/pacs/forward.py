@@ -229,6 +229,14 @@ class Forwarder(BackgroundLoop):
         each; else return at once (each outcome goes to ``on_done``)."""
         wait = not self.alive if wait is None else wait
         claimed = []
+        # A series 'forwarding' that no lane holds lost its outcome (the index could not
+        # record it): 'unsent' again, sent after --retry (it stayed so until a restart).
+        with self._lock:
+            held = set(self._sending)
+        stale = self.spool.release_forwarding(held, "its send ended but could not be recorded (the spool's disk?); "
+                                                    "sent again", now=now)
+        if stale:
+            log.warning("listener: %d series left 'forwarding' by a failed pass: sent again after --retry", stale)
         for state in self.spool.to_send(retry_s=self.retry_s, now=now):
             if self._stop.is_set():
                 break

@@ -242,6 +242,18 @@ class Spool(DeliveryRecords, CommitmentRecords):
                                    " WHERE state = 'analysing'", (detail, now))
             return cur.rowcount
 
+    def release_forwarding(self, held: set[str], detail: str, *, now: float | None = None) -> int:
+        """Series ``forwarding`` that the one forwarder does not hold (``held``: those in its
+        lanes) lost their outcome: ``unsent``, sent again after the retry delay."""
+        now = time.time() if now is None else now
+        with self._lock:
+            rows = [r[0] for r in self._db.execute("SELECT series_uid FROM series WHERE state = 'forwarding'")]
+            lost = [uid for uid in rows if uid not in held]
+            for uid in lost:
+                self._db.execute("UPDATE series SET state = 'unsent', detail = ?, last_attempt = ?"
+                                 " WHERE series_uid = ? AND state = 'forwarding'", (detail, now, uid))
+            return len(lost)
+
     def claim(self, series_uid: str, *, expect_received: float, now: float | None = None) -> bool:
         """Move a due series to ``analysing``, unless an instance arrived since it was listed."""
         return self._claim(series_uid, "analysing", ANALYSIS_QUEUE, expect_received, now)
