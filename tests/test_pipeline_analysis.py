@@ -369,3 +369,27 @@ def test_a_crashed_worker_costs_its_file_and_the_pool_is_replaced():
         assert dec(ct)[0].frame.rows == 512  # a fresh pool serves the next file
     finally:
         dec.close()
+
+
+def test_stream_stopped_by_sigterm_prints_its_summary_as_ctrl_c_does(tmp_path):
+    """`timeout`, systemd or a job scheduler stop with SIGTERM: the stream ended at once
+    (exit 143) with no summary and no --json; it now stops as Ctrl-C does (exit 130)."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO, SAMPLE_DIR
+
+    cmd = [sys.executable, "-m", "medrt", "stream", str(SAMPLE_DIR / "ct_stream"), "--fps", "5", "--loop", "20",
+           "--json", "--model", "lesion_unet_lite", "--threads", "1"]
+    proc = subprocess.Popen(cmd, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    time.sleep(20)  # models loaded (about 3 s here), frames flowing at 5 per second
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    summary = json.loads(out)
+    assert 0 < summary["findings"]["frames"] < 800 and summary["frames"] > 0, out  # stopped part-way, summarised

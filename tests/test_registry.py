@@ -186,6 +186,17 @@ def test_a_missing_model_file_names_it(tmp_path: Path) -> None:
         (lambda s: s.replace("[model]", "[model]\nneighbour_mm = -1"), r"neighbour_mm must be a distance"),
         (lambda s: s.replace("[model]", '[model]\nplanes = ["AXIAL", "OBLIQUE"]'), r"planes takes AXIAL, .* 'OBLIQUE'"),
         (lambda s: s.replace("[model]", '[model]\nbody_parts = "CHEST"'), r"body_parts must be a list"),
+        # values of the wrong kind or range: a traceback, or silently wrong lesions, before
+        (lambda s: s.replace("probability = 0.5", "probability = nan"), r"\[thresholds\] probability must be a "
+                                                                          r"number from 0 to 1, not nan"),
+        (lambda s: s.replace("probability = 0.5", "probability = 1.5"), r"probability must be a number from 0 to 1"),
+        (lambda s: s.replace("probability = 0.5", 'probability = "high"'), r"not 'high'"),
+        (lambda s: s.replace("probability = 0.5", "probabilty = 0.5"), r"'probabilty' is not a threshold medrt reads"),
+        (lambda s: s.replace("center = 40", 'center = "soft tissue"'), r"\[normalization\] center must be a number"),
+        (lambda s: s.replace("width = 400", "width = 0"), r"\[normalization\] width must be a number above 0"),
+        (lambda s: s.replace("multiple_of = 16", 'multiple_of = "sixteen"'), r"multiple_of must be a whole number"),
+        (lambda s: s.replace("multiple_of = 16", "multiple_of = 0"), r"multiple_of must be a whole number from 1"),
+        (lambda s: s.replace('dtype = "float32"', 'dtype = "float"'), r"dtype must be one of"),
     ],
 )
 def test_bad_specs_name_the_file_and_the_reason(tmp_path: Path, edit, message: str) -> None:  # type: ignore[no-untyped-def]

@@ -103,16 +103,20 @@ def run(args: argparse.Namespace) -> int:
     live = not args.quiet and not args.json
     tty = sys.stderr.isatty()
     interrupted = False
+    from medrt.commands.batch import _sigterm_as_interrupt
+
     pipe.start()
     try:
-        last_print = 0.0
-        while not pipe.join(0.25):
-            tel.sample_memory()
-            now = time.monotonic()
-            if live and (tty or now - last_print >= 5.0):
-                line = tel.status_line()
-                print(f"\r{line}\033[K" if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
-                last_print = now
+        # systemd, `timeout`, a scheduler: SIGTERM stops as Ctrl-C does, summary and all
+        with _sigterm_as_interrupt():
+            last_print = 0.0
+            while not pipe.join(0.25):
+                tel.sample_memory()
+                now = time.monotonic()
+                if live and (tty or now - last_print >= 5.0):
+                    line = tel.status_line()
+                    print(f"\r{line}\033[K" if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
+                    last_print = now
     except KeyboardInterrupt:
         interrupted = True
         print("\nmedrt stream: stopping (Ctrl-C again to abort)", file=sys.stderr)

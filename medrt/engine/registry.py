@@ -9,6 +9,7 @@ a model file whose hash differs from its spec. The format is documented in
 from __future__ import annotations
 
 import hashlib
+import math
 import sys
 from dataclasses import dataclass, field
 from importlib import resources
@@ -125,9 +126,15 @@ class ModelSpec:
 
     def verify(self) -> None:
         """Raise :class:`ModelIntegrityError` unless the file's sha256 matches the spec."""
-        if not self.path.is_file():
+        if not self.path.exists():
             raise ModelError(f"{self.spec_path}: model file {self.path} does not exist")
-        actual = sha256_file(self.path)
+        if not self.path.is_file():
+            raise ModelError(f"{self.spec_path}: model file {self.path} is not a regular file")
+        try:
+            actual = sha256_file(self.path)
+        except OSError as exc:  # unreadable (permissions): one line naming it, not a traceback
+            raise ModelError(f"{self.spec_path}: model file {self.path} cannot be read: "
+                             f"{exc.strerror or exc}") from None
         if actual != self.sha256:
             raise ModelIntegrityError(
                 f"{self.path}: sha256 {actual[:16]}… does not match {self.sha256[:16]}… in "
@@ -142,6 +149,42 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: fp.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+THRESHOLD_KEYS = ("probability", "confirm", "presence", "heatmap")
+TENSOR_DTYPES = ("float32", "float16")
+
+
+def _number(value: Any, what: str, where: str, *, integer: bool = False, low: float | None = None,
+            high: float | None = None, low_open: bool = False) -> Any:
+    """``value`` as a finite float (or int), within [low, high] (``low_open``: above low);
+    else a ModelError naming the spec and the key (a bare float() gave a traceback)."""
+    ok = not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    if ok and integer:
+        ok = float(value).is_integer()
+    if ok and low is not None:
+        ok = value > low if low_open else value >= low
+    if ok and high is not None:
+        ok = value <= high
+    if not ok:
+        kind = "a whole number" if integer else "a number"
+        bounds = ("" if low is None and high is None else
+                  f" {'above' if low_open else 'from'} {low:g}" + (f" to {high:g}" if high is not None else ""))
+        raise ModelError(f"{where}: {what} must be {kind}{bounds}, not {value!r}")
+    return int(value) if integer else float(value)
+
+
+def _thresholds(doc: dict[str, Any], where: str) -> dict[str, float]:
+    """``[thresholds]``: probabilities in [0, 1], by known name (a misspelt key was silently
+    replaced by the default before)."""
+    table = doc.get("thresholds", {})
+    if not isinstance(table, dict):
+        raise ModelError(f"{where}: [thresholds] must be a table, not {table!r}")
+    unknown = [k for k in table if k not in THRESHOLD_KEYS]
+    if unknown:
+        raise ModelError(f"{where}: [thresholds] {unknown[0]!r} is not a threshold medrt reads "
+                         f"({', '.join(THRESHOLD_KEYS)})")
+    return {k: _number(v, f"[thresholds] {k}", where, low=0.0, high=1.0) for k, v in table.items()}
 
 
 def _require(table: dict[str, Any], key: str, where: str) -> Any:
@@ -161,11 +204,14 @@ def _tensors(items: Any, where: str) -> tuple[TensorSpec, ...]:
         if activation not in ACTIVATIONS:
             raise ModelError(f"{loc}: activation must be one of {ACTIVATIONS} (a logit, or already a "
                              f"probability), not {activation!r}")
+        dtype = str(item.get("dtype", "float32"))
+        if dtype not in TENSOR_DTYPES:
+            raise ModelError(f"{loc}: dtype must be one of {TENSOR_DTYPES}, not {dtype!r}")
         out.append(
             TensorSpec(
                 name=str(_require(item, "name", loc)),
                 shape=shape,
-                dtype=str(item.get("dtype", "float32")),
+                dtype=dtype,
                 meaning=str(item.get("meaning", "")),
                 activation=activation,
             )
@@ -239,6 +285,8 @@ def load_spec(spec_path: str | Path, *, verify: bool = True) -> ModelSpec:
         doc = tomllib.loads(spec_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ModelError(f"{spec_path}: no such model spec") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ModelError(f"{spec_path}: cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
     except tomllib.TOMLDecodeError as exc:
         raise ModelError(f"{spec_path}: not valid TOML ({exc})") from None
     where = str(spec_path)
@@ -252,7 +300,8 @@ def load_spec(spec_path: str | Path, *, verify: bool = True) -> ModelSpec:
         raise ModelError(f"{where}: [normalization] method must be one of {NORMALIZATIONS}, not {method!r}")
     window = None
     if method == "fixed_window":
-        window = (float(_require(norm, "center", where)), float(_require(norm, "width", where)))
+        window = (_number(_require(norm, "center", where), "[normalization] center", where),
+                  _number(_require(norm, "width", where), "[normalization] width", where, low=0.0, low_open=True))
     card = model.get("card")
     inputs = _tensors(doc.get("inputs"), f"{where} [[inputs]]")
     spec = ModelSpec(
@@ -266,9 +315,9 @@ def load_spec(spec_path: str | Path, *, verify: bool = True) -> ModelSpec:
         outputs=_tensors(doc.get("outputs"), f"{where} [[outputs]]"),
         normalization=method,
         window=window,
-        multiple_of=int(model.get("multiple_of", 1)),
-        thumbnail=int(model.get("thumbnail", 0)),
-        stride=int(model.get("stride", 1)),
+        multiple_of=_number(model.get("multiple_of", 1), "[model] multiple_of", where, integer=True, low=1),
+        thumbnail=_number(model.get("thumbnail", 0), "[model] thumbnail", where, integer=True, low=0),
+        stride=_number(model.get("stride", 1), "[model] stride", where, integer=True, low=1),
         spacing_mm=_spacing(model, task, where),
         modalities=_terms(model, "modalities", "DICOM Modality", where),
         body_parts=_terms(model, "body_parts", "BodyPartExamined", where),
@@ -276,7 +325,7 @@ def load_spec(spec_path: str | Path, *, verify: bool = True) -> ModelSpec:
         planes=_planes(model, where),
         slices=_slices(model, task, inputs, where),
         neighbour_mm=_neighbour_mm(model, where),
-        thresholds={k: float(v) for k, v in doc.get("thresholds", {}).items()},
+        thresholds=_thresholds(doc, where),
         description=str(model.get("description", "")),
         card=(spec_path.parent / str(card)).resolve() if card else None,
         training=dict(doc.get("training", {})),
