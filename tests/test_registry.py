@@ -454,3 +454,25 @@ def test_a_classifier_with_probability_outputs_in_any_order_is_read_by_name(tmp_
     blank = classify(OnnxRuntimeBackend(spec), np.zeros((512, 512), np.float32), (500.0, 1000.0),
                      heatmap_threshold=0.4, presence_threshold=0.4)
     assert blank.negative and blank.presence == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("image, out, message", [
+    (["N", 1, 256, 256], ["N", 1, 256, 256], r"input of seg.onnx is fixed at 256x256; .* needs dynamic H and W"),
+    (["N", 1, "H", "W"], ["N", 2, "H", "W"], r"output 'foreground' of seg.onnx has 2 channels; .* \[N, 1, H, W\]"),
+])
+def test_a_segmenter_medrt_cannot_feed_or_read_is_refused_at_load(tmp_path: Path, image, out, message) -> None:  # type: ignore[no-untyped-def]
+    """Both passed the spec checks and batch ran them: a fixed 256x256 input crashed every
+    run with onnxruntime's traceback, a two-channel output had its background channel read
+    as a 549 mm lesion on every slice."""
+    from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
+
+    onnx = require_module("onnx")
+    h, F = onnx.helper, onnx.TensorProto.FLOAT
+    node = (h.make_node("Identity", ["image"], ["foreground"]) if out[1] == 1 else
+            h.make_node("Concat", ["image", "image"], ["foreground"], axis=1))
+    model = _save([node], [h.make_tensor_value_info("image", F, image)],
+                  [h.make_tensor_value_info("foreground", F, out)], tmp_path / "seg.onnx")
+    spec_path = tmp_path / "tiny_seg.toml"
+    spec_path.write_text(SEG_SPEC.format(file=model.name, sha=sha256_file(model), out="foreground"))
+    with pytest.raises(ModelError, match=message):
+        OnnxRuntimeBackend(load_spec(spec_path))

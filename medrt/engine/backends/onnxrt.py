@@ -192,6 +192,7 @@ class OnnxRuntimeBackend(Backend):
         ]
         if missing:
             raise ModelError(f"{spec.spec_path}: names {missing} are not in the ONNX graph of {spec.path.name}")
+        _check_graph_shapes(spec, self.session)
         self.io_binding = io_binding
         self.reuse_outputs = reuse_outputs
         self.max_shapes = max(1, max_shapes)
@@ -244,3 +245,24 @@ class OnnxRuntimeBackend(Backend):
     def info(self) -> BackendInfo:
         device = "cuda" if any(p in (CUDA, TRT) for p in self.providers[:1]) else "cpu"
         return BackendInfo(self.name, device, self.precision, self.spec.ident, self.threads)
+
+
+def _check_graph_shapes(spec: Any, session: Any) -> None:
+    """What medrt feeds and reads, against the graph, at load (``medrt models verify`` did
+    some of it, batch none: a fixed-size input crashed every run with onnxruntime's
+    traceback, a two-channel output had its background channel read as lesions)."""
+    if spec.task != "segmentation":
+        return
+    node = next(i for i in session.get_inputs() if i.name == spec.inputs[0].name)
+    dims = list(node.shape)
+    if len(dims) == 4 and isinstance(dims[2], int) and isinstance(dims[3], int):
+        raise ModelError(f"{spec.spec_path}: the input of {spec.path.name} is fixed at {dims[2]}x{dims[3]}; medrt "
+                         "feeds crops and frames of many sizes, so a segmentation model needs dynamic H and W "
+                         "(export it with dynamic axes)")
+    for out in session.get_outputs():
+        if out.name in {t.name for t in spec.outputs}:
+            shape = list(out.shape)
+            if len(shape) == 4 and isinstance(shape[1], int) and shape[1] != 1:
+                raise ModelError(f"{spec.spec_path}: output {out.name!r} of {spec.path.name} has {shape[1]} channels; "
+                                 "a segmentation output must be one lesion channel [N, 1, H, W] (export the "
+                                 "lesion channel alone, or its probability)")
