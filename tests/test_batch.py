@@ -672,6 +672,8 @@ def test_an_out_that_cannot_be_written_is_named_before_the_models_load(tmp_path,
                         (Path("/proc/medrt-out"), "No such file or directory")):
         assert main(["batch", str(CT), "--out", str(out)]) == 2
         assert capsys.readouterr().err.strip() == f"medrt batch: cannot write to {out}: {reason}"
+    assert main(["batch", str(CT), "--out", str(tmp_path / "o"), "--ray", ""]) == 2  # an unset $RAY_ADDRESS
+    assert "--ray needs an address" in capsys.readouterr().err
 
 
 def test_a_series_whose_outputs_cannot_be_written_is_not_finished(tmp_path, analyzer):

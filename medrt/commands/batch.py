@@ -135,6 +135,9 @@ def run(args: argparse.Namespace) -> int:
     if not Path(args.input).exists():
         print(f"medrt batch: {args.input}: no such file or folder", file=sys.stderr)
         return 2
+    if args.ray is not None and not args.ray.strip():  # an unset $RAY_ADDRESS: not a local run in disguise
+        print("medrt batch: --ray needs an address: 'local', 'auto', HOST:PORT or ray://HOST:PORT", file=sys.stderr)
+        return 2
     if args.ray and (args.processes or args.decode_processes):
         print("medrt batch: --processes and --decode-processes are for a local run, not with --ray "
               "(each Ray worker is a process of its own; --ray-workers sets how many)", file=sys.stderr)
