@@ -140,16 +140,22 @@ class _Sink:
         self.done += frames
         if self.progress is not None:
             self.progress(self.done, self.total)
+        if so.complete:
+            self.finish(so)
+
+    def finish(self, so: SeriesOutput) -> None:
+        """Write a series' outputs, once, unless they could not be written before."""
         uid = so.plan.uid
-        if so.complete and uid not in self.finished and uid not in self.unwritten:
+        if uid not in self.finished and uid not in self.unwritten:
             manifest = self._writing(so, so.finish)
             if manifest is not None:
                 self.finished[uid] = manifest
 
     def on_result(self, result: Any, env: Any) -> None:
         so = self._series(env.origin)
-        if self._writing(so, lambda: so.add(result, env.origin)) is None and so.plan.uid in self.unwritten:
-            so.done_paths[env.origin] = so.done_paths.get(env.origin, 0) + 1  # counted, not kept
+        self._writing(so, lambda: so.add(result, env.origin))
+        if so.plan.uid in self.unwritten:  # not kept (add failed, or was not tried): counted
+            so.done_paths[env.origin] = so.done_paths.get(env.origin, 0) + 1
         self._advance(so, 1)
 
     def on_error(self, error: Any, env: Any) -> None:
@@ -237,9 +243,7 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
                 if id(so) in sink.started and uid not in sink.finished and uid not in sink.unwritten:
                     so.notes.append(Note(so.rel(str(so.plan.paths[0])), "error", "batch",
                                          "fewer frames decoded than the headers announced"))
-                    manifest = sink._writing(so, so.finish)
-                    if manifest is not None:
-                        sink.finished[uid] = manifest
+                    sink.finish(so)
     for sp in pending:
         if sp.uid in sink.unwritten:
             plan.notes.append(Note(relative(min(sp.paths), plan.root) if sp.paths else sp.uid, "error", "write",

@@ -5,10 +5,8 @@ and scripts can read. Exit codes: 0 all analysed, 1 completed with errors (see e
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from medrt.commands.options import (
     add_pipeline_options,
     add_seg_options,
     analyzer_config,
+    sigterm_as_interrupt,
     thread_layout,
 )
 
@@ -106,28 +105,6 @@ def _unwritable(out: Path) -> str:
     return ""
 
 
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM (systemd, a job scheduler, ``kill``) stops the run as Ctrl-C does: finished
-    series kept, the report marked interrupted, exit 130. It used to kill the process
-    outright, before results.jsonl and the report were written."""
-    import signal
-    import threading
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 def run(args: argparse.Namespace) -> int:
     from medrt.analyzer import load_analyzer
     from medrt.batch import EXIT_FAILED, BatchConfig, OutputOptions, run_batch
@@ -165,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     if progress is not None:
         progress.start()
     try:
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             summary = (_on_ray(args, config, update) if args.ray
                        else run_batch(config, analyzer=analyzer, progress=update))
     finally:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 __all__ = ["add_engine_options", "add_pipeline_options", "add_seg_options", "analyzer_config", "thread_layout"]
@@ -183,3 +185,25 @@ def analyzer_config(args: argparse.Namespace, **overrides: Any) -> Any:
         fields["roi_model"] = args.roi_model
     fields.update(overrides)
     return AnalyzerConfig(**fields)
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (systemd, a job scheduler, ``kill``, ``timeout``) stops a batch or a stream as
+    Ctrl-C does (a KeyboardInterrupt in the main thread): finished series kept and the report
+    written, or the stream's summary printed, exit 130. It used to kill the process outright."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

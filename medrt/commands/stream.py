@@ -103,12 +103,12 @@ def run(args: argparse.Namespace) -> int:
     live = not args.quiet and not args.json
     tty = sys.stderr.isatty()
     interrupted = False
-    from medrt.commands.batch import _sigterm_as_interrupt
+    from medrt.commands.options import sigterm_as_interrupt
 
     pipe.start()
     try:
         # systemd, `timeout`, a scheduler: SIGTERM stops as Ctrl-C does, summary and all
-        with _sigterm_as_interrupt():
+        with sigterm_as_interrupt():
             last_print = 0.0
             while not pipe.join(0.25):
                 tel.sample_memory()
