@@ -157,6 +157,11 @@ class StreamsMixin:
         shown = self.current_slot()
         si, idx = self.study.add_live_frame(a.frame, a.index, a.path, keep=self.live_keep)
         self.frames_received += 1
+        gone = self.study.drop_problems(a.path) if a.path is not None and self.study.problems else []
+        if gone:  # read half-written earlier (a stalled sender), whole now: no longer a problem
+            said = {str(p) for p in gone}
+            self.failures = [f for f in self.failures if f not in said]
+            log.info("viewer: %s was read after all", a.path)
         # Following the AI's results: the images are shown as they land only until the
         # first result comes (the models' first frame), then each result brings its image.
         if self.controls.follow.isChecked() and not (self.following_results() and self.newest_result_key):

@@ -427,6 +427,16 @@ class Study:
     def frames(self) -> int:
         return sum(len(e.slots) for e in self.series)
 
+    def drop_problems(self, name: str | os.PathLike[str]) -> list[Problem]:
+        """Forget the failures of a file that has since been read (a watched file that was
+        read half-written, then again once complete); returns those forgotten."""
+        short = _name(name)
+        gone = [p for p in self.problems if p.name == short and not p.skipped and not p.seg]
+        if gone:
+            self.problems = [p for p in self.problems if p not in gone]
+            self._seen_problems.difference_update(gone)
+        return gone
+
     def add_problem(self, name: str, reason: str, skipped: bool = False, *, seg: bool = False) -> Problem:
         """Note a problem once (a replay loop meets the same file again and again)."""
         problem = Problem(_name(name), reason, skipped, seg)

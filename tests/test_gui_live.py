@@ -217,6 +217,13 @@ def test_watched_folder_shows_images_as_they_land(bot, window, tmp_path: Path) -
     (spool / "broken.dcm").write_bytes(data[: len(data) // 2])
     bot.waitUntil(lambda: any("broken.dcm" in f for f in w.failures), timeout=60_000)
     assert "broken.dcm" in w.statusBar().currentMessage()
+    # It was only half-written (a sender that stalled): once the rest lands it is read
+    # again, shown and analysed, and is no longer counted among the problems.
+    with (spool / "broken.dcm").open("ab") as f:
+        f.write(data[len(data) // 2:])
+    bot.waitUntil(lambda: w.results_received == 4, timeout=60_000)
+    assert not any("broken.dcm" in f for f in w.failures)
+    assert not any(p.name.endswith("broken.dcm") for p in w.study.problems)
     # A report (an SR) sent with the images is passed over with a note, not a failure.
     from conftest import pydicom_test_dir
 
@@ -225,7 +232,7 @@ def test_watched_folder_shows_images_as_they_land(bot, window, tmp_path: Path) -
     (sr,) = [p for p in w.study.problems if p.name.endswith("test-SR.dcm")]
     assert sr.skipped and "not an image" in sr.reason and not any("test-SR" in f for f in w.failures)
     _land(CT / "ct_0018.dcm", spool)
-    bot.waitUntil(lambda: w.results_received == 4, timeout=60_000)
+    bot.waitUntil(lambda: w.results_received == 5, timeout=60_000)
     assert not session.done
     w.stop_stream()
     bot.waitUntil(lambda: session.done, timeout=20_000)

@@ -378,6 +378,28 @@ def test_folder_watch_gives_files_that_complete_together_in_the_order_they_lande
     assert [p.name for p in got] == ["a.dcm", "b.dcm", "CT.1.2.9", "CT.1.2.10", "CT.1.2.1", "CT.1.2.0", "CT.1.2.5"]
 
 
+def test_folder_watch_reads_a_file_again_when_it_changes_after_it_was_read(tmp_path):
+    """A sender that stalls longer than ``settle`` mid-write: the half file is yielded (and
+    fails to decode downstream); once the rest lands it must be yielded again, not lost.
+    A file that does not change is yielded once."""
+    watch = FolderWatch(tmp_path, poll=0.02, settle=0.1, idle_timeout=1.5)
+    got: list[Path] = []
+    t = threading.Thread(target=lambda: got.extend(watch))
+    t.start()
+    (tmp_path / "same.dcm").write_bytes(b"s" * 10)
+    slow = tmp_path / "slow.dcm"
+    slow.write_bytes(b"x" * 10)  # the first half, then a stall
+    deadline = time.monotonic() + 10
+    while slow not in got and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert slow in got
+    with slow.open("ab") as f:
+        f.write(b"y" * 10)  # the rest
+    t.join(15)
+    assert not t.is_alive()
+    assert got.count(slow) == 2 and got.count(tmp_path / "same.dcm") == 1
+
+
 def test_folder_watch_close_ends_iteration(tmp_path):
     watch = FolderWatch(tmp_path, poll=0.02)
     t = threading.Thread(target=lambda: list(watch))

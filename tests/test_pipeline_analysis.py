@@ -158,6 +158,44 @@ def test_stream_watch_picks_up_files_as_they_land(tmp_path, capsys):
     assert "--lookahead" in capsys.readouterr().err
 
 
+def test_stream_watch_reads_a_slowly_written_file_again_once_it_is_complete(tmp_path, capsys, monkeypatch):
+    """A sender that writes in place and stalls mid-file for longer than the watch's settle
+    time: the half file fails to decode; once complete it is read again and analysed, and
+    the run ends clean (the image was not lost), saying so."""
+    import threading
+    import time
+
+    from medrt.io.sources import FolderWatch
+
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    data = sorted(CT.glob("*.dcm"))[15].read_bytes()
+    watching = threading.Event()  # the models load first: send once the folder is watched
+    snapshot = FolderWatch._snapshot
+
+    def watched_snapshot(self):  # type: ignore[no-untyped-def]
+        watching.set()
+        return snapshot(self)
+
+    monkeypatch.setattr(FolderWatch, "_snapshot", watched_snapshot)
+
+    def sender():
+        assert watching.wait(120)
+        with (inbox / "slow.dcm").open("wb") as f:
+            f.write(data[: len(data) // 2])
+            f.flush()
+            time.sleep(2.5)  # the network stalls
+            f.write(data[len(data) // 2:])
+
+    t = threading.Thread(target=sender)
+    t.start()
+    rc = main(["stream", str(inbox), "--watch", "--idle-exit", "4", "--json", "--workers", "1"])
+    t.join()
+    f = json.loads(capsys.readouterr().out)["findings"]
+    assert (f["frames"], f["errors"], f["error_details"], f["recovered_after_rewrite"]) == (1, 0, [], 1)
+    assert rc == 0
+
+
 def test_a_watched_folder_holds_files_only_as_asked(tmp_path):
     """``--lookahead`` not given: a Lookahead that lets files through until a 2.5-D model's
     decode stage asks for the next slice (then each waits at most half a second); 0: none;

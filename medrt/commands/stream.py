@@ -34,12 +34,19 @@ class _Findings:
         self.frames = 0
         self.positive = 0
         self.counter = LesionCounter()  # each lesion once: its sections on the slices before joined
-        self.errors: list[tuple[str, str]] = []
+        self.errors: list[tuple[str, str, str]] = []  # key, reason, the file it came from
+        self.recovered = 0  # files that failed, changed, then were read (a watched file written slowly)
         self.skipped = 0  # not DICOM
         self.not_images = 0  # DICOM objects that hold no image (SR, SEG, KO, DICOMDIR...)
         self.no_model: list[tuple[str, str]] = []  # frames of a modality no loaded model is for
 
     def on_result(self, result: Any, env: Any) -> None:
+        origin = str(getattr(env, "origin", "") or "")
+        if origin and any(o == origin for *_, o in self.errors):
+            # a watched file read while its sender stalled, read again once complete:
+            # the image was not lost, so its first failure is no longer an error
+            self.errors = [e for e in self.errors if e[2] != origin]
+            self.recovered += 1
         self.frames += 1
         self.positive += bool(result.lesions)
         self.counter.add(result)
@@ -52,7 +59,7 @@ class _Findings:
         elif error.skippable:
             self.skipped += 1
         else:
-            self.errors.append((error.key, error.reason))
+            self.errors.append((error.key, error.reason, str(getattr(env, "origin", "") or error.key)))
 
 
 def _source(args: argparse.Namespace) -> Any:
@@ -128,7 +135,8 @@ def run(args: argparse.Namespace) -> int:
                            "edges": pipe.counters(), "sink_errors": pipe.sink_errors}
     summary["findings"] = {"frames": findings.frames, "positive_frames": findings.positive,
                            "lesions": findings.counter.lesions, "lesion_sections": findings.counter.sections,
-                           "errors": len(findings.errors),
+                           "errors": len(findings.errors), "recovered_after_rewrite": findings.recovered,
+                           "error_details": [{"file": o, "key": k, "reason": r} for k, r, o in findings.errors],
                            "skipped_not_dicom": findings.skipped, "skipped_not_an_image": findings.not_images,
                            "skipped_no_model": len(findings.no_model)}
     summary["engine"] = {"backend": analyzer.backend_name, "precision": analyzer.precision,
@@ -153,7 +161,9 @@ def run(args: argparse.Namespace) -> int:
               + (f", {f['skipped_no_model']} frame(s) no model is for" if f["skipped_no_model"] else "")
               + f"; backend {analyzer.backend_name} {analyzer.precision}; "
               f"queue depth {pipe.depth}, {workers} inference worker(s)")
-        for key, reason in findings.errors[:20]:  # medrt's own reasons name the file already
+        if findings.recovered:
+            print(f"  {findings.recovered} file(s) changed after a failed read and were read again")
+        for key, reason, _ in findings.errors[:20]:  # medrt's own reasons name the file already
             print(f"  error: {reason if key in reason else f'{key}: {reason}'}")
         if findings.no_model:  # one line: they share the reason, modality apart
             key, reason = findings.no_model[0]

@@ -117,6 +117,9 @@ class FolderWatch:
     SOP Instance UID). Files there at start go first, by name (copied in, their times
     say nothing).
     Polling (not inotify) so that it also works on network shares.
+    A file that changes after it was yielded (a sender that stalled longer than
+    ``settle`` mid-write, then finished; or one that overwrote it) is yielded again
+    once it settles anew, so a slow writer costs a retry, not the image.
     Files present at start are yielded too unless ``existing=False``. Iteration ends
     after ``close()`` or when nothing new has completed for ``idle_timeout`` seconds.
     """
@@ -154,19 +157,20 @@ class FolderWatch:
         return out
 
     def __iter__(self) -> Iterator[Path]:
-        done: set[Path] = set() if self.existing else set(self._snapshot())
-        backlog: set[Path] = set(self._snapshot()) if self.existing else set()  # there before: in name order
+        start = self._snapshot()
+        done: dict[Path, tuple[int, int]] = {} if self.existing else dict(start)  # path: its size, mtime when yielded
+        backlog: set[Path] = set(start) if self.existing else set()  # there before: in name order
         seen: dict[Path, tuple[tuple[int, int], float]] = {}
         last_new = time.monotonic()
         while not self._closed.is_set():
             now = time.monotonic()
-            ready: list[tuple[bool, int, Path]] = []
+            ready: list[tuple[bool, int, Path, tuple[int, int]]] = []
             for path, sig in self._snapshot().items():
-                if path in done:
+                if done.get(path) == sig:
                     continue
                 prev = seen.get(path)
-                order = (path not in backlog, sig[1] if path not in backlog else 0, path)
-                if prev is None and self.trust_rename and sig[0] > 0:
+                order = (path not in backlog, sig[1] if path not in backlog else 0, path, sig)
+                if prev is None and self.trust_rename and sig[0] > 0 and path not in done:
                     ready.append(order)
                 elif prev is None or prev[0] != sig:
                     seen[path] = (sig, now)
@@ -174,8 +178,10 @@ class FolderWatch:
                     ready.append(order)
             # Files that land while watched: as they landed (then by name), not by name alone;
             # those already there (copied in, whatever their times): by name, first.
-            for *_, path in sorted(ready):
-                done.add(path)
+            for *_, path, sig in sorted(ready):  # (paths are unique: sig never decides the order)
+                if path in done:
+                    log.info("%s changed after it was read: reading it again", path)
+                done[path] = sig
                 seen.pop(path, None)
                 last_new = now
                 yield path
