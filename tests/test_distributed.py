@@ -9,8 +9,10 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -152,6 +154,38 @@ def test_local_cluster_for_one_run(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["counts"]["series_analysed"] == 3 and report["cluster"]["address"] == "local"
     assert "## Ray cluster (local)" in (out / "report.md").read_text()
+
+
+def test_sigterm_stops_a_ray_batch_as_ctrl_c_does(tmp_path):
+    """ray.init puts in a SIGTERM handler of its own (sys.exit): a Ray batch stopped by
+    systemd or a scheduler died with Ray's crash dump, no report and exit 1. Ours is put
+    back: exit 130, finished series kept, the report marked interrupted."""
+    require_module("ray")
+    src, out = _input(tmp_path), tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "medrt", "batch", str(src), "--out", str(out), "--ray", "local",
+                             "--quiet"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None and not list(out.glob("series/*/png/*.png")):
+        time.sleep(0.1)
+    assert proc.poll() is None, "the batch ended before the first series was finished"
+    proc.send_signal(signal.SIGTERM)
+    said, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-3000:]
+    assert "interrupted; run the same command again" in err and "SIGTERM received" not in err
+    report = json.loads((out / "report.json").read_text())
+    assert report["interrupted"] is True and report["counts"]["series_analysed"] >= 1
+
+
+def test_a_port_that_is_not_a_ray_head_is_refused_not_waited_on():
+    """An open port that is not Ray's (a typo, another service): ray.init would wait on it
+    for good; the head is asked for gRPC first."""
+    require_module("ray")
+    from medrt.distributed.cluster import ClusterError, _reachable
+
+    with socket.create_server(("127.0.0.1", 0)) as server:  # accepts, never answers
+        port = server.getsockname()[1]
+        with pytest.raises(ClusterError, match=f"127.0.0.1:{port} accepts connections but does not answer as a Ray"):
+            _reachable(f"127.0.0.1:{port}", timeout_s=1.0)
 
 
 def test_the_batch_starts_with_the_workers_that_are_ready(cluster, tmp_path):

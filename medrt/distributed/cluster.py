@@ -6,7 +6,9 @@ models. Ray is imported by the caller and passed in (``ray``), so this imports n
 from __future__ import annotations
 
 import logging
+import signal
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -157,10 +159,17 @@ def connect(ray: Any, options: RayOptions) -> bool:
     address = options.address
     kwargs.update(options.init_kwargs)
     _reachable(options.address)
+    # ray.init puts in a SIGTERM handler of its own (sys.exit): a batch stopped by systemd
+    # or a scheduler would end without its report. Ours (SIGTERM as Ctrl-C) goes back.
+    main = threading.current_thread() is threading.main_thread()
+    before = signal.getsignal(signal.SIGTERM) if main else None
     try:
         ray.init(address=address, **kwargs)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise ClusterError(f"cannot join the Ray cluster at {options.address}: {exc}") from exc
+    finally:
+        if before is not None:
+            signal.signal(signal.SIGTERM, before)
     return True
 
 
@@ -178,6 +187,18 @@ def _reachable(address: str, timeout_s: float = 10.0) -> None:
             pass
     except OSError as exc:
         raise ClusterError(f"cannot reach the Ray cluster's head at {hostport}: {exc.strerror or exc}") from exc
+    # A port that is open but is not Ray's (a typo'd port, another service): ray.init would
+    # wait on it for good. A Ray head (GCS, or the client server of ray://) speaks gRPC.
+    import grpc
+
+    channel = grpc.insecure_channel(hostport)
+    try:
+        grpc.channel_ready_future(channel).result(timeout=timeout_s)
+    except grpc.FutureTimeoutError:
+        raise ClusterError(f"{hostport} accepts connections but does not answer as a Ray head (no gRPC "
+                           f"within {timeout_s:g} s): is it the head's port (ray start prints it)?") from None
+    finally:
+        channel.close()
 
 
 def grow(ray: Any, pool: list[WorkerHandle], launch: Callable[..., WorkerHandle], options: RayOptions,
