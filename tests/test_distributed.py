@@ -154,6 +154,10 @@ def test_local_cluster_for_one_run(tmp_path):
     report = json.loads((out / "report.json").read_text())
     assert report["counts"]["series_analysed"] == 3 and report["cluster"]["address"] == "local"
     assert "## Ray cluster (local)" in (out / "report.md").read_text()
+    # the latency histogram a local run writes: the frames' analysis time on the workers
+    assert report["files"]["histogram"] == "latency.png"
+    assert (out / "latency.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "![analysis time per frame on the Ray workers](latency.png)" in (out / "report.md").read_text()
 
 
 def test_sigterm_stops_a_ray_batch_as_ctrl_c_does(tmp_path):

@@ -148,7 +148,8 @@ def _markdown(r: dict[str, Any]) -> str:
         if r["throughput_fps"]:
             lines += ["", f"Throughput: {r['throughput_fps']:.1f} frames/s."]
         if r["files"]["histogram"]:
-            lines += ["", "![end-to-end latency](latency.png)"]
+            what = "analysis time per frame on the Ray workers" if "cluster" in r else "end-to-end latency"
+            lines += ["", f"![{what}](latency.png)"]
     if "cluster" in r:
         cl = r["cluster"]
         lines += ["", f"## Ray cluster ({cl['address']})", "",

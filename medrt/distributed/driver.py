@@ -11,13 +11,14 @@ import shutil
 import threading
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from medrt.batch.plan import MANIFEST, SeriesPlan, relative, series_notes, settings_key
 from medrt.batch.report import STEPS, write_report
 from medrt.batch.run import (
+    HISTOGRAM,
     RESULTS,
     BatchConfig,
     BatchSummary,
@@ -48,6 +49,15 @@ __all__ = ["run_distributed"]
 log = logging.getLogger("medrt.distributed")
 
 
+def _frame_timings(out: Path) -> Iterator[dict[str, Any]]:
+    """Each frame's ``timings_ms`` in results.jsonl."""
+    path = out / RESULTS
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                yield json.loads(line).get("timings_ms", {})
+
+
 def _timings(out: Path) -> dict[str, Any]:
     """Per-step latency from the frames' own timings (results.jsonl), as a local run's report
     gives it: the cluster's workers time their frames; the driver's pipeline telemetry is
@@ -55,15 +65,21 @@ def _timings(out: Path) -> dict[str, Any]:
     from medrt.pipeline.telemetry import latency_summary
 
     values: dict[str, list[float]] = {k: [] for k in STEPS}
-    path = out / RESULTS
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                t = json.loads(line).get("timings_ms", {})
-                for k in STEPS:
-                    if k in t:
-                        values[k].append(float(t[k]))
+    for t in _frame_timings(out):
+        for k in STEPS:
+            if k in t:
+                values[k].append(float(t[k]))
     return {k: latency_summary(v) for k, v in values.items() if v}
+
+
+def _histogram(out: Path) -> None:
+    """latency.png, as a local run writes it: here the frames' analysis time on the workers
+    (``total``; the driver saw no frame arrive, so there is no end-to-end latency to draw)."""
+    from medrt.pipeline.render import histogram_png
+
+    values = [float(t["total"]) for t in _frame_timings(out) if "total" in t]
+    if values:
+        atomic_write_bytes(out / HISTOGRAM, histogram_png(values, "Ray worker analysis"))
 
 
 def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
@@ -214,6 +230,7 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
     }
     engine = {"backend": infos[0]["backend"], "precision": infos[0]["precision"], "models": infos[0]["models"],
               "processor": sorted({i["processor"] for i in infos})}
+    _histogram(out)
     summary.report = write_report(summary, plan, settings, None, None, out, engine=engine,
                                   timings=_timings(out), extra={"cluster": cluster})
     return summary

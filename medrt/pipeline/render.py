@@ -15,7 +15,7 @@ import numpy as np
 
 from medrt.pipeline.telemetry import _stats
 
-__all__ = ["format_summary", "histogram_matplotlib", "histogram_pil"]
+__all__ = ["format_summary", "histogram_matplotlib", "histogram_pil", "histogram_png"]
 
 
 def format_summary(summary: Mapping[str, Any]) -> str:
@@ -82,6 +82,18 @@ def histogram_matplotlib(values: Sequence[float], stage: str, size: tuple[int, i
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     return buf.getvalue()
+
+
+def histogram_png(values: Sequence[float], stage: str, size: tuple[int, int] = (800, 480)) -> bytes:
+    """The histogram as PNG bytes: drawn with matplotlib when it is importable, else with PIL."""
+    w, h = size
+    if w < 200 or h < 150:
+        raise ValueError(f'Argument "size" must be at least (200, 150) pixels, got {size!r}.')
+    try:
+        import matplotlib  # noqa: F401  (optional; not a medrt dependency)
+    except ImportError:
+        return histogram_pil(values, stage, size)
+    return histogram_matplotlib(values, stage, size)
 
 
 def _bins(n: int) -> int:

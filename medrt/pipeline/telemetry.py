@@ -515,19 +515,9 @@ class Telemetry:
         Drawn with matplotlib when it is importable, otherwise with PIL, so the
         file always exists (an empty run gives a labelled "no samples" chart).
         """
-        w, h = size
-        if w < 200 or h < 150:
-            raise ValueError(f'Argument "size" must be at least (200, 150) pixels, got {size!r}.')
         from medrt.pipeline import render
 
-        values = self._samples(stage)
-        try:
-            import matplotlib  # noqa: F401  (optional; not a medrt dependency)
-        except ImportError:
-            data = render.histogram_pil(values, stage, (w, h))
-        else:
-            data = render.histogram_matplotlib(values, stage, (w, h))
-        return atomic_write_bytes(Path(path), data)
+        return atomic_write_bytes(Path(path), render.histogram_png(self._samples(stage), stage, size))
 
 
 # -- helpers ------------------------------------------------------------------
