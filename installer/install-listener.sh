@@ -44,7 +44,15 @@ echo "install-listener: medrt from $SRC into $ROOT$PREFIX/venv"
 install -d -m 0755 "$ROOT$PREFIX"
 "$PYTHON" -m venv "$ROOT$PREFIX/venv"
 "$ROOT$PREFIX/venv/bin/python" -m pip install --quiet --upgrade pip
-"$ROOT$PREFIX/venv/bin/python" -m pip install --quiet "$SRC"
+# Built from a copy: pip builds a local folder in place (setuptools' build/ and
+# medrt.egg-info, root's), which would leave root-owned files in the checkout, or fail
+# on a read-only one.
+BUILD=$(mktemp -d "${TMPDIR:-/tmp}/medrt-install.XXXXXX")
+trap 'rm -rf "$BUILD"' EXIT
+tar -C "$SRC" --exclude=./.venv --exclude=./.git --exclude=./build --exclude=./dist \
+    --exclude='*.egg-info' --exclude=__pycache__ --exclude=./.pytest_cache --exclude=./.hypothesis \
+    -cf - . | tar -C "$BUILD" -xf -
+"$ROOT$PREFIX/venv/bin/python" -m pip install --quiet "$BUILD"
 "$ROOT$PREFIX/venv/bin/medrt" --version
 
 install -d -m 0755 "$ROOT/etc/medrt" "$ROOT/etc/systemd/system"

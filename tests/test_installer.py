@@ -34,6 +34,13 @@ def setting(unit: str, key: str) -> str:
     return value.strip()
 
 
+def _build_leftovers() -> dict[str, int]:
+    """What a build in the checkout leaves there (setuptools' build/, *.egg-info): path, mtime."""
+    repo = INSTALLER.parent
+    found = [*repo.glob("build/**/*"), *repo.glob("*.egg-info/*")]
+    return {str(p.relative_to(repo)): p.stat().st_mtime_ns for p in found}
+
+
 def test_the_unit_passes_systemd_analyze(tmp_path):
     analyze = require_tool("systemd-analyze")
     unit = tmp_path / "medrt-listen.service"
@@ -60,8 +67,10 @@ def test_a_staged_install_runs_the_listener_as_the_unit_says():
         base.chmod(0o755)
         stage = base / "root"
         install = [str(INSTALLER / "install-listener.sh"), "--root", str(stage)]
+        before = _build_leftovers()
         run = subprocess.run(install, capture_output=True, text=True, timeout=900)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        assert _build_leftovers() == before  # built from a copy: no root-owned build/ in the checkout
         assert "staged under" in run.stdout and (stage / "opt/medrt/venv/bin/medrt").is_file()
         unit = (stage / "etc/systemd/system/medrt-listen.service").read_text()
         assert setting(unit, "ExecStart") == ("/opt/medrt/venv/bin/medrt listen --spool /var/lib/medrt/spool "
