@@ -42,6 +42,32 @@ def test_results_exceptions_and_restart_after_close():
         pool.close()
 
 
+def test_a_worker_logs_as_the_parent_does_with_header_values_redacted(capfd):
+    """A worker process had no logging set up: pydicom's warnings came out raw on stderr,
+    a quoted header value (a patient's name) and a source line with them, even with
+    --quiet. It now logs as the command line does: redacted, at the parent's level."""
+    import logging
+
+    warn = ("__import__('logging').getLogger('pydicom').warning(\"Invalid value for VR PN: 'DOE^JOHN'\") or "
+            "__import__('warnings').warn(\"odd value 'DOE^JANE'\") or 7")
+    root = logging.getLogger()
+    level = root.level
+    pool = WorkerPool(1)
+    try:
+        root.setLevel(logging.WARNING)
+        assert pool.call(eval, warn, "a.dcm") == 7
+        root.setLevel(logging.ERROR)  # --quiet: a new worker logs errors only
+        pool.close()
+        assert pool.call(eval, warn, "b.dcm") == 7
+    finally:
+        pool.close()
+        root.setLevel(level)
+    err = capfd.readouterr().err
+    assert "DOE^" not in err, err
+    assert err.count("WARNING pydicom: Invalid value for VR PN: '…'") == 1, err
+    assert err.count("odd value '…'") == 1, err
+
+
 def test_a_crash_blames_only_the_task_that_was_running():
     """One worker, two pipes: the first task kills the worker while the second waits
     behind it. The first is reported as crashing; the second runs on the replacement."""

@@ -53,9 +53,14 @@ _CLOSED = _Closed()
 
 
 def _serve(conns: list[Connection], busy: Any, initializer: Callable[..., None] | None,
-           initargs: tuple[Any, ...]) -> None:
+           initargs: tuple[Any, ...], log_level: int = logging.WARNING) -> None:
     """A worker's main loop: answer ``(fn, arg)`` on any pipe with ``(ok, value)``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The parent's logging, redaction included: a fresh process has none, and pydicom's
+    # warnings came out raw (a header value in quotes, a source line), even with --quiet.
+    from medrt.privacy import setup_console_logging
+
+    setup_console_logging(log_level)
     try:
         if initializer is not None:
             initializer(*initargs)
@@ -150,7 +155,8 @@ class WorkerPool:
         pairs = [self._ctx.Pipe(duplex=True) for _ in range(self.channels)]
         busy = self._ctx.RawValue("i", _IDLE)
         initializer, initargs = self._init
-        proc = self._ctx.Process(target=_serve, args=([child for _, child in pairs], busy, initializer, initargs),
+        proc = self._ctx.Process(target=_serve, args=([child for _, child in pairs], busy, initializer, initargs,
+                                                      logging.getLogger().getEffectiveLevel()),
                                  name="medrt-worker", daemon=True)
         proc.start()
         for _, child in pairs:
