@@ -450,7 +450,9 @@ def _decode(ds: Dataset, tsyntax: UID, photometric: str, n_frames: int, label: o
         raise CorruptPixelDataError(label, f"pixel data cannot be decoded ({_exc_text(exc)})") from exc
     shape = (n_frames, rows, cols, samples) if samples > 1 else (n_frames, rows, cols)
     arr = arr.reshape(shape)
-    return _without_unused_bits(arr, ds) if samples == 1 else arr
+    # pydicom masks native (uncompressed) data itself; a codec gives back its codestream's bits
+    native = str(tsyntax) in UNCOMPRESSED_LE
+    return _without_unused_bits(arr, ds) if samples == 1 and not native else arr
 
 
 def _without_unused_bits(arr: np.ndarray, ds: Dataset) -> np.ndarray:
