@@ -1,4 +1,4 @@
-"""``medrt bench`` end to end: the pipeline suites' JSON keys, --compare and --profile-layers."""
+"""``medrt bench`` end to end: the pipeline suites' JSON keys, --stream-frames, --compare and --profile-layers."""
 
 from __future__ import annotations
 
@@ -57,3 +57,44 @@ def test_precision_int8_runs_the_gated_twins_and_the_engine_table_lists_int8(cap
     assert int8["p50_ms"] > 0 and "error" not in int8
     s = out["stream_30fps"]
     assert s["model"].endswith("+int8") and s["analysed"] + s["drops"] == 40 and s["errors"] == 0
+
+
+def test_a_bad_baseline_is_refused_before_any_benchmark_runs(tmp_path, capsys):
+    # The stream suite with a model that does not exist: had the suite started, its model
+    # load would fail first ("no shipped model"). Each baseline is refused before that.
+    wrong = tmp_path / "decode.json"
+    wrong.write_text(json.dumps({"decode": {"size": 256, "repeats": 3, "rows": []}}))
+    unreadable = tmp_path / "folder.json"
+    unreadable.mkdir()
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "list.json").write_text("[]")
+    cases = {"missing.json": "no such baseline file", "bad.json": "not a bench JSON file",
+             "folder.json": "not a bench JSON file", "list.json": "not a bench JSON object",
+             "decode.json": "no result of stream_30fps to compare with (the baseline holds decode)"}
+    for name, reason in cases.items():
+        rc = main(["bench", "--only", "stream", "--stream-model", "no_such_model", "--compare", str(tmp_path / name)])
+        out, err = capsys.readouterr()
+        assert rc == 2, name
+        assert f"{tmp_path / name}: {reason}" in err and "no shipped model" not in err, err
+        assert "== stream_30fps" not in out
+    wrong.write_text(json.dumps({"stream_30fps": {}}))
+    assert main(["bench", "--only", "stream", "--stream-model", "no_such_model", "--compare", str(wrong),
+                 "--tolerance", "-0.1"]) == 2
+    err = capsys.readouterr().err
+    assert "--tolerance must be >= 0" in err and "no shipped model" not in err
+
+
+def test_stream_frames_are_replayed_exactly_and_another_rate_is_not_compared(tmp_path, capsys):
+    # 50 frames: one pass over the 40-slice sample series and 10 of the next (it used to run 80)
+    assert main(["bench", "--only", "stream", "--stream-frames", "50", "--fps", "60", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    s = out["stream_30fps"]
+    assert s["frames"] == 50 and s["analysed"] + s["drops"] + s["errors"] == 50, s
+
+    base = tmp_path / "base.json"
+    s["target_fps"] = 30.0  # the baseline ran at another rate: its figures are not these
+    base.write_text(json.dumps(out))
+    assert main(["bench", "--only", "stream", "--stream-frames", "50", "--fps", "60", "--compare", str(base),
+                 "--tolerance", "10"]) == 1
+    text = capsys.readouterr().out
+    assert "not comparable" in text and "stream_30fps.target_fps: 30.0 in the baseline, 60.0 now" in text

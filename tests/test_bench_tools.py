@@ -156,14 +156,12 @@ def test_missing_keys_and_rows_are_notes_not_regressions() -> None:
     del current["roi_vs_full"]["speedup"]
     current["engines"].append({"backend": "onnxruntime", "device": "cuda", "precision": "fp32",
                                "error": "no CUDAExecutionProvider"})
-    current["roi_vs_full"]["size"] = 2048  # a changed setting makes the figures incomparable
     diff = diff_bench(current, BASELINE)
     assert diff.ok
     text = "\n".join(diff.notes)
     assert "cold_start: in the baseline only" in text
     assert "roi_vs_full.speedup: in the baseline only" in text
     assert "engines[onnxruntime/cuda/fp32]: new, not in the baseline" in text
-    assert "roi_vs_full.size: 4096 in the baseline, 2048 now" in text
 
 
 def test_format_regressions_lists_each_change() -> None:
@@ -182,6 +180,73 @@ def test_compare_reads_a_telemetry_summary() -> None:
     base = {"pipeline": {"fps": 30.0, "e2e_ms": {"p50": 30.0, "p95": 40.0, "p99": 45.0, "max": 90.0, "n": 100}}}
     cur = {"pipeline": {"fps": 20.0, "e2e_ms": {"p50": 31.0, "p95": 41.0, "p99": 60.0, "max": 300.0, "n": 100}}}
     assert sorted(r.key for r in compare(cur, base)) == ["pipeline.e2e_ms.p99", "pipeline.fps"]
+
+
+# A 'stream' suite's result as medrt bench --json gives it (stream_replay's keys).
+STREAM: dict[str, Any] = {"stream_30fps": {
+    "model": "lesion_unet_lite@4.1.1", "target_fps": 30.0, "frames": 300, "analysed": 300, "fps": 30.0,
+    "drops": 0, "late_source_items": 0, "p50_ms": 60.0, "p99_ms": 100.0, "max_ms": 110.0,
+    "rss_growth_pct": 0.5, "depth": 2, "workers": 2, "max_in_flight": 4, "errors": 0}}
+
+
+def _stream(**changes: Any) -> dict[str, Any]:
+    doc = copy.deepcopy(STREAM)
+    doc["stream_30fps"].update(changes)
+    return doc
+
+
+def test_frames_dropped_failed_or_not_analysed_are_regressions() -> None:
+    # the figures all within the tolerance, but 3 of 300 frames dropped where the baseline dropped none
+    diff = diff_bench(_stream(drops=3, analysed=297, fps=29.8), STREAM)
+    assert not diff.ok
+    assert [(r.key, r.baseline, r.current) for r in diff.regressions] == [
+        ("stream_30fps.analysed", 300, 297), ("stream_30fps.drops", 0, 3)]
+    text = format_regressions(diff)
+    assert text.startswith("2 regression(s)") and "stream_30fps.drops: 0 -> 3 (none in the baseline)" in text
+    # a frame that failed is never within the tolerance, however wide
+    assert [r.key for r in compare(_stream(errors=1), STREAM, tolerance=10)] == ["stream_30fps.errors"]
+    assert [r.key for r in compare(_stream(errors=3), _stream(errors=2), tolerance=10)] == ["stream_30fps.errors"]
+    # frames lost without a drop or an error counted
+    assert [r.key for r in compare(_stream(analysed=290), STREAM)] == ["stream_30fps.analysed"]
+    # drops where the baseline had some: judged by the tolerance, like a timing
+    some = _stream(drops=10, analysed=290)
+    assert compare(_stream(drops=11, analysed=289), some) == []
+    assert [r.key for r in compare(_stream(drops=12, analysed=288), some)] == [
+        "stream_30fps.analysed", "stream_30fps.drops"]
+    assert [r.key for r in diff_bench(_stream(drops=2, analysed=298), some).improvements] == [
+        "stream_30fps.analysed", "stream_30fps.drops"]
+    assert diff_bench(copy.deepcopy(STREAM), STREAM).checked == 7  # fps, 3 latencies and the 3 counts
+
+
+def test_a_changed_run_setting_makes_the_comparison_fail_as_incomparable() -> None:
+    # the same figures at another target rate: not "no regressions"
+    diff = diff_bench(_stream(target_fps=60.0), STREAM)
+    assert not diff.ok and diff.regressions == ()
+    assert diff.mismatches == ("stream_30fps.target_fps: 30.0 in the baseline, 60.0 now",)
+    text = format_regressions(diff)
+    assert text.startswith("not comparable: 1 run setting(s) differ from the baseline's")
+    assert "no regressions beyond 15% (7 figures compared); but the settings differ (above)" in text
+    # so does any other run setting beside the figures
+    size = diff_bench(_changed(["roi_vs_full", "size"], 2048), BASELINE)
+    assert not size.ok and size.mismatches == ("roi_vs_full.size: 4096 in the baseline, 2048 now",)
+    # frames lost are judged per frame sent when --stream-frames changed: 3 of 100 is 9 of 300
+    fewer = diff_bench(_stream(frames=100, analysed=97, drops=3), _stream(analysed=291, drops=9))
+    assert fewer.regressions == () and fewer.improvements == ()
+    assert [r.key for r in diff_bench(_stream(frames=100, analysed=96, drops=4),
+                                      _stream(analysed=291, drops=9)).regressions] == [
+        "stream_30fps.analysed", "stream_30fps.drops"]
+
+
+def test_load_bench_json_refuses_a_baseline_of_other_suites(tmp_path: Path) -> None:
+    base = tmp_path / "baseline.json"
+    base.write_text(json.dumps(STREAM))
+    assert load_bench_json(base, suites=["stream_30fps", "decode"]) == STREAM
+    with pytest.raises(ValueError, match=r"baseline\.json: no result of decode to compare with "
+                                         r"\(the baseline holds stream_30fps\)"):
+        load_bench_json(base, suites=["decode"])
+    base.write_text(json.dumps({"fps": 30}))  # some other tool's JSON
+    with pytest.raises(ValueError, match="holds fps"):
+        load_bench_json(base, suites=["stream_30fps"])
 
 
 def test_load_bench_json_says_what_is_wrong(tmp_path: Path) -> None:

@@ -18,17 +18,27 @@ key                                         better       why
 ``decode.rows[].ratio``                     lower        medrt_ms / pydicom_ms (not pydicom/medrt)
 ``cold_start.ratio``                        lower        first frame / steady state
 ``gate_passed``                             higher       INT8 accuracy gate: true must stay true
+``drops``, ``errors``                       lower        frames lost (stream): see below
+``analysed``                                higher       frames analysed (stream): see below
 ``pydicom_ms``, ``sgemm_gflops``            (ignored)    the reference measured beside us, not our code
 other ``ratio`` keys                        (unknown)    reported as a note, never guessed
 ==========================================  ===========  ==============================================
+
+Frames lost are counts, not timings, and a baseline of none is the usual case, so
+they are not judged by relative change alone: a frame that failed (``errors``)
+more than the baseline is a regression whatever the tolerance; a dropped frame, or
+a frame not analysed (``frames - analysed``), is one when the baseline lost none,
+and otherwise when the count grew by more than the tolerance.
 
 Lists of rows are matched by identity, not position: a row's identity is the
 values of whichever of ``syntax``, ``backend``, ``device``, ``precision``,
 ``size``, ``shape``, ``node``, ``stage``, ``edge`` it has (engine rows by
 backend/device/precision/size, decode rows by syntax). A key or row present on
-one side only is a note, not a regression, and so is a changed run setting
-(``size``, ``frames``, ``repeats``, ``model``, ``hardware``) that makes the
-figures incomparable.
+one side only is a note, not a regression. A changed run setting (``size``,
+``frames``, ``repeats``, ``model``, ``hardware``, ``target_fps``) makes the
+figures beside it incomparable: it is listed first, as a mismatch, the figures are
+still shown, and :attr:`BenchDiff.ok` is false, so that ``medrt bench --compare``
+exits 1 rather than pass a run it could not compare.
 """
 
 from __future__ import annotations
@@ -49,7 +59,10 @@ PERCENTILES = frozenset({"p50", "p95", "p99"})
 REFERENCE = frozenset({"pydicom_ms", "sgemm_gflops"})
 RATIO_LOWER = frozenset({"decode.rows[].ratio", "cold_start.ratio"})  # generic paths, list keys as []
 IDENTITY = ("syntax", "backend", "device", "precision", "size", "shape", "node", "stage", "edge")
-SETTINGS = frozenset({"size", "frames", "repeats", "model", "hardware"})
+SETTINGS = frozenset({"size", "frames", "repeats", "model", "hardware", "target_fps"})
+# Frames lost, and the tolerance each gets on top of "none in the baseline, some now":
+# a failed frame is never noise (0), a dropped one is timing (the tolerance, None).
+LOST = {"errors": 0.0, "drops": None, "analysed": None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +70,8 @@ class Regression:
     """A figure that moved the wrong way by more than the tolerance.
 
     ``change`` is ``(current - baseline) / baseline``, signed: +0.30 is a latency
-    30 % higher, -0.20 a speed-up 20 % lower.
+    30 % higher, -0.20 a speed-up 20 % lower; ``inf`` for frames lost where the
+    baseline lost none.
     """
 
     key: str
@@ -68,17 +82,22 @@ class Regression:
 
 @dataclass(frozen=True, slots=True)
 class BenchDiff:
-    """Everything a comparison found: regressions, notes, and how many figures were compared."""
+    """Everything a comparison found: regressions, notes, and how many figures were compared.
+
+    ``mismatches``: run settings that differ between the two (``"stream_30fps.target_fps:
+    30.0 in the baseline, 60.0 now"``), which make the figures beside them incomparable."""
 
     regressions: tuple[Regression, ...]
     notes: tuple[str, ...] = ()
     checked: int = 0
     tolerance: float = 0.15
     improvements: tuple[Regression, ...] = ()
+    mismatches: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        return not self.regressions
+        """No regression, and nothing compared across different settings."""
+        return not self.regressions and not self.mismatches
 
 
 def direction(path: str, key: str) -> str | None:
@@ -86,6 +105,8 @@ def direction(path: str, key: str) -> str | None:
     ``None`` when it is not a compared figure, ``"unknown"`` for a ratio we cannot place."""
     if key in REFERENCE:
         return None
+    if key in LOST:
+        return HIGHER if key == "analysed" else LOWER
     if key == "ratio":
         return LOWER if path in RATIO_LOWER else "unknown"
     if key in HIGHER_BETTER:
@@ -126,6 +147,7 @@ class _Walker:
         self.regressions: list[Regression] = []
         self.improvements: list[Regression] = []
         self.notes: list[str] = []
+        self.mismatches: list[str] = []
         self.checked = 0
 
     def walk(self, cur: Any, base: Any, label: str, path: str) -> None:
@@ -138,7 +160,7 @@ class _Walker:
                 elif key not in base:
                     self.notes.append(f"{sub_label}: new, not in the baseline")
                 else:
-                    self.leaf_or_walk(cur[key], base[key], str(key), sub_label, sub_path)
+                    self.leaf_or_walk(cur[key], base[key], str(key), sub_label, sub_path, (cur, base))
         elif isinstance(cur, list) and isinstance(base, list):
             a, b = _rows_by_id(cur), _rows_by_id(base)
             for ident in list(b) + [i for i in a if i not in b]:
@@ -152,13 +174,19 @@ class _Walker:
         elif type(cur) is not type(base) and not (_number(cur) is not None and _number(base) is not None):
             self.notes.append(f"{label}: {type(base).__name__} in the baseline, {type(cur).__name__} now")
 
-    def leaf_or_walk(self, cur: Any, base: Any, key: str, label: str, path: str) -> None:
+    def leaf_or_walk(self, cur: Any, base: Any, key: str, label: str, path: str,
+                     parents: tuple[Mapping[str, Any], Mapping[str, Any]]) -> None:
         if isinstance(cur, (Mapping, list)) or isinstance(base, (Mapping, list)):
             self.walk(cur, base, label, path)
             return
-        if key == "error" or (key in SETTINGS and cur != base):
+        if key in SETTINGS and cur != base:
+            self.mismatches.append(f"{label}: {base!r} in the baseline, {cur!r} now")
+            return
+        if key == "error":
             if cur != base:
                 self.notes.append(f"{label}: {base!r} in the baseline, {cur!r} now")
+            return
+        if key in LOST and self.lost(cur, base, key, label, parents):
             return
         way = direction(path, key)
         if way is None:
@@ -184,6 +212,32 @@ class _Walker:
         elif -worse > self.tolerance:
             self.improvements.append(entry)
 
+    def lost(self, cur: Any, base: Any, key: str, label: str,
+             parents: tuple[Mapping[str, Any], Mapping[str, Any]]) -> bool:
+        """Judge a count of frames lost (``LOST``); False when they are not counts."""
+        c, b = _number(cur), _number(base)
+        if c is None or b is None or isinstance(cur, bool) or isinstance(base, bool):
+            return False
+        frames = [_number(p.get("frames")) for p in parents]  # as many frames as the run had
+        if key == "analysed":  # the frames not analysed
+            if frames[0] is None or frames[1] is None:
+                frames = [b, b]  # no frame count beside it: the baseline's analysed ones
+            c_lost, b_lost = frames[0] - c, frames[1] - b
+        else:
+            c_lost, b_lost = c, b
+        rescaled = bool(frames[0] and frames[1] and frames[0] != frames[1])
+        if rescaled:  # another --stream-frames (a mismatch too): as many lost per frame sent
+            c_lost *= frames[1] / frames[0]
+        self.checked += 1
+        slack = LOST[key]
+        slack = self.tolerance if slack is None else slack
+        entry = Regression(label, b, c, (c - b) / abs(b) if b else (math.inf if c > b else 0.0))
+        if c_lost > b_lost and (b_lost <= 0 or (c_lost - b_lost) / b_lost > slack):
+            self.regressions.append(entry)
+        elif not rescaled and c_lost < b_lost and b_lost > 0 and (b_lost - c_lost) / b_lost > self.tolerance:
+            self.improvements.append(entry)
+        return True
+
 
 def diff_bench(current: Mapping[str, Any], baseline: Mapping[str, Any], tolerance: float = 0.15) -> BenchDiff:
     """Compare two ``medrt bench --json`` objects: regressions, improvements and notes."""
@@ -193,7 +247,8 @@ def diff_bench(current: Mapping[str, Any], baseline: Mapping[str, Any], toleranc
         raise ValueError(f'Argument "tolerance" must be >= 0 (0.15 = 15 %), got {tolerance!r}.')
     w = _Walker(tolerance)
     w.walk(current, baseline, "", "")
-    return BenchDiff(tuple(w.regressions), tuple(w.notes), w.checked, tolerance, tuple(w.improvements))
+    return BenchDiff(tuple(w.regressions), tuple(w.notes), w.checked, tolerance, tuple(w.improvements),
+                     tuple(w.mismatches))
 
 
 def compare(current: Mapping[str, Any], baseline: Mapping[str, Any], tolerance: float = 0.15) -> list[Regression]:
@@ -211,13 +266,20 @@ def format_regressions(result: BenchDiff | Sequence[Regression], tolerance: floa
     tol = diff.tolerance if tolerance is None else tolerance
 
     def row(r: Regression) -> str:
-        return f"  {r.key}: {r.baseline:g} -> {r.current:g} ({r.change:+.1%})"
+        change = f"{r.change:+.1%}" if math.isfinite(r.change) else "none in the baseline"
+        return f"  {r.key}: {r.baseline:g} -> {r.current:g} ({change})"
 
+    lines = []
+    if diff.mismatches:
+        lines += [f"not comparable: {len(diff.mismatches)} run setting(s) differ from the baseline's, so the "
+                  "figures beside them measure another run (rerun with the baseline's settings):"]
+        lines += [f"  {m}" for m in diff.mismatches]
     if diff.regressions:
-        lines = [f"{len(diff.regressions)} regression(s) beyond {tol:.0%}:"] + [row(r) for r in diff.regressions]
+        lines += [f"{len(diff.regressions)} regression(s) beyond {tol:.0%}:"] + [row(r) for r in diff.regressions]
     else:
         checked = f" ({diff.checked} figures compared)" if diff.checked else ""
-        lines = [f"no regressions beyond {tol:.0%}{checked}"]
+        but = "; but the settings differ (above)" if diff.mismatches else ""
+        lines += [f"no regressions beyond {tol:.0%}{checked}{but}"]
     if diff.improvements:
         lines += [f"{len(diff.improvements)} improvement(s):"] + [row(r) for r in diff.improvements]
     if diff.notes:
@@ -225,8 +287,12 @@ def format_regressions(result: BenchDiff | Sequence[Regression], tolerance: floa
     return "\n".join(lines)
 
 
-def load_bench_json(path: str | Path) -> dict[str, Any]:
-    """A saved ``medrt bench --json`` result; the error names the file and what is wrong."""
+def load_bench_json(path: str | Path, suites: Sequence[str] = ()) -> dict[str, Any]:
+    """A saved ``medrt bench --json`` result; the error names the file and what is wrong.
+
+    ``suites``: the top-level keys of the run it will be compared with
+    (``stream_30fps``, ...); a baseline that holds none of them is refused, as
+    the comparison would compare nothing and pass."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -236,4 +302,8 @@ def load_bench_json(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path}: not a bench JSON file ({exc})") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{path}: not a bench JSON object (top level is {type(doc).__name__})")
+    if suites and not any(isinstance(doc.get(s), (Mapping, list)) for s in suites):
+        held = ", ".join(sorted(map(str, doc))) or "nothing"
+        raise ValueError(f"{path}: no result of {', '.join(suites)} to compare with (the baseline holds {held}); "
+                         "save one with `medrt bench --only ... --json` and the same suites")
     return doc

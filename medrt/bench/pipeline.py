@@ -8,7 +8,6 @@ so the speed-up is against the best serial layout, not a straw man.
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from pathlib import Path
@@ -151,22 +150,25 @@ def pipelined_vs_serial(
 
 
 def stream_replay(
-    model: str = "lesion_unet_lite", folder: Path | None = None, fps: float = 30.0, frames: int = 300,
+    model: str = "lesion_unet_lite", folder: Path | None = None, fps: float = 30.0, frames: int = 320,
     policy: str = "latest", workers: int | None = None, precision: str = "fp32", max_in_flight: int | None = None,
 ) -> dict[str, Any]:
-    """Replay the stream at ``fps`` for about ``frames`` frames through the live pipeline
+    """Replay the stream at ``fps`` for ``frames`` frames through the live pipeline
     (entry policy ``policy``; ``max_in_flight`` None: the live default, 0: unbounded):
-    achieved fps, drops, end-to-end p99 and RSS growth."""
+    achieved fps, drops, end-to-end p99 and RSS growth. The series is sent over and
+    over and the last pass cut short, so that ``frames`` is the count sent, exactly."""
     from medrt.analyzer import load_analyzer
     from medrt.io.sources import FileReplay
     from medrt.pipeline.admission import live_in_flight
     from medrt.pipeline.graph import Pipeline
     from medrt.pipeline.stages import analysis_stages
 
+    if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
+        raise ValueError(f'Argument "frames" must be a whole number >= 1, got {frames!r}.')
     paths = _dicom_paths(folder or default_stream())
     workers = workers or usable_cores()
     analyzer = load_analyzer(seg_model=model, threads=1, precision=precision)
-    source = FileReplay(paths, fps=fps, loop=max(1, math.ceil(frames / len(paths))))
+    source = FileReplay([paths[i % len(paths)] for i in range(frames)], fps=fps)
     stages = analysis_stages(analyzer, infer_workers=workers, order=paths)
     sink = _Count()
     bound = live_in_flight(policy, stages, max_in_flight)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import sys
 from typing import Any
 
@@ -121,6 +122,18 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         print(f"medrt bench: unknown suite(s) {unknown}; choose from {', '.join(SUITES)}")
         return 2
+    baseline = None
+    if args.compare:  # refused before the (minutes of) benchmarks, not after them
+        from medrt.bench.compare import load_bench_json
+
+        if not (math.isfinite(args.tolerance) and args.tolerance >= 0):
+            print(f"medrt bench: --tolerance must be >= 0 (0.15 = 15 %), got {args.tolerance}", file=sys.stderr)
+            return 2
+        try:
+            baseline = load_bench_json(args.compare, suites=[KEYS[s] for s in suites])
+        except ValueError as exc:
+            print(f"medrt bench: {exc}", file=sys.stderr)
+            return 2
     analyzer = None
     if any(s in ("roi_vs_full", "efficiency") for s in suites):
         from medrt.analyzer import load_analyzer
@@ -142,19 +155,24 @@ def run(args: argparse.Namespace) -> int:
         if "profile_layers" in results:
             print(f"\n== slowest nodes of {args.model} at {args.profile_size}² (ORT profiler)")
             print(format_profile(results["profile_layers"]))
-    if args.compare:
-        from medrt.bench.compare import diff_bench, format_regressions, load_bench_json
+    if baseline is not None:
+        from medrt.bench.compare import diff_bench, format_regressions
 
-        try:
-            baseline = load_bench_json(args.compare)
-        except ValueError as exc:
-            print(f"medrt bench: {exc}", file=sys.stderr)
-            return 2
         diff = diff_bench(results, baseline, args.tolerance)
         print(format_regressions(diff), file=sys.stderr if args.json else sys.stdout)
         if not diff.ok:
             return 1
     return 0
+
+
+def _frames(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
+    return value
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -170,7 +188,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "(sustained replay at --fps: achieved fps, drops, p99), listener (the sample CT series by C-STORE into "
         "medrt listen's spool, analysed and its SEG/SR forwarded, vs medrt batch on the same files), ray (medrt batch "
         "--ray on a private cluster of this machine's cores, one worker and a worker per core, vs medrt batch on "
-        "sample_dicom). Exit code 1 when --compare finds a regression.",
+        "sample_dicom). Exit code 1 when --compare finds a regression (a figure worse by more than "
+        "--tolerance; a frame failed, or dropped or not analysed, where the baseline had none) or a run "
+        "setting that differs from the baseline's (--size, --frames, --repeats, --fps, --stream-frames, the "
+        "model); 2 when the baseline cannot be read or holds none of the suites run, checked before any runs.",
     )
     p.add_argument("--only", default="", help=f"comma-separated suites (default: all of {', '.join(SUITES)})")
     p.add_argument("--model", default="lesion_unet_dx",
@@ -185,13 +206,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         " INT8 twins, made on first use; 'engines' and 'int8' measure both anyway)")
     p.add_argument("--stream-model", default="lesion_unet_lite", help="segmentation model for the stream suites")
     p.add_argument("--stream-loops", type=int, default=3, help="passes over the sample stream for 'pipelined'")
-    p.add_argument("--stream-frames", type=int, default=300, help="frames replayed by the 'stream' suite")
+    p.add_argument("--stream-frames", type=_frames, default=320,
+                   help="frames replayed by the 'stream' suite, exactly: the 40-slice sample series over and over, "
+                        "the last pass cut short (default 320, eight passes)")
     p.add_argument("--fps", type=float, default=30.0, help="replay rate of the 'stream' suite")
     p.add_argument("--profile-layers", action="store_true",
                    help="also print the slowest model nodes (ONNX Runtime profiler) of --model")
     p.add_argument("--profile-size", type=int, default=1024, help="input size for --profile-layers")
     p.add_argument("--compare", metavar="BASELINE.json", default=None,
-                   help="compare with an earlier 'medrt bench --json' output; flags what got slower")
+                   help="compare with an earlier 'medrt bench --json' output of the same suites and options; "
+                        "flags what got slower and frames lost")
     p.add_argument("--tolerance", type=float, default=0.15,
                    help="relative change --compare tolerates before calling it a regression (default 0.15)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
