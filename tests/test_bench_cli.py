@@ -17,7 +17,7 @@ def test_pipeline_suites_json_keys_and_compare(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     pvs = out["pipelined_vs_serial"]
     assert pvs["speedup"] > 0 and pvs["frames"] == 40 and pvs["model_only_ms_per_frame"] > 0
-    assert pvs["serial_baseline"] in pvs["fps"]
+    assert pvs["serial_baseline"] in pvs["fps"] and pvs["errors"] == 0  # the sample stream decodes
     s = out["stream_30fps"]
     assert set(s) >= {"fps", "drops", "p99_ms"} and s["frames"] == 40
     assert s["analysed"] + s["drops"] == 40 and s["errors"] == 0
@@ -98,3 +98,21 @@ def test_stream_frames_are_replayed_exactly_and_another_rate_is_not_compared(tmp
                  "--tolerance", "10"]) == 1
     text = capsys.readouterr().out
     assert "not comparable" in text and "stream_30fps.target_fps: 30.0 in the baseline, 60.0 now" in text
+
+
+def test_pipelined_vs_serial_counts_the_frames_that_failed(tmp_path):
+    """Each layout's fps counts the frames analysed; frames that failed are reported beside
+    them (so --compare sees a broken run), not left out silently."""
+    import shutil
+
+    from conftest import SAMPLE_DIR
+    from medrt.bench.pipeline import pipelined_vs_serial
+
+    slices = sorted((SAMPLE_DIR / "ct_stream").glob("*.dcm"))
+    for p in slices[14:17]:
+        shutil.copy(p, tmp_path / p.name)
+    (tmp_path / "zz_cut.dcm").write_bytes(slices[20].read_bytes()[:4000])
+    r = pipelined_vs_serial(folder=tmp_path, loops=1, repeats=1, processes=0, workers=1)
+    # one bad file, once per timed run: serial on 1 thread (and on every core), pipelined
+    runs = 3 if r["cores"] > 1 else 2
+    assert r["errors"] == runs and r["frames"] == 4

@@ -87,17 +87,21 @@ def pipelined_vs_serial(
     multi = load_analyzer(seg_model=model, threads=cores, precision=precision) if cores > 1 else one
     n = len(paths) * loops
 
-    def serial(analyzer: Any) -> float:
+    errors: dict[str, int] = {}  # frames that failed, per layout (their fps counts only frames analysed)
+
+    def serial(analyzer: Any, key: str = "warm-up") -> float:
         sink = _Count()
         t0 = time.perf_counter()
         run_serial(FileReplay(paths, fps=0, loop=loops), analysis_stages(analyzer, order=paths), [sink])
+        errors[key] = errors.get(key, 0) + sink.errors
         return sink.n / (time.perf_counter() - t0)
 
-    def pipelined(stages: list[Any]) -> float:
+    def pipelined(stages: list[Any], key: str) -> float:
         sink = _Count()
         pipe = Pipeline(FileReplay(paths, fps=0, loop=loops), stages, [sink], policy="block")
         t0 = time.perf_counter()
         pipe.run()
+        errors[key] = errors.get(key, 0) + sink.errors
         return sink.n / (time.perf_counter() - t0)
 
     fps: dict[str, list[float]] = {"serial_1_thread": [], f"serial_{cores}_threads": [], "pipelined": []}
@@ -105,15 +109,16 @@ def pipelined_vs_serial(
         fps["pipelined_processes"] = []
     serial(one)  # warm caches and the OS file cache once
     for _ in range(repeats):
-        fps["serial_1_thread"].append(serial(one))
+        fps["serial_1_thread"].append(serial(one, "serial_1_thread"))
         if multi is not one:
-            fps[f"serial_{cores}_threads"].append(serial(multi))
+            fps[f"serial_{cores}_threads"].append(serial(multi, f"serial_{cores}_threads"))
             time.sleep(SETTLE_S)  # its ORT thread pool spins a moment after its last run
-        fps["pipelined"].append(pipelined(analysis_stages(one, infer_workers=workers, order=paths)))
+        fps["pipelined"].append(pipelined(analysis_stages(one, infer_workers=workers, order=paths), "pipelined"))
         if processes > 0:
             # The pool starts (models loaded in every process) before the clock does;
             # the pipeline closes it when it ends.
-            fps["pipelined_processes"].append(pipelined(analysis_stages(one, processes=processes, order=paths)))
+            fps["pipelined_processes"].append(pipelined(analysis_stages(one, processes=processes, order=paths),
+                                                        "pipelined_processes"))
     med = {k: statistics.median(v) for k, v in fps.items() if v}
     best_serial_key = max((k for k in med if k.startswith("serial")), key=lambda k: med[k])
     best_pipe_key = max((k for k in med if k.startswith("pipelined")), key=lambda k: med[k])
@@ -134,6 +139,9 @@ def pipelined_vs_serial(
     return {
         "model": one.seg.spec.ident, "frames": n, "workers": workers, "cores": cores, "processes": processes,
         "fps": {k: round(v, 1) for k, v in med.items()},
+        # frames that failed in all the timed runs (each layout's fps counts the frames analysed):
+        # not 0 means the figures are of a broken run, and --compare calls it a regression
+        "errors": sum(v for k, v in errors.items() if k != "warm-up"),
         "serial_baseline": best_serial_key,
         "pipelined_layout": best_pipe_key,
         # the best pipelined layout against the best serial one; per layout as well
