@@ -136,7 +136,7 @@ def _runtime(backend: str, device: str, precision: str) -> list[Row]:
 
 def _models(names: Sequence[str]) -> list[Row]:
     from medrt.engine import int8cache
-    from medrt.engine.registry import find_spec
+    from medrt.engine.registry import find_spec, size_text
     from medrt.errors import MedrtError
 
     rows = []
@@ -146,8 +146,8 @@ def _models(names: Sequence[str]) -> list[Row]:
         except (MedrtError, OSError) as exc:
             rows.append(Row("models", str(name), FAILED, str(exc)))
             continue
-        size = spec.path.stat().st_size / 2**20
-        rows.append(Row("models", spec.name, OK, f"{spec.version}, {spec.task}, {size:.1f} MB, sha256 matches its spec"))
+        size = size_text(spec.path.stat().st_size)
+        rows.append(Row("models", spec.name, OK, f"{spec.version}, {spec.task}, {size}, sha256 matches its spec"))
     cached = int8cache.entries()
     if cached:
         passed = sum(1 for e in cached if e.get("passed"))

@@ -476,3 +476,30 @@ def test_a_segmenter_medrt_cannot_feed_or_read_is_refused_at_load(tmp_path: Path
     spec_path.write_text(SEG_SPEC.format(file=model.name, sha=sha256_file(model), out="foreground"))
     with pytest.raises(ModelError, match=message):
         OnnxRuntimeBackend(load_spec(spec_path))
+
+
+def test_verify_takes_a_shipped_models_name() -> None:
+    out = medrt("models", "verify", "lesion_unet_lite", "no_such_model")
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"OK    {shipped_models_dir() / 'lesion_unet_lite.toml'}  (lesion_unet_lite@" in out.stdout
+    assert "FAIL  no_such_model\n      no shipped model named 'no_such_model' (shipped: " in out.stdout
+    assert "2 spec(s): 1 ok, 1 failed" in out.stdout
+
+
+def test_model_sizes_read_the_same_in_list_verify_and_checks(capsys) -> None:  # type: ignore[no-untyped-def]
+    """One unit everywhere: MiB (2**20 bytes), KiB below 0.1 MiB, as the other commands print sizes."""
+    from medrt.cli import main
+
+    folder = shipped_models_dir()
+    big, small = (folder / "lesion_unet_dx.onnx").stat().st_size, (folder / "roi_classifier.onnx").stat().st_size
+    assert big >= 2**20 and small < 2**20 // 10  # one of each unit
+    big_text, small_text = f"{big / 2**20:.1f} MiB", f"{small / 2**10:.1f} KiB"
+    assert main(["models", "list"]) == 0
+    listed = capsys.readouterr().out
+    assert main(["models", "verify", "lesion_unet_dx", "roi_classifier"]) == 0
+    verified = capsys.readouterr().out
+    assert main(["checks", "--model", "lesion_unet_dx,roi_classifier"]) == 0
+    checked = "\n".join(line for line in capsys.readouterr().out.splitlines() if "sha256 matches" in line)
+    for text in (listed, verified, checked):
+        assert big_text in text and small_text in text, text
+        assert " MB" not in text and " kB" not in text, text

@@ -20,7 +20,9 @@ from medrt.engine.registry import (
     TensorSpec,
     find_spec,
     load_spec,
+    resolve_spec_path,
     shipped_models_dir,
+    size_text,
 )
 
 __all__ = ["ModelStatus", "model_status", "register", "verify_model"]
@@ -93,10 +95,13 @@ def verify_model(spec_path: str | Path) -> ModelSpec:
     return spec
 
 
-def model_status(spec_path: Path, *, deep: bool = False) -> ModelStatus:
-    """Check one spec: sha256 always; with ``deep``, also open it with onnxruntime."""
+def model_status(spec_path: str | Path, *, deep: bool = False) -> ModelStatus:
+    """Check one spec (a ``.toml`` path or a shipped model's name): sha256 always; with
+    ``deep``, also open it with onnxruntime."""
     status = ModelStatus(spec=str(spec_path), ok=False)
     try:
+        spec_path = resolve_spec_path(spec_path)
+        status.spec = str(spec_path)
         spec = load_spec(spec_path, verify=False)
         status.name, status.version, status.task = spec.name, spec.version, spec.task
         status.file = str(spec.path)
@@ -112,19 +117,13 @@ def model_status(spec_path: Path, *, deep: bool = False) -> ModelStatus:
     return status
 
 
-def _size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    return f"{n / 1e6:.1f} MB" if n >= 100_000 else f"{n / 1e3:.1f} kB"
-
-
 def _print(results: list[ModelStatus], as_json: bool, what: str) -> None:
     if as_json:
         print(json.dumps({"models": [asdict(r) for r in results]}, indent=2))
         return
     for r in results:
         if r.ok:
-            print(f"{r.name:<20} {r.version:<10} {r.task:<15} {_size(r.size_bytes):>9}  {what} ok")
+            print(f"{r.name:<20} {r.version:<10} {r.task:<15} {size_text(r.size_bytes):>9}  {what} ok")
         else:
             print(f"{(r.name or Path(r.spec).name):<20} ERROR: {r.error}")
 
@@ -139,13 +138,13 @@ def run_list(args: argparse.Namespace) -> int:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    results = [model_status(Path(p), deep=True) for p in args.specs]
+    results = [model_status(p, deep=True) for p in args.specs]
     if args.json:
         _print(results, True, "")
     else:
         for r in results:
             if r.ok:
-                print(f"OK    {r.spec}  ({r.name}@{r.version}, {r.task}, {_size(r.size_bytes)})")
+                print(f"OK    {r.spec}  ({r.name}@{r.version}, {r.task}, {size_text(r.size_bytes)})")
             else:
                 print(f"FAIL  {r.spec}\n      {r.error}")
         failed = sum(not r.ok for r in results)
@@ -296,12 +295,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     ver = msub.add_parser(
         "verify",
-        help="check model specs: sha256, onnxruntime loads the file, IO names match",
-        description="For each SPEC.toml: load it, check the model file's sha256, open the model "
+        help="check model specs or shipped models: sha256, onnxruntime loads the file, IO names match",
+        description="For each SPEC (a .toml file or a shipped model's name): load it, check the model "
+        "file's sha256, open the model "
         "with onnxruntime (CPU) and check that the spec's input and output names, ranks and "
         "dtypes are in the graph. Exit status 0 when all pass, 1 when any fails.",
     )
-    ver.add_argument("specs", nargs="+", metavar="SPEC.toml", help="model spec files")
+    ver.add_argument("specs", nargs="+", metavar="SPEC", help="model spec files (.toml) or shipped model names")
     ver.add_argument("--json", action="store_true", help="print one JSON object for programs")
     ver.set_defaults(func=run_verify)
 

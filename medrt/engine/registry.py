@@ -32,7 +32,9 @@ __all__ = [
     "shipped_models_dir",
     "shipped_specs",
     "find_spec",
+    "resolve_spec_path",
     "sha256_file",
+    "size_text",
 ]
 
 TASKS = ("segmentation", "roi_classifier")
@@ -347,13 +349,25 @@ def shipped_specs(*, verify: bool = True) -> list[ModelSpec]:
     return [load_spec(p, verify=verify) for p in sorted(shipped_models_dir().glob("*.toml"))]
 
 
-def find_spec(name_or_path: str | Path, *, verify: bool = True) -> ModelSpec:
-    """A spec by path (a ``.toml`` file) or by the name of a shipped model."""
+def resolve_spec_path(name_or_path: str | Path) -> Path:
+    """The spec file a path (a ``.toml`` file) or a shipped model's name stands for."""
     candidate = Path(name_or_path)
     if candidate.suffix == ".toml" or candidate.exists():
-        return load_spec(candidate, verify=verify)
+        return candidate
     path = shipped_models_dir() / f"{name_or_path}.toml"
     if not path.is_file():
         names = ", ".join(p.stem for p in sorted(shipped_models_dir().glob("*.toml"))) or "none"
         raise ModelError(f"no shipped model named {name_or_path!r} (shipped: {names})")
-    return load_spec(path, verify=verify)
+    return path
+
+
+def find_spec(name_or_path: str | Path, *, verify: bool = True) -> ModelSpec:
+    """A spec by path (a ``.toml`` file) or by the name of a shipped model."""
+    return load_spec(resolve_spec_path(name_or_path), verify=verify)
+
+
+def size_text(n_bytes: int | None) -> str:
+    """A model file's size as every command prints it: binary units, MiB from 0.1 MiB, else KiB."""
+    if n_bytes is None:
+        return "-"
+    return f"{n_bytes / 2**20:.1f} MiB" if n_bytes >= 2**20 // 10 else f"{n_bytes / 2**10:.1f} KiB"
