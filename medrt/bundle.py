@@ -120,7 +120,11 @@ def read_bundle(root: str | Path) -> BundleInfo:
         spatial_dims = dims if isinstance(dims, int) else None
     vr = [_number(v) for v in image.get("value_range") or []]
     value_range = (vr[0], vr[1]) if len(vr) == 2 and None not in vr else None
-    channel_def = {int(k): str(v) for k, v in (pred.get("channel_def") or {}).items() if str(k).isdigit()}
+    raw_def = pred.get("channel_def") or {}
+    if not isinstance(raw_def, dict) or not all(str(k).isdigit() for k in raw_def):
+        raise ModelError(f"{meta_path}: outputs channel_def must map channel indices (\"0\", \"1\", ...) to "
+                         f"names, not {raw_def!r}")  # fmt: skip
+    channel_def = {int(k): str(v) for k, v in raw_def.items()}
     out_ch = pred.get("num_channels")
     return BundleInfo(
         root=root,
@@ -239,6 +243,19 @@ def _probe(net: torch.nn.Module, info: BundleInfo) -> tuple[int, int]:
     )
 
 
+def _check_channel_def(info: BundleInfo, n_out: int, whose: str) -> None:
+    """Refuse a ``channel_def`` that does not name exactly the channels ``0 .. n_out - 1``:
+    the names, and so the channel exported as the lesion, would be wrong."""
+    if not info.channel_def or sorted(info.channel_def) == list(range(n_out)):
+        return
+    names = ", ".join(f"{i}: {n!r}" for i, n in sorted(info.channel_def.items()))
+    raise ModelError(
+        f"{info.root / 'configs' / 'metadata.json'}: outputs channel_def names {len(info.channel_def)} "
+        f"channel(s) ({names}), but {whose} {n_out} output channel(s), numbered 0 to {n_out - 1}; which "
+        "channel is the lesion cannot be told. Make channel_def name each output channel of the network"
+    )
+
+
 def _pick_channel(info: BundleInfo, n_out: int, label: str | None) -> tuple[int, str]:
     names = {i: info.channel_def.get(i, f"channel {i}") for i in range(n_out)}
     if label is not None:
@@ -255,41 +272,174 @@ def _pick_channel(info: BundleInfo, n_out: int, label: str | None) -> tuple[int,
     return 1, names[1]
 
 
-def _normalization(info: BundleInfo) -> tuple[dict[str, Any], float, float, list[str]]:
-    """The spec's [normalization], the (scale, offset) baked in front of the network, and notes.
+def _kinds(*bases: str) -> frozenset[str]:
+    """MONAI's array and dictionary names of each transform: ``Spacing``, ``Spacingd``, ``SpacingD``..."""
+    return frozenset(b + suffix for b in bases for suffix in ("", "d", "D", "Dict"))
 
-    A literal ``ScaleIntensityRange(d)`` in the preprocessing becomes a ``fixed_window``
-    (its ``b_min``/``b_max`` rescale is baked into the graph); anything else falls
-    back to the frame's own VOI ``window``, with a note that the bundle's own
-    intensity transform is not reproduced.
+
+SCALERS = _kinds("ScaleIntensityRange")
+ZSCORES = _kinds("NormalizeIntensity")
+SPACINGS = _kinds("Spacing")
+# Steps whose effect medrt's input already has (the image read, one channel first, a float
+# tensor) or that only move dictionary keys: nothing to reproduce, nothing to say.
+REPRODUCED = _kinds(
+    "Compose", "LoadImage", "EnsureChannelFirst", "AddChannel", "AsChannelFirst", "EnsureType", "ToTensor",
+    "ToNumpy", "CastToType", "Identity", "ToDevice", "CopyItems", "DeleteItems", "SelectItems",
+)  # fmt: skip
+SPACING_TOLERANCE = 0.01  # in-plane pixdim values this close (relative) are one spacing
+
+
+@dataclass
+class Preprocessing:
+    """What a bundle's preprocessing becomes in the spec and the graph, and notes on what it cannot."""
+
+    norm: dict[str, Any] = field(default_factory=lambda: {"method": "window"})
+    scale: float = 1.0  # the network gets ``x * scale + offset`` for medrt's [0, 1] input ``x``
+    offset: float = 0.0
+    spacing_mm: float | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _numbers(value: Any) -> list[float] | None:
+    """A literal number or a list of them, as a list; ``None`` for anything else."""
+    values = value if isinstance(value, list) else [value]
+    numbers = [_number(v) for v in values]
+    return [n for n in numbers if n is not None] if values and None not in numbers else None
+
+
+def _one_value(value: Any) -> float | None:
+    """A literal number, or a list of one (a per-channel value for medrt's single channel)."""
+    numbers = _numbers(value)
+    return numbers[0] if numbers is not None and len(numbers) == 1 else None
+
+
+def _transforms(info: BundleInfo) -> tuple[list[tuple[str, dict[str, Any]]], bool, list[str]]:
+    """The preprocessing's ``(kind, transform)`` pairs in order; whether ``preprocessing`` is
+    there (without it the whole config is searched); the transforms given as expressions.
+
+    A plain ``@name`` reference to a top-level entry is followed; a ``$`` expression cannot
+    be read without running it.
     """
-    notes: list[str] = []
-    pre = info.config.get("preprocessing", info.config)
-    found = [(str(t["_target_"]).rsplit(".", 1)[-1], t) for t in _targets(pre)]
-    scalers = [t for kind, t in found if kind in ("ScaleIntensityRange", "ScaleIntensityRanged")]
-    norm: dict[str, Any] = {"method": "window"}
-    scale, offset = 1.0, 0.0
-    if scalers:
-        t = scalers[0]
-        a_min, a_max = _number(t.get("a_min")), _number(t.get("a_max"))
-        b_min, b_max = _number(t.get("b_min")), _number(t.get("b_max"))
-        if a_min is None or a_max is None or a_max <= a_min:
-            notes.append("ScaleIntensityRange a_min/a_max are not literal numbers; using the VOI window")
-        else:
-            norm = {"method": "fixed_window", "center": (a_min + a_max) / 2.0, "width": a_max - a_min}
+    config = info.config
+    if "preprocessing" not in config:
+        return [(str(t["_target_"]).rsplit(".", 1)[-1], t) for t in _targets(config)], False, []
+    unread: list[str] = []
+
+    def resolve(node: Any, depth: int = 0) -> Any:
+        if isinstance(node, str):
+            name = node[1:]
+            if depth < 8 and re.fullmatch(r"@[A-Za-z0-9_]+", node) and name in config:
+                return resolve(config[name], depth + 1)
+            unread.append(node)
+            return None
+        if isinstance(node, list):
+            return [resolve(n, depth + 1) for n in node]
+        if isinstance(node, dict):
+            return {k: resolve(v, depth + 1) if k == "transforms" else v for k, v in node.items()}
+        return node
+
+    pre = resolve(config["preprocessing"])
+    return [(str(t["_target_"]).rsplit(".", 1)[-1], t) for t in _targets(pre)], True, unread
+
+
+def _preprocessing(info: BundleInfo) -> Preprocessing:
+    """Read the bundle's preprocessing (as JSON: nothing runs) into what the spec and graph reproduce.
+
+    - ``ScaleIntensityRange(d)`` with literal ``a_min``/``a_max`` becomes a ``fixed_window``;
+      its ``b_min``/``b_max`` rescale is baked into the graph.
+    - ``NormalizeIntensity(d)`` with literal ``subtrahend`` and ``divisor`` (a z-score by
+      fixed statistics) is baked into the graph after that window, or folded into the
+      window when it comes before it. One that z-scores each image by its own mean and
+      standard deviation cannot be reproduced (medrt feeds crops and tiles, and [0, 1]
+      where the network expects zero mean, unit variance): a :class:`ModelError`.
+    - ``Spacing(d)`` with a literal isotropic in-plane ``pixdim`` becomes ``spacing_mm``
+      (medrt then reduces only much finer frames), with a note that it is not the same.
+    - Every other step that changes the image is named in a note: it is not reproduced.
+    """
+    out = Preprocessing()
+    where = info.config_path or info.root
+    steps, listed, unread = _transforms(info)
+    out.notes += [
+        f"preprocessing transform {expr!r} is an expression medrt does not evaluate: "
+        "what it does is neither checked nor reproduced"
+        for expr in unread
+    ]
+    window: tuple[float, float] | None = None  # a_min, a_max: the scaler's input range
+    scaler = False
+    pre_scale, pre_offset = 1.0, 0.0  # what the scaler sees: modality value * pre_scale + pre_offset
+    zscores: list[str] = []  # literal z-scores, for the record
+    for kind, t in steps:
+        if kind in SCALERS:
+            if scaler:
+                out.notes.append(f"a second {kind} (a_min {t.get('a_min')}, a_max {t.get('a_max')}) is not "
+                                 "reproduced: medrt applies the first one only")  # fmt: skip
+                continue
+            scaler = True
+            a_min, a_max = _number(t.get("a_min")), _number(t.get("a_max"))
+            b_min, b_max = _number(t.get("b_min")), _number(t.get("b_max"))
+            if a_min is None or a_max is None or a_max <= a_min:
+                out.notes.append(f"{kind} a_min/a_max are not literal numbers; using the VOI window")
+            else:
+                window = (a_min, a_max)
             if b_min is not None and b_max is not None:
-                scale, offset = b_max - b_min, b_min
+                out.scale, out.offset = b_max - b_min, b_min
             if not t.get("clip", False):
-                notes.append("ScaleIntensityRange clip=false in the bundle; medrt clips to the window")
-    else:
-        intensity = [kind for kind, _ in found if "Intensity" in kind or "Normalize" in kind]
-        if intensity:
-            notes.append(f"bundle preprocessing {', '.join(intensity)} is not reproduced; medrt feeds the VOI window")
-        if info.value_range is not None and info.value_range != (0.0, 1.0):
-            notes.append(f"metadata value_range {list(info.value_range)} differs from medrt's [0, 1] input")
-    for note in notes:
-        log.warning("%s: %s", info.root, note)
-    return norm, scale, offset, notes
+                out.notes.append(f"{kind} clip=false in the bundle; medrt clips to the window")
+        elif kind in ZSCORES:
+            sub, div = _one_value(t.get("subtrahend")), _one_value(t.get("divisor"))
+            what = f"{kind} (subtrahend {t.get('subtrahend')}, divisor {t.get('divisor')})"
+            if sub is None or div is None:
+                raise ModelError(
+                    f"{where}: {what} z-scores each image by its own mean and standard deviation; medrt "
+                    "cannot reproduce that (it feeds the network crops and tiles of a frame, scaled to a "
+                    "window), so the network would get inputs on another scale. Refusing the import: give the "
+                    "transform literal 'subtrahend' and 'divisor' (e.g. the training images' mean and "
+                    "standard deviation after the window) to have them baked into the model"
+                )
+            if t.get("nonzero", False) is not False:
+                raise ModelError(f"{where}: {what} with nonzero={t.get('nonzero')!r} leaves zero pixels as they "
+                                 "are, which medrt cannot reproduce; refusing the import")  # fmt: skip
+            div = div or 1.0  # as MONAI does
+            zscores.append(f"(x - {sub:g}) / {div:g}")
+            if scaler:
+                out.scale, out.offset = out.scale / div, (out.offset - sub) / div
+            else:
+                pre_scale, pre_offset = pre_scale / div, (pre_offset - sub) / div
+        elif kind in SPACINGS:
+            pixdim = _numbers(t.get("pixdim"))
+            plane = (pixdim * 2)[:2] if pixdim else []
+            if out.spacing_mm is not None:
+                out.notes.append(f"a second {kind} (pixdim {t.get('pixdim')}) is not reproduced")
+            elif len(plane) != 2 or min(plane) <= 0 or abs(plane[0] - plane[1]) > SPACING_TOLERANCE * max(plane):
+                out.notes.append(f"{kind} pixdim {t.get('pixdim')} is not reproduced: medrt runs each frame at "
+                                 "its own pixel spacing, not resampled as the bundle does")  # fmt: skip
+            else:
+                mm = plane[0]
+                out.spacing_mm = mm
+                out.notes.append(
+                    f"{kind} resamples every image to {mm:g} mm pixels; medrt reproduces it only in part: "
+                    f"spacing_mm = {mm:g} makes it area-average a frame finer than {mm / 1.5:.3g} mm by a "
+                    "whole factor, and run every other frame at its own spacing"
+                )
+        elif kind in REPRODUCED:
+            continue
+        elif listed or "Intensity" in kind or "Normalize" in kind:
+            out.notes.append(f"bundle preprocessing {kind} is not reproduced: medrt does not apply it")
+    if zscores and not scaler:
+        raise ModelError(
+            f"{where}: NormalizeIntensity {', '.join(zscores)} works on the image's own values, with no "
+            "ScaleIntensityRange window before or after it; medrt feeds [0, 1] from a window, so the network "
+            "would get inputs on another scale. Refusing the import"
+        )
+    if window is not None:
+        if pre_scale <= 0:
+            raise ModelError(f"{where}: a NormalizeIntensity with a negative divisor before the "
+                             "ScaleIntensityRange window turns it over; medrt cannot reproduce that")  # fmt: skip
+        lo, hi = ((a - pre_offset) / pre_scale for a in window)  # the window in modality units
+        out.norm = {"method": "fixed_window", "center": (lo + hi) / 2.0, "width": hi - lo}
+    elif not scaler and info.value_range is not None and info.value_range != (0.0, 1.0):
+        out.notes.append(f"metadata value_range {list(info.value_range)} differs from medrt's [0, 1] input")
+    return out
 
 
 def _head(net: torch.nn.Module, channel: int, softmax: bool, scale: float, offset: float) -> torch.nn.Module:
@@ -381,6 +531,9 @@ def import_bundle(
     Refuses (:class:`BundleTrustError`) unless ``trust``, since loading runs the
     bundle's code. ``label`` picks the output channel by name or index; the
     default is the first channel whose ``channel_def`` name is not background.
+    What the bundle's JSON alone shows to be wrong (a ``channel_def`` that does not fit
+    ``num_channels``, a preprocessing step medrt cannot reproduce faithfully enough) is
+    refused before any of its code runs.
     """
     info = read_bundle(bundle_dir)
     if info.spatial_dims is not None and info.spatial_dims != 2:
@@ -397,6 +550,9 @@ def import_bundle(
     name = name or re.sub(r"[^A-Za-z0-9_.-]+", "_", info.name.lower()).strip("_.-") or "bundle"
     if not _NAME_RE.match(name):
         raise ModelError(f"model name {name!r}: use letters, digits, '_', '.', '-' only")
+    if info.out_channels is not None:
+        _check_channel_def(info, info.out_channels, "its num_channels says")
+    pre = _preprocessing(info)
     if not trust:
         raise BundleTrustError(
             f"{info.root}: refusing to import without --trust: it would {_what_would_run(info)}. "
@@ -412,9 +568,12 @@ def import_bundle(
             f"{info.root / 'configs' / 'metadata.json'}: says {info.out_channels} output channels, "
             f"the network gives {n_out}"
         )
+    _check_channel_def(info, n_out, "the network gives")
     channel, label_name = _pick_channel(info, n_out, label)
     softmax = n_out > 1
-    norm, scale, offset, notes = _normalization(info)
+    scale, offset, notes = pre.scale, pre.offset, pre.notes
+    for note in notes:
+        log.warning("%s: %s", info.root, note)
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -449,7 +608,9 @@ def import_bundle(
     tables = {
         "[model]": {
             "name": name, "version": info.version, "task": "segmentation", "file": onnx_path.name,
-            "sha256": sha256_file(onnx_path), "multiple_of": multiple, "description": info.description or source,
+            "sha256": sha256_file(onnx_path), "multiple_of": multiple,
+            **({"spacing_mm": pre.spacing_mm} if pre.spacing_mm is not None else {}),
+            "description": info.description or source,
         },
         "[[inputs]]": {
             "name": INPUT_NAME, "shape": ["N", 1, "H", "W"], "dtype": "float32",
@@ -459,7 +620,7 @@ def import_bundle(
             "name": OUTPUT_NAME, "shape": ["N", 1, "H", "W"], "dtype": "float32",
             "meaning": meaning, "activation": "none" if softmax else "sigmoid",
         },
-        "[normalization]": norm,
+        "[normalization]": pre.norm,
         "[thresholds]": {"probability": 0.5},
         "[training]": training,
     }  # fmt: skip

@@ -31,8 +31,16 @@ def make_bundle(
     spatial_dims: int = 2,
     spatial_dims_in_metadata: bool = True,
     b_range: tuple[float, float] = (0.0, 1.0),
+    window: tuple[float, float] | None = (-100.0, 300.0),
+    before_window: tuple[dict[str, Any], ...] = (),
+    after_window: tuple[dict[str, Any], ...] = (),
+    channel_def: dict[str, str] | None = None,
+    num_channels_in_metadata: bool = True,
 ) -> Any:
-    """Write a tiny MONAI UNet bundle to ``root`` and return the network (eval mode)."""
+    """Write a tiny MONAI UNet bundle to ``root`` and return the network (eval mode).
+
+    Its preprocessing loads the image, then ``before_window``, a ``ScaleIntensityRanged``
+    from ``window`` to ``b_range`` (none when ``window`` is None), then ``after_window``."""
     torch = require_module("torch")
     nets = require_module("monai.networks.nets")
     torch.manual_seed(0)
@@ -47,7 +55,11 @@ def make_bundle(
             torch.jit.save(traced, str(root / "models" / "model.ts"))
     else:
         torch.save(net.state_dict(), root / "models" / "model.pt")
-    channel_def = {"0": "background", "1": "lesion"} if out_channels > 1 else {"0": "lesion"}
+    if channel_def is None:
+        channel_def = {"0": "background", "1": "lesion"} if out_channels > 1 else {"0": "lesion"}
+    pred: dict[str, Any] = {"type": "image", "num_channels": out_channels, "channel_def": channel_def}
+    if not num_channels_in_metadata:
+        del pred["num_channels"]
     image: dict[str, Any] = {"type": "image", "num_channels": 1, "dtype": "float32", "value_range": [0, 1]}
     if spatial_dims_in_metadata:
         image["spatial_shape"] = [64] * spatial_dims
@@ -57,22 +69,20 @@ def make_bundle(
         "description": "A tiny test bundle.",
         "network_data_format": {
             "inputs": {"image": image},
-            "outputs": {"pred": {"type": "image", "num_channels": out_channels, "channel_def": channel_def}},
+            "outputs": {"pred": pred},
         },
     }
+    scaler = [] if window is None else [{
+        "_target_": "ScaleIntensityRanged", "keys": "image", "a_min": window[0], "a_max": window[1],
+        "b_min": b_range[0], "b_max": b_range[1], "clip": True,
+    }]
     inference = {
         "bundle_root": ".",
         "dims": spatial_dims,
         "network_def": {"_target_": "UNet", **arch, "spatial_dims": "@dims"},
         "preprocessing": {
             "_target_": "Compose",
-            "transforms": [
-                {"_target_": "LoadImaged", "keys": "image"},
-                {
-                    "_target_": "ScaleIntensityRanged", "keys": "image", "a_min": -100, "a_max": 300,
-                    "b_min": b_range[0], "b_max": b_range[1], "clip": True,
-                },
-            ],
+            "transforms": [{"_target_": "LoadImaged", "keys": "image"}, *before_window, *scaler, *after_window],
         },
     }  # fmt: skip
     (root / "configs" / "metadata.json").write_text(json.dumps(metadata, indent=2))
@@ -236,3 +246,126 @@ def test_without_torch_the_error_says_what_to_install(tmp_path: Path) -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert "pip install 'medrt[train]'" in out.stdout, out.stdout + out.stderr
+
+
+def _zscore(subtrahend: Any = None, divisor: Any = None, **more: Any) -> dict[str, Any]:
+    literal = {k: v for k, v in (("subtrahend", subtrahend), ("divisor", divisor)) if v is not None}
+    return {"_target_": "NormalizeIntensityd", "keys": "image", **literal, **more}
+
+
+def _monai_preprocessing(bundle: Path, hu: np.ndarray) -> Any:
+    """The bundle's own preprocessing (after LoadImaged), run by MONAI on one image."""
+    transforms = require_module("monai.transforms")
+    steps = json.loads((bundle / "configs" / "inference.json").read_text())["preprocessing"]["transforms"][1:]
+    data = {"image": require_module("torch").from_numpy(hu[None])}
+    for step in steps:
+        data = getattr(transforms, step["_target_"])(**{k: v for k, v in step.items() if k != "_target_"})(data)
+    return data["image"]
+
+
+@pytest.mark.parametrize(
+    "bundle_kw",
+    [
+        {"after_window": (_zscore([0.25], [0.5], channel_wise=True),)},  # the window's [0, 1], fixed statistics
+        {"before_window": (_zscore(100, 200),), "window": (-1.0, 1.0)},  # HU z-scored, then a window on that
+    ],
+    ids=["after-the-window", "before-the-window"],
+)
+def test_a_zscore_by_fixed_statistics_is_reproduced_as_monai_runs_it(tmp_path: Path, bundle_kw: dict) -> None:
+    """What MONAI's own transforms feed the network is what medrt's window plus the graph feed it."""
+    torch = require_module("torch")
+    from medrt.preprocess import normalize
+
+    net = make_bundle(tmp_path / "bundle", **bundle_kw)
+    spec = import_bundle(tmp_path / "bundle", tmp_path / "out", trust=True)
+    assert (spec.normalization, spec.window) == ("fixed_window", (100.0, 400.0))  # -100..300 HU both ways
+    assert "notes" not in spec.training
+    hu = np.random.default_rng(4).uniform(-400, 600, (40, 58)).astype(np.float32)
+    with torch.no_grad():
+        want = torch.softmax(net(_monai_preprocessing(tmp_path / "bundle", hu)[None]), dim=1)[:, 1:2].numpy()
+    got = run_onnx(spec.path, normalize(hu, *spec.window)[None, None])
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "bundle_kw, message",
+    [
+        ({"after_window": (_zscore(),)}, r"NormalizeIntensityd \(subtrahend None, divisor None\) z-scores each "
+                                         r"image by its own mean and standard deviation"),
+        ({"after_window": (_zscore(0.25, 0.5, nonzero=True),)}, "NormalizeIntensityd .* nonzero=True leaves zero"),
+        ({"window": None, "before_window": (_zscore(100, 200),)}, r"NormalizeIntensity \(x - 100\) / 200 .* no "
+                                                                  "ScaleIntensityRange window"),
+    ],
+    ids=["per-image-statistics", "nonzero", "no-window"],
+)
+def test_a_zscore_medrt_cannot_reproduce_is_refused_before_any_bundle_code_runs(
+    tmp_path: Path, bundle_kw: dict, message: str
+) -> None:
+    make_bundle(tmp_path / "bundle", **bundle_kw)
+    with pytest.raises(ModelError, match=message) as info:
+        import_bundle(tmp_path / "bundle", tmp_path / "out")  # without trust: read as JSON only
+    assert not isinstance(info.value, BundleTrustError)
+    assert "Refusing the import" in str(info.value) or "refusing the import" in str(info.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_per_image_zscore_is_refused_by_the_cli(tmp_path: Path) -> None:
+    make_bundle(tmp_path / "bundle", after_window=(_zscore(),))
+    out = medrt("models", "import-bundle", str(tmp_path / "bundle"), "--out", str(tmp_path / "out"), "--trust")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "NormalizeIntensityd" in out.stderr and "own mean and standard deviation" in out.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_steps_not_reproduced_are_named_in_warnings_and_spacing_becomes_spacing_mm(tmp_path: Path) -> None:
+    spacing = {"_target_": "Spacingd", "keys": "image", "pixdim": [0.8, 0.8], "mode": "bilinear"}
+    orientation = {"_target_": "Orientationd", "keys": "image", "axcodes": "RA"}
+    make_bundle(tmp_path / "bundle", before_window=(spacing, orientation),
+                after_window=({"_target_": "EnsureTyped", "keys": "image"},))  # fmt: skip
+    out = medrt("models", "import-bundle", str(tmp_path / "bundle"), "--out", str(tmp_path / "out"), "--trust")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "WARNING: Spacingd resamples every image to 0.8 mm pixels; medrt reproduces it only in part" in out.stdout
+    assert "WARNING: bundle preprocessing Orientationd is not reproduced" in out.stdout
+    assert "EnsureTyped" not in out.stdout  # what medrt's input already is goes unmentioned
+    spec = load_spec(tmp_path / "out" / "tiny_lesion_seg.toml")
+    assert spec.spacing_mm == 0.8 and len(spec.training["notes"]) == 2
+
+    spacing["pixdim"] = [0.8, 1.2]  # anisotropic: no one spacing_mm stands for it
+    make_bundle(tmp_path / "aniso", before_window=(spacing,))
+    spec = import_bundle(tmp_path / "aniso", tmp_path / "out2", trust=True)
+    assert spec.spacing_mm is None
+    assert spec.training["notes"] == [
+        "Spacingd pixdim [0.8, 1.2] is not reproduced: medrt runs each frame at its own pixel spacing, "
+        "not resampled as the bundle does"
+    ]
+
+
+def test_a_channel_def_that_does_not_fit_num_channels_is_refused_before_any_bundle_code_runs(tmp_path: Path) -> None:
+    three = {"0": "background", "1": "liver", "2": "lesion"}
+    make_bundle(tmp_path / "bundle", channel_def=three)  # metadata num_channels 2, as the network
+    with pytest.raises(ModelError, match=r"channel_def names 3 channel\(s\) \(0: 'background', 1: 'liver', "
+                                         r"2: 'lesion'\), but its num_channels says 2 output") as info:
+        import_bundle(tmp_path / "bundle", tmp_path / "out")
+    assert not isinstance(info.value, BundleTrustError) and "metadata.json" in str(info.value)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "out_channels, channel_def",
+    [(2, {"0": "background", "1": "liver", "2": "lesion"}), (1, {"0": "background", "1": "lesion"})],
+    ids=["three-names-two-channels", "two-names-one-channel"],
+)
+def test_a_channel_def_that_does_not_fit_the_network_is_refused(
+    tmp_path: Path, out_channels: int, channel_def: dict[str, str]
+) -> None:
+    make_bundle(tmp_path / "bundle", out_channels=out_channels, channel_def=channel_def,
+                num_channels_in_metadata=False)  # fmt: skip
+    with pytest.raises(ModelError, match=f"but the network gives {out_channels} output channel"):
+        import_bundle(tmp_path / "bundle", tmp_path / "out", trust=True)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_channel_def_keyed_by_name_is_refused(tmp_path: Path) -> None:
+    make_bundle(tmp_path / "bundle", channel_def={"background": "0", "lesion": "1"})
+    with pytest.raises(ModelError, match=r"metadata\.json: outputs channel_def must map channel indices"):
+        import_bundle(tmp_path / "bundle", tmp_path / "out", trust=True)

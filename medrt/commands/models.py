@@ -165,7 +165,7 @@ def run_import(args: argparse.Namespace) -> int:
     print(f"  normalisation {spec.normalization}{window}; sizes a multiple of {spec.multiple_of}")
     print(f"  {spec.training.get('export_check', '')}")
     for note in spec.training.get("notes", []):
-        print(f"  note: {note}")
+        print(f"  WARNING: {note}")
     print(f"check it with: medrt models verify {spec.spec_path}")
     return 0
 
@@ -312,7 +312,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "models/model.ts or models/model.pt) to DIR/NAME.onnx and DIR/NAME.toml. The ONNX output is "
         "checked against torch before the spec is written. A bundle is code: its configs import "
         "modules and evaluate Python, and model.ts is a TorchScript program, so nothing is loaded "
-        "without --trust. Needs torch and monai: pip install 'medrt[train]'.",
+        "without --trust. A preprocessing step medrt does not reproduce is named in a warning; a z-score "
+        "by each image's own statistics, or a channel_def that does not fit the network, is refused. "
+        "Needs torch and monai: pip install 'medrt[train]'.",
     )
     imp.add_argument("bundle", metavar="BUNDLE_DIR", help="the bundle folder")
     imp.add_argument("--out", required=True, type=Path, metavar="DIR", help="where to write NAME.onnx and NAME.toml")
