@@ -525,15 +525,17 @@ def import_bundle(
     name: str | None = None,
     label: str | None = None,
     trust: bool = False,
+    force: bool = False,
 ) -> ModelSpec:
     """Convert a 2-D MONAI bundle to ``<out_dir>/<name>.onnx`` + ``<name>.toml``; return the spec.
 
     Refuses (:class:`BundleTrustError`) unless ``trust``, since loading runs the
     bundle's code. ``label`` picks the output channel by name or index; the
     default is the first channel whose ``channel_def`` name is not background.
-    What the bundle's JSON alone shows to be wrong (a ``channel_def`` that does not fit
-    ``num_channels``, a preprocessing step medrt cannot reproduce faithfully enough) is
-    refused before any of its code runs.
+    An existing ``<name>.onnx`` or ``<name>.toml`` in ``out_dir`` is replaced only with
+    ``force``. What the bundle's JSON alone shows to be wrong (a ``channel_def`` that does
+    not fit ``num_channels``, a preprocessing step medrt cannot reproduce faithfully
+    enough, an existing model) is refused before any of its code runs.
     """
     info = read_bundle(bundle_dir)
     if info.spatial_dims is not None and info.spatial_dims != 2:
@@ -553,6 +555,14 @@ def import_bundle(
     if info.out_channels is not None:
         _check_channel_def(info, info.out_channels, "its num_channels says")
     pre = _preprocessing(info)
+    out_dir = Path(out_dir)
+    onnx_path, spec_path = out_dir / f"{name}.onnx", out_dir / f"{name}.toml"
+    existing = [str(p) for p in (spec_path, onnx_path) if p.exists()]
+    if existing and not force:
+        raise ModelError(
+            f"{' and '.join(existing)} already exist{'s' if len(existing) == 1 else ''}: refusing to replace "
+            f"model {name!r}; pass --force to replace it, or --name to import under another name"
+        )
     if not trust:
         raise BundleTrustError(
             f"{info.root}: refusing to import without --trust: it would {_what_would_run(info)}. "
@@ -575,9 +585,7 @@ def import_bundle(
     for note in notes:
         log.warning("%s: %s", info.root, note)
 
-    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    onnx_path, spec_path = out_dir / f"{name}.onnx", out_dir / f"{name}.toml"
     tmp = out_dir / f".{name}.onnx.tmp"
     source = f"MONAI bundle {info.name} {info.version}"
     try:
@@ -629,6 +637,11 @@ def import_bundle(
         "# Research/demo use only; check it on your own data. Format: models/README.md\n"
     )
     body = "".join(f"\n{h}\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in t.items()) for h, t in tables.items())
-    spec_path.write_text(header + body, encoding="utf-8")
+    tmp_spec = out_dir / f".{name}.toml.tmp"
+    try:
+        tmp_spec.write_text(header + body, encoding="utf-8")
+        os.replace(tmp_spec, spec_path)  # a replaced model's old spec is never left half written
+    finally:
+        tmp_spec.unlink(missing_ok=True)
     log.info("wrote %s and %s (max |onnx - torch| %.2e)", onnx_path, spec_path, diff)
     return load_spec(spec_path)

@@ -369,3 +369,27 @@ def test_a_channel_def_keyed_by_name_is_refused(tmp_path: Path) -> None:
     make_bundle(tmp_path / "bundle", channel_def={"background": "0", "lesion": "1"})
     with pytest.raises(ModelError, match=r"metadata\.json: outputs channel_def must map channel indices"):
         import_bundle(tmp_path / "bundle", tmp_path / "out", trust=True)
+
+
+def test_an_existing_model_is_replaced_only_with_force(tmp_path: Path) -> None:
+    make_bundle(tmp_path / "bundle")
+    out_dir = tmp_path / "out"
+    first = import_bundle(tmp_path / "bundle", out_dir, trust=True)
+    before = {p.name: p.read_bytes() for p in out_dir.iterdir()}
+    meta = tmp_path / "bundle" / "configs" / "metadata.json"
+    meta.write_text(meta.read_text().replace('"0.3.1"', '"0.4.0"'))
+
+    refused = medrt("models", "import-bundle", str(tmp_path / "bundle"), "--out", str(out_dir), "--trust")
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"{first.spec_path.parent / 'tiny_lesion_seg.toml'}" in refused.stderr
+    assert "already exist" in refused.stderr and "--force" in refused.stderr
+    assert {p.name: p.read_bytes() for p in out_dir.iterdir()} == before  # nothing touched
+
+    (out_dir / "tiny_lesion_seg.toml").unlink()  # a model file alone is also an existing model
+    with pytest.raises(ModelError, match=r"tiny_lesion_seg\.onnx already exists: refusing to replace"):
+        import_bundle(tmp_path / "bundle", out_dir, trust=True)
+
+    forced = medrt("models", "import-bundle", str(tmp_path / "bundle"), "--out", str(out_dir), "--trust", "--force")
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert load_spec(out_dir / "tiny_lesion_seg.toml").version == "0.4.0"
+    assert sorted(p.name for p in out_dir.iterdir()) == ["tiny_lesion_seg.onnx", "tiny_lesion_seg.toml"]

@@ -155,7 +155,9 @@ def run_verify(args: argparse.Namespace) -> int:
 def run_import(args: argparse.Namespace) -> int:
     from medrt.bundle import import_bundle
 
-    spec = import_bundle(args.bundle, args.out, name=args.name, label=args.label, trust=args.trust)
+    spec = import_bundle(
+        args.bundle, args.out, name=args.name, label=args.label, trust=args.trust, force=args.force
+    )
     if args.json:
         print(json.dumps({"spec": str(spec.spec_path), "onnx": str(spec.path), "training": spec.training}, indent=2))
         return 0
@@ -314,6 +316,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "modules and evaluate Python, and model.ts is a TorchScript program, so nothing is loaded "
         "without --trust. A preprocessing step medrt does not reproduce is named in a warning; a z-score "
         "by each image's own statistics, or a channel_def that does not fit the network, is refused. "
+        "An existing DIR/NAME.onnx or .toml is replaced only with --force. "
         "Needs torch and monai: pip install 'medrt[train]'.",
     )
     imp.add_argument("bundle", metavar="BUNDLE_DIR", help="the bundle folder")
@@ -327,6 +330,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--trust",
         action="store_true",
         help="I trust this bundle: let it run its config code and TorchScript with my permissions",
+    )
+    imp.add_argument(
+        "--force", action="store_true", help="replace an existing DIR/NAME.onnx and DIR/NAME.toml"
     )
     imp.add_argument("--json", action="store_true", help="print one JSON object for programs")
     imp.set_defaults(func=run_import)
