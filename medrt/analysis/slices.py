@@ -44,12 +44,20 @@ Neighbours = tuple["Frame | None", "Frame | None"]
 
 
 def along_normal(frame: Frame) -> float | None:
-    """The frame's position along its slice normal (mm; larger is towards the head for
-    axial slices), or None without patient geometry."""
+    """The frame's position along its slice normal (mm), or None without patient geometry.
+
+    The normal is turned to point along its largest patient axis, whichever way the rows
+    and columns run: larger is towards the head for axial slices (+z, also on a tilted
+    gantry), the patient's left for sagittal ones, posterior for coronal ones. Row × column
+    alone points to the feet on a feet-first scan (ImageOrientationPatient -1\\0\\0\\0\\1\\0),
+    which gave the 2.5-D models their neighbours the wrong way round: false lesions by the
+    dozen."""
     g = frame.geometry
     if g is None:
         return None
-    return float(np.dot(g.position, g.normal))
+    n = g.normal
+    along = float(np.dot(g.position, n))
+    return -along if n[int(np.argmax(np.abs(n)))] < 0 else along
 
 
 def adjacent(frame: Frame, other: Frame | None) -> bool:
@@ -100,10 +108,25 @@ def slice_stack(frame: Frame, neighbours: Neighbours | None = None, sides: Sides
 
 
 def series_neighbours(frames: Sequence[Frame], target_mm: float | None = None) -> list[Neighbours]:
-    """Each frame's (previous, next) in a sequence already in slice order (a series'
-    frames as read, a multi-frame object's frames); None where the one beside it is
-    not :func:`adjacent`. With ``target_mm`` (a 2.5-D model's ``[model] neighbour_mm``)
-    each side's is the slice nearest that distance (:func:`nearest_at`), not the next one."""
+    """Each frame's (previous, next) in slice order (a series' frames as read, a multi-frame
+    object's frames), in the order given; None where the one beside it is not
+    :func:`adjacent`. With ``target_mm`` (a 2.5-D model's ``[model] neighbour_mm``) each
+    side's is the slice nearest that distance (:func:`nearest_at`), not the next one.
+
+    Frames that all have a position but are not given in position order (an enhanced
+    CT may store its frames in any order) are put in order first: frame order gave
+    them neighbours from elsewhere in the volume. Not where two frames share a place (an
+    object of several phases or stacks: its frame order keeps each together)."""
+    positions = [along_normal(f) for f in frames]
+    if all(p is not None for p in positions) and len({round(p, 3) for p in positions}) == len(frames):  # type: ignore[arg-type]
+        steps = [b - a for a, b in zip(positions, positions[1:], strict=False)]  # type: ignore[operator]
+        if not (all(d > 0 for d in steps) or all(d < 0 for d in steps)):
+            order = sorted(range(len(frames)), key=lambda i: positions[i])  # type: ignore[arg-type,return-value]
+            found = series_neighbours([frames[i] for i in order], target_mm)
+            out_of_order: list[Neighbours] = [(None, None)] * len(frames)
+            for k, i in enumerate(order):
+                out_of_order[i] = found[k]
+            return out_of_order
     out: list[Neighbours] = []
     for i, frame in enumerate(frames):
         before = (frames[j] if j >= 0 else None for j in range(i - 1, i - 1 - MAX_REACH, -1))

@@ -103,22 +103,36 @@ def _order(results: Sequence[FrameResult]) -> list[FrameResult]:
     return list(results)
 
 
-def _same_grid(a: Frame, b: Frame) -> bool:
+def _grid_shift(a: Frame, b: Frame) -> tuple[int, int] | None:
+    """Where ``b``'s pixel grid lies on ``a``'s, seen along the slice normal: ``b``'s pixel
+    (r, c) is over ``a``'s (r + dr, c + dc). A gantry-tilted CT steps its slices along the
+    table, not the normal, so each lies a little further along the tilted column
+    direction (3 mm × sin 10° = 0.5 mm a slice): comparing pixel for pixel split every
+    lesion into its sections. None for an in-plane offset larger than the step along the
+    normal (beyond a 45° tilt: not one stack of slices)."""
     if a.geometry is None or b.geometry is None:
-        return True  # frames of one multi-frame object (adjacent checked that)
+        return (0, 0)  # frames of one multi-frame object (adjacent checked that)
     step = np.subtract(b.geometry.position, a.geometry.position)
     normal = np.asarray(a.geometry.normal, dtype=float)
-    in_plane = step - normal * float(np.dot(step, normal))
-    pixel = min(a.spacing_mm) if a.spacing_mm else 1.0
-    return float(np.linalg.norm(in_plane)) < 0.5 * pixel
+    along = float(np.dot(step, normal))
+    in_plane = step - normal * along
+    if float(np.linalg.norm(in_plane)) > max(abs(along), 1e-6):
+        return None
+    spacing = a.spacing_mm or (1.0, 1.0)  # (between rows, between columns)
+    row_dir, col_dir = np.asarray(a.geometry.orientation[:3], float), np.asarray(a.geometry.orientation[3:], float)
+    return round(float(np.dot(in_plane, col_dir)) / spacing[0]), round(float(np.dot(in_plane, row_dir)) / spacing[1])
 
 
-def _overlap(a: FrameResult, la: Lesion, b: FrameResult, lb: Lesion) -> bool:
-    r0, c0 = max(la.bbox[0], lb.bbox[0]), max(la.bbox[1], lb.bbox[1])
-    r1, c1 = min(la.bbox[2], lb.bbox[2]), min(la.bbox[3], lb.bbox[3])
+def _overlap(a: FrameResult, la: Lesion, b: FrameResult, lb: Lesion, shift: tuple[int, int] = (0, 0)) -> bool:
+    """Whether sections ``la`` (on ``a``) and ``lb`` (on ``b``, whose grid lies ``shift``
+    pixels on from ``a``'s: :func:`_grid_shift`) overlap enough to be one lesion."""
+    dr, dc = shift
+    r0, c0 = max(la.bbox[0], lb.bbox[0] + dr), max(la.bbox[1], lb.bbox[1] + dc)
+    r1, c1 = min(la.bbox[2], lb.bbox[2] + dr), min(la.bbox[3], lb.bbox[3] + dc)
     if r0 >= r1 or c0 >= c1:
         return False
-    both = int(np.count_nonzero((a.labels[r0:r1, c0:c1] == la.label) & (b.labels[r0:r1, c0:c1] == lb.label)))
+    both = int(np.count_nonzero((a.labels[r0:r1, c0:c1] == la.label)
+                                & (b.labels[r0 - dr:r1 - dr, c0 - dc:c1 - dc] == lb.label)))
     return both >= max(1.0, MIN_OVERLAP * min(_pixels(a, la), _pixels(b, lb)))
 
 
@@ -150,14 +164,15 @@ def link_series(results: Sequence[FrameResult]) -> Linked:
     steps: list[float] = []
     for i in range(len(ordered) - 1):
         a, b = ordered[i], ordered[i + 1]
-        if not adjacent(a.frame, b.frame) or not _same_grid(a.frame, b.frame):
+        shift = _grid_shift(a.frame, b.frame) if adjacent(a.frame, b.frame) else None
+        if shift is None:
             continue
         pa, pb = along_normal(a.frame), along_normal(b.frame)
         if pa is not None and pb is not None:
             steps.append(abs(pa - pb))
         for la in a.lesions:
             for lb in b.lesions:
-                if _overlap(a, la, b, lb):
+                if _overlap(a, la, b, lb, shift):
                     parent[root(index[(i, la.label)])] = root(index[(i + 1, lb.label)])
     groups: dict[int, list[Section]] = {}
     for k, s in enumerate(sections):
@@ -212,12 +227,13 @@ class LesionCounter:
         """Count ``result``'s lesions; returns each one's number in this stream."""
         series = result.frame.series_instance_uid
         before = self._last.pop(series, None)
-        linkable = before is not None and adjacent(result.frame, before[0].frame) \
-            and _same_grid(before[0].frame, result.frame)
+        shift = _grid_shift(before[0].frame, result.frame) \
+            if before is not None and adjacent(result.frame, before[0].frame) else None
         numbers: dict[int, int] = {}
-        if linkable:
+        if shift is not None:
             prev, ids = before  # type: ignore[misc]
-            pairs = [(p, les) for les in result.lesions for p in prev.lesions if _overlap(prev, p, result, les)]
+            pairs = [(p, les) for les in result.lesions for p in prev.lesions
+                     if _overlap(prev, p, result, les, shift)]
             for p, les in pairs:  # parts that meet here become one lesion (union by the smaller number)
                 a, b = self._root(ids[p.label]), self._root(numbers.get(les.label, ids[p.label]))
                 if a != b:

@@ -1,0 +1,122 @@
+"""Series geometry the sample CT does not have, made from it by editing headers only (the
+pixels stay): a feet-first scan, a gantry tilt, an enhanced CT whose frames are stored out
+of position order. Each must give the findings of the plain series; an audit found each
+changed them (the 2.5-D model's neighbours swapped or taken from elsewhere, a tilted
+lesion counted once per slice)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import pydicom
+import pytest
+from pydicom.uid import generate_uid
+
+from conftest import SAMPLE_DIR
+from medrt.analyzer import load_analyzer
+from medrt.batch import BatchConfig, run_batch
+
+SLICES = sorted((SAMPLE_DIR / "ct_stream").glob("*.dcm"))[8:28]  # twenty slices, lesions on several
+
+
+@pytest.fixture(scope="module")
+def analyzer():
+    return load_analyzer(threads=1)
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory, analyzer):
+    """The twenty slices as they are (a series of their own), analysed."""
+    src = _variant(tmp_path_factory.mktemp("plain"), lambda ds, i: None)
+    return _run(src, analyzer)
+
+
+def _variant(folder: Path, edit: Callable[[pydicom.Dataset, int], None]) -> Path:
+    src = folder / "in"
+    src.mkdir()
+    series = generate_uid()
+    for i, path in enumerate(SLICES):
+        ds = pydicom.dcmread(path)
+        ds.SeriesInstanceUID = series
+        edit(ds, i)
+        ds.save_as(src / path.name, enforce_file_format=True)
+    return src
+
+
+def _run(src: Path, analyzer) -> dict:  # type: ignore[no-untyped-def]
+    out = src.parent / "out"
+    summary = run_batch(BatchConfig(src, out), analyzer=analyzer)
+    assert summary.exit_code == 0
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    return {
+        "sections": {r["sop_instance_uid"]: sorted(tuple(les["bbox"]) for les in r["lesions"]) for r in records},
+        "lesions": list(csv.DictReader((out / "lesions.csv").open())),
+    }
+
+
+def _feet_first(ds: pydicom.Dataset, i: int) -> None:
+    """As a feet-first supine scanner writes it: rows run to the patient's right, so row ×
+    column points to the feet. The first pixel moves; the pixels and z positions stay."""
+    ipp = [float(v) for v in ds.ImagePositionPatient]
+    ipp[0] += (ds.Columns - 1) * float(ds.PixelSpacing[1])
+    ds.ImagePositionPatient = ipp
+    ds.ImageOrientationPatient = [-1, 0, 0, 0, 1, 0]
+    ds.PatientPosition = "FFS"
+
+
+def test_a_feet_first_series_gets_the_findings_of_a_head_first_one(plain, analyzer, tmp_path):
+    """Row × column points to the feet on a feet-first scan: the model was given the slice
+    below as the one above and found dozens of false lesions (9 lesions became 57 on the
+    sample). Its neighbours now go head side first, whichever way the normal points."""
+    ffs = _run(_variant(tmp_path, _feet_first), analyzer)
+    assert sum(map(len, plain["sections"].values())) > 3  # lesions to find
+    assert ffs["sections"] == plain["sections"]
+
+
+def test_a_gantry_tilted_series_counts_each_lesion_once_with_its_volume(plain, analyzer, tmp_path):
+    """A tilted gantry steps its slices along the table, so each lies a little further along
+    the tilted column direction (3 mm × sin 10° ≈ 0.7 pixel): compared pixel for pixel,
+    every lesion was split into its sections, none with a volume."""
+    tilt = math.radians(10)
+
+    def tilted(ds: pydicom.Dataset, i: int) -> None:
+        ds.ImageOrientationPatient = [1, 0, 0, 0, round(math.cos(tilt), 6), round(math.sin(tilt), 6)]
+        ds.GantryDetectorTilt = 10
+
+    got = _run(_variant(tmp_path, tilted), analyzer)
+    assert any(int(row["slices"]) > 1 for row in plain["lesions"])  # a lesion over several slices
+    assert [r["slices"] for r in got["lesions"]] == [r["slices"] for r in plain["lesions"]]
+    assert all(r["volume_mm3"] for r in got["lesions"])
+
+
+def test_an_enhanced_ct_stored_out_of_position_order_gets_the_findings_of_a_sorted_one(analyzer, tmp_path):
+    """Frame order is not slice order in an enhanced CT (legal, and what a conversion may
+    give): each frame's neighbours were taken in frame order, from elsewhere in the volume."""
+    import highdicom as hd
+
+    from medrt.phantom.folders import write_ct_series
+
+    slices = write_ct_series(tmp_path / "phantom", seed=25, n_frames=20, compress="none")  # a series the audit used
+
+    def enhanced(folder: Path, shuffle: bool) -> Path:
+        datasets = [pydicom.dcmread(p) for p in slices]
+        if shuffle:
+            random.Random(5).shuffle(datasets)
+        src = folder / "in"
+        src.mkdir(parents=True)
+        hd.legacy.LegacyConvertedEnhancedCTImage(
+            legacy_datasets=datasets, series_instance_uid=generate_uid(), series_number=9,
+            sop_instance_uid=generate_uid(), instance_number=1,
+            include_dimension_index=False,  # with one, highdicom puts the frames in order
+        ).save_as(src / "ct.dcm", enforce_file_format=True)
+        return src
+
+    def findings(src: Path) -> list[tuple[str, str]]:
+        return sorted((r["slices"], r["diameter_mm"]) for r in _run(src, analyzer)["lesions"])
+
+    assert findings(enhanced(tmp_path / "shuffled", True)) == findings(enhanced(tmp_path / "sorted", False))
