@@ -330,6 +330,24 @@ def test_radiographs_seg_sr_sc_without_patient_geometry(dx, tmp_path) -> None:  
     assert abs(mono1.mean() - mono2.mean()) < 40
 
 
+def test_a_radiograph_with_pixel_spacing_gets_a_seg_highdicom_reads_back(dx, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Many DX/CR vendors write PixelSpacing beside ImagerPixelSpacing: highdicom copied it
+    into the SEG's shared Pixel Measures without a SliceThickness, and its own reader (so
+    ``medrt eval --seg`` and the viewer) refused the SEG, dciodvfy clean as it was."""
+    from medrt.io.seg import read_seg
+
+    r = dx[0]
+    header = copy.deepcopy(r.frame.source.dataset)
+    header.PixelSpacing = list(header.ImagerPixelSpacing)
+    frame = dataclasses.replace(r.frame, source=dataclasses.replace(r.frame.source, dataset=header))
+    r = dataclasses.replace(r, frame=frame)
+    seg = build_seg([r])
+    assert seg is not None
+    path = dciodvfy(seg, tmp_path / "seg.dcm")
+    check_seg_round_trip(path, [r])  # highdicom's segread
+    assert np.array_equal(read_seg(path).masks[r.frame.sop_instance_uid] > 0, r.labels > 0)
+
+
 @pytest.mark.parametrize(("kind", "description"), [("FIDUCIAL", "Ruler at the patient's skin"), ("GEOMETRY", ""),
                                                    ("", "Against a 25 mm sphere"), ("", "")])
 def test_a_calibrated_radiographs_sc_keeps_its_pixel_spacing_and_how(dx, tmp_path, kind, description) -> None:  # type: ignore[no-untyped-def]

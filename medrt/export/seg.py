@@ -291,7 +291,22 @@ def _segmentation(sources: list[Dataset], masks: np.ndarray, segments: list[hd.s
         # General Image: Patient Orientation is Type 2C when there is no patient
         # geometry (projection radiographs); copy the source's, or leave it empty.
         seg.PatientOrientation = sources[0].get("PatientOrientation", "")
+    if "FrameOfReferenceUID" not in seg:
+        _without_pixel_measures(seg)
     return seg
+
+
+def _without_pixel_measures(seg: hd.seg.Segmentation) -> None:
+    """A radiograph that carries PixelSpacing (many DX/CR vendors write it): highdicom
+    copies it into the shared Pixel Measures without a SliceThickness, which a projection
+    image has none of. Legal there (the macro is required only with a Frame of Reference,
+    CP 1426), but highdicom's own reader, and so ``medrt eval --seg`` and the viewer,
+    refused the SEG. Without a Frame of Reference the frames map pixel for pixel onto
+    their source images, which keep the spacing: the macro goes."""
+    for group in seg.get("SharedFunctionalGroupsSequence", []):
+        measures = group.get("PixelMeasuresSequence")
+        if measures and all("SliceThickness" not in m for m in measures):
+            del group.PixelMeasuresSequence
 
 
 def split_for_seg(results: Sequence[FrameResult]) -> list[list[FrameResult]]:
