@@ -201,6 +201,35 @@ def test_seg_geometry_matches_results_and_ground_truth(sample_run):
     assert inter > 0.6 * total
 
 
+def test_a_series_mixing_units_labels_each_lesion_in_its_own(tmp_path, analyzer):
+    """One CT slice without PixelSpacing among slices with it: its lesion is in pixels, the
+    others in mm. One unit per series (the first frame's) printed pixels as mm and counted
+    them in the mm size buckets."""
+    src = tmp_path / "in"
+    src.mkdir()
+    for i, p in enumerate(sorted(CT.glob("*.dcm"))[14:18]):
+        ds = pydicom.dcmread(p)
+        if i == 3:
+            del ds.PixelSpacing
+        ds.save_as(src / p.name)
+    out = tmp_path / "out"
+    summary = run_batch(BatchConfig(src, out, workers=1), analyzer=analyzer)
+    rows = list(csv.DictReader((out / "lesions.csv").open()))
+    units = sorted({r["diameter_unit"] for r in rows})
+    assert units == ["mm", "px"]
+    assert all((r["diameter_mm"] == "") == (r["diameter_unit"] == "px") for r in rows)
+    rep = json.loads((out / "report.json").read_text())
+    (finding,) = rep["series"]
+    assert finding["diameter_unit"] == "mixed"
+    assert sorted(u for _, u in finding["diameters"]) == sorted(r["diameter_unit"] for r in rows)
+    in_mm = [d for d, u in finding["diameters"] if u == "mm"]
+    assert sum(rep["lesions_by_diameter"].values()) == len(in_mm)  # the pixels are not bucketed as mm
+    from medrt.commands.batch import _table
+
+    line = _table(summary).splitlines()[1]
+    assert " px" in line and " mm" in line
+
+
 def test_a_series_without_pixel_spacing_is_measured_in_pixels_and_not_bucketed_as_mm(tmp_path, analyzer, capsys):
     """No spacing in the header: the lesions are measured in pixels (never an invented mm
     value), the findings say px, and the report's millimetre size buckets leave them out."""

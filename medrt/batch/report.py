@@ -19,14 +19,27 @@ SIZE_BUCKETS = ((0.0, 2.0, "<2 mm"), (2.0, 5.0, "2-5 mm"), (5.0, 10.0, "5-10 mm"
 STEPS = ("decode", "preprocess", "roi", "segment", "recheck", "postprocess", "total")
 
 
+def diameters_text(f: dict[str, Any], most: int) -> str:
+    """A series' largest lesion diameters for a table: "11.6, 4.2 mm", or each with its unit
+    where they differ ("13.5 px, 11.4 mm"); "" for none. "…" where there are more."""
+    sizes = f.get("diameters") or [[d, f.get("diameter_unit", "mm")] for d in f["diameters_mm"]]
+    if not sizes:
+        return ""
+    more = " …" if len(sizes) > most else ""
+    if len({u for _, u in sizes}) == 1:
+        return ", ".join(f"{d:.1f}" for d, _ in sizes[:most]) + f"{more} {sizes[0][1]}"
+    return ", ".join(f"{d:.1f} {u}" for d, u in sizes[:most]) + more
+
+
 def _buckets(findings: list[dict[str, Any]]) -> dict[str, int]:
-    """Lesions by longest diameter in mm; a series measured in pixels (no spacing in its
-    header) is left out, as its numbers are not millimetres."""
+    """Lesions by longest diameter in mm; a lesion measured in pixels (no spacing in its
+    frame's header) is left out, as its number is not millimetres."""
     counts = {name: 0 for _, _, name in SIZE_BUCKETS}
     for f in findings:
-        if f.get("diameter_unit") == "px":
-            continue
-        for d in f["diameters_mm"]:
+        sizes = f.get("diameters") or [[d, f.get("diameter_unit", "mm")] for d in f["diameters_mm"]]
+        for d, unit in sizes:
+            if unit == "px":
+                continue
             for lo, hi, name in SIZE_BUCKETS:
                 if lo <= d < hi:
                     counts[name] += 1
@@ -135,8 +148,7 @@ def _markdown(r: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for f in r["series"]:
-        largest = ", ".join(str(d) for d in f["diameters_mm"][:5])
-        largest = f"{largest} {f.get('diameter_unit', 'mm')}" if largest else "-"
+        largest = diameters_text(f, 5) or "-"
         lines.append(f"| `{f['series_instance_uid']}` | {f['modality']} | {f['frames']} | {series_lesions(f)} | "
                      f"{series_lesions(f, 'sections')} | {largest} | {series_problems(f) or '-'} | "
                      f"{f.get('first_file') or '-'} |")

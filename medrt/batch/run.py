@@ -322,15 +322,21 @@ def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bo
         linked = folder / LESIONS_JSON  # absent only when linking failed (errors.csv says so)
         found = json.loads(linked.read_text(encoding="utf-8"))["lesions"] if linked.is_file() else []
         s.series_lesions += len(found)
-        unit = _diameter_unit(recs, found)
+        units = _diameter_units(recs, found)
         rows.extend({"series_instance_uid": sp.uid, "modality": sp.series.modality, **_lesion_row(f),
-                     "diameter_unit": unit} for f in found)
+                     "diameter_unit": u} for f, u in zip(found, units, strict=True))
+        sizes = sorted(((round(f["diameter_mm"] if f["diameter_mm"] is not None else f["diameter_px"], 1), u)
+                        for f, u in zip(found, units, strict=True)), key=lambda d: -d[0])
+        shared = set(units)
         s.findings.append({"series_instance_uid": sp.uid, "modality": sp.series.modality,
                            "frames": len(recs), "lesions": len(found),
                            "sections": sum(len(r["lesions"]) for r in recs),
-                           "diameters_mm": sorted((round(f["diameter_mm"] if f["diameter_mm"] is not None
-                                                         else f["diameter_px"], 1) for f in found), reverse=True),
-                           "diameter_unit": unit,
+                           # each lesion's longest diameter and its unit; diameters_mm and
+                           # diameter_unit say the same where the series' lesions share one
+                           "diameters": [list(d) for d in sizes],
+                           "diameters_mm": [d for d, _ in sizes],
+                           "diameter_unit": shared.pop() if len(shared) == 1 else ("mixed" if shared else
+                                                                                 _diameter_unit(recs)),
                            # what was not analysed or not written, so that a series none of
                            # whose images could be read never reads as one with no lesions
                            "failed": sum(1 for n in own if n.kind == "error" and not n.stage.startswith("export-")),
@@ -367,18 +373,33 @@ def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bo
     return s
 
 
-def _diameter_unit(recs: list[dict[str, Any]], found: list[dict[str, Any]]) -> str:
-    """What a series' lesion diameters are in: "px" without pixel spacing, else "mm" and
-    where it measures (:attr:`medrt.types.SpacingSource.qualifier`: "mm at detector" for
-    a radiograph's ImagerPixelSpacing, so nobody reads it as a size in the patient)."""
-    if found and all(f["diameter_mm"] is None for f in found):
-        return "px"
-    with_lesions = [r for r in recs if r["lesions"]] or recs
-    source = with_lesions[0].get("pixel_spacing_source") if with_lesions else None
+def _diameter_unit(recs: list[dict[str, Any]], source: str | None = None) -> str:
+    """What a diameter measured at ``source`` (a frame's ``pixel_spacing_source``; default:
+    the series' first frame's) is in: "mm" and where it measures
+    (:attr:`medrt.types.SpacingSource.qualifier`: "mm at detector" for a radiograph's
+    ImagerPixelSpacing, so nobody reads it as a size in the patient)."""
+    if source is None and recs:
+        source = recs[0].get("pixel_spacing_source")
     try:
         return "mm" + SpacingSource(source).qualifier
     except ValueError:
         return "mm"
+
+
+def _diameter_units(recs: list[dict[str, Any]], found: list[dict[str, Any]]) -> list[str]:
+    """Each lesion's diameter unit: "px" where its frame has no pixel spacing, else that of
+    the frame it was measured on (its largest section). One unit per series mislabelled a
+    series that mixes them: a slice without PixelSpacing among CT slices with it (pixels
+    shown as mm), a radiograph at the detector beside one corrected to the patient."""
+    source = {(r["sop_instance_uid"], r["frame_index"]): r.get("pixel_spacing_source") for r in recs}
+    out = []
+    for f in found:
+        if f["diameter_mm"] is None:
+            out.append("px")
+            continue
+        largest = f.get("largest") or {}
+        out.append(_diameter_unit(recs, source.get((largest.get("sop_instance_uid"), largest.get("frame_index")))))
+    return out
 
 
 def _lesion_row(entry: dict[str, Any]) -> dict[str, Any]:

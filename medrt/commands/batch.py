@@ -11,7 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from medrt.batch.report import series_lesions, series_problems
+from medrt.batch.report import diameters_text, series_lesions, series_problems
 from medrt.commands.options import (
     add_engine_options,
     add_pipeline_options,
@@ -55,8 +55,7 @@ def _table(summary: Any) -> str:
     width = max([len("series")] + [len(f["series_instance_uid"]) for f in summary.findings])
     lines = [f"{'series':<{width}} {'mod':<4} {'frames':>6} {'lesions':>7}  largest diameters  [first file]"]
     for f in summary.findings:
-        sizes = ", ".join(f"{d:.1f}" for d in f["diameters_mm"][:6]) + (" …" if len(f["diameters_mm"]) > 6 else "")
-        sizes = f"{sizes} {f.get('diameter_unit', 'mm')}" if f["diameters_mm"] else ""
+        sizes = diameters_text(f, 6)
         said = " · ".join(x for x in (sizes, series_problems(f)) if x)
         first = f"  [{printable(f['first_file'])}]" if f.get("first_file") else ""
         lines.append(f"{f['series_instance_uid']:<{width}} {f['modality']:<4} {f['frames']:>6} "
