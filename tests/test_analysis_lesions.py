@@ -238,6 +238,12 @@ def test_json_record_round_trips() -> None:
     assert back.bbox == les.bbox and back.label == les.label
     assert back.diameter_mm == pytest.approx(les.diameter_mm, abs=1e-4)
     assert back.centroid == pytest.approx(les.centroid, abs=1e-3)
+    # a frame without pixel spacing: the sizes are pixels, under names that say so
+    _, (px,) = lesions_from_probability(prob, None)
+    rec = lesion_to_json(px, in_mm=False)
+    assert rec["diameter_mm"] is None and rec["area_mm2"] is None
+    assert (rec["diameter_px"], rec["area_px"]) == (round(px.diameter_mm, 4), round(px.area_mm2, 4))
+    assert lesion_from_json(rec).diameter_mm == pytest.approx(px.diameter_mm, abs=1e-4)
 
 
 def test_bad_arguments_name_the_argument() -> None:

@@ -244,6 +244,10 @@ def test_a_series_without_pixel_spacing_is_measured_in_pixels_and_not_bucketed_a
     rep = json.loads((out / "report.json").read_text())
     (finding,) = rep["series"]
     assert summary.lesions > 0 and finding["diameter_unit"] == "px" and finding["diameters_mm"]
+    # results.jsonl: no pixel count in a field named mm
+    lesions = [les for line in (out / "results.jsonl").read_text().splitlines() for les in json.loads(line)["lesions"]]
+    assert lesions and all(les["diameter_mm"] is None and les["area_mm2"] is None for les in lesions)
+    assert all(les["diameter_px"] > 0 and les["area_px"] > 0 for les in lesions)
     assert sum(rep["lesions_by_diameter"].values()) == 0
     largest = ", ".join(str(d) for d in finding["diameters_mm"][:5])
     assert f"| {largest} px |" in (out / "report.md").read_text()

@@ -150,18 +150,23 @@ def lesions_from_probability(
     return labels, lesions
 
 
-def lesion_to_json(lesion: Lesion) -> dict[str, Any]:
+def lesion_to_json(lesion: Lesion, in_mm: bool = True) -> dict[str, Any]:
     """The public ``results.jsonl`` record of a lesion.
 
     ``{id, bbox: [r0, c0, r1, c1], centroid: [r, c], area_mm2, diameter_mm, score,
-    rechecked}``; ``id`` is the lesion's value in the frame's label map.
+    rechecked}``; ``id`` is the lesion's value in the frame's label map. ``in_mm`` False
+    (a frame without pixel spacing, measured in pixels): ``area_mm2`` and ``diameter_mm``
+    are null and ``area_px`` and ``diameter_px`` hold the sizes, so that no pixel count
+    is read as millimetres.
     """
+    area, diameter = round(float(lesion.area_mm2), 4), round(float(lesion.diameter_mm), 4)
     return {
         "id": int(lesion.label),
         "bbox": [int(v) for v in lesion.bbox],
         "centroid": [round(float(lesion.centroid[0]), 3), round(float(lesion.centroid[1]), 3)],
-        "area_mm2": round(float(lesion.area_mm2), 4),
-        "diameter_mm": round(float(lesion.diameter_mm), 4),
+        "area_mm2": area if in_mm else None,
+        "diameter_mm": diameter if in_mm else None,
+        **({} if in_mm else {"area_px": area, "diameter_px": diameter}),
         "score": round(float(lesion.score), 4),
         "rechecked": bool(lesion.rechecked),
     }
@@ -181,8 +186,9 @@ def lesion_from_json(record: dict[str, Any]) -> Lesion:
         label=int(record["id"]),
         bbox=bbox,  # type: ignore[arg-type]
         centroid=centroid,  # type: ignore[arg-type]
-        area_mm2=float(record["area_mm2"]),
-        diameter_mm=float(record["diameter_mm"]),
+        # (in pixels, as measured, where the frame had no spacing: lesion_to_json's in_mm)
+        area_mm2=float(record["area_mm2"] if record["area_mm2"] is not None else record["area_px"]),
+        diameter_mm=float(record["diameter_mm"] if record["diameter_mm"] is not None else record["diameter_px"]),
         score=score,
         max_score=score,
         rechecked=bool(record.get("rechecked", False)),

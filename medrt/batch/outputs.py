@@ -64,7 +64,7 @@ def frame_record(result: FrameResult, file: str) -> dict[str, Any]:
         "cols": frame.cols,
         "pixel_spacing_mm": list(frame.spacing_mm) if frame.spacing_mm else None,
         "pixel_spacing_source": frame.spacing_source.value,
-        "lesions": [lesion_to_json(les) for les in result.lesions],
+        "lesions": [lesion_to_json(les, in_mm=frame.spacing_mm is not None) for les in result.lesions],
         "timings_ms": {k: round(getattr(t, k), 2)
                        for k in ("decode", "preprocess", "roi", "segment", "recheck", "postprocess", "total")},
         "mode": result.mode,
