@@ -287,6 +287,11 @@ def test_a_radiographs_spacing_says_where_it_measures() -> None:
     assert spacing(**calibrated, PixelSpacingCalibrationDescription="sphere")[1] is SpacingSource.CALIBRATED
     assert spacing(PixelSpacing=[0.5, 0.5]) == ((0.5, 0.5), SpacingSource.UNKNOWN_CALIBRATION)  # a DX's alone
     assert spacing(PixelSpacing=[0.5, 0.5], Modality="CT") == ((0.5, 0.5), SpacingSource.PIXEL_SPACING)
+    # a CT slice that also carries ImagerPixelSpacing (equal or not) is no radiograph
+    axial = {"Modality": "CT", "ImageOrientationPatient": [1, 0, 0, 0, 1, 0], "ImagePositionPatient": [0, 0, 0]}
+    for imager in ([0.5, 0.5], [0.6, 0.6]):
+        assert spacing(PixelSpacing=[0.5, 0.5], ImagerPixelSpacing=imager, **axial) == \
+            ((0.5, 0.5), SpacingSource.PIXEL_SPACING), imager
 
 
 def test_window_first_value_from_header_and_percentile_fallback() -> None:

@@ -155,12 +155,19 @@ def pixel_spacing(ds: Dataset, index: int = 0) -> tuple[tuple[float, float] | No
     """
     imager = _float_pair(ds.get("ImagerPixelSpacing"))
     measures = functional_item(ds, "PixelMeasuresSequence", index)
+    modality = str(ds.get("Modality", "")).upper()
+    # A slice in the patient (CT, MR...) that also carries ImagerPixelSpacing is no radiograph:
+    # its PixelSpacing is in the patient, whatever the other says.
+    sliced = modality not in PROJECTION_MODALITIES and (
+        "ImageOrientationPatient" in ds or functional_item(ds, "PlaneOrientationSequence", index) is not None)
     for value in (ds.get("PixelSpacing"), measures.get("PixelSpacing") if measures is not None else None):
         pair = _float_pair(value)
         if pair is not None:
+            if sliced:
+                return pair, SpacingSource.PIXEL_SPACING
             if imager is not None and np.allclose(pair, imager, rtol=1e-4, atol=0.0):
                 return pair, SpacingSource.IMAGER_PIXEL_SPACING
-            if imager is not None or str(ds.get("Modality", "")).upper() in PROJECTION_MODALITIES:
+            if imager is not None or modality in PROJECTION_MODALITIES:
                 return pair, calibration(ds)
             return pair, SpacingSource.PIXEL_SPACING
     if imager is not None:
