@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 import time
@@ -131,6 +132,48 @@ def test_recover_requeues_interrupted_work_indexes_strays_and_drops_temporaries(
     state = again.series(first.SeriesInstanceUID)
     assert (state.state, state.instances) == ("receiving", 2)
     assert (spool.inbox / second.SeriesInstanceUID / "junk.dcm").exists()  # never deleted, only logged
+
+
+def test_a_series_still_receiving_waits_its_quiet_time_again_after_a_restart(tmp_path):
+    """No sender could reach a listener that was down: the downtime is no quiet time. A
+    series cut off mid-receive was due at once after a restart, and half of it analysed
+    and its results sent before the sender sent the rest."""
+    spool = Spool(tmp_path / "spool")
+    first = pydicom.dcmread(CT[0], stop_before_pixels=True)
+    spool.store(CT[0].read_bytes(), study_uid=first.StudyInstanceUID, series_uid=first.SeriesInstanceUID,
+                sop_uid=first.SOPInstanceUID, now=time.time() - 3600)  # the crash was an hour ago
+    spool.close()
+    again = Spool(tmp_path / "spool")
+    again.recover()
+    assert again.due(30.0) == []  # --idle 30 starts again at the restart
+    assert [s.series_uid for s in again.due(30.0, now=time.time() + 31)] == [first.SeriesInstanceUID]
+    again.close()
+
+
+def test_one_listener_per_spool(tmp_path, capsys):
+    """A second `medrt listen` on a spool in use (a manual run beside the service) recovered
+    it as after a crash, putting the running listener's series back to be analysed and sent
+    again, even when it then failed to start. It is now refused before it changes anything."""
+    from medrt.pacs.spool import SpoolInUseError
+
+    owner = Spool(tmp_path / "spool")
+    owner.take_ownership()
+    first = pydicom.dcmread(CT[0], stop_before_pixels=True)
+    owner.store(CT[0].read_bytes(), study_uid=first.StudyInstanceUID, series_uid=first.SeriesInstanceUID,
+                sop_uid=first.SOPInstanceUID, now=10.0)
+    (state,) = owner.due(0.0, now=11.0)
+    assert owner.claim(state.series_uid, expect_received=state.last_received, now=11.0)  # being analysed
+    other = Spool(tmp_path / "spool")
+    with pytest.raises(SpoolInUseError, match=rf"in use by medrt listen, pid {os.getpid()}"):
+        other.take_ownership()
+    other.close()
+    assert main(["listen", "--spool", str(tmp_path / "spool"), "--port", str(free_port())]) == 2
+    assert "one medrt listen per spool" in capsys.readouterr().err
+    assert owner.series(first.SeriesInstanceUID).state == "analysing"  # untouched
+    owner.close()
+    mine = Spool(tmp_path / "spool")
+    mine.take_ownership()  # free once the owner is gone
+    mine.close()
 
 
 def test_a_compressed_seg_reaches_a_peer_that_takes_it_only_uncompressed(tmp_path):

@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     from medrt.pacs.monitor import Monitor, MonitorServer
     from medrt.pacs.scp import Listener
     from medrt.pacs.service import PacsService
-    from medrt.pacs.spool import Spool
+    from medrt.pacs.spool import Spool, SpoolInUseError
 
     try:
         tls, forward_tls = _tls(args)
@@ -191,6 +191,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     forward = _with_tls(args)
     spool = Spool(args.spool, min_free_bytes=int(args.min_free * 2**20))
+    try:
+        spool.take_ownership()  # before recover(): a second listener must not touch a running one's series
+    except SpoolInUseError as exc:
+        spool.close()
+        print(f"medrt listen: {exc}", file=sys.stderr)
+        return 2
     out = Path(args.out) if args.out else spool.root / "results"
     recovered = spool.recover()
     _, workers = thread_layout(args)
@@ -222,6 +228,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         listener.start()
     except OSError as exc:
+        spool.close()
         print(f"medrt listen: cannot listen on {args.bind}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     if web is not None:
@@ -229,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
             web.start()
         except OSError as exc:
             listener.stop()
+            spool.close()
             print(f"medrt listen: --metrics {web.host}:{web.port}: cannot listen: {exc.strerror or exc}",
                   file=sys.stderr)
             return 2

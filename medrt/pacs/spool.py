@@ -40,12 +40,14 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import shutil
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from medrt.io.atomic import atomic_write_bytes
 from medrt.pacs.index import (
@@ -57,7 +59,7 @@ from medrt.pacs.index import (
     check_uid,
 )
 
-__all__ = ["Spool", "SeriesState", "Commitment", "SpoolError", "STATES", "COMMITMENT_STATES", "ANALYSIS_QUEUE",
+__all__ = ["Spool", "SpoolInUseError", "SeriesState", "Commitment", "SpoolError", "STATES", "COMMITMENT_STATES", "ANALYSIS_QUEUE",
            "SEND_QUEUE"]
 
 log = logging.getLogger(__name__)
@@ -132,6 +134,10 @@ class SeriesState:
     detail: str
 
 
+class SpoolInUseError(RuntimeError):
+    """Another process holds the spool (:meth:`Spool.take_ownership`); the message names it."""
+
+
 class Spool(DeliveryRecords, CommitmentRecords):
     """A durable inbox of received instances, grouped into series. Thread-safe.
 
@@ -150,6 +156,7 @@ class Spool(DeliveryRecords, CommitmentRecords):
         self.inbox = self.root / "inbox"
         self.inbox.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._owner: Any = None  # listen.lock, held open while this process owns the spool
         self._db = sqlite3.connect(self.root / "index.sqlite3", check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")  # a commit is on disk when it returns
@@ -158,6 +165,34 @@ class Spool(DeliveryRecords, CommitmentRecords):
     def close(self) -> None:
         with self._lock:
             self._db.close()
+        if self._owner is not None:
+            self._owner.close()  # (the lock goes with the file)
+            self._owner = None
+
+    def take_ownership(self) -> None:
+        """Hold the spool for this process (an exclusive lock on ``listen.lock``, which says
+        whose it is): one listener per spool. Call before :meth:`recover`. A second
+        ``medrt listen`` on a spool in use (a manual run beside the service, a restart while
+        the old one still runs) put the running one's series back to ``receiving`` and
+        ``analysed`` as after a crash, and would have analysed and sent them twice; it now
+        raises :class:`SpoolInUseError` naming the holder, and changes nothing."""
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no lock (the listener is a Linux service)
+            return
+        handle = (self.root / "listen.lock").open("a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise SpoolInUseError(f"{self.root} is in use by {holder}: one medrt listen per spool") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"medrt listen, pid {os.getpid()}\n")
+        handle.flush()
+        self._owner = handle
 
     def series_dir(self, series_uid: str) -> Path:
         return self.inbox / check_uid("SeriesInstanceUID", series_uid)
@@ -407,6 +442,13 @@ class Spool(DeliveryRecords, CommitmentRecords):
 
         done = {"requeued": 0, "indexed": 0, "unreadable": 0, "temporaries": 0}
         with self._lock:
+            # A series still receiving when the listener stopped: no sender could reach it
+            # while it was down, so the quiet time (--idle) starts again now. It used to
+            # count the downtime, and half a series was analysed and its results sent at
+            # once, before the sender could send the rest.
+            now = time.time()
+            self._db.execute("UPDATE series SET last_received = ? WHERE state = 'receiving' AND last_received < ?",
+                             (now, now))
             cur = self._db.execute("UPDATE series SET state = 'receiving', detail = 'resumed after a restart'"
                                    " WHERE state = 'analysing'")
             done["requeued"] = cur.rowcount
