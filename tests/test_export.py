@@ -330,6 +330,38 @@ def test_radiographs_seg_sr_sc_without_patient_geometry(dx, tmp_path) -> None:  
     assert abs(mono1.mean() - mono2.mean()) < 40
 
 
+def test_an_sr_without_a_seg_outlines_each_lesion_not_its_box(ct, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Without a SEG the SR places each lesion by an image region: its bounding box enclosed
+    1.3-1.5 times the area the SR reports, so a viewer measuring the region disagreed. It is
+    now the lesion's outline along its pixels' edges: the area it encloses is the pixel count."""
+    from medrt.export.sr import outline
+
+    results = [r for r in ct if r.lesions]
+    path = dciodvfy(build_sr(results), tmp_path / "sr.dcm")
+
+    def scoords(item):  # type: ignore[no-untyped-def]
+        for child in item.get("ContentSequence", []):
+            if child.ValueType == "SCOORD":
+                yield child
+            yield from scoords(child)
+
+    found = list(scoords(pydicom.dcmread(path)))
+    assert len(found) == sum(len(r.lesions) for r in results)
+    pixels = sorted(int(np.count_nonzero(r.labels == les.label)) for r in results for les in r.lesions)
+    areas = []
+    for item in found:
+        xy = np.asarray(item.GraphicData, dtype=float).reshape(-1, 2)
+        assert item.GraphicType == "POLYLINE" and np.array_equal(xy[0], xy[-1])  # closed
+        areas.append(round(abs(np.sum(xy[:-1, 0] * xy[1:, 1] - xy[1:, 0] * xy[:-1, 1])) / 2))
+    assert sorted(areas) == pixels
+    # a region of two parts touching at a corner, or with a hole, has no single outline
+    corner = np.zeros((4, 4), bool)
+    corner[0, 0] = corner[1, 1] = True
+    ring = np.ones((5, 5), bool)
+    ring[2, 2] = False
+    assert outline(corner) is None and outline(ring) is None
+
+
 def test_a_radiograph_with_pixel_spacing_gets_a_seg_highdicom_reads_back(dx, tmp_path) -> None:  # type: ignore[no-untyped-def]
     """Many DX/CR vendors write PixelSpacing beside ImagerPixelSpacing: highdicom copied it
     into the SEG's shared Pixel Measures without a SliceThickness, and its own reader (so
