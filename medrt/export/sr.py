@@ -11,7 +11,8 @@ The document holds, under "Imaging Measurements":
   a TID 1500 report says "the same lesion". The
   ROI is the lesion's SEG frame ("Referenced Segmentation Frame": the frame of the
   lesion's segment, found by its Tracking UID, derived from the lesion's image) when
-  ``seg`` is given, else its bounding box as a closed polyline on the source image. A
+  ``seg`` is given, else its outline (its bounding box where it has none: a hole, parts
+  touching at a corner) as a closed polyline on the source image. A
   SEG frame names its segment, so the reference carries the frame number and no
   segment number (the Image SOP Instance Reference Macro allows only one of the two;
   dciodvfy enforces it, highdicom writes both).
