@@ -120,3 +120,48 @@ def test_an_enhanced_ct_stored_out_of_position_order_gets_the_findings_of_a_sort
         return sorted((r["slices"], r["diameter_mm"]) for r in _run(src, analyzer)["lesions"])
 
     assert findings(enhanced(tmp_path / "shuffled", True)) == findings(enhanced(tmp_path / "sorted", False))
+
+
+def test_a_slice_without_its_position_costs_neither_the_series_seg_nor_its_lesion_count(plain, analyzer, tmp_path):
+    """One slice lacking ImagePositionPatient (a damaged or hand-edited header) cost the whole
+    series its SEG (highdicom copies the position from every source image), and split each
+    lesion through that slice in two. Now the SEG covers the other slices, errors.csv names
+    the one left out, the SR locates its lesion by outline, and the slice takes its place by
+    InstanceNumber in the gap it leaves, so every lesion is counted once."""
+    import subprocess
+
+    import highdicom as hd
+
+    from conftest import require_tool
+
+    damaged = 11  # ct_0020: a section of a lesion that spans four slices
+    assert plain["sections"][str(pydicom.dcmread(SLICES[damaged]).SOPInstanceUID)]
+
+    def no_position(ds: pydicom.Dataset, i: int) -> None:
+        if i == damaged:
+            del ds.ImagePositionPatient
+
+    src = _variant(tmp_path, no_position)
+    out = tmp_path / "out"
+    summary = run_batch(BatchConfig(src, out), analyzer=analyzer)
+    assert summary.exit_code == 1  # errors.csv has a row
+    rows = list(csv.DictReader((out / "errors.csv").open()))
+    assert [(r["file"], r["kind"], r["stage"]) for r in rows] == [(SLICES[damaged].name, "error", "seg-coverage")]
+    assert "ImagePositionPatient" in rows[0]["reason"] and "in the SR" in rows[0]["reason"]
+    got = list(csv.DictReader((out / "lesions.csv").open()))
+    assert [r["slices"] for r in got] == [r["slices"] for r in plain["lesions"]]
+    folder = next((out / "series").iterdir())
+    seg = hd.seg.segread(folder / "seg.dcm")
+    sources = {str(ref.ReferencedSOPInstanceUID) for ref in seg.ReferencedSeriesSequence[0].ReferencedInstanceSequence}
+    lacking = str(pydicom.dcmread(src / SLICES[damaged].name).SOPInstanceUID)
+    assert lacking not in sources and len(sources) == len(SLICES) - 1
+    tool = require_tool("dciodvfy")
+    for path in (folder / "seg.dcm", folder / "sr.dcm"):
+        proc = subprocess.run([tool, str(path)], capture_output=True, text=True, timeout=120)
+        assert "Error" not in proc.stdout + proc.stderr, path.name
+    report = hd.sr.srread(folder / "sr.dcm")
+    regions = report.content.get_planar_roi_measurement_groups()
+    on_damaged = [g for g in regions if g.roi is not None
+                  and str(g.roi.ContentSequence[0].ReferencedSOPSequence[0].ReferencedSOPInstanceUID) == lacking]
+    assert on_damaged and all(g.referenced_segmentation_frame is None for g in on_damaged)
+    assert len(regions) == sum(map(len, plain["sections"].values()))

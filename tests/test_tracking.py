@@ -153,3 +153,33 @@ def test_a_stream_counts_parts_that_meet_on_a_later_slice_once(ct) -> None:  # t
     other = next(r for r in results if r.lesions)  # another series' lesion: numbered after both parts
     assert counter.add(replace(other, frame=replace(other.frame, series_instance_uid="1.2.3.4")))[0] == 3
     assert counter.lesions == 1 + len(other.lesions)
+
+
+def test_a_slice_without_a_position_stands_in_its_gap_by_instance_number(ct) -> None:  # type: ignore[no-untyped-def]
+    """A damaged slice (no ImagePositionPatient) split each lesion through it in two. It now
+    takes its place by InstanceNumber and bridges its neighbours when they are two steps
+    apart; not when a slice beside it is missing too, nor when the instance numbers do not
+    run with the positions."""
+    results, _ = ct
+    lesions, numbers = link_series(results)
+    k = next(i for i, r in enumerate(results[1:-1], start=1)  # a slice inside a lesion of several
+             if any(les.slices >= 3 and les.sections[0].slice < i < les.sections[-1].slice for les in lesions))
+    damaged = [*results[:k], replace(results[k], frame=replace(results[k].frame, geometry=None)), *results[k + 1:]]
+    assert damaged[k].lesions
+    got, got_numbers = link_series(damaged)
+    assert got_numbers == numbers and [les.volume_mm3 for les in got] == [les.volume_mm3 for les in lesions]
+    shuffled = damaged[:]
+    random.Random(4).shuffle(shuffled)
+    assert link_series(shuffled)[1] == numbers
+
+    gap = [*damaged[:k + 1], *damaged[k + 2:]]  # the slice after it missing as well: no bridge
+    assert len(link_series(gap)[0]) > len(link_series([*results[:k + 1], *results[k + 2:]])[0])
+
+    def renumbered(r: FrameResult, n: int) -> FrameResult:
+        ds = r.frame.source.dataset.copy()
+        ds.InstanceNumber = n
+        return replace(r, frame=replace(r.frame, source=replace(r.frame.source, dataset=ds)))
+
+    order = list(range(1, len(damaged) + 1))
+    random.Random(6).shuffle(order)  # instance numbers that say nothing of the slice order
+    assert len(link_series([renumbered(r, n) for r, n in zip(damaged, order, strict=True)])[0]) > len(lesions)

@@ -10,6 +10,9 @@ measure), and may follow its volume. :func:`link_series` joins the sections:
   series, size, pixel spacing, orientation, at most ``MAX_GAP_MM`` apart) and they share
   their pixel grid (in-plane offset under half a pixel). A gap wider than that (a
   missing stretch of slices) breaks a lesion in two rather than joining across it.
+  A slice that lacks its position (a damaged header: no ImagePositionPatient) takes
+  its place by InstanceNumber, and stands beside its neighbours when they are two
+  slice steps apart on one grid, the gap it fills; otherwise its lesions are its own.
 - Two lesions on neighbouring slices are one when their masks (in the frames' label
   maps) overlap by at least :data:`MIN_OVERLAP` of the smaller one's area, and at least
   one pixel.
@@ -93,14 +96,67 @@ class SeriesLesion:
 Linked = tuple[list[SeriesLesion], dict[tuple[str, int], int]]
 
 
-def _order(results: Sequence[FrameResult]) -> list[FrameResult]:
+def _order(results: Sequence[FrameResult]) -> tuple[list[FrameResult], bool]:
     """Slice order: by position along the normal, head (larger) first, when every frame has
-    one; else as given (a multi-frame object's frame order)."""
+    one; by InstanceNumber when only some single-frame images lack one and the others'
+    instance numbers run with their positions (:func:`_by_instance`; the flag is then True);
+    else as given (a multi-frame object's frame order)."""
     positions = [along_normal(r.frame) for r in results]
     if results and all(p is not None for p in positions):
         order = sorted(range(len(results)), key=lambda i: (-positions[i], results[i].frame.frame_index))  # type: ignore[operator]
-        return [results[i] for i in order]
-    return list(results)
+        return [results[i] for i in order], False
+    by_instance = _by_instance(results, positions)
+    return (by_instance, True) if by_instance is not None else (list(results), False)
+
+
+def _instance_number(frame: Frame) -> int | None:
+    try:
+        return int(frame.source.dataset.get("InstanceNumber"))
+    except (TypeError, ValueError):
+        return None
+
+
+def _by_instance(results: Sequence[FrameResult], positions: list[float | None]) -> list[FrameResult] | None:
+    """A series of single-frame slices where some (a damaged slice: no ImagePositionPatient)
+    lack a position: in InstanceNumber order, head first, when every image has a distinct
+    instance number and those with positions number them strictly one way along the normal,
+    as a scanner numbers its slices. None otherwise."""
+    numbers = [_instance_number(r.frame) for r in results]
+    placed = [(p, n) for p, n in zip(positions, numbers, strict=True) if p is not None]
+    if (len(placed) < 2 or any(n is None for n in numbers) or len(set(numbers)) < len(numbers)
+            or any(r.frame.number_of_frames > 1 for r in results)):
+        return None
+    by_position = [n for _, n in sorted(placed, key=lambda pn: -pn[0])]  # head first
+    steps = np.diff(by_position)
+    if not (np.all(steps > 0) or np.all(steps < 0)):
+        return None
+    head_first = 1 if steps[0] > 0 else -1
+    return sorted(results, key=lambda r: head_first * _instance_number(r.frame))  # type: ignore[operator]
+
+
+def _bridged(ordered: list[FrameResult], i: int, step: float | None) -> tuple[int, int] | None:
+    """The grid shift between slices ``i`` and ``i + 1`` when one lacks a position but stands
+    where its series has a gap of one slice: its neighbours on either side (which have
+    positions) are two steps apart, on one grid, and :func:`adjacent` to each other in all
+    but the gap, and it matches them in size, spacing and modality. None otherwise (its
+    sections then start lesions of their own, as before)."""
+    a, b = ordered[i].frame, ordered[i + 1].frame
+    lone = i if a.geometry is None else i + 1
+    if step is None or (a.geometry is None) == (b.geometry is None) or not 0 < lone < len(ordered) - 1:
+        return None
+    x, before, after = ordered[lone].frame, ordered[lone - 1].frame, ordered[lone + 1].frame
+    if before.geometry is None or after.geometry is None:
+        return None
+    for f in (before, after):
+        if (f.series_instance_uid, f.shape, f.spacing_mm, f.modality or "") != \
+                (x.series_instance_uid, x.shape, x.spacing_mm, x.modality or ""):
+            return None
+    if float(np.dot(before.geometry.normal, after.geometry.normal)) < 0.999:
+        return None
+    gap = abs(along_normal(before) - along_normal(after))  # type: ignore[operator]
+    if abs(gap - 2 * step) > 0.1 * step or _grid_shift(before, after) != (0, 0):
+        return None
+    return (0, 0)
 
 
 def _grid_shift(a: Frame, b: Frame) -> tuple[int, int] | None:
@@ -146,7 +202,7 @@ def link_series(results: Sequence[FrameResult]) -> Linked:
     section's number: ``{(frame key, lesion label): series lesion number}``."""
     from pydicom.uid import generate_uid
 
-    ordered = _order(results)
+    ordered, by_instance = _order(results)
     sections: list[Section] = []
     index: dict[tuple[int, int], int] = {}  # (slice, label) -> section
     for i, r in enumerate(ordered):
@@ -162,14 +218,23 @@ def link_series(results: Sequence[FrameResult]) -> Linked:
         return k
 
     steps: list[float] = []
+    pairs: list[tuple[int, tuple[int, int]]] = []
+    lone: list[int] = []  # pairs where one slice lacks a position: linked once the step is known
     for i in range(len(ordered) - 1):
         a, b = ordered[i], ordered[i + 1]
         shift = _grid_shift(a.frame, b.frame) if adjacent(a.frame, b.frame) else None
         if shift is None:
+            lone.append(i)
             continue
         pa, pb = along_normal(a.frame), along_normal(b.frame)
         if pa is not None and pb is not None:
             steps.append(abs(pa - pb))
+        pairs.append((i, shift))
+    step = float(np.median(steps)) if steps else None
+    if by_instance:  # a slice without a position is placed only by its instance number
+        pairs += [(i, shift) for i in lone if (shift := _bridged(ordered, i, step)) is not None]
+    for i, shift in pairs:
+        a, b = ordered[i], ordered[i + 1]
         for la in a.lesions:
             for lb in b.lesions:
                 if _overlap(a, la, b, lb, shift):
@@ -177,7 +242,6 @@ def link_series(results: Sequence[FrameResult]) -> Linked:
     groups: dict[int, list[Section]] = {}
     for k, s in enumerate(sections):
         groups.setdefault(root(k), []).append(s)
-    step = float(np.median(steps)) if steps else None
     found = sorted(groups.values(), key=lambda g: (g[0].slice, g[0].lesion.centroid[0], g[0].lesion.centroid[1]))
     series_uid = ordered[0].frame.series_instance_uid if ordered else ""
     lesions: list[SeriesLesion] = []
@@ -186,7 +250,7 @@ def link_series(results: Sequence[FrameResult]) -> Linked:
         in_mm = ordered[group[0].slice].frame.spacing_mm is not None
         largest = max(group, key=lambda s: (s.lesion.diameter_mm, -s.slice))
         volume = None
-        if in_mm and step is not None and along_normal(ordered[group[0].slice].frame) is not None:
+        if in_mm and step is not None and any(along_normal(ordered[s.slice].frame) is not None for s in group):
             volume = float(sum(s.lesion.area_mm2 for s in group) * step)
         uid = generate_uid(entropy_srcs=["medrt series lesion", series_uid, group[0].key, str(group[0].lesion.label)])
         lesions.append(SeriesLesion(n, uid, tuple(group), largest, float(largest.lesion.diameter_mm), volume,

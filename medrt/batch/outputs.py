@@ -37,6 +37,10 @@ __all__ = ["frame_record", "SeriesOutput", "OutputOptions", "strip_pixels", "LES
 
 log = logging.getLogger(__name__)
 
+#: errors.csv stage of an image analysed, its lesions in the SR, but left out of the SEG
+#: (:func:`medrt.export.seg_left_out`)
+SEG_COVERAGE = "seg-coverage"
+
 LESIONS_JSON = "lesions.json"
 
 
@@ -206,8 +210,16 @@ class SeriesOutput:
             return None
 
     def _seg(self, results: list[FrameResult], linked: Linked | None) -> Any:
-        from medrt.export import build_seg, split_for_seg
+        from medrt.export import build_seg, seg_left_out, split_for_seg
 
+        # A damaged slice (no ImagePositionPatient...) is left out of the SEG, not the whole
+        # series; errors.csv names it where that leaves lesions out (the SR still has them).
+        left_out = seg_left_out(results)
+        for r in results:
+            if r.frame.key in left_out and r.lesions:
+                self.notes.append(Note(self.rel(str(r.frame.source.path or r.frame.key)), "error", SEG_COVERAGE,
+                                       f"its {len(r.lesions)} lesion(s) are in the SR but not in the SEG: "
+                                       f"{left_out[r.frame.key]}", r.frame.sop_instance_uid))
         # A radiograph series of several views has no shared geometry: one SEG per image.
         segs = [seg for group in split_for_seg(results)
                 if (seg := build_seg(group, linked=linked, omit_empty_frames=self.options.omit_empty_frames,

@@ -61,6 +61,8 @@ def series_problems(f: dict[str, Any]) -> str:
         n = f["failed"]
         parts.append(f"not analysed: {n} image(s) failed" if not f["frames"] else f"{n} image(s) not analysed")
     parts += [f"{what.upper() if what in ('seg', 'sr', 'sc') else what} not written" for what in f.get("not_written", ())]
+    if f.get("seg_left_out"):
+        parts.append(f"{f['seg_left_out']} image(s) with lesions not in the SEG")
     return "; ".join(parts) + " (errors.csv)" if parts else ""
 
 

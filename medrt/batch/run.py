@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from medrt import __version__
-from medrt.batch.outputs import LESIONS_JSON, OutputOptions, SeriesOutput
+from medrt.batch.outputs import LESIONS_JSON, SEG_COVERAGE, OutputOptions, SeriesOutput
 from medrt.batch.plan import (
     Note,
     Plan,
@@ -339,7 +339,10 @@ def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bo
                                                                                  _diameter_unit(recs)),
                            # what was not analysed or not written, so that a series none of
                            # whose images could be read never reads as one with no lesions
-                           "failed": sum(1 for n in own if n.kind == "error" and not n.stage.startswith("export-")),
+                           "failed": sum(1 for n in own if n.kind == "error" and not n.stage.startswith("export-")
+                                         and n.stage != SEG_COVERAGE),
+                           # images analysed but in no SEG (medrt.export.seg_left_out)
+                           "seg_left_out": sum(1 for n in own if n.stage == SEG_COVERAGE),
                            "not_written": sorted({n.stage.removeprefix("export-") for n in own
                                                   if n.kind == "error" and n.stage.startswith("export-")}),
                            "folder": str(folder.relative_to(out)),

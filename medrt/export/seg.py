@@ -65,8 +65,8 @@ from medrt.export.common import (
 from medrt.overlay import lesion_color
 from medrt.types import FrameResult
 
-__all__ = ["SEG_COMPRESSION", "build_seg", "seg_frame_numbers", "segment_description", "segment_numbers",
-           "split_for_seg"]
+__all__ = ["SEG_COMPRESSION", "build_seg", "seg_frame_numbers", "seg_left_out", "segment_description",
+           "segment_numbers", "split_for_seg"]
 
 #: ``compression`` of :func:`build_seg` -> the SEG's transfer syntax (BINARY allows these two).
 SEG_COMPRESSION = {"none": ExplicitVRLittleEndian, "jpeg2000": JPEG2000Lossless}
@@ -125,13 +125,19 @@ def _check_planes(results: list[FrameResult]) -> None:
 _PLANE_ATTRIBUTES = ("PixelSpacing", "SliceThickness", "ImagePositionPatient", "ImageOrientationPatient")
 
 
+def _lacking(ds: Dataset) -> list[str]:
+    """The plane attributes a single-frame source in patient coordinates (it has a Frame of
+    Reference UID) lacks, or has empty; [] for one outside patient coordinates."""
+    if "FrameOfReferenceUID" not in ds or "ImageOrientationSlide" in ds:
+        return []
+    return [k for k in _PLANE_ATTRIBUTES if k not in ds or ds[k].VM == 0]
+
+
 def _check_plane_attributes(results: list[FrameResult], headers: list[Dataset]) -> None:
     """A single-frame source in patient coordinates (it has a Frame of Reference UID) must
     carry the attributes the SEG copies from it; say which are missing, and where."""
     for r, ds in zip(results, headers, strict=True):
-        if "FrameOfReferenceUID" not in ds or "ImageOrientationSlide" in ds:
-            continue
-        missing = [k for k in _PLANE_ATTRIBUTES if k not in ds]
+        missing = _lacking(ds)
         if missing:
             raise ExportError(
                 f'Argument "results": {r.frame.source.path or r.frame.key} has a Frame of Reference UID but no '
@@ -317,7 +323,30 @@ def split_for_seg(results: Sequence[FrameResult]) -> list[list[FrameResult]]:
     geometry, a multi-frame image) gets its own, because highdicom relates SEG
     frames to such sources only one object at a time. A multi-frame object
     without a Frame of Reference still cannot have a SEG (:func:`build_seg` says so).
+    Images :func:`seg_left_out` names are in no group (a warning says so).
     """
+    groups, left_out = _plan(results)
+    for key, reason in left_out.items():
+        log.warning("SEG: image %s left out: %s", key, reason)
+    return groups
+
+
+def seg_left_out(results: Sequence[FrameResult]) -> dict[str, str]:
+    """``{frame key: reason}``: the images of ``results`` that no SEG can carry while the
+    rest of their group can, which :func:`split_for_seg` leaves out.
+
+    That is a single-frame image with a Frame of Reference UID lacking an attribute a
+    SEG copies from its sources (ImagePositionPatient, ImageOrientationPatient,
+    PixelSpacing, SliceThickness) while another image of its group carries them all: a
+    damaged or hand-edited slice. One such slice used to cost the whole series its SEG;
+    now the SEG covers the rest, and the caller reports the one left out (its lesions
+    stay in the SR, located by their outline on that image). Where no image of a group
+    carries them, nothing is left out and :func:`build_seg` says why there is no SEG.
+    """
+    return _plan(results)[1]
+
+
+def _plan(results: Sequence[FrameResult]) -> tuple[list[list[FrameResult]], dict[str, str]]:
     items = check_results(results)
     single_value(items, "series", lambda r: r.frame.series_instance_uid)
     groups: dict[tuple[str, ...], list[FrameResult]] = {}
@@ -328,7 +357,19 @@ def split_for_seg(results: Sequence[FrameResult]) -> list[list[FrameResult]]:
         else:
             key = ("object", f.sop_instance_uid)
         groups.setdefault(key, []).append(r)
-    return list(groups.values())
+    left_out: dict[str, str] = {}
+    kept: list[list[FrameResult]] = []
+    for group in groups.values():
+        lacking = {r.frame.key: missing for r in group if (missing := _lacking(r.frame.source.dataset))}
+        if not lacking or len(lacking) == len(group):
+            kept.append(group)
+            continue
+        for key, missing in lacking.items():
+            left_out[key] = (f"it has a Frame of Reference UID but no {', '.join(missing)}, which a SEG copies "
+                             f"from its source images, while the other {len(group) - len(lacking)} image(s) "
+                             "of its series carry them")
+        kept.append([r for r in group if r.frame.key not in lacking])
+    return kept, left_out
 
 
 def seg_frame_numbers(seg: Dataset) -> dict[tuple[str, int | None, int], int]:

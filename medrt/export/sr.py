@@ -11,16 +11,17 @@ The document holds, under "Imaging Measurements":
   a TID 1500 report says "the same lesion". The
   ROI is the lesion's SEG frame ("Referenced Segmentation Frame": the frame of the
   lesion's segment, found by its Tracking UID, derived from the lesion's image) when
-  ``seg`` is given, else its outline (its bounding box where it has none: a hole, parts
-  touching at a corner) as a closed polyline on the source image. A
+  ``seg`` is given and derives from that image, else its outline (its bounding box where it
+  has none: a hole, parts touching at a corner) as a closed polyline on the source image
+  (a slice :func:`medrt.export.seg_left_out` names is in no SEG). A
   SEG frame names its segment, so the reference carries the frame number and no
   segment number (the Image SOP Instance Reference Macro allows only one of the two;
   dciodvfy enforces it, highdicom writes both).
 - one **lesion group** per lesion of a CT series (slice positions and mm known): the
   same tracking identifier and UID, its longest diameter over its sections and its
-  volume (SCT Volume, mm³: section areas times the slice spacing); with a SEG a
-  Volumetric ROI group (TID 1411) whose ROI is the lesion's whole segment, without one a
-  Measurement group (TID 1501) with its sections' images as source images.
+  volume (SCT Volume, mm³: section areas times the slice spacing); with a SEG that
+  covers every section a Volumetric ROI group (TID 1411) whose ROI is the lesion's whole
+  segment, else a Measurement group (TID 1501) with its sections' images as source images.
 - one **summary group** (TID 1501): "Number of lesions" (each lesion once) over every evaluated
   image, listed as its source images, so frames without a lesion still appear as
   evaluated, and a negative study gets an SR that says 0 lesions.
@@ -61,7 +62,7 @@ from medrt.export.common import (
     linked_lesions,
     readable_header,
 )
-from medrt.export.seg import seg_frame_numbers, segment_numbers
+from medrt.export.seg import seg_frame_numbers, seg_left_out, segment_numbers
 from medrt.io.seg import SEG_SOP_CLASSES
 from medrt.types import Frame, FrameResult, Lesion
 
@@ -383,6 +384,8 @@ def build_sr(
         raise ValueError(f'Argument "series_number" must be a positive integer, got {series_number!r}.')
     study = items[0].frame.study_instance_uid
     segs, seg_frames = _check_segs(seg, study)
+    # images no SEG can carry (a slice without its position): located by their outline
+    left_out = seg_left_out(items) if segs else {}
     algorithm = _algorithm(items[0].models)
     series_lesions, numbers = linked_lesions(items, linked)
     by_number = {les.number: les for les in series_lesions}
@@ -390,8 +393,8 @@ def build_sr(
     for r in items:
         for lesion in r.lesions:
             les = by_number[numbers[(r.frame.key, lesion.label)]]
-            ref = {"referenced_segment": _segment_ref(seg_frames, r.frame, les)} if segs \
-                else {"referenced_region": _region(r.frame, lesion, r.labels)}
+            ref = {"referenced_segment": _segment_ref(seg_frames, r.frame, les)} \
+                if segs and r.frame.key not in left_out else {"referenced_region": _region(r.frame, lesion, r.labels)}
             groups.append(hd.sr.PlanarROIMeasurementsAndQualitativeEvaluations(
                 tracking_identifier=hd.sr.TrackingIdentifier(uid=les.uid, identifier=f"Lesion {les.number}"),
                 finding_type=codes.SCT.Lesion,
@@ -402,7 +405,8 @@ def build_sr(
             ))
     by_frame = {r.frame.key: r.frame for r in items}
     segments = _segments_of(seg_frames)
-    groups += [_volume_group(les, by_frame, algorithm, segments.get(les.uid))
+    groups += [_volume_group(les, by_frame, algorithm,
+                             None if any(s.key in left_out for s in les.sections) else segments.get(les.uid))
                for les in series_lesions if les.volume_mm3 is not None]  # else its planar group says it all
     n_lesions = len(series_lesions)
     groups.append(hd.sr.MeasurementsAndQualitativeEvaluations(
