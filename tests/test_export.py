@@ -35,6 +35,7 @@ from medrt.export import (
 )
 from medrt.export.common import algorithm_parts, frame_number
 from medrt.export.sc import patient_orientation
+from medrt.export.sr import CALIBRATION_METHOD
 from medrt.io.dicom import read_frames
 from medrt.overlay import render
 from medrt.phantom import load_ground_truth, write_ct_series, write_radiographs
@@ -412,6 +413,96 @@ def test_a_calibrated_radiographs_sc_keeps_its_pixel_spacing_and_how(dx, tmp_pat
             (description or f"As calibrated in the source image ({kind})") if kind else "")
     else:
         assert "PixelSpacing" not in sc and "PixelSpacingCalibrationType" not in sc
+
+
+def measured_at(path: Path) -> list[tuple[str, str | None, tuple[float, ...]]]:
+    """Each mm or pixel measurement of the SR's planar groups (TID 300 under TID 1410) as
+    ``(name, Calibration Method code "SCHEME:value" or None, the pixel spacing it was
+    inferred from: (horizontal, vertical), or ())``, read back through highdicom."""
+    out = []
+    for g in hd.sr.srread(path).content.get_planar_roi_measurement_groups():
+        for name in (codes.SCT.Area, codes.SCT.LongAxis):
+            (m,) = g.get_measurements(name=name)
+            method = [i for i in m[0].ContentSequence
+                      if i.ConceptNameCodeSequence[0].CodeValue == CALIBRATION_METHOD.value]
+            assert len(method) <= 1 and all(i.RelationshipType == "HAS CONCEPT MOD" for i in method)
+            code = method[0].ConceptCodeSequence[0] if method else None
+            spacing = {i.ConceptNameCodeSequence[0].CodeValue: float(i.MeasuredValueSequence[0].NumericValue)
+                       for i in m[0].ContentSequence if i.RelationshipType == "INFERRED FROM" and i.ValueType == "NUM"}
+            for i in m[0].ContentSequence:
+                if i.RelationshipType == "INFERRED FROM" and i.ValueType == "NUM":
+                    assert i.MeasuredValueSequence[0].MeasurementUnitsCodeSequence[0].CodeValue == "mm/{pixel}"
+            out.append((name.meaning, f"{code.CodingSchemeDesignator}:{code.CodeValue}" if code else None,
+                        tuple(spacing[k] for k in ("111026", "111066") if k in spacing)))
+    return out
+
+
+def library_spacing(path: Path) -> set[tuple[float, float]]:
+    """The (horizontal, vertical) Pixel Spacing of each described Image Library entry (TID 1602)."""
+    found = set()
+    for item in pydicom.dcmread(path).ContentSequence:
+        if item.ConceptNameCodeSequence[0].CodeValue == "111028":
+            for group in item.ContentSequence:
+                for entry in group.ContentSequence:
+                    values = {d.ConceptNameCodeSequence[0].CodeValue: float(d.MeasuredValueSequence[0].NumericValue)
+                              for d in entry.get("ContentSequence", []) if d.ValueType == "NUM"}
+                    if "111026" in values:
+                        found.add((values["111026"], values["111066"]))
+    return found
+
+
+@pytest.mark.parametrize(("case", "edit", "source", "method"), [
+    ("detector", {}, SpacingSource.IMAGER_PIXEL_SPACING, "SCT:260413007"),  # None: at the detector
+    ("ermf", {"EstimatedRadiographicMagnificationFactor": "1.15"}, SpacingSource.ERMF, "DCM:122487"),
+    ("fiducial", {"PixelSpacingCalibrationType": "FIDUCIAL", "PixelSpacingCalibrationDescription": "Ruler"},
+     SpacingSource.CALIBRATED, "DCM:122488"),  # Calibration Object Used
+    ("geometry", {"PixelSpacingCalibrationType": "GEOMETRY"}, SpacingSource.GEOMETRY, "DCM:122487"),
+    ("described", {"PixelSpacingCalibrationDescription": "Against a 25 mm sphere"}, SpacingSource.CALIBRATED,
+     "SCT:261665006"),  # Unknown: calibrated, but not by a type PS3.3 defines
+    ("unknown", {"PixelSpacingCalibrationType": None}, SpacingSource.UNKNOWN_CALIBRATION, "SCT:261665006"),
+], ids=["detector", "ermf", "fiducial", "geometry", "described", "unknown"])
+def test_a_radiographs_sr_says_where_its_sizes_were_measured(dx, tmp_path, case, edit, source, method) -> None:  # type: ignore[no-untyped-def]
+    """A radiograph's sizes are at the detector plane (ImagerPixelSpacing, 10-20 % larger
+    than in the patient for a chest PA), or at the patient plane by its ERMF or a calibrated
+    PixelSpacing: each mm value in the SR carries a Calibration Method (DCM 122422: CID 3452,
+    or SCT None / Unknown) and the pixel spacing it used, while the Image Library keeps the
+    ImagerPixelSpacing (Horizontal/Vertical Pixel Spacing are at the image receptor for
+    projection radiography). dciodvfy clean; highdicom reads it back."""
+    from medrt.io.header import pixel_spacing
+
+    r = dx[0]
+    header = copy.deepcopy(r.frame.source.dataset)
+    imager = tuple(float(v) for v in header.ImagerPixelSpacing)
+    if case in ("fiducial", "geometry", "described", "unknown"):
+        header.PixelSpacing = [f"{v / 1.1:.6f}" for v in imager]
+    for key, value in edit.items():
+        if value is not None:
+            setattr(header, key, value)
+    spacing, found = pixel_spacing(header)
+    assert found == source
+    frame = dataclasses.replace(r.frame, spacing_mm=spacing, spacing_source=source,
+                                source=dataclasses.replace(r.frame.source, dataset=header))
+    result = truth_result(frame, r.labels > 0)
+    path = dciodvfy(build_sr([result]), tmp_path / f"sr_{case}.dcm")
+    check_sr(path, [result], None)  # sizes measured with the corrected spacing, as lesions.csv
+    hd.sr.Comprehensive3DSR.from_dataset(pydicom.dcmread(path))
+    got = measured_at(path)
+    assert len(got) == 2 * len(result.lesions) > 0
+    assert {m for _, m, _ in got} == {method}
+    for _, _, used in got:  # DS: 16 characters
+        assert used == pytest.approx((spacing[1], spacing[0]), rel=1e-12)
+    assert library_spacing(path) == {(imager[1], imager[0])}  # the header's, at the detector
+
+
+def test_ct_and_pixel_sized_srs_say_nothing_of_calibration(ct, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Sizes in the patient (CT PixelSpacing) or in pixels have no Calibration Method or
+    spacing items: the CT SR stays as it was."""
+    path = dciodvfy(build_sr(ct), tmp_path / "sr.dcm")
+    assert {(m, s) for _, m, s in measured_at(path)} == {(None, ())}
+    r = next(r for r in ct if r.lesions)
+    pixels = dataclasses.replace(r, frame=dataclasses.replace(r.frame, spacing_mm=None,
+                                                              spacing_source=SpacingSource.NONE))
+    assert {(m, s) for _, m, s in measured_at(dciodvfy(build_sr([pixels]), tmp_path / "px.dcm"))} == {(None, ())}
 
 
 def test_a_jpeg2000_seg_is_the_same_seg_far_smaller(dx, ct, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -34,6 +34,37 @@ count for the area, pixel widths for the diameter); no mm value is invented.
 Sizes from ImagerPixelSpacing (DX, CR) are at the detector plane, or at the patient
 plane where the radiograph gives its Estimated Radiographic Magnification Factor
 (:func:`medrt.io.header.pixel_spacing`), as in the Lesion records.
+
+**Where a radiograph's mm were measured.** Each mm value (TID 300) measured with a
+projection radiograph's spacing carries (:func:`calibration_method`, :func:`_calibrated`):
+
+- a concept modifier (DCM 122422, "Calibration Method"), the name/value pair PS3.16 TID
+  3205 (Calibration) gives it, valued from CID 3452 "Calibration Method": (DCM 122487,
+  "Geometric Non-Isocenter") for ImagerPixelSpacing / ERMF and for PixelSpacing of type
+  GEOMETRY (magnification corrected by geometry, at the object's estimated depth, PS3.3
+  10.7.1.2, C.8.11.7), (DCM 122488, "Calibration Object Used") for FIDUCIAL. CID 3452 has
+  no "not calibrated", so a size at the detector (ImagerPixelSpacing alone; also an RT
+  Image's receptor plane and scanned film) says (SCT 260413007, "None"), and a PixelSpacing
+  whose calibration the header does not give by a type PS3.3 defines says (SCT
+  261665006, "Unknown"): the two general SCT values DICOM value sets use;
+- the pixel spacing the value was computed with, as derivation parameters (TID 300's
+  INFERRED FROM NUM; Horizontal / Vertical Pixel Spacing, DCM 111026 / 111066, in
+  mm/{pixel}, as TID 3205 rows 9-10 give a calibration's result).
+
+Rejected: the TID 300 "Measurement Method" (SCT 370129005), which highdicom documents
+with CID 6147 Response Criteria (RECIST, WHO), where a reader would look for those; a
+private code; a unit such as "mm at detector" (UCUM has none, and a viewer would not
+convert it). We found no convention elsewhere to follow: no code in a standard CID for
+"at the detector plane", and no ERMF or detector mark in the SR that OHIF writes (dcmjs
+keeps only a user's own calibration, as a separate "Calibration Ruler" measurement, SCT
+102304005), though Cornerstone/OHIF mark the same cases on screen ("ERMF", "Calibrated").
+
+The Image Library (TID 1603) keeps the header's ImagerPixelSpacing for a radiograph also
+when the measurement used a corrected spacing: that is right, not a mismatch, since PS3.16
+defines Horizontal/Vertical Pixel Spacing (Annex D, DCM 111026/111066) for projection
+radiography at the front plane of the image receptor (DCMTK's TID 1600 code and highdicom fill them the same way); the
+measurement's own derivation parameters say which spacing it used. CT and MR SRs (spacing
+in the patient) and sizes in pixels get none of these items.
 """
 
 from __future__ import annotations
@@ -64,9 +95,9 @@ from medrt.export.common import (
 )
 from medrt.export.seg import seg_frame_numbers, seg_left_out, segment_numbers
 from medrt.io.seg import SEG_SOP_CLASSES
-from medrt.types import Frame, FrameResult, Lesion
+from medrt.types import Frame, FrameResult, Lesion, SpacingSource
 
-__all__ = ["build_sr", "PIXELS", "COUNT"]
+__all__ = ["build_sr", "calibration_method", "PIXELS", "COUNT", "CALIBRATION_METHOD"]
 
 log = logging.getLogger(__name__)
 
@@ -191,10 +222,58 @@ def _segment_ref(frames: SegFrames, frame: Frame, lesion: SeriesLesion) -> hd.sr
     return ref
 
 
+#: Concept name of the modifier saying how a radiograph's mm were calibrated (TID 3205 row 6).
+CALIBRATION_METHOD = Code("122422", "DCM", "Calibration Method")
+#: Its values: CID 3452 "Calibration Method", and SCT "None" / "Unknown" where it has none.
+GEOMETRIC_NON_ISOCENTER = Code("122487", "DCM", "Geometric Non-Isocenter")
+CALIBRATION_OBJECT_USED = Code("122488", "DCM", "Calibration Object Used")
+NO_CALIBRATION = Code("260413007", "SCT", "None")
+UNKNOWN_CALIBRATION = Code("261665006", "SCT", "Unknown")
+MM_PER_PIXEL = Code("mm/{pixel}", "UCUM", "mm/pixel")  # TID 3205's unit for a spacing used
+_CALIBRATIONS = {
+    SpacingSource.IMAGER_PIXEL_SPACING: NO_CALIBRATION,  # at the detector
+    SpacingSource.IMAGE_PLANE: NO_CALIBRATION,  # RT Image: at the receptor
+    SpacingSource.NOMINAL_SCANNED: NO_CALIBRATION,  # scanned film: at the film
+    SpacingSource.ERMF: GEOMETRIC_NON_ISOCENTER,
+    SpacingSource.GEOMETRY: GEOMETRIC_NON_ISOCENTER,
+    SpacingSource.CALIBRATED: CALIBRATION_OBJECT_USED,  # FIDUCIAL; see calibration_method
+    SpacingSource.UNKNOWN_CALIBRATION: UNKNOWN_CALIBRATION,
+}
+
+
+def calibration_method(frame: Frame) -> Code | None:
+    """How a projection radiograph's mm were obtained, as a CID 3452 Calibration Method
+    (or SCT None / Unknown); None for an image whose pixel spacing is in the patient (CT,
+    MR) or unknown, whose SR items stay as they were. A PixelSpacing calibrated another way
+    than the two types PS3.3 10.7.1.2 defines (a description alone) is Unknown: only
+    FIDUCIAL says an object of known size was used."""
+    method = _CALIBRATIONS.get(frame.spacing_source)
+    if method is CALIBRATION_OBJECT_USED and str(
+            frame.source.dataset.get("PixelSpacingCalibrationType", "") or "").strip().upper() != "FIDUCIAL":
+        return UNKNOWN_CALIBRATION
+    return method
+
+
+def _calibrated(measurement: hd.sr.Measurement, frame: Frame, method: Code) -> hd.sr.Measurement:
+    """``measurement`` (TID 300) with where it was taken: a Calibration Method concept
+    modifier (row 2, $ModType/$ModValue) and the pixel spacing it used as derivation
+    parameters (INFERRED FROM, Horizontal/Vertical Pixel Spacing in mm/pixel, as TID 3205
+    gives a calibration's result)."""
+    row, col = frame.spacing_mm  # type: ignore[misc]
+    num = measurement[0]
+    num.ContentSequence.insert(0, hd.sr.CodeContentItem(
+        name=CALIBRATION_METHOD, value=method, relationship_type=hd.sr.RelationshipTypeValues.HAS_CONCEPT_MOD))
+    for name, value in ((codes.DCM.HorizontalPixelSpacing, col), (codes.DCM.VerticalPixelSpacing, row)):
+        num.ContentSequence.append(hd.sr.NumContentItem(
+            name=name, value=float(value), unit=MM_PER_PIXEL,
+            relationship_type=hd.sr.RelationshipTypeValues.INFERRED_FROM))
+    return measurement
+
+
 def _measurements(frame: Frame, lesion: Lesion,
                   algorithm: hd.sr.AlgorithmIdentification) -> list[hd.sr.Measurement]:
     mm = frame.spacing_mm is not None
-    return [
+    measurements = [
         hd.sr.Measurement(
             name=codes.SCT.Area, value=float(lesion.area_mm2),
             unit=codes.UCUM.SquareMillimeter if mm else PIXELS, algorithm_id=algorithm,
@@ -204,6 +283,8 @@ def _measurements(frame: Frame, lesion: Lesion,
             unit=codes.UCUM.Millimeter if mm else PIXELS, algorithm_id=algorithm,
         ),
     ]
+    method = calibration_method(frame) if mm else None
+    return [_calibrated(m, frame, method) for m in measurements] if method is not None else measurements
 
 
 def _evaluated(items: list[FrameResult]) -> list[hd.sr.SourceImageForMeasurementGroup]:
