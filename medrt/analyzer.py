@@ -427,6 +427,16 @@ class Analyzer:
         log.debug("%s: %d recheck windows", work.frame.key, runs)
         return replace(work, prob=prob, rechecked=rechecked)
 
+    def min_diameter(self, frame: Frame, seg: Backend) -> float:
+        """The shortest lesion reported on ``frame``, in its measuring unit: mm, or pixels
+        without a pixel spacing. There the model reads the frame as if at the spacing it
+        was trained at (it cannot be resampled: :meth:`_warn_unscaled`), so the speck filter
+        reads it so too: 1.5 mm at a model's 0.5 mm is 3 pixels, not 1.5."""
+        model_mm = getattr(seg.spec, "spacing_mm", None)
+        if frame.spacing_mm is None and model_mm:
+            return self.config.min_diameter_mm / float(model_mm)
+        return self.config.min_diameter_mm
+
     def finish(self, work: Work) -> FrameResult:
         """Stage 4: connected components → lesions measured in mm."""
         t0 = time.perf_counter()
@@ -437,7 +447,7 @@ class Analyzer:
         else:
             labels, lesions = lesions_from_probability(work.prob, frame.spacing_mm, self.threshold_for(seg),
                                                        rechecked_mask=work.rechecked,
-                                                       min_diameter_mm=self.config.min_diameter_mm, within=work.hot)
+                                                       min_diameter_mm=self.min_diameter(frame, seg), within=work.hot)
         labels.flags.writeable = False
         t = replace(work.timings, postprocess=(time.perf_counter() - t0) * 1000.0)
         t = replace(t, total=t.decode + t.preprocess + t.roi + t.segment + t.recheck + t.postprocess)

@@ -573,6 +573,20 @@ def test_lesions_under_the_minimum_diameter_are_not_reported(analyzer, ct_frames
         dropped += sum(les.diameter_mm < 1.5 for les in allof.lesions)
     assert dropped > 0, "nothing under 1.5 mm to drop: the test tests nothing"
 
+    # without a pixel spacing the frame is read as if at the model's 0.5 mm: 3 pixels, not 1.5
+    shortest = 1.5 / strict.segs[0].spec.spacing_mm
+    assert shortest == 3.0
+    dropped = 0
+    for p in ct_frames[::2]:
+        frame, nbs = _with_neighbours(ct_frames, p, "md")
+        frame = replace(frame, spacing_mm=None)
+        nbs = tuple(None if nb is None else replace(nb, spacing_mm=None) for nb in nbs)
+        kept, allof = strict.analyze(frame, neighbours=nbs), everything.analyze(frame, neighbours=nbs)
+        assert sorted(les.bbox for les in kept.lesions) == sorted(
+            les.bbox for les in allof.lesions if les.diameter_mm >= shortest)
+        dropped += sum(1.5 <= les.diameter_mm < shortest for les in allof.lesions)
+    assert dropped > 0, "nothing between 1.5 and 3 pixels to drop: the test tests nothing"
+
 
 def test_warm_up_runs_the_fine_sweeps_shapes(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Warm-up runs the fine sweep's whole-frame window (its largest input: on the CPU the
