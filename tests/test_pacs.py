@@ -112,6 +112,70 @@ def test_spool_refuses_an_instance_it_cannot_file_and_writes_nothing(tmp_path, u
     assert not any(spool.inbox.iterdir()) and spool.all_series() == []
 
 
+def test_an_index_an_earlier_medrt_made_is_brought_up_to_date_and_a_newer_ones_refused(tmp_path):
+    """An upgraded listener opens the spool its predecessor ran on: ``CREATE TABLE IF NOT
+    EXISTS`` left an older table as it was, and the first query naming a newer column
+    failed; ``SELECT *`` would also have read the columns ALTER TABLE appends in the
+    wrong places. An index of a later layout than this medrt's is refused by name."""
+    import sqlite3
+
+    from medrt.pacs.spool import SCHEMA_VERSION, SpoolIndexError
+
+    root = tmp_path / "spool"
+    (root / "inbox").mkdir(parents=True)
+    db = sqlite3.connect(root / "index.sqlite3")  # a series table without four columns, no commitments
+    db.executescript("""
+        CREATE TABLE series (series_uid TEXT PRIMARY KEY, study_uid TEXT NOT NULL, modality TEXT NOT NULL DEFAULT '',
+            state TEXT NOT NULL, instances INTEGER NOT NULL DEFAULT 0,
+            first_received REAL NOT NULL, last_received REAL NOT NULL);
+        CREATE TABLE instances (sop_uid TEXT PRIMARY KEY, series_uid TEXT NOT NULL, sop_class_uid TEXT NOT NULL
+            DEFAULT '', transfer_syntax TEXT NOT NULL DEFAULT '', path TEXT NOT NULL, size INTEGER NOT NULL,
+            received REAL NOT NULL);
+        INSERT INTO series VALUES ('1.2.3.4', '1.2.3', 'CT', 'done', 3, 10.0, 12.0);
+    """)
+    db.commit()
+    db.close()
+    spool = Spool(root)
+    assert spool.series("1.2.3.4") == spool.series("1.2.3.4").__class__(
+        "1.2.3.4", "1.2.3", "CT", "", "done", 3, 10.0, 12.0, 0.0, 0, "")
+    assert spool.all_commitments() == []
+    spool.mark("1.2.3.4", "failed", "a note", attempted_at=20.0)
+    assert (spool.series("1.2.3.4").detail, spool.series("1.2.3.4").last_attempt) == ("a note", 20.0)
+    spool.close()
+    db = sqlite3.connect(root / "index.sqlite3")
+    assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    db.commit()
+    db.close()
+    with pytest.raises(SpoolIndexError, match=r"index.sqlite3: written by a newer medrt"):
+        Spool(root)
+    assert main(["spool", str(root)]) == 2
+
+
+def test_a_damaged_index_is_named_and_the_images_are_indexed_again_once_it_is_moved_aside(tmp_path, capsys):
+    """A spool index that is not SQLite (a disk fault, a copy gone wrong) was a traceback at
+    start-up; now the listener and ``medrt spool`` name it and say what to do, and doing it
+    loses no image: the next open indexes the inbox from the files' headers."""
+    from medrt.pacs.spool import SpoolIndexError
+
+    spool = Spool(tmp_path / "spool")
+    fill(spool, CT[:3])
+    spool.close()
+    index = spool.root / "index.sqlite3"
+    for extra in (index.with_name("index.sqlite3-wal"), index.with_name("index.sqlite3-shm")):
+        extra.unlink(missing_ok=True)
+    index.write_bytes(b"not a database, but a sector of something else" * 100)
+    with pytest.raises(SpoolIndexError, match=r"index.sqlite3: not a readable spool index .*Move it aside"):
+        Spool(spool.root)
+    assert main(["listen", "--spool", str(spool.root), "--port", "0"]) == 2
+    assert "not a readable spool index" in capsys.readouterr().err
+    index.rename(index.with_name("index.damaged"))
+    again = Spool(spool.root)
+    again.recover()
+    (state,) = again.all_series()
+    assert (state.instances, state.state) == (3, "receiving")
+
+
 def test_recover_requeues_interrupted_work_indexes_strays_and_drops_temporaries(tmp_path):
     spool = Spool(tmp_path / "spool")
     first = pydicom.dcmread(CT[0], stop_before_pixels=True)

@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     from medrt.pacs.monitor import Monitor, MonitorServer
     from medrt.pacs.scp import Listener
     from medrt.pacs.service import PacsService
-    from medrt.pacs.spool import Spool, SpoolInUseError
+    from medrt.pacs.spool import Spool, SpoolIndexError, SpoolInUseError
 
     try:
         tls, forward_tls = _tls(args)
@@ -190,7 +190,14 @@ def run(args: argparse.Namespace) -> int:
         print("medrt listen: --forward-timeout takes seconds > 0", file=sys.stderr)
         return 2
     forward = _with_tls(args)
-    spool = Spool(args.spool, min_free_bytes=int(args.min_free * 2**20))
+    try:
+        spool = Spool(args.spool, min_free_bytes=int(args.min_free * 2**20))
+    except SpoolIndexError as exc:
+        print(f"medrt listen: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a spool folder it cannot make or write
+        print(f"medrt listen: --spool {args.spool}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     try:
         spool.take_ownership()  # before recover(): a second listener must not touch a running one's series
     except SpoolInUseError as exc:

@@ -39,10 +39,13 @@ def _row(state: Any, now: float, delivered: dict[str, int]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from medrt.pacs.spool import Spool
+    from medrt.pacs.spool import Spool, SpoolIndexError
 
     try:
         spool = Spool(args.spool, create=False)
+    except SpoolIndexError as exc:
+        print(f"medrt spool: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"medrt spool: {args.spool}: {exc.strerror or exc}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ spool's schema.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sqlite3
@@ -51,6 +52,10 @@ class Commitment:
     def _from_row(cls, row: tuple) -> Commitment:  # type: ignore[type-arg]
         refs = tuple((str(c), str(i)) for c, i in json.loads(row[2]))
         return cls(row[0], row[1], refs, *row[3:])
+
+
+# named, not *: a column added to an earlier medrt's index comes last (ALTER TABLE)
+_COMMITMENTS = ", ".join(f.name for f in dataclasses.fields(Commitment))
 
 
 def check_uid(name: str, value: object) -> str:
@@ -97,7 +102,8 @@ class DeliveryRecords(_Tables):
         a retry after another destination failed does not send it the same objects twice."""
         now = time.time() if now is None else now
         with self._lock:
-            self._db.executemany("INSERT OR REPLACE INTO deliveries VALUES (?, ?, ?, ?, ?)",
+            self._db.executemany("INSERT OR REPLACE INTO deliveries (series_uid, destination, name, digest, delivered)"
+                                 " VALUES (?, ?, ?, ?, ?)",
                                  [(series_uid, destination, name, digest, now) for name, digest in digests.items()])
 
 
@@ -112,20 +118,22 @@ class CommitmentRecords(_Tables):
         transaction_uid = check_uid("Transaction UID", transaction_uid)
         now = time.time() if now is None else now
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO commitments VALUES (?, ?, ?, 'pending', ?, 0, 0, '')",
+            self._db.execute("INSERT OR REPLACE INTO commitments (transaction_uid, calling_ae, refs, state, received,"
+                             " last_attempt, attempts, detail) VALUES (?, ?, ?, 'pending', ?, 0, 0, '')",
                              (transaction_uid, calling_ae, json.dumps(refs), now))
 
     def commitments_due(self, *, retry_s: float = 60.0, now: float | None = None) -> list[Commitment]:
         """Requests to report now: pending ones, and failed ones last tried ``retry_s`` ago."""
         now = time.time() if now is None else now
         with self._lock:
-            rows = self._db.execute("SELECT * FROM commitments WHERE state = 'pending' OR (state = 'failed' AND"
-                                    " last_attempt <= ?) ORDER BY received", (now - retry_s,)).fetchall()
+            rows = self._db.execute(f"SELECT {_COMMITMENTS} FROM commitments WHERE state = 'pending'"
+                                    " OR (state = 'failed' AND last_attempt <= ?) ORDER BY received",
+                                    (now - retry_s,)).fetchall()
         return [Commitment._from_row(r) for r in rows]
 
     def all_commitments(self) -> list[Commitment]:
         with self._lock:
-            rows = self._db.execute("SELECT * FROM commitments ORDER BY received").fetchall()
+            rows = self._db.execute(f"SELECT {_COMMITMENTS} FROM commitments ORDER BY received").fetchall()
         return [Commitment._from_row(r) for r in rows]
 
     def mark_commitment(self, transaction_uid: str, state: str, detail: str = "", *,

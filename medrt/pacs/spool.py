@@ -38,6 +38,7 @@ their headers, and temporary files of an interrupted write are removed.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -59,8 +60,8 @@ from medrt.pacs.index import (
     check_uid,
 )
 
-__all__ = ["Spool", "SpoolInUseError", "SeriesState", "Commitment", "SpoolError", "STATES", "COMMITMENT_STATES", "ANALYSIS_QUEUE",
-           "SEND_QUEUE"]
+__all__ = ["Spool", "SpoolInUseError", "SpoolIndexError", "SCHEMA_VERSION", "SeriesState", "Commitment", "SpoolError",
+           "STATES", "COMMITMENT_STATES", "ANALYSIS_QUEUE", "SEND_QUEUE"]
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +135,60 @@ class SeriesState:
     detail: str
 
 
+# named, not *: a column added to an earlier medrt's index comes last (ALTER TABLE)
+_SERIES = ", ".join(f.name for f in dataclasses.fields(SeriesState))
+
+
+class SpoolIndexError(sqlite3.DatabaseError):
+    """The spool's index cannot be opened: damaged, not SQLite, or of a newer medrt. The
+    message names the file and what to do."""
+
+
+#: The index's layout version (``PRAGMA user_version``). A later layout bumps it; an index
+#: of a later one than this medrt knows is refused (an older medrt would misread it).
+SCHEMA_VERSION = 1
+
+
+def _open_schema(db: sqlite3.Connection, index: Path) -> None:
+    """Make ``db`` an index of this medrt's layout: new tables created, and the columns a
+    later medrt added to a table given to an index an earlier one made, with their
+    defaults (SQLite's ALTER TABLE ADD COLUMN), so an upgraded listener opens the spool it
+    ran on (``CREATE TABLE IF NOT EXISTS`` alone leaves an old table as it was, and the
+    first query naming a new column failed). Refuses an index of a later layout."""
+    version = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if version > SCHEMA_VERSION:
+        raise SpoolIndexError(
+            f"{index}: written by a newer medrt (index layout {version}; this medrt knows up to "
+            f"{SCHEMA_VERSION}): run that medrt, or a spool of its own for this one")
+    wanted = sqlite3.connect(":memory:")
+    try:
+        wanted.executescript(_SCHEMA)
+        tables = [r[0] for r in wanted.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        columns = {t: wanted.execute(f"PRAGMA table_info({t})").fetchall() for t in tables}
+    finally:
+        wanted.close()
+    db.execute("BEGIN IMMEDIATE")  # one migration when the listener and `medrt spool` open at once
+    try:
+        for statement in filter(str.strip, _SCHEMA.split(";")):  # (executescript would commit first)
+            db.execute(statement)
+        for table, wanted_columns in columns.items():
+            have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+            for _, name, kind, notnull, default, _ in wanted_columns:
+                if name in have:
+                    continue
+                if notnull and default is None:
+                    raise SpoolIndexError(f"{index}: table {table} lacks column {name}, which has no default: "
+                                          "move the index aside to start it anew")
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}"
+                           + (" NOT NULL" if notnull else "") + (f" DEFAULT {default}" if default is not None else ""))
+                log.info("spool: index %s: column %s.%s added (an index of an earlier medrt)", index.name, table, name)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+
+
 class SpoolInUseError(RuntimeError):
     """Another process holds the spool (:meth:`Spool.take_ownership`); the message names it."""
 
@@ -157,10 +212,21 @@ class Spool(DeliveryRecords, CommitmentRecords):
         self.inbox.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._owner: Any = None  # listen.lock, held open while this process owns the spool
-        self._db = sqlite3.connect(self.root / "index.sqlite3", check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")  # a commit is on disk when it returns
-        self._db.executescript(_SCHEMA)
+        index = self.root / "index.sqlite3"
+        try:
+            self._db = sqlite3.connect(index, check_same_thread=False, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")  # a commit is on disk when it returns
+            _open_schema(self._db, index)
+        except sqlite3.DatabaseError as exc:  # damaged, not SQLite, or written by a newer medrt
+            if getattr(self, "_db", None) is not None:
+                self._db.close()
+            if isinstance(exc, SpoolIndexError):
+                raise
+            raise SpoolIndexError(
+                f"{index}: not a readable spool index ({exc}). Move it aside to start the index "
+                f"anew: the next medrt listen indexes the images left in {self.inbox} from their "
+                "headers (their series are analysed, and their results sent, again)") from None
 
     def close(self) -> None:
         with self._lock:
@@ -235,7 +301,8 @@ class Spool(DeliveryRecords, CommitmentRecords):
             db = self._db
             db.execute("BEGIN IMMEDIATE")
             try:
-                db.execute("INSERT OR REPLACE INTO instances VALUES (?, ?, ?, ?, ?, ?, ?)",
+                db.execute("INSERT OR REPLACE INTO instances (sop_uid, series_uid, sop_class_uid, transfer_syntax, path,"
+                           " size, received) VALUES (?, ?, ?, ?, ?, ?, ?)",
                            (sop_uid, series_uid, sop_class_uid, transfer_syntax, str(path), size, now))
                 count = db.execute("SELECT COUNT(*) FROM instances WHERE series_uid = ?", (series_uid,)).fetchone()[0]
                 db.execute(
@@ -262,7 +329,7 @@ class Spool(DeliveryRecords, CommitmentRecords):
         now = time.time() if now is None else now
         with self._lock:
             rows = self._db.execute(
-                "SELECT * FROM series WHERE (state = 'receiving' AND last_received <= ?)"
+                f"SELECT {_SERIES} FROM series WHERE (state = 'receiving' AND last_received <= ?)"
                 " OR (state = 'failed' AND last_attempt <= ?) ORDER BY last_received",
                 (now - idle_s, now - retry_s)).fetchall()
         return [SeriesState(*r) for r in rows]
@@ -299,7 +366,7 @@ class Spool(DeliveryRecords, CommitmentRecords):
         now = time.time() if now is None else now
         with self._lock:
             rows = self._db.execute(
-                "SELECT * FROM series WHERE state = 'analysed' OR (state = 'unsent' AND last_attempt <= ?)"
+                f"SELECT {_SERIES} FROM series WHERE state = 'analysed' OR (state = 'unsent' AND last_attempt <= ?)"
                 " ORDER BY last_received", (now - retry_s,)).fetchall()
         return [SeriesState(*r) for r in rows]
 
@@ -383,12 +450,12 @@ class Spool(DeliveryRecords, CommitmentRecords):
 
     def series(self, series_uid: str) -> SeriesState | None:
         with self._lock:
-            row = self._db.execute("SELECT * FROM series WHERE series_uid = ?", (series_uid,)).fetchone()
+            row = self._db.execute(f"SELECT {_SERIES} FROM series WHERE series_uid = ?", (series_uid,)).fetchone()
         return None if row is None else SeriesState(*row)
 
     def all_series(self) -> list[SeriesState]:
         with self._lock:
-            rows = self._db.execute("SELECT * FROM series ORDER BY first_received").fetchall()
+            rows = self._db.execute(f"SELECT {_SERIES} FROM series ORDER BY first_received").fetchall()
         return [SeriesState(*r) for r in rows]
 
     def paths(self, series_uid: str) -> list[Path]:
