@@ -153,6 +153,65 @@ def test_quantize_refuses_a_model_whose_file_changed(tmp_path: Path) -> None:
     assert not (tmp_path / "out" / "tiny_int8.onnx").exists()
 
 
+def _quantize_cli(spec: Path, out: Path, calib: Path, *more: str) -> int:
+    return main(["models", "quantize", str(spec), "--out", str(out), "--no-gate", "--calibration", str(calib), *more])
+
+
+def _contents(folder: Path) -> dict[str, bytes]:
+    """Every file under ``folder`` (hidden ones and scratch folders too), with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_cli_quantize_replaces_an_int8_model_only_with_force(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Like import-bundle: an INT8 model already in --out (perhaps the one that passed the
+    gate last week) is not replaced silently; the error names the files, before any work."""
+    spec = _tiny_model(tmp_path / "fp32")
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(2).random((4, 32, 32), dtype=np.float32))
+    out = tmp_path / "out"
+    assert _quantize_cli(spec.spec_path, out, calib) == 0
+    capsys.readouterr()
+    before = _contents(out)
+    assert sorted(before) == ["tiny_int8.onnx", "tiny_int8.toml"]
+
+    assert _quantize_cli(spec.spec_path, out, calib) == 2
+    err = capsys.readouterr().err
+    assert f"{out / 'tiny_int8.toml'} and {out / 'tiny_int8.onnx'} already exist" in err
+    assert "--force" in err
+    assert _contents(out) == before, "a refused run must leave the folder as it was"
+
+    (out / "tiny_int8.toml").unlink()  # one of the pair left: still refused, and named alone
+    assert _quantize_cli(spec.spec_path, out, calib) == 2
+    assert f"{out / 'tiny_int8.onnx'} already exists" in capsys.readouterr().err
+
+    assert _quantize_cli(spec.spec_path, out, calib, "--force") == 0
+    capsys.readouterr()
+    after = _contents(out)
+    assert sorted(after) == ["tiny_int8.onnx", "tiny_int8.toml"], "no scratch or staged file left behind"
+    assert load_spec(out / "tiny_int8.toml").sha256 == sha256_file(out / "tiny_int8.onnx")
+
+
+def test_cli_quantize_never_writes_over_the_model_it_quantizes(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:  # fmt: skip
+    """An INT8 model keeps its source's name, so quantizing it again into its own folder
+    would write NAME_int8.onnx/.toml over itself: refused, --force or not."""
+    spec = _tiny_model(tmp_path / "fp32")
+    calib = tmp_path / "calib.npy"
+    np.save(calib, np.random.default_rng(2).random((4, 32, 32), dtype=np.float32))
+    out = tmp_path / "out"
+    assert _quantize_cli(spec.spec_path, out, calib) == 0
+    capsys.readouterr()
+    before = _contents(out)
+    for force in ((), ("--force",)):
+        assert _quantize_cli(out / "tiny_int8.toml", out, calib, *force) == 2
+        err = capsys.readouterr().err
+        assert "that is the model being quantized" in err and str(out / "tiny_int8.onnx") in err
+        assert _contents(out) == before
+    with pytest.raises(ModelError, match="the model being quantized"):  # the library call too
+        quantize_int8(load_spec(out / "tiny_int8.toml"), out, calibration=[np.zeros((32, 32), np.float32)])
+    assert _contents(out) == before
+
+
 # --------------------------------------------------------------------------- the shipped model
 
 

@@ -193,12 +193,15 @@ def _calibration(path: Path) -> list[Any]:
 
 def run_quantize(args: argparse.Namespace) -> int:
     from medrt.engine.gate import compare
-    from medrt.engine.quantize import move_quantized, quantize_int8
+    from medrt.engine.quantize import check_int8_target, move_quantized, quantize_int8
 
     spec = find_spec(args.spec)
+    # Before the minutes of work: never the model being quantized; an INT8 model there only with --force.
+    check_int8_target(spec, args.out, force=args.force)
     calibration = _calibration(Path(args.calibration)) if args.calibration else None
     args.out.mkdir(parents=True, exist_ok=True)
-    # Quantize into a scratch folder: a refused model never reaches --out (nor replaces what is there).
+    # Quantize into a scratch folder: a refused or failed model never reaches --out (nor replaces
+    # what is there); an accepted one is renamed into place.
     with tempfile.TemporaryDirectory(dir=args.out, prefix=".medrt-quantize-") as tmp:
         reduced = quantize_int8(
             spec,
@@ -209,7 +212,7 @@ def run_quantize(args: argparse.Namespace) -> int:
         )
         report = None if args.no_gate else compare(spec, reduced)
         if report is None or report.passed:
-            reduced = move_quantized(reduced, args.out)
+            reduced = move_quantized(reduced, args.out, force=args.force)
     result = {
         "spec": str(reduced.spec_path) if report is None or report.passed else None,
         "onnx": str(reduced.path) if report is None or report.passed else None,
@@ -344,11 +347,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "ONNX Runtime static quantization (QDQ, U8S8), calibrated on phantom frames with tiny, faint, "
         "bright and border-crossing lesions and empty frames. The accuracy gate then runs both models on "
         "held-out phantoms; when lesion sensitivity or mean Dice drops by more than 1 point the model "
-        "is refused: nothing is written and the exit status is 1.",
+        "is refused: nothing is written and the exit status is 1. An existing DIR/NAME_int8.onnx or .toml "
+        "is replaced only with --force; a DIR where that would write over SPEC's own model is refused.",
     )
     qua.add_argument("spec", metavar="SPEC", help="model spec (.toml) or shipped model name")
     qua.add_argument("--out", required=True, type=Path, metavar="DIR", help="where to write NAME_int8.onnx/.toml")
     qua.add_argument("--no-gate", action="store_true", help="skip the accuracy gate (not recommended)")
+    qua.add_argument(
+        "--force", action="store_true", help="replace an existing DIR/NAME_int8.onnx and DIR/NAME_int8.toml"
+    )
     keep = qua.add_mutually_exclusive_group()
     keep.add_argument(
         "--keep-first-last",

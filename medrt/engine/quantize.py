@@ -56,8 +56,10 @@ __all__ = [
     "INT8_OPS",
     "calibration_inputs",
     "calibration_description",
+    "check_int8_target",
     "dump_spec",
     "first_last_compute_nodes",
+    "int8_paths",
     "move_quantized",
     "quantize_int8",
 ]
@@ -204,9 +206,10 @@ def _card_from(card: Path | None, folder: Path) -> str | None:
         return str(card)
 
 
-def _write_spec(doc: dict[str, Any], card: Path | None, spec_path: Path) -> None:
+def _spec_text(doc: dict[str, Any], card: Path | None, folder: Path) -> str:
+    """The spec as written into ``folder`` (its card path relative to that folder)."""
     doc = {**doc, "model": {k: v for k, v in doc["model"].items() if k != "card"}}
-    rel = _card_from(card, spec_path.parent)
+    rel = _card_from(card, folder)
     if rel is not None:
         doc["model"]["card"] = rel
     source = doc.get("quantization", {}).get("source", "an FP32 model")
@@ -214,19 +217,64 @@ def _write_spec(doc: dict[str, Any], card: Path | None, spec_path: Path) -> None
         f"# INT8 (ONNX Runtime QDQ) of {source}, written by `medrt models quantize`.\n"
         "# Check it with the accuracy gate (medrt.engine.gate) before use. Format: models/README.md"
     )
-    spec_path.write_text(dump_spec(doc, header), encoding="utf-8")
+    return dump_spec(doc, header)
 
 
-def move_quantized(spec: ModelSpec, out_dir: str | Path) -> ModelSpec:
-    """Move a quantized model and its spec to ``out_dir`` (the card path is rewritten); return it."""
+def int8_paths(spec: ModelSpec, out_dir: str | Path) -> tuple[Path, Path]:
+    """Where :func:`quantize_int8` writes ``spec``'s INT8 model and its spec in ``out_dir``."""
+    out_dir = Path(out_dir)
+    return out_dir / f"{spec.name}_int8.onnx", out_dir / f"{spec.name}_int8.toml"
+
+
+def _refuse_existing(paths: Iterable[Path], name: str, force: bool) -> None:
+    existing = [str(p) for p in paths if p.exists()]
+    if existing and not force:
+        raise ModelError(
+            f"{' and '.join(existing)} already exist{'s' if len(existing) == 1 else ''}: refusing to replace "
+            f"the INT8 model of {name!r}; pass --force to replace it, or --out another folder"
+        )
+
+
+def check_int8_target(spec: ModelSpec, out_dir: str | Path, *, force: bool = False) -> None:
+    """Refuse (:class:`ModelError`, naming the files) an ``out_dir`` where quantizing ``spec``
+    would write over its own model or spec (a model already quantized, quantized again into
+    its own folder keeps its name: ``NAME_int8``), whatever ``force`` says; or, without
+    ``force``, over an INT8 model already there. Checked before the minutes of quantization."""
+    onnx_path, spec_path = int8_paths(spec, out_dir)
+    targets = (spec_path, onnx_path)  # named as import-bundle names them
+    sources = {spec.path.resolve(), spec.spec_path.resolve()}
+    own = [str(p) for p in targets if p.resolve() in sources]
+    if own:
+        raise ModelError(
+            f"{' and '.join(own)}: that is the model being quantized ({spec.spec_path}); "
+            "refusing to write over it, --force or not: choose another --out"
+        )
+    _refuse_existing(targets, spec.name, force)
+
+
+def move_quantized(spec: ModelSpec, out_dir: str | Path, *, force: bool = False) -> ModelSpec:
+    """Move a quantized model and its spec to ``out_dir`` (the card path is rewritten); return it.
+
+    A model or spec already in ``out_dir`` under those names is replaced only with ``force``
+    (:class:`ModelError` naming them otherwise). The spec is written beside its final name
+    first and both are renamed into place, the spec last: a failure on the way leaves no
+    half-written spec, and never a new spec beside an old model."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    onnx_path, spec_path = out_dir / spec.path.name, out_dir / spec.spec_path.name
+    if spec.spec_path.parent.resolve() != out_dir.resolve():
+        _refuse_existing((spec_path, onnx_path), spec.name, force)
     doc = tomllib.loads(spec.spec_path.read_text(encoding="utf-8"))
-    os.replace(spec.path, out_dir / spec.path.name)
-    _write_spec(doc, spec.card, out_dir / spec.spec_path.name)
+    staged = out_dir / f".{spec_path.name}.tmp"
+    try:
+        staged.write_text(_spec_text(doc, spec.card, out_dir), encoding="utf-8")
+        os.replace(spec.path, onnx_path)
+        os.replace(staged, spec_path)
+    finally:
+        staged.unlink(missing_ok=True)
     if spec.spec_path.parent.resolve() != out_dir.resolve():
         spec.spec_path.unlink()
-    return load_spec(out_dir / spec.spec_path.name)
+    return load_spec(spec_path)
 
 
 # --------------------------------------------------------------------------- quantize
@@ -310,6 +358,7 @@ def quantize_int8(
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     spec.verify()
+    check_int8_target(spec, out_dir, force=True)  # ``out_dir`` is the caller's; the source is not
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if calibration is None:
@@ -320,7 +369,7 @@ def quantize_int8(
         described = calibration_note or f"caller-supplied, {len(inputs)} inputs"
     if not inputs:
         raise ModelError(f"{spec.spec_path}: no calibration inputs to quantize {spec.name} with")
-    onnx_path, spec_path = out_dir / f"{spec.name}_int8.onnx", out_dir / f"{spec.name}_int8.toml"
+    onnx_path, spec_path = int8_paths(spec, out_dir)
     with tempfile.TemporaryDirectory(prefix="medrt-quant-") as tmp:
         pre, rewritten = Path(tmp) / "pre.onnx", Path(tmp) / "rewritten.onnx"
         model, report = cpu_friendly(onnx.load(str(spec.path)))
@@ -363,7 +412,7 @@ def quantize_int8(
     doc["model"] = {**doc["model"], "file": onnx_path.name, "sha256": sha256_file(onnx_path),
                     "version": f"{spec.version}+int8"}  # fmt: skip
     doc["quantization"] = quant
-    _write_spec(doc, spec.card, spec_path)
+    spec_path.write_text(_spec_text(doc, spec.card, spec_path.parent), encoding="utf-8")
     log.info("wrote %s and %s", onnx_path, spec_path)
     return load_spec(spec_path)
 
