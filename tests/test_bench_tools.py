@@ -215,7 +215,61 @@ def test_frames_dropped_failed_or_not_analysed_are_regressions() -> None:
         "stream_30fps.analysed", "stream_30fps.drops"]
     assert [r.key for r in diff_bench(_stream(drops=2, analysed=298), some).improvements] == [
         "stream_30fps.analysed", "stream_30fps.drops"]
-    assert diff_bench(copy.deepcopy(STREAM), STREAM).checked == 7  # fps, 3 latencies and the 3 counts
+    assert diff_bench(copy.deepcopy(STREAM), STREAM).checked == 8  # fps, 3 latencies and the 4 counts
+
+
+def test_frames_the_replay_sent_late_are_regressions_like_drops() -> None:
+    """late_source_items: frames the 30 fps replay released more than a period late, the
+    pipeline pushing back on a live source. Rising is a regression, as drops are."""
+    diff = diff_bench(_stream(late_source_items=4), STREAM)
+    assert [(r.key, r.baseline, r.current) for r in diff.regressions] == [("stream_30fps.late_source_items", 0, 4)]
+    some = _stream(late_source_items=10)
+    assert compare(_stream(late_source_items=11), some) == []  # within the tolerance where some were late
+    assert [r.key for r in compare(_stream(late_source_items=12), some)] == ["stream_30fps.late_source_items"]
+    assert [r.key for r in diff_bench(_stream(late_source_items=2), some).improvements] == [
+        "stream_30fps.late_source_items"]
+
+
+@pytest.mark.parametrize(("key", "value"), [("cores", 16), ("workers", 4), ("depth", 8), ("max_in_flight", 2)])
+def test_another_core_count_or_pipeline_layout_is_a_settings_mismatch(key: str, value: int) -> None:
+    """Throughput and pipelined/serial ratios measured on 16 cores, or through another
+    layout, do not compare with those of 2 cores: not comparable, not "no regressions"."""
+    base = copy.deepcopy(STREAM)
+    base["stream_30fps"]["cores"] = 2
+    cur = copy.deepcopy(base)
+    cur["stream_30fps"][key] = value
+    diff = diff_bench(cur, base)
+    assert not diff.ok and diff.regressions == ()
+    assert diff.mismatches == (f"stream_30fps.{key}: {base['stream_30fps'][key]!r} in the baseline, {value!r} now",)
+    assert diff_bench(copy.deepcopy(base), base).ok
+
+
+def test_an_engine_that_fails_where_the_baseline_ran_is_a_failure() -> None:
+    """An engine row that errors now has no figures and, as engine_table wrote it before,
+    no size: it used to read as one row "in the baseline only" and another "new", and the
+    comparison passed."""
+    error = "CUDA failure 100: no CUDA-capable device is detected"
+    for row in ({"backend": "onnxruntime", "device": "cpu", "precision": "int8", "error": error},  # no size
+                {"backend": "onnxruntime", "device": "cpu", "precision": "int8", "size": 1024, "error": error}):
+        current = copy.deepcopy(BASELINE)
+        current["engines"][1] = row
+        diff = diff_bench(current, BASELINE)
+        assert not diff.ok and diff.regressions == () and diff.mismatches == ()
+        assert diff.failures == (f"engines[onnxruntime/cpu/int8/1024]: ran in the baseline, fails now: {error}",)
+        assert not any("onnxruntime/cpu/int8" in n for n in diff.notes), diff.notes
+        text = format_regressions(diff)
+        assert "failed: 1 result(s) that ran in the baseline fail now:" in text
+        assert "no regressions beyond 15%" in text and "but results fail (above)" in text
+        # the other way round: it failed in the baseline and runs now, a note
+        back = diff_bench(BASELINE, current)
+        assert back.ok and back.failures == ()
+        assert [n for n in back.notes if "int8" in n] == [
+            f"engines[{'onnxruntime/cpu/int8' + ('/1024' if 'size' in row else '')}]: failed in the baseline "
+            f"({error}), runs now; nothing to compare it with"]
+    # failing in both runs: the error text is compared, as before
+    both = copy.deepcopy(BASELINE)
+    both["engines"][1] = {"backend": "onnxruntime", "device": "cpu", "precision": "int8", "error": error}
+    assert diff_bench(both, copy.deepcopy(both)).ok
 
 
 def test_a_changed_run_setting_makes_the_comparison_fail_as_incomparable() -> None:
@@ -225,7 +279,7 @@ def test_a_changed_run_setting_makes_the_comparison_fail_as_incomparable() -> No
     assert diff.mismatches == ("stream_30fps.target_fps: 30.0 in the baseline, 60.0 now",)
     text = format_regressions(diff)
     assert text.startswith("not comparable: 1 run setting(s) differ from the baseline's")
-    assert "no regressions beyond 15% (7 figures compared); but the settings differ (above)" in text
+    assert "no regressions beyond 15% (8 figures compared); but the settings differ (above)" in text
     # so does any other run setting beside the figures
     size = diff_bench(_changed(["roi_vs_full", "size"], 2048), BASELINE)
     assert not size.ok and size.mismatches == ("roi_vs_full.size: 4096 in the baseline, 2048 now",)

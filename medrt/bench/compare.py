@@ -19,6 +19,7 @@ key                                         better       why
 ``cold_start.ratio``                        lower        first frame / steady state
 ``gate_passed``                             higher       INT8 accuracy gate: true must stay true
 ``drops``, ``errors``                       lower        frames lost (stream): see below
+``late_source_items``                       lower        frames the replay sent late (stream): as drops
 ``analysed``                                higher       frames analysed (stream): see below
 ``pydicom_ms``, ``sgemm_gflops``            (ignored)    the reference measured beside us, not our code
 other ``ratio`` keys                        (unknown)    reported as a note, never guessed
@@ -26,16 +27,28 @@ other ``ratio`` keys                        (unknown)    reported as a note, nev
 
 Frames lost are counts, not timings, and a baseline of none is the usual case, so
 they are not judged by relative change alone: a frame that failed (``errors``)
-more than the baseline is a regression whatever the tolerance; a dropped frame, or
-a frame not analysed (``frames - analysed``), is one when the baseline lost none,
-and otherwise when the count grew by more than the tolerance.
+more than the baseline is a regression whatever the tolerance; a dropped frame, a
+frame not analysed (``frames - analysed``), or one the replay sent later than its
+period (``late_source_items``: the pipeline pushed back on a live source) is one
+when the baseline had none, and otherwise when the count grew by more than the
+tolerance.
+
+A result that ran in the baseline and has an ``error`` now (an engine row whose
+backend no longer loads) is a failure, listed as such, and :attr:`BenchDiff.ok` is
+false: its figures are gone, not slower. An error row carries fewer identity keys
+than the row it stands for (no ``size``), so it is matched to the other side's row
+whose identity keys agree with all it has. One that failed in the baseline and runs
+now is a note.
 
 Lists of rows are matched by identity, not position: a row's identity is the
 values of whichever of ``syntax``, ``backend``, ``device``, ``precision``,
 ``size``, ``shape``, ``node``, ``stage``, ``edge`` it has (engine rows by
 backend/device/precision/size, decode rows by syntax). A key or row present on
 one side only is a note, not a regression. A changed run setting (``size``,
-``frames``, ``repeats``, ``model``, ``hardware``, ``target_fps``) makes the
+``frames``, ``repeats``, ``model``, ``hardware``, ``target_fps``; ``cores``, the
+usable cores, as a core count changes what a pipelined/serial or cluster/local
+ratio means; ``workers``, ``processes``, ``depth`` and ``max_in_flight``, the
+pipeline's layout, which decide its throughput, latency and drops) makes the
 figures beside it incomparable: it is listed first, as a mismatch, the figures are
 still shown, and :attr:`BenchDiff.ok` is false, so that ``medrt bench --compare``
 exits 1 rather than pass a run it could not compare.
@@ -59,10 +72,12 @@ PERCENTILES = frozenset({"p50", "p95", "p99"})
 REFERENCE = frozenset({"pydicom_ms", "sgemm_gflops"})
 RATIO_LOWER = frozenset({"decode.rows[].ratio", "cold_start.ratio"})  # generic paths, list keys as []
 IDENTITY = ("syntax", "backend", "device", "precision", "size", "shape", "node", "stage", "edge")
-SETTINGS = frozenset({"size", "frames", "repeats", "model", "hardware", "target_fps"})
-# Frames lost, and the tolerance each gets on top of "none in the baseline, some now":
-# a failed frame is never noise (0), a dropped one is timing (the tolerance, None).
-LOST = {"errors": 0.0, "drops": None, "analysed": None}
+SETTINGS = frozenset({"size", "frames", "repeats", "model", "hardware", "target_fps",
+                      "cores", "workers", "processes", "depth", "max_in_flight"})
+# Frames lost (or sent late), and the tolerance each gets on top of "none in the baseline,
+# some now": a failed frame is never noise (0), a dropped or late one is timing (the
+# tolerance, None).
+LOST = {"errors": 0.0, "drops": None, "analysed": None, "late_source_items": None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +100,8 @@ class BenchDiff:
     """Everything a comparison found: regressions, notes, and how many figures were compared.
 
     ``mismatches``: run settings that differ between the two (``"stream_30fps.target_fps:
-    30.0 in the baseline, 60.0 now"``), which make the figures beside them incomparable."""
+    30.0 in the baseline, 60.0 now"``), which make the figures beside them incomparable.
+    ``failures``: results that ran in the baseline and have an ``error`` now."""
 
     regressions: tuple[Regression, ...]
     notes: tuple[str, ...] = ()
@@ -93,11 +109,12 @@ class BenchDiff:
     tolerance: float = 0.15
     improvements: tuple[Regression, ...] = ()
     mismatches: tuple[str, ...] = ()
+    failures: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
-        """No regression, and nothing compared across different settings."""
-        return not self.regressions and not self.mismatches
+        """No regression, no failure, and nothing compared across different settings."""
+        return not self.regressions and not self.mismatches and not self.failures
 
 
 def direction(path: str, key: str) -> str | None:
@@ -129,6 +146,16 @@ def _row_id(row: Mapping[str, Any]) -> str:
     return "/".join(parts)
 
 
+def _stands_for(failed: Any, row: Any) -> bool:
+    """``failed`` (a row with an ``error``) is ``row``'s result in the other run: every
+    identity key it has, ``row`` has with the same value (an engine's error row has no
+    ``size``)."""
+    if not (isinstance(failed, Mapping) and isinstance(row, Mapping)) or "error" not in failed:
+        return False
+    keys = [k for k in IDENTITY if k in failed]
+    return bool(keys) and all(k in row and row[k] == failed[k] for k in keys)
+
+
 def _rows_by_id(rows: Sequence[Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for i, row in enumerate(rows):
@@ -148,10 +175,18 @@ class _Walker:
         self.improvements: list[Regression] = []
         self.notes: list[str] = []
         self.mismatches: list[str] = []
+        self.failures: list[str] = []
         self.checked = 0
 
     def walk(self, cur: Any, base: Any, label: str, path: str) -> None:
         if isinstance(cur, Mapping) and isinstance(base, Mapping):
+            if "error" in cur and "error" not in base:  # its figures are gone, not slower
+                self.failures.append(f"{label or 'the run'}: ran in the baseline, fails now: {cur['error']}")
+                return
+            if "error" in base and "error" not in cur:
+                self.notes.append(f"{label or 'the run'}: failed in the baseline ({base['error']}), runs now; "
+                                  "nothing to compare it with")
+                return
             for key in list(base) + [k for k in cur if k not in base]:
                 sub_label = f"{label}.{key}" if label else str(key)
                 sub_path = f"{path}.{key}" if path else str(key)
@@ -163,14 +198,22 @@ class _Walker:
                     self.leaf_or_walk(cur[key], base[key], str(key), sub_label, sub_path, (cur, base))
         elif isinstance(cur, list) and isinstance(base, list):
             a, b = _rows_by_id(cur), _rows_by_id(base)
-            for ident in list(b) + [i for i in a if i not in b]:
+            a_only = [i for i in a if i not in b]
+            paired: set[str] = set()  # rows of ``cur`` matched through an error row
+            for ident in list(b) + a_only:
                 sub_label = f"{label}[{ident}]"
-                if ident not in a:
-                    self.notes.append(f"{sub_label}: in the baseline only")
-                elif ident not in b:
-                    self.notes.append(f"{sub_label}: new, not in the baseline")
-                else:
+                if ident in a and ident in b:
                     self.walk(a[ident], b[ident], sub_label, f"{path}[]")
+                elif ident in b:  # an error row on either side has fewer identity keys than the row it stands for
+                    other = next((i for i in a_only if (i not in paired or "error" in a[i])  # fails for each
+                                  and (_stands_for(a[i], b[ident]) or _stands_for(b[ident], a[i]))), None)
+                    if other is None:
+                        self.notes.append(f"{sub_label}: in the baseline only")
+                    else:
+                        paired.add(other)
+                        self.walk(a[other], b[ident], sub_label, f"{path}[]")
+                elif ident not in paired:
+                    self.notes.append(f"{sub_label}: new, not in the baseline")
         elif type(cur) is not type(base) and not (_number(cur) is not None and _number(base) is not None):
             self.notes.append(f"{label}: {type(base).__name__} in the baseline, {type(cur).__name__} now")
 
@@ -248,7 +291,7 @@ def diff_bench(current: Mapping[str, Any], baseline: Mapping[str, Any], toleranc
     w = _Walker(tolerance)
     w.walk(current, baseline, "", "")
     return BenchDiff(tuple(w.regressions), tuple(w.notes), w.checked, tolerance, tuple(w.improvements),
-                     tuple(w.mismatches))
+                     tuple(w.mismatches), tuple(w.failures))
 
 
 def compare(current: Mapping[str, Any], baseline: Mapping[str, Any], tolerance: float = 0.15) -> list[Regression]:
@@ -274,11 +317,15 @@ def format_regressions(result: BenchDiff | Sequence[Regression], tolerance: floa
         lines += [f"not comparable: {len(diff.mismatches)} run setting(s) differ from the baseline's, so the "
                   "figures beside them measure another run (rerun with the baseline's settings):"]
         lines += [f"  {m}" for m in diff.mismatches]
+    if diff.failures:
+        lines += [f"failed: {len(diff.failures)} result(s) that ran in the baseline fail now:"]
+        lines += [f"  {f}" for f in diff.failures]
     if diff.regressions:
         lines += [f"{len(diff.regressions)} regression(s) beyond {tol:.0%}:"] + [row(r) for r in diff.regressions]
     else:
         checked = f" ({diff.checked} figures compared)" if diff.checked else ""
-        but = "; but the settings differ (above)" if diff.mismatches else ""
+        why = [w for w, on in (("the settings differ", diff.mismatches), ("results fail", diff.failures)) if on]
+        but = f"; but {' and '.join(why)} (above)" if why else ""
         lines += [f"no regressions beyond {tol:.0%}{checked}{but}"]
     if diff.improvements:
         lines += [f"{len(diff.improvements)} improvement(s):"] + [row(r) for r in diff.improvements]

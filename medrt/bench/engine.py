@@ -206,7 +206,9 @@ def engine_table(spec_name: str = "lesion_unet_dx", size: int = 1024, repeats: i
             before = _settled_rss_mb()
             b = create_backend(spec, backend=backend, device=device, precision=precision)
         except Exception as exc:  # a runtime that is present but unusable: report, go on
-            rows.append({"backend": backend, "device": device, "precision": precision, "error": str(exc)})
+            # with its size, so that --compare matches it to the row that ran in a baseline
+            rows.append({"backend": backend, "device": device, "precision": precision, "size": size,
+                         "error": str(exc)})
             continue
         times = interleaved_times({"x": lambda b=b: b.infer(x)}, repeats=repeats, warmup=2)["x"]
         info = b.info()

@@ -189,9 +189,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "medrt listen's spool, analysed and its SEG/SR forwarded, vs medrt batch on the same files), ray (medrt batch "
         "--ray on a private cluster of this machine's cores, one worker and a worker per core, vs medrt batch on "
         "sample_dicom). Exit code 1 when --compare finds a regression (a figure worse by more than "
-        "--tolerance; a frame failed, or dropped or not analysed, where the baseline had none) or a run "
+        "--tolerance; a frame failed, or dropped, not analysed or sent late, where the baseline had none), a "
+        "result that ran in the baseline and fails now (an engine that no longer loads), or a run "
         "setting that differs from the baseline's (--size, --frames, --repeats, --fps, --stream-frames, the "
-        "model); 2 when the baseline cannot be read or holds none of the suites run, checked before any runs.",
+        "model, the core count, the pipeline's workers and depth); 2 when the baseline cannot be read or holds none of the suites run, checked before any runs.",
     )
     p.add_argument("--only", default="", help=f"comma-separated suites (default: all of {', '.join(SUITES)})")
     p.add_argument("--model", default="lesion_unet_dx",
