@@ -317,6 +317,61 @@ def test_killed_process_then_rerun_equals_one_clean_run(tmp_path, analyzer, sig)
     assert clean.lesions == rerun.lesions
 
 
+def test_sigterm_while_the_report_is_written_waits_for_it(tmp_path, monkeypatch, capsys):
+    """systemd stops the unit just as the last series finishes: the SIGTERM lands while
+    the results and report are written. It used to end with "medrt: interrupted" and no
+    report; now the writing finishes and the run exits 130. The signal is real (raised in
+    this, the main, thread, through medrt's own SIGTERM handler) at the moment the report
+    starts; the wrapper only picks that moment."""
+    from medrt.batch import report
+
+    src = _small_input(tmp_path, n=3)
+    out = tmp_path / "out"
+    write_report = report.write_report
+    raised = []
+
+    def signalled_midway(*args, **kwargs):
+        raised.append(signal.getsignal(signal.SIGTERM))
+        signal.raise_signal(signal.SIGTERM)  # its handler has run when this returns
+        signal.raise_signal(signal.SIGINT)  # and a Ctrl-C on top, from someone who thinks it hung
+        return write_report(*args, **kwargs)
+
+    monkeypatch.setattr(report, "write_report", signalled_midway)
+    before = signal.getsignal(signal.SIGTERM)
+    rc = main(["batch", str(src), "--out", str(out), "--quiet", "--model", "lesion_unet", "--workers", "1"])
+    err = capsys.readouterr().err
+    assert raised, "the report was never written"
+    assert rc == 130, err
+    assert "medrt: interrupted" not in err
+    assert "medrt batch: SIGTERM while the results and report were written; they were finished first" in err
+    written = json.loads((out / "report.json").read_text())
+    assert written["interrupted"] is False and written["counts"]["series_analysed"] == 1
+    assert written["counts"]["frames"] == 3 and (out / "report.md").is_file()
+    assert len(_lines(out / "results.jsonl")) == 3
+    assert signal.getsignal(signal.SIGTERM) == before, "the handlers must come back after the run"
+
+
+def test_deferred_interrupts_note_signals_and_put_the_handlers_back():
+    from medrt.batch.interrupts import DeferredInterrupts
+
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    with DeferredInterrupts() as held:
+        assert held.received is None
+        signal.raise_signal(signal.SIGTERM)
+        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGTERM)
+    assert held.received == "SIGTERM"  # the first one
+    assert {sig: signal.getsignal(sig) for sig in before} == before
+    with pytest.raises(KeyboardInterrupt):  # acted on again once out of it
+        signal.raise_signal(signal.SIGINT)
+
+    seen = []  # in another thread it leaves the handlers alone (signal.signal would raise there)
+    thread = threading.Thread(target=lambda: seen.append(DeferredInterrupts().__enter__()._previous))
+    thread.start()
+    thread.join()
+    assert seen == [{}]
+
+
 def test_bad_files_are_listed_and_the_run_completes(tmp_path, analyzer, capsys):
     src = _small_input(tmp_path, n=3)
     other = sorted(CT.glob("*.dcm"))[0]  # a slice not in the input, so it is not a duplicate

@@ -4,7 +4,9 @@ The batch is the pipeline with the ``block`` policy (nothing is ever dropped),
 fed series by series. A series is the unit of completion: its outputs appear
 together when its last frame is done, and a rerun skips every series whose
 manifest records the same content hash and settings. Top-level files are
-rebuilt from the finished series at the end, atomically, also after Ctrl-C.
+rebuilt from the finished series at the end, atomically, also after Ctrl-C; a
+Ctrl-C or SIGTERM while they and the report are written is held off until they are
+(:mod:`medrt.batch.interrupts`), and the run then ends as interrupted.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from medrt import __version__
+from medrt.batch.interrupts import DeferredInterrupts
 from medrt.batch.outputs import LESIONS_JSON, SEG_COVERAGE, OutputOptions, SeriesOutput
 from medrt.batch.plan import (
     Note,
@@ -91,6 +94,9 @@ class BatchSummary:
     errors: int = 0
     skipped: int = 0
     interrupted: bool = False
+    # the signal ("SIGTERM", "SIGINT") that arrived while the results and report were
+    # written: they were finished first, and exit_code is EXIT_INTERRUPTED
+    stopped_while_writing: str | None = None
     elapsed_s: float = 0.0
     out: Path | None = None
     findings: list[dict[str, Any]] = field(default_factory=list)  # per series, for the CLI table
@@ -188,7 +194,9 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
     ``analyzer`` may be one already loaded (else it is loaded from ``config.analyzer``);
     ``progress(done_frames, total_frames)`` is called from the sink thread; setting
     ``stop`` (or Ctrl-C) ends the run at once, keeping every finished series (the
-    unfinished one is redone by the next run).
+    unfinished one is redone by the next run). A Ctrl-C or SIGTERM once the frames are
+    done waits until the results and report are written, then sets
+    ``stopped_while_writing`` and exit code :data:`EXIT_INTERRUPTED`.
     """
     from medrt.io.sources import FileReplay
     from medrt.pipeline.graph import Pipeline
@@ -237,6 +245,7 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
             interrupted = True
             log.warning("batch: interrupted; finished series are kept, a rerun does the rest")
             pipe.abort()
+    with DeferredInterrupts() as held:  # an interrupt now would cost the report: noted, acted on after it
         if not interrupted:  # a series whose frame count surprised us still gets its outputs
             for so in {id(s): s for s in outputs.values()}.values():
                 uid = so.plan.uid
@@ -244,17 +253,29 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
                     so.notes.append(Note(so.rel(str(so.plan.paths[0])), "error", "batch",
                                          "fewer frames decoded than the headers announced"))
                     sink.finish(so)
-    for sp in pending:
-        if sp.uid in sink.unwritten:
-            plan.notes.append(Note(relative(min(sp.paths), plan.root) if sp.paths else sp.uid, "error", "write",
-                                   f"the series' outputs could not be written ({sink.unwritten[sp.uid]}); "
-                                   "it is not finished, and the next run analyses it again"))
-    summary = _assemble(plan, out, series_dir, key, interrupted, time.perf_counter() - t0)
-    summary.unwritten = dict(sink.unwritten)
-    summary.series_resumed = resumed
-    summary.series_analysed = len(sink.finished)
-    summary.report = _report(summary, plan, settings, analyzer, telemetry, out)
+        for sp in pending:
+            if sp.uid in sink.unwritten:
+                plan.notes.append(Note(relative(min(sp.paths), plan.root) if sp.paths else sp.uid, "error", "write",
+                                       f"the series' outputs could not be written ({sink.unwritten[sp.uid]}); "
+                                       "it is not finished, and the next run analyses it again"))
+        summary = _assemble(plan, out, series_dir, key, interrupted, time.perf_counter() - t0)
+        summary.unwritten = dict(sink.unwritten)
+        summary.series_resumed = resumed
+        summary.series_analysed = len(sink.finished)
+        summary.report = _report(summary, plan, settings, analyzer, telemetry, out)
+    stop_after_writing(summary, held)
     return summary
+
+
+def stop_after_writing(summary: BatchSummary, held: DeferredInterrupts) -> None:
+    """End the run as interrupted when a signal was held off while its results and report
+    were written (they are complete; the report says how far the run got)."""
+    if held.received is None:
+        return
+    log.warning("batch: %s while the results and report were written; they are complete, and the run ends "
+                "as interrupted", held.received)
+    summary.stopped_while_writing = held.received
+    summary.exit_code = EXIT_INTERRUPTED
 
 
 def _open(config: BatchConfig) -> tuple[Path, Plan]:

@@ -1,6 +1,7 @@
 """``medrt batch INPUT --out OUT``: every DICOM image under INPUT, analysed, with outputs a PACS
 and scripts can read. Exit codes: 0 all analysed, 1 completed with errors (see errors.csv),
-2 failed (nothing analysed), 130 interrupted (rerun to finish; finished series are kept)."""
+2 failed (nothing analysed), 130 interrupted by Ctrl-C or SIGTERM (rerun to finish; finished series
+are kept, and one that lands while the results and report are written waits until they are)."""
 
 from __future__ import annotations
 
@@ -167,6 +168,9 @@ def run(args: argparse.Namespace) -> int:
           + (f", see {out / 'errors.csv'}" if c["errors"] or c["skipped"] else ""))
     if summary.interrupted:
         print("medrt batch: interrupted; run the same command again to finish", file=sys.stderr)
+    elif summary.stopped_while_writing:
+        print(f"medrt batch: {summary.stopped_while_writing} while the results and report were written; "
+              "they were finished first and are complete", file=sys.stderr)
     elif summary.exit_code == EXIT_FAILED:
         print(f"medrt batch: nothing analysed in {args.input}: {_why_nothing(c, out / 'errors.csv')}", file=sys.stderr)
     return summary.exit_code

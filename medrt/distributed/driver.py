@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from medrt.batch.interrupts import DeferredInterrupts
 from medrt.batch.plan import MANIFEST, SeriesPlan, relative, series_notes, settings_key
 from medrt.batch.report import STEPS, write_report
 from medrt.batch.run import (
@@ -26,6 +27,7 @@ from medrt.batch.run import (
     _for_these_models,
     _open,
     _unfinished,
+    stop_after_writing,
 )
 from medrt.distributed.cluster import (
     RayOptions,
@@ -219,20 +221,22 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
             ray.kill(w.handle, no_restart=True)
         if started:
             ray.shutdown()
-    summary = _assemble(plan, out, series_dir, key, interrupted, time.perf_counter() - t0)
-    summary.series_resumed = resumed
-    summary.series_analysed = analysed
-    cluster = {
-        "address": options.address,
-        "workers": [w.row() for w in pool],
-        "workers_lost": lost,
-        "series_sent_again": sum(tries.values()),
-    }
-    engine = {"backend": infos[0]["backend"], "precision": infos[0]["precision"], "models": infos[0]["models"],
-              "processor": sorted({i["processor"] for i in infos})}
-    _histogram(out)
-    summary.report = write_report(summary, plan, settings, None, None, out, engine=engine,
-                                  timings=_timings(out), extra={"cluster": cluster})
+    with DeferredInterrupts() as held:  # as in run_batch: the report first, then the interrupt
+        summary = _assemble(plan, out, series_dir, key, interrupted, time.perf_counter() - t0)
+        summary.series_resumed = resumed
+        summary.series_analysed = analysed
+        cluster = {
+            "address": options.address,
+            "workers": [w.row() for w in pool],
+            "workers_lost": lost,
+            "series_sent_again": sum(tries.values()),
+        }
+        engine = {"backend": infos[0]["backend"], "precision": infos[0]["precision"], "models": infos[0]["models"],
+                  "processor": sorted({i["processor"] for i in infos})}
+        _histogram(out)
+        summary.report = write_report(summary, plan, settings, None, None, out, engine=engine,
+                                      timings=_timings(out), extra={"cluster": cluster})
+    stop_after_writing(summary, held)
     return summary
 
 
