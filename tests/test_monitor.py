@@ -120,7 +120,7 @@ def test_medrt_listen_reports_to_prometheus_and_to_systemd(tmp_path, storescp):
     env = {**os.environ, "NOTIFY_SOCKET": str(tmp_path / "notify.sock"), "WATCHDOG_USEC": "2000000"}
     cmd = [sys.executable, "-m", "medrt", "listen", "--spool", str(tmp_path / "spool"), "--bind", "127.0.0.1",
            "--port", "0", "--idle", "2", "--forward", str(dest), "--threads", "1", "--workers", "1",
-           "--metrics", "127.0.0.1:0"]  # --idle 2: one association of three images, one series outcome
+           "--metrics", "127.0.0.1:0", "--keep-results-days", "30"]  # --idle 2: one association, one outcome
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     messages: list[str] = []
 
@@ -163,6 +163,8 @@ def test_medrt_listen_reports_to_prometheus_and_to_systemd(tmp_path, storescp):
         assert values[("medrt_up", (("component", "forwarder"),))] == 1.0
         assert values[("medrt_listener_info", (("ae_title", "MEDRT"), ("version", __version__)))] == 1.0
         assert values[("medrt_spool_disk_free_bytes", ())] > 0
+        assert values[("medrt_results_purged_total", ())] == 0.0  # results done just now are kept
+        assert (tmp_path / "spool" / "results" / uid / "report.json").is_file()
         assert health(web)[0] == 200
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and not any("3 image(s) stored, 1 series processed" in m for m in messages):

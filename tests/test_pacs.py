@@ -1249,3 +1249,165 @@ def test_dicom_over_tls_from_dcmtk_and_forwarded_over_tls(tmp_path, analyzer):
         untrusted = client_tls()  # the system's CAs do not know the test certificate
         with pytest.raises(ForwardError, match="association"):
             send(result_files(outcome.out), Destination("PACS", "127.0.0.1", pacs.port), tls=untrusted)
+
+
+# -- results retention (--keep-results-days) ---------------------------------------------------------------------
+
+DAY = 86400.0
+
+
+def other_series(spool: Spool, files: list[Path], uid: str, now: float = 1.0) -> str:
+    """``files`` stored as a series of their own (``uid``)."""
+    import io
+
+    for i, path in enumerate(files):
+        ds = pydicom.dcmread(path)
+        ds.SeriesInstanceUID, ds.SOPInstanceUID = uid, f"{uid}.{i + 1}"
+        buf = io.BytesIO()
+        ds.save_as(buf, enforce_file_format=True)
+        spool.store(buf.getvalue(), study_uid=ds.StudyInstanceUID, series_uid=uid, sop_uid=ds.SOPInstanceUID,
+                    now=now)
+    return uid
+
+
+def tree(folder: Path) -> dict[str, str]:
+    """Every entry under ``folder`` (links not followed): what it is, and a link's target."""
+    return {p.relative_to(folder).as_posix(): f"-> {os.readlink(p)}" if p.is_symlink() else
+            "dir" if p.is_dir() else "file" for p in sorted(folder.rglob("*"))}
+
+
+def test_keep_results_deletes_what_medrt_wrote_days_after_the_series_was_done(tmp_path, analyzer, caplog):
+    """Every output a series can have goes; files and folders an administrator put in the
+    results folder stay, links are neither followed nor removed. The clock is when the
+    results were written, not when the last image came (here long before)."""
+    import logging
+    import shutil
+
+    from medrt.batch import OutputOptions
+    from medrt.pacs.monitor import Monitor
+
+    caplog.set_level(logging.DEBUG, logger="medrt.pacs.retention")
+    spool, out = Spool(tmp_path / "spool"), tmp_path / "out"
+    stream = sorted((SAMPLE_DIR / "ct_stream").glob("*.dcm"))
+    fill(spool, stream[10:22], now=1.0)  # twelve slices: past the latency histogram's warm-up
+    b = other_series(spool, CT[:2], "1.2.826.0.1.3680043.8.498.41")
+    service = PacsService(spool, out, analyzer, idle_s=0.0, retry_s=1e9, keep_results_s=3 * DAY,
+                          outputs=OutputOptions(png="all", sc=True))
+    t0 = time.time()
+    outcomes = {o.series_uid: o for o in service.run_once(now=t0)}
+    a = next(uid for uid in outcomes if uid != b)
+    assert {o.state for o in outcomes.values()} == {"done"}
+    every = {"latency.png", "report.md", "report.json", "results.jsonl", "errors.csv", "lesions.csv", "masks.npz",
+             f"series/{a}/sr.dcm", f"series/{a}/seg.dcm", f"series/{a}/sc/00001.dcm", f"series/{a}/png/00001.png",
+             f"series/{a}/masks.npz", f"series/{a}/lesions.json", f"series/{a}/frames.jsonl",
+             f"series/{a}/manifest.json"}
+    assert every <= set(tree(out / a))
+    (out / a / ".results.jsonl.k2j4x9_q.tmp").write_bytes(b"")  # a write cut short: medrt's too
+    # What an administrator put there: beside the series, and inside one of them.
+    (out / "README.txt").write_text("results of the medrt listener\n")
+    (out / "exports").mkdir()
+    shutil.copy(out / a / "report.json", out / "exports" / "report.json")
+    (out / "1.2.826.0.1.3680043.8.498.99").mkdir()  # named like a series, but not medrt's results
+    (out / "1.2.826.0.1.3680043.8.498.99" / "notes.txt").write_text("kept\n")
+    shutil.copytree(out / a, tmp_path / "copy")
+    (out / "1.2.826.0.1.3680043.8.498.98").symlink_to(tmp_path / "copy")  # results elsewhere, linked in
+    (out / b / "reviewed.txt").write_text("read by the radiologist\n")
+    (tmp_path / "outside.md").write_text("an administrator's report\n")
+    (out / b / "report.md").unlink()
+    (out / b / "report.md").symlink_to(tmp_path / "outside.md")  # medrt's name, but a link: not medrt's file
+    (out / b / "series" / b / "notes").mkdir()
+    copy = tree(tmp_path / "copy")
+
+    service.run_once(now=t0 + 2 * DAY)  # the last image came long ago; the results were written 2 days ago
+    assert (out / a / "report.json").is_file() and (out / b / "report.json").is_file()
+    assert service.results_purged == 0
+
+    service.run_once(now=t0 + 4 * DAY)
+    assert not (out / a).exists()
+    assert tree(out / b) == {"reviewed.txt": "file", "report.md": f"-> {tmp_path / 'outside.md'}", "series": "dir",
+                             f"series/{b}": "dir", f"series/{b}/notes": "dir"}
+    assert (tmp_path / "outside.md").read_text() == "an administrator's report\n"
+    assert (out / "README.txt").is_file() and (out / "exports" / "report.json").is_file()
+    assert (out / "1.2.826.0.1.3680043.8.498.99" / "notes.txt").is_file()
+    assert (out / "1.2.826.0.1.3680043.8.498.98").is_symlink() and tree(tmp_path / "copy") == copy
+    assert service.results_purged == 2
+    assert [s.value for family in Monitor(spool, service=service).registry.collect()
+            if family.name == "medrt_results_purged" for s in family.samples] == [2.0]
+    assert {s.series_uid: s.state for s in spool.all_series()} == {a: "done", b: "done"}  # --keep-days' business
+    logged = [r.getMessage() for r in caplog.records if r.name == "medrt.pacs.retention"]
+    assert "listener: purged the results of 2 series done over 3.0 day(s) ago" in logged
+    assert f"listener: 1 purged results folder(s) hold files medrt did not write, left in place: {b}" in logged
+    assert not any(str(tmp_path) in text for text in logged)  # UIDs, never paths
+
+    service.run_once(now=t0 + 30 * DAY)  # what is left is not medrt's: left alone at every pass
+    assert service.results_purged == 2 and (out / b / "reviewed.txt").is_file()
+
+
+def test_keep_results_never_deletes_the_results_of_a_series_not_done(tmp_path, analyzer):
+    from medrt.pacs.retention import purge_results
+
+    spool, out = Spool(tmp_path / "spool"), tmp_path / "out"
+    fill(spool, CT[:2])
+    (outcome,) = PacsService(spool, out, analyzer, idle_s=0.0).run_once(now=10.0)
+    later = time.time() + 30 * DAY
+    for state in ("receiving", "analysing", "analysed", "forwarding", "unsent", "failed"):
+        spool.mark(outcome.series_uid, state, "")
+        assert purge_results(out, spool, DAY, now=later) == [], state
+        assert (outcome.out / "report.json").is_file() and result_files(outcome.out), state
+    spool.mark(outcome.series_uid, "done")
+    assert purge_results(out, spool, DAY, now=later) == [outcome.series_uid]
+    assert not outcome.out.exists() and list(out.iterdir()) == []
+
+
+def test_results_are_kept_the_days_asked_after_a_late_send_also_once_the_images_are_gone(tmp_path, analyzer):
+    """A PACS down for five days: the series is sent then, and its images (older than
+    --keep-days) purged at once; its results stay three days after the send, not after the
+    analysis."""
+    from conftest import free_port
+
+    spool, out = Spool(tmp_path / "spool"), tmp_path / "out"
+    t0 = time.time()
+    fill(spool, CT[:2], now=t0)
+    service = PacsService(spool, out, analyzer, idle_s=0.0, retry_s=60.0, keep_s=4 * DAY, keep_results_s=3 * DAY,
+                          forward=Destination("PACS", "127.0.0.1", free_port()), forward_timeout_s=5.0)
+    (outcome,) = service.run_once(now=t0)
+    assert outcome.state == "unsent"
+    service.run_once(now=t0 + 4 * DAY)  # still down: written 4 days ago, but not sent
+    assert spool.series(outcome.series_uid).state == "unsent" and (outcome.out / "report.json").is_file()
+    with Listener(Spool(tmp_path / "pacs"), ae_title="PACS", host="127.0.0.1", port=0) as pacs:
+        service.forward = Destination("PACS", "127.0.0.1", pacs.port)
+        (sent,) = service.run_once(now=t0 + 5 * DAY)
+        assert sent.state == "done" and pacs.counts["stored"] == 2
+    assert spool.series(outcome.series_uid) is None  # its images went with --keep-days at once
+    service.run_once(now=t0 + 7 * DAY)  # written 7 days ago, sent 2 days ago
+    assert (outcome.out / "report.json").is_file() and service.results_purged == 0
+    service.run_once(now=t0 + 8.5 * DAY)
+    assert not outcome.out.exists() and service.results_purged == 1
+
+
+def test_a_series_that_comes_back_after_its_results_were_purged_is_analysed_again_as_new(tmp_path, analyzer, caplog):
+    """More images for a series whose results are gone: analysed again whole; its new SR has
+    no earlier SR to name, names none, and nothing warns about one."""
+    spool, out = Spool(tmp_path / "spool"), tmp_path / "out"
+    fill(spool, CT[:2], now=1.0)
+    service = PacsService(spool, out, analyzer, idle_s=0.0, keep_results_s=DAY)
+    t0 = time.time()
+    (first,) = service.run_once(now=t0)
+    assert "PredecessorDocumentsSequence" not in pydicom.dcmread(result_files(first.out)[-1])
+    service.run_once(now=t0 + 2 * DAY)
+    assert not first.out.exists() and spool.series(first.series_uid).state == "done"
+    fill(spool, CT[2:3], now=t0 + 2 * DAY)  # the rest of the series, late
+    (again,) = service.run_once(now=t0 + 2 * DAY + 1)
+    assert again.state == "done" and again.frames == 3
+    sr = pydicom.dcmread(again.out / "series" / again.series_uid / "sr.dcm")
+    assert "PredecessorDocumentsSequence" not in sr
+    assert "predecessor" not in caplog.text and "earlier SR" not in caplog.text
+    service.run_once(now=t0 + 2 * DAY + 2)  # analysed again just now: kept
+    assert (again.out / "report.json").is_file()
+
+
+def test_medrt_listen_refuses_a_results_retention_it_cannot_keep(tmp_path, capsys):
+    for value in ("-1", "nan"):
+        assert main(["listen", "--spool", str(tmp_path / "cli"), "--keep-results-days", value]) == 2
+        assert "--keep-results-days takes days >= 0" in capsys.readouterr().err
+    assert not (tmp_path / "cli").exists()

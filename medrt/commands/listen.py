@@ -186,6 +186,9 @@ def run(args: argparse.Namespace) -> int:
     if args.min_free < 0:
         print("medrt listen: --min-free takes MiB >= 0", file=sys.stderr)
         return 2
+    if not args.keep_results_days >= 0:  # NaN too
+        print("medrt listen: --keep-results-days takes days >= 0 (0: keep the results for ever)", file=sys.stderr)
+        return 2
     if args.forward_timeout <= 0:
         print("medrt listen: --forward-timeout takes seconds > 0", file=sys.stderr)
         return 2
@@ -212,6 +215,7 @@ def run(args: argparse.Namespace) -> int:
                           calling_ae=args.ae_title, idle_s=args.idle,
                           retry_s=args.retry, workers=workers, forward_timeout_s=args.forward_timeout,
                           keep_s=None if args.keep_days <= 0 else args.keep_days * 86400.0, forward_tls=forward_tls,
+                          keep_results_s=args.keep_results_days * 86400.0 if args.keep_results_days else None,
                           outputs=OutputOptions(png="none" if args.no_png else "positive", sc=args.sc,
                                                 omit_empty_frames=args.omit_empty_frames,
                                                 seg_compression=args.seg_compression))
@@ -333,7 +337,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="try a failed series (analysis or forwarding) again after S seconds (default 60)")
     p.add_argument("--keep-days", type=float, default=7.0, metavar="D",
                    help="once a series is done, delete its received images D days after the last one arrived"
-                        " (its results stay; default 7; 0: keep them)")
+                        " (its results stay: --keep-results-days; default 7; 0: keep them)")
+    p.add_argument("--keep-results-days", type=float, default=0.0, metavar="D",
+                   help="delete a series' results folder (OUT/<SeriesInstanceUID>) D days after the series was done"
+                        " (results written and sent); never while it waits, fails or is unsent, and never a file "
+                        "medrt did not write (default 0: keep the results for ever)")
     p.add_argument("--min-free", type=float, default=1024.0, metavar="MIB",
                    help="refuse images (status 0xA700, the sender keeps them and retries) while fewer than MIB "
                         "mebibytes would stay free on the spool's disk (default 1024; 0: until the disk is full)")

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from medrt.engine.registry import sha256_file
 from medrt.pacs.loop import BackgroundLoop
+from medrt.pacs.retention import date_results
 from medrt.pacs.scu import Destination, ForwardError, send, taken
 from medrt.pacs.spool import SeriesState, Spool
 from medrt.pacs.stow import StowDestination, send_stow
@@ -405,6 +406,8 @@ class Forwarder(BackgroundLoop):
                                unless_received_after=state.last_received,
                                attempted_at=job.failed_at if job.problems and job.failed_at else None):
             outcome.state = "receiving"  # more arrived meanwhile: analysed again once it is quiet
+        elif outcome.state == "done":
+            date_results(self.spool, uid, self.out / uid)
         log.info("listener: series %s %s: %d frame(s), %d lesion(s), %d error(s), %d sent to %s", uid,
                  outcome.state, outcome.frames, outcome.lesions, outcome.errors, len(outcome.forwarded),
                  ", ".join(destinations) or "-")

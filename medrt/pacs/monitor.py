@@ -7,9 +7,10 @@
     Prometheus' text format (prometheus_client): images stored and refused, connections
     refused, series processed by outcome and how long each took, result objects sent and
     refused per destination and the series waiting for each (its lane's backlog), storage
-    commitment requests and reports, and, read from the
-    spool at each scrape, series per state, the age of the oldest unfinished series,
-    images and bytes held, the disk's free bytes and the ``--min-free`` watermark.
+    commitment requests and reports, results folders deleted (``--keep-results-days``),
+    and, read from the spool at each scrape, series per state, the age of the oldest
+    unfinished series, images and bytes held, the disk's free bytes and the ``--min-free``
+    watermark.
 ``/healthz``
     ``200`` and ``{"status": "ok", ...}``, or ``503`` and ``{"status": "unhealthy",
     "problems": [...]}`` naming each: the DICOM port not served, the series worker, the
@@ -190,6 +191,8 @@ class _Live:
             for dest, n in m.service.forwarder.backlog().items():
                 backlog.add_metric([dest], n)
             yield backlog
+            yield CounterMetricFamily("medrt_results_purged", "Series whose results folder --keep-results-days "
+                                      "deleted since start", value=getattr(m.service, "results_purged", 0))
         if m.reporter is not None:
             yield CounterMetricFamily("medrt_commitment_reports", "Storage commitment reports delivered",
                                       value=m.reporter.reported)

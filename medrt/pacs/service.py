@@ -18,6 +18,10 @@ finished); results a destination refuses or cannot take leave the series ``unsen
 are sent again after ``retry_s``, each destination only what it lacks (the spool records
 what each took, by content). Results that change (more images came) are sent again.
 
+Each pass ends with the purges: with ``keep_s``, the received images of series done that
+long ago (:meth:`Spool.purge`); with ``keep_results_s``, their results folders
+(:func:`medrt.pacs.retention.purge_results`).
+
 Without :meth:`start` (tests, benchmarks), :meth:`run_once` analyses what is due and
 then sends what is ready in the same call.
 """
@@ -35,6 +39,7 @@ from typing import Any
 
 from medrt.pacs.forward import Forwarder, result_files
 from medrt.pacs.loop import BackgroundLoop
+from medrt.pacs.retention import date_results, purge_results
 from medrt.pacs.scu import Destination
 from medrt.pacs.spool import SeriesState, Spool
 from medrt.pacs.stow import StowDestination
@@ -79,6 +84,7 @@ class PacsService(BackgroundLoop):
                  forward: Destination | StowDestination | Sequence[Destination | StowDestination] | None = None,
                  calling_ae: str = "MEDRT", idle_s: float = 10.0, retry_s: float = 60.0,
                  outputs: Any = None, workers: int = 1, keep_s: float | None = None,
+                 keep_results_s: float | None = None,
                  forward_tls: Any = None, peers: Mapping[str, Destination] | None = None,
                  to_sender: bool = False, forward_timeout_s: float = 30.0) -> None:
         from medrt.batch import OutputOptions
@@ -94,7 +100,9 @@ class PacsService(BackgroundLoop):
         self.outputs = outputs if outputs is not None else OutputOptions()
         self.workers = workers
         self.keep_s = keep_s  # None: keep received images for ever; else purge done series this much older
-        self._last_purge = 0.0
+        self.keep_results_s = keep_results_s  # None: keep results for ever; else purge those done this much ago
+        self.results_purged = 0  # series whose results were purged since start (medrt_results_purged_total)
+        self._last_purge = self._last_results_purge = 0.0
         super().__init__()
         # The latest outcomes only (a listener runs for months), and how many of each state so far.
         self.outcomes: deque[SeriesOutcome] = deque(maxlen=256)
@@ -165,7 +173,13 @@ class PacsService(BackgroundLoop):
                 self.on_outcome(outcome)
 
     def _purge(self, now: float | None) -> None:
+        """Purge received images (once a minute) and results (once an hour: a pass reads
+        the whole results folder, and retention is counted in days). Results go first, while
+        the spool still knows when a series whose images go now was last sent."""
         t = time.time() if now is None else now
+        if self.keep_results_s is not None and (now is not None or t - self._last_results_purge >= 3600.0):
+            self._last_results_purge = t
+            self.results_purged += len(purge_results(self.out, self.spool, self.keep_results_s, now=now))
         if self.keep_s is not None and (now is not None or t - self._last_purge >= 60.0):
             self._last_purge = t
             self.spool.purge(self.keep_s, now=now)
@@ -215,7 +229,9 @@ class PacsService(BackgroundLoop):
             outcome.state = "receiving"  # more arrived meanwhile: analysed again once it is quiet
             return outcome.timed()
         outcome.state = "done"
-        if not self.spool.mark(uid, "done", outcome.detail, unless_received_after=state.last_received):
+        if self.spool.mark(uid, "done", outcome.detail, unless_received_after=state.last_received):
+            date_results(self.spool, uid, out)
+        else:
             outcome.state = "receiving"
         log.info("listener: series %s %s: %d frame(s), %d lesion(s), %d error(s), nowhere to send", uid,
                  outcome.state, outcome.frames, outcome.lesions, outcome.errors)
