@@ -240,6 +240,39 @@ def test_one_listener_per_spool(tmp_path, capsys):
     mine.close()
 
 
+def test_one_listener_per_results_folder_and_keep_days_checked(tmp_path, capsys):
+    """Two listeners (two spools) writing one results folder each see only their own series,
+    so one's --keep-results-days would delete the other's results while they wait to be
+    sent: the second is refused, naming the first. --keep-days NaN or negative is refused
+    (NaN read as "keep everything", a negative value as 0)."""
+    from medrt.pacs.spool import SpoolInUseError
+
+    out = tmp_path / "results"
+    first = Spool(tmp_path / "a")
+    first.take_ownership()
+    first.hold_results(out)
+    second = Spool(tmp_path / "b")
+    second.take_ownership()  # its own spool: fine
+    with pytest.raises(SpoolInUseError, match=rf"{out} is in use by medrt listen, pid {os.getpid()}: give each"):
+        second.hold_results(out)
+    second.close()
+    import socket
+
+    with socket.socket() as taken:  # should a check fail to refuse, the listener stops at its port
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = ["--bind", "127.0.0.1", "--port", str(taken.getsockname()[1])]
+        assert main(["listen", "--spool", str(tmp_path / "b"), "--out", str(out), *busy]) == 2
+        assert "give each medrt listen its own --out" in capsys.readouterr().err
+        for days in ("nan", "-1"):
+            assert main(["listen", "--spool", str(tmp_path / "c"), "--keep-days", days, *busy]) == 2
+            assert "--keep-days takes days >= 0" in capsys.readouterr().err
+    first.close()
+    again = Spool(tmp_path / "b")
+    again.hold_results(out)  # free once the first is gone
+    again.close()
+
+
 def test_a_compressed_seg_reaches_a_peer_that_takes_it_only_uncompressed(tmp_path):
     """--seg-compression jpeg2000 writes the SEG as JPEG 2000 Lossless. DCMTK's storescp
     takes only uncompressed objects by default: it gets the same SEG decoded (its bits packed

@@ -186,6 +186,9 @@ def run(args: argparse.Namespace) -> int:
     if args.min_free < 0:
         print("medrt listen: --min-free takes MiB >= 0", file=sys.stderr)
         return 2
+    if not args.keep_days >= 0:  # NaN too
+        print("medrt listen: --keep-days takes days >= 0 (0: keep the received images)", file=sys.stderr)
+        return 2
     if not args.keep_results_days >= 0:  # NaN too
         print("medrt listen: --keep-results-days takes days >= 0 (0: keep the results for ever)", file=sys.stderr)
         return 2
@@ -201,20 +204,25 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:  # a spool folder it cannot make or write
         print(f"medrt listen: --spool {args.spool}: {exc.strerror or exc}", file=sys.stderr)
         return 2
+    out = Path(args.out) if args.out else spool.root / "results"
     try:
         spool.take_ownership()  # before recover(): a second listener must not touch a running one's series
+        spool.hold_results(out)
     except SpoolInUseError as exc:
         spool.close()
         print(f"medrt listen: {exc}", file=sys.stderr)
         return 2
-    out = Path(args.out) if args.out else spool.root / "results"
+    except OSError as exc:  # a results folder it cannot make
+        spool.close()
+        print(f"medrt listen: --out {out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     recovered = spool.recover()
     _, workers = thread_layout(args)
     analyzer = load_analyzer(analyzer_config(args))
     service = PacsService(spool, out, analyzer, forward=forward, peers=peers, to_sender=args.forward_to_sender,
                           calling_ae=args.ae_title, idle_s=args.idle,
                           retry_s=args.retry, workers=workers, forward_timeout_s=args.forward_timeout,
-                          keep_s=None if args.keep_days <= 0 else args.keep_days * 86400.0, forward_tls=forward_tls,
+                          keep_s=None if args.keep_days == 0 else args.keep_days * 86400.0, forward_tls=forward_tls,
                           keep_results_s=args.keep_results_days * 86400.0 if args.keep_results_days else None,
                           outputs=OutputOptions(png="none" if args.no_png else "positive", sc=args.sc,
                                                 omit_empty_frames=args.omit_empty_frames,

@@ -190,7 +190,33 @@ def _open_schema(db: sqlite3.Connection, index: Path) -> None:
 
 
 class SpoolInUseError(RuntimeError):
-    """Another process holds the spool (:meth:`Spool.take_ownership`); the message names it."""
+    """Another process holds the spool (:meth:`Spool.take_ownership`) or the results folder
+    (:meth:`Spool.hold_results`); the message names it."""
+
+
+def hold_folder(folder: Path, rule: str, *, name: str = "listen.lock") -> Any:
+    """An exclusive lock on ``folder/name`` (flock, so it goes when the process does, also
+    killed), the file naming this process; returns the open file that holds it (None where
+    there is no flock: the listener is a Linux service). :class:`SpoolInUseError` names
+    the holder and ``rule`` when another process holds it."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = (folder / name).open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise SpoolInUseError(f"{folder} is in use by {holder}: {rule}") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"medrt listen, pid {os.getpid()}\n")
+    handle.flush()
+    return handle
 
 
 class Spool(DeliveryRecords, CommitmentRecords):
@@ -212,6 +238,7 @@ class Spool(DeliveryRecords, CommitmentRecords):
         self.inbox.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._owner: Any = None  # listen.lock, held open while this process owns the spool
+        self._results_owner: Any = None  # the results folder's .listen.lock, likewise
         index = self.root / "index.sqlite3"
         try:
             self._db = sqlite3.connect(index, check_same_thread=False, isolation_level=None)
@@ -231,9 +258,10 @@ class Spool(DeliveryRecords, CommitmentRecords):
     def close(self) -> None:
         with self._lock:
             self._db.close()
-        if self._owner is not None:
-            self._owner.close()  # (the lock goes with the file)
-            self._owner = None
+        for held in ("_owner", "_results_owner"):
+            if getattr(self, held) is not None:
+                getattr(self, held).close()  # (the lock goes with the file)
+                setattr(self, held, None)
 
     def take_ownership(self) -> None:
         """Hold the spool for this process (an exclusive lock on ``listen.lock``, which says
@@ -242,23 +270,14 @@ class Spool(DeliveryRecords, CommitmentRecords):
         the old one still runs) put the running one's series back to ``receiving`` and
         ``analysed`` as after a crash, and would have analysed and sent them twice; it now
         raises :class:`SpoolInUseError` naming the holder, and changes nothing."""
-        try:
-            import fcntl
-        except ImportError:  # not POSIX: no lock (the listener is a Linux service)
-            return
-        handle = (self.root / "listen.lock").open("a+")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            handle.seek(0)
-            holder = handle.read().strip() or "another process"
-            handle.close()
-            raise SpoolInUseError(f"{self.root} is in use by {holder}: one medrt listen per spool") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"medrt listen, pid {os.getpid()}\n")
-        handle.flush()
-        self._owner = handle
+        self._owner = hold_folder(self.root, "one medrt listen per spool")
+
+    def hold_results(self, out: Path) -> None:
+        """Hold the results folder ``out`` too (its ``.listen.lock``): two listeners writing
+        one results folder each see only their own spool's series, so one's
+        ``--keep-results-days`` would delete the other's results while they wait to be sent.
+        :class:`SpoolInUseError` names the holder."""
+        self._results_owner = hold_folder(out, "give each medrt listen its own --out", name=".listen.lock")
 
     def series_dir(self, series_uid: str) -> Path:
         return self.inbox / check_uid("SeriesInstanceUID", series_uid)
