@@ -354,16 +354,22 @@ def test_sigterm_while_the_report_is_written_waits_for_it(tmp_path, monkeypatch,
 def test_deferred_interrupts_note_signals_and_put_the_handlers_back():
     from medrt.batch.interrupts import DeferredInterrupts
 
-    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    with DeferredInterrupts() as held:
-        assert held.received is None
-        signal.raise_signal(signal.SIGTERM)
-        signal.raise_signal(signal.SIGINT)
-        signal.raise_signal(signal.SIGTERM)
-    assert held.received == "SIGTERM"  # the first one
-    assert {sig: signal.getsignal(sig) for sig in before} == before
-    with pytest.raises(KeyboardInterrupt):  # acted on again once out of it
-        signal.raise_signal(signal.SIGINT)
+    # Python's own Ctrl-C handler, whatever started the tests (a shell's background job,
+    # as CI's, inherits SIGINT ignored, and Python then installs none)
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        with DeferredInterrupts() as held:
+            assert held.received is None
+            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signal.SIGINT)
+            signal.raise_signal(signal.SIGTERM)
+        assert held.received == "SIGTERM"  # the first one
+        assert {sig: signal.getsignal(sig) for sig in before} == before
+        with pytest.raises(KeyboardInterrupt):  # acted on again once out of it
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, inherited)
 
     seen = []  # in another thread it leaves the handlers alone (signal.signal would raise there)
     thread = threading.Thread(target=lambda: seen.append(DeferredInterrupts().__enter__()._previous))
