@@ -652,9 +652,12 @@ def test_a_destination_that_never_answers_holds_up_one_series_not_each(tmp_path,
 
 def running(tmp_path: Path, analyzer, forward) -> tuple[Spool, PacsService, list]:
     """A listener's worker and forwarder on their threads, as ``medrt listen`` runs them
-    (retries far off, a long forward timeout): the spool, the service, and its outcomes."""
+    (retries far off, a long forward timeout): the spool, the service, and its outcomes.
+    A series is due a second after its last image: with no quiet time at all, the worker's
+    tick could take a series :func:`arrive` was still storing (a loaded machine: a CI
+    clone beside the tests) and analyse it twice, with one slice and then three."""
     spool = Spool(tmp_path / "spool")
-    service = PacsService(spool, tmp_path / "out", analyzer, forward=forward, idle_s=0.0, retry_s=600.0,
+    service = PacsService(spool, tmp_path / "out", analyzer, forward=forward, idle_s=1.0, retry_s=600.0,
                           forward_timeout_s=120.0)
     done: list = []
     service.on_outcome = done.append
