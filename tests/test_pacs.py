@@ -152,6 +152,40 @@ def test_an_index_an_earlier_medrt_made_is_brought_up_to_date_and_a_newer_ones_r
     assert main(["spool", str(root)]) == 2
 
 
+def test_an_up_to_date_index_opens_while_another_process_writes_and_a_locked_one_is_not_called_damaged(tmp_path):
+    """Opening the spool took a write lock every time (to check the layout), so ``medrt
+    spool`` run beside a listener in the middle of a write waited SQLite's 5 s and then
+    called the sound index "not a readable spool index. Move it aside": every series
+    analysed and sent again. An index already up to date opens without a lock; one that
+    must be brought up to date while locked is named as locked, not as damaged."""
+    import sqlite3
+
+    from medrt.pacs.spool import SpoolIndexError
+
+    spool = Spool(tmp_path / "spool")
+    fill(spool, CT[:2])
+    spool.close()
+    index = spool.root / "index.sqlite3"
+    writer = sqlite3.connect(index, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # another process, mid-write
+    try:
+        again = Spool(spool.root, create=False)
+        assert [s.instances for s in again.all_series()] == [2]
+        again.close()
+    finally:
+        writer.execute("ROLLBACK")
+    writer.execute("PRAGMA user_version = 0")  # an earlier medrt's index: to be brought up to date
+    writer.execute("BEGIN IMMEDIATE")
+    try:
+        with pytest.raises(SpoolIndexError, match="locked") as caught:
+            Spool(spool.root, create=False)
+        assert "Move it aside" not in str(caught.value) and "do not move it aside" in str(caught.value)
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    assert [s.instances for s in Spool(spool.root, create=False).all_series()] == [2]
+
+
 def test_a_damaged_index_is_named_and_the_images_are_indexed_again_once_it_is_moved_aside(tmp_path, capsys):
     """A spool index that is not SQLite (a disk fault, a copy gone wrong) was a traceback at
     start-up; now the listener and ``medrt spool`` name it and say what to do, and doing it

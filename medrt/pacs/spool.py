@@ -165,8 +165,14 @@ def _open_schema(db: sqlite3.Connection, index: Path) -> None:
         wanted.executescript(_SCHEMA)
         tables = [r[0] for r in wanted.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
         columns = {t: wanted.execute(f"PRAGMA table_info({t})").fetchall() for t in tables}
+        objects = {tuple(r) for r in wanted.execute("SELECT type, name FROM sqlite_master")}
     finally:
         wanted.close()
+    if version == SCHEMA_VERSION and _up_to_date(db, objects, columns):
+        # Nothing to change: no write lock. Every open took one (and wrote user_version), so
+        # `medrt spool` beside a listener busy writing waited 5 s and then called a sound
+        # index unreadable, telling the operator to move it aside (every series sent again).
+        return
     db.execute("BEGIN IMMEDIATE")  # one migration when the listener and `medrt spool` open at once
     try:
         for statement in filter(str.strip, _SCHEMA.split(";")):  # (executescript would commit first)
@@ -187,6 +193,16 @@ def _open_schema(db: sqlite3.Connection, index: Path) -> None:
     except BaseException:
         db.execute("ROLLBACK")
         raise
+
+
+def _up_to_date(db: sqlite3.Connection, objects: set[tuple[str, str]], columns: dict[str, list[Any]]) -> bool:
+    """Whether ``db`` already has every table and index of ``_SCHEMA`` (``objects``: (type,
+    name)) and every column of its tables (read only: no lock taken)."""
+    have = {tuple(r) for r in db.execute("SELECT type, name FROM sqlite_master")}
+    if not objects <= have:
+        return False
+    return all({r[1] for r in wanted} <= {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+               for table, wanted in columns.items())
 
 
 class SpoolInUseError(RuntimeError):
@@ -250,6 +266,11 @@ class Spool(DeliveryRecords, CommitmentRecords):
                 self._db.close()
             if isinstance(exc, SpoolIndexError):
                 raise
+            if isinstance(exc, sqlite3.OperationalError):  # locked, read-only, I/O: not the index's fault
+                raise SpoolIndexError(
+                    f"{index}: cannot be opened now ({exc}): another process may hold it (a listener writing, "
+                    "`medrt spool`), or this user may not write the spool folder; try again. The index is not "
+                    "reported damaged: do not move it aside") from None
             raise SpoolIndexError(
                 f"{index}: not a readable spool index ({exc}). Move it aside to start the index "
                 f"anew: the next medrt listen indexes the images left in {self.inbox} from their "
