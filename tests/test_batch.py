@@ -378,6 +378,36 @@ def test_deferred_interrupts_note_signals_and_put_the_handlers_back():
     assert seen == [{}]
 
 
+def test_an_ignored_signal_stays_ignored_while_the_report_is_written(tmp_path, monkeypatch, capsys):
+    """A batch started in the background of a script inherits SIGINT ignored: a Ctrl-C at
+    the script's terminal does not stop it. One that came while the report was written was
+    noted all the same, and the finished run exited 130 ("interrupted")."""
+    from medrt.batch import report
+    from medrt.batch.interrupts import DeferredInterrupts
+
+    inherited = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with DeferredInterrupts() as held:
+            signal.raise_signal(signal.SIGINT)
+        assert held.received is None
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+        src = _small_input(tmp_path, n=2)
+        write_report = report.write_report
+
+        def ctrl_c_midway(*args, **kwargs):
+            signal.raise_signal(signal.SIGINT)
+            return write_report(*args, **kwargs)
+
+        monkeypatch.setattr(report, "write_report", ctrl_c_midway)
+        rc = main(["batch", str(src), "--out", str(tmp_path / "out"), "--quiet", "--model", "lesion_unet",
+                   "--workers", "1"])
+        assert rc == 0, capsys.readouterr().err
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, inherited)
+
+
 def test_bad_files_are_listed_and_the_run_completes(tmp_path, analyzer, capsys):
     src = _small_input(tmp_path, n=3)
     other = sorted(CT.glob("*.dcm"))[0]  # a slice not in the input, so it is not a duplicate

@@ -43,7 +43,11 @@ class DeferredInterrupts:
     def __enter__(self) -> DeferredInterrupts:
         if threading.current_thread() is threading.main_thread():
             for sig in DEFERRED_SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._note)
+                # An ignored signal stays ignored: a batch started in the background of a
+                # script (SIGINT ignored, inherited) must not end as interrupted on a Ctrl-C
+                # meant for the script's foreground, only because it came while writing.
+                if signal.getsignal(sig) is not signal.SIG_IGN:
+                    self._previous[sig] = signal.signal(sig, self._note)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
