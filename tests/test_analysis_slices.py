@@ -3,6 +3,7 @@ hands each file its neighbouring slices."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from conftest import REPO
 from medrt.analysis.slices import adjacent, series_neighbours, slice_stack, stack_pixels
 from medrt.io.dicom import read_frames
 from medrt.pipeline.stages import Decoded, SliceContext, decode
-from medrt.types import Geometry
+from medrt.types import Frame, Geometry
 
 STREAM = REPO / "sample_dicom" / "ct_stream"
 
@@ -209,6 +210,40 @@ def test_slice_context_takes_the_neighbours_the_model_learnt(thin: list) -> None
     multi = ctx("multi")
     assert multi[5].neighbours == (thin[2], thin[8])
     assert SliceContext(decoder, items)(items[5])[0].neighbours == (thin[4], thin[6])  # no target: the next
+
+
+def as_acquisition(frame: Frame, number: int) -> Frame:
+    """``frame`` as an image of whole acquisition ``number`` of its series (a post-contrast
+    pass at the same positions): its own header copy with that AcquisitionNumber and, for a
+    pass other than 1, its own SOPInstanceUID (the frame's; the header's is not read here)."""
+    ds = copy.deepcopy(frame.source.dataset)
+    ds.AcquisitionNumber = number
+    uid = frame.sop_instance_uid if number == 1 else f"{frame.sop_instance_uid}.{number}"
+    return replace(frame, sop_instance_uid=uid, source=replace(frame.source, dataset=ds))
+
+
+def test_two_whole_acquisitions_are_never_each_others_neighbours(thin: list) -> None:
+    """A series holding two passes at the same positions (medrt.io.stacks): each slice's
+    neighbours are of its own pass, whatever order the frames come in; a stack's last
+    slice was given the other pass's first (9 mm away on a 4-slice 3 mm series)."""
+    three = [replace(f, geometry=Geometry((*f.geometry.position[:2], f.geometry.position[2] * 3.0),
+                                          f.geometry.orientation)) for f in thin[:4]]
+    a = [as_acquisition(f, 1) for f in three]
+    b = [as_acquisition(f, 2) for f in three]
+    by_stack = series_neighbours(a + b)
+    assert by_stack[:4] == series_neighbours(a) and by_stack[4:] == series_neighbours(b)
+    assert by_stack[3] == (a[2], None) and by_stack[4] == (None, b[1])
+    interleaved = [f for pair in zip(a, b, strict=True) for f in pair]  # by position, as a folder sorts
+    nbs = dict(zip((f.sop_instance_uid for f in interleaved), series_neighbours(interleaved, 3.0), strict=True))
+    assert [nbs[f.sop_instance_uid] for f in a] == series_neighbours(a, 3.0)
+    assert [nbs[f.sop_instance_uid] for f in b] == series_neighbours(b, 3.0)
+    assert series_neighbours(b)[1] == (b[0], b[2])
+    # the batch's file order: a None ends a stack (medrt.batch.run.slice_order)
+    items = [f"a{i}" for i in range(4)] + [None] + [f"b{i}" for i in range(4)] + [None]
+    by_item = dict(zip([i for i in items if i], a + b, strict=True))
+    ctx = SliceContext(lambda item: [Decoded(by_item[str(item)], 0.0)], items, target_mm=3.0)
+    assert ctx("a3")[0].neighbours == (a[2], None) and ctx("b0")[0].neighbours == (None, b[1])
+    assert ctx("b2")[0].neighbours == (b[1], b[3])
 
 
 def test_a_watched_thin_series_gets_the_neighbours_the_model_learnt(thin: list) -> None:

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from test_analysis_slices import as_acquisition
 from test_export import truth_result
 
 from medrt import read_frames
@@ -93,6 +94,30 @@ def test_a_gap_in_the_series_breaks_a_lesion_and_no_mm_means_no_volume(ct) -> No
     pixels, _ = link_series(no_mm)
     assert len(pixels) == len(lesions) and all(les.volume_mm3 is None and not les.in_mm for les in pixels)
     assert pixels[0].to_json()["diameter_mm"] is None and pixels[0].to_json()["diameter_px"] is not None
+
+
+def test_two_whole_acquisitions_are_linked_each_by_itself(ct) -> None:  # type: ignore[no-untyped-def]
+    """A pre- and a post-contrast pass in one series: each pass gets the lesions it gets
+    alone, numbered on from one pass to the next, each saying its acquisition; a section of
+    one pass was joined to the other's on the slice beside it, one lesion over both."""
+    results, _ = ct
+    alone, _ = link_series(results)
+    first = [replace(r, frame=as_acquisition(r.frame, 1)) for r in results]
+    second = [replace(r, frame=as_acquisition(r.frame, 2)) for r in results]
+    mixed = first + second
+    random.Random(4).shuffle(mixed)
+    lesions, numbers = link_series(mixed)
+    assert len(lesions) == 2 * len(alone) and [les.number for les in lesions] == list(range(1, len(lesions) + 1))
+
+    def shape(found):  # type: ignore[no-untyped-def]
+        return [(les.slices, round(les.diameter_mm, 4), les.volume_mm3) for les in found]
+
+    assert shape(lesions[:len(alone)]) == shape(lesions[len(alone):]) == shape(alone)
+    assert {les.acquisition for les in lesions[:len(alone)]} == {1} and lesions[0].to_json()["acquisition"] == 1
+    assert {les.acquisition for les in lesions[len(alone):]} == {2} and alone[0].acquisition is None
+    for les in lesions:  # no lesion has sections of both passes
+        assert len({s.sop_instance_uid.endswith(".2") for s in les.sections}) == 1
+    assert len(numbers) == 2 * sum(len(r.lesions) for r in results)
 
 
 def test_radiographs_keep_one_lesion_per_section(tmp_path) -> None:  # type: ignore[no-untyped-def]

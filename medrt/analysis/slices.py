@@ -16,6 +16,10 @@ next slice is almost this one. A frame without such a
 neighbour (the first or last slice, a lone image, a radiograph, or a listener that
 has only this one) gets itself in that place, which is how the model was trained
 for those cases (``models/data.py``, ``neighbour_drop``).
+
+A series that holds several whole acquisitions at the same slice positions (a pre- and a
+post-contrast pass: :mod:`medrt.io.stacks`) is several stacks: a slice's neighbours are
+of its own pass (:func:`frame_stacks`), never the other's slice one step away.
 """
 
 from __future__ import annotations
@@ -25,10 +29,13 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from medrt.io.header import finite_int
+from medrt.io.stacks import acquisition_stacks
 from medrt.preprocess import normalize
 from medrt.types import Frame
 
-__all__ = ["MAX_GAP_MM", "MAX_REACH", "Neighbours", "Sides", "adjacent", "along_normal", "nearest_at", "nearest_sides",
+__all__ = ["MAX_GAP_MM", "MAX_REACH", "Neighbours", "Sides", "adjacent", "along_normal", "frame_stacks",
+           "in_stacks", "nearest_at", "nearest_sides",
            "ordered_sides",
            "slice_stack", "series_neighbours",
            "stack_pixels", "phantom_input", "phantom_sides"]
@@ -58,6 +65,25 @@ def along_normal(frame: Frame) -> float | None:
     n = g.normal
     along = float(np.dot(g.position, n))
     return -along if n[int(np.argmax(np.abs(n)))] < 0 else along
+
+
+def frame_stacks(frames: Sequence[Frame]) -> list[int] | None:
+    """Which stack (0, 1, ... by ascending AcquisitionNumber) each of one series' ``frames``
+    is in when they are several whole acquisitions at the same slice positions, by the rule
+    that orders a series' items (:func:`medrt.io.stacks.acquisition_stacks`, here on the
+    frames' positions along the normal and AcquisitionNumbers); None for one stack."""
+    if len(frames) < 2:
+        return None
+    acquisitions = [finite_int(f.source.dataset.get("AcquisitionNumber")) for f in frames]
+    return acquisition_stacks([along_normal(f) for f in frames], acquisitions)
+
+
+def in_stacks(items: Sequence[object], stacks: list[int]) -> list[list[int]]:
+    """The indices of ``items`` per stack (``stacks``: :func:`frame_stacks`), in the order given."""
+    out: list[list[int]] = [[] for _ in range(max(stacks) + 1)]
+    for i, k in enumerate(stacks):
+        out[k].append(i)
+    return out
 
 
 def adjacent(frame: Frame, other: Frame | None) -> bool:
@@ -116,7 +142,16 @@ def series_neighbours(frames: Sequence[Frame], target_mm: float | None = None) -
     Frames that all have a position but are not given in position order (an enhanced
     CT may store its frames in any order) are put in order first: frame order gave
     them neighbours from elsewhere in the volume. Not where two frames share a place (an
-    object of several phases or stacks: its frame order keeps each together)."""
+    object of several phases or stacks: its frame order keeps each together), but the
+    images of several whole acquisitions (:func:`frame_stacks`) get their neighbours
+    within their own."""
+    stacks = frame_stacks(frames)
+    if stacks is not None:
+        out_of_stacks: list[Neighbours] = [(None, None)] * len(frames)
+        for part in in_stacks(frames, stacks):
+            for i, nb in zip(part, series_neighbours([frames[i] for i in part], target_mm), strict=True):
+                out_of_stacks[i] = nb
+        return out_of_stacks
     positions = [along_normal(f) for f in frames]
     if all(p is not None for p in positions) and len({round(p, 3) for p in positions}) == len(frames):  # type: ignore[arg-type]
         steps = [b - a for a, b in zip(positions, positions[1:], strict=False)]  # type: ignore[operator]

@@ -24,6 +24,13 @@ measure), and may follow its volume. :func:`link_series` joins the sections:
   slice spacing (the median step between neighbouring slices; Cavalieri's estimate, so
   a lesion seen on one slice has the volume of a slab that thick).
 
+A series of several whole acquisitions at the same slice positions (a pre- and a
+post-contrast pass: :func:`medrt.analysis.slices.frame_stacks`) is linked stack by stack:
+no lesion joins sections of two passes, and each lesion says which acquisition it was
+seen in (``acquisition``), so one seen in both passes reads as the same place twice,
+not as two lesions of one scan. Numbers run on from one stack to the next, lower
+AcquisitionNumber first.
+
 A radiograph, a lone image, or a frame whose neighbours are missing has series lesions
 of one section each (volume None). No library offered this: scikit-image and
 scipy.ndimage label connected voxels in a regular volume, which would need every slice's
@@ -39,7 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from medrt.analysis.slices import adjacent, along_normal
+from medrt.analysis.slices import adjacent, along_normal, frame_stacks, in_stacks
+from medrt.io.header import finite_int
 from medrt.types import Frame, FrameResult, Lesion
 
 __all__ = ["MIN_OVERLAP", "Linked", "Section", "SeriesLesion", "link_series", "LesionCounter"]
@@ -69,6 +77,9 @@ class SeriesLesion:
     volume_mm3: float | None  # sum of section areas x slice spacing; None without positions or mm
     score: float  # the highest section score
     in_mm: bool  # sizes in mm; else in pixels (no pixel spacing in the header)
+    # the AcquisitionNumber of the stack it is in, when its series holds several whole
+    # acquisitions at the same positions (medrt.analysis.slices.frame_stacks); else None
+    acquisition: int | None = None
 
     @property
     def slices(self) -> int:
@@ -88,6 +99,7 @@ class SeriesLesion:
             "diameter_px": None if self.in_mm else round(self.diameter_mm, 4),
             "volume_mm3": None if self.volume_mm3 is None else round(self.volume_mm3, 3),
             "score": round(self.score, 4),
+            "acquisition": self.acquisition,
         }
 
 
@@ -199,7 +211,25 @@ def _pixels(r: FrameResult, les: Lesion) -> int:
 
 def link_series(results: Sequence[FrameResult]) -> Linked:
     """The series lesions of ``results`` (the frames of one series, in any order), and each
-    section's number: ``{(frame key, lesion label): series lesion number}``."""
+    section's number: ``{(frame key, lesion label): series lesion number}``. The stacks of a
+    series of several acquisitions are linked each by itself, numbered on from one to the
+    next."""
+    stacks = frame_stacks([r.frame for r in results])
+    if stacks is None:
+        return _link(results, 1, None)
+    lesions: list[SeriesLesion] = []
+    numbers: dict[tuple[str, int], int] = {}
+    for part in in_stacks(results, stacks):
+        mine = [results[i] for i in part]
+        found, numbered = _link(mine, len(lesions) + 1,
+                                finite_int(mine[0].frame.source.dataset.get("AcquisitionNumber")))
+        lesions += found
+        numbers.update(numbered)
+    return lesions, numbers
+
+
+def _link(results: Sequence[FrameResult], first: int, acquisition: int | None) -> Linked:
+    """:func:`link_series` of one stack, its lesions numbered from ``first``."""
     from pydicom.uid import generate_uid
 
     ordered, by_instance = _order(results)
@@ -246,7 +276,7 @@ def link_series(results: Sequence[FrameResult]) -> Linked:
     series_uid = ordered[0].frame.series_instance_uid if ordered else ""
     lesions: list[SeriesLesion] = []
     numbers: dict[tuple[str, int], int] = {}
-    for n, group in enumerate(found, start=1):
+    for n, group in enumerate(found, start=first):
         in_mm = ordered[group[0].slice].frame.spacing_mm is not None
         largest = max(group, key=lambda s: (s.lesion.diameter_mm, -s.slice))
         volume = None
@@ -254,7 +284,7 @@ def link_series(results: Sequence[FrameResult]) -> Linked:
             volume = float(sum(s.lesion.area_mm2 for s in group) * step)
         uid = generate_uid(entropy_srcs=["medrt series lesion", series_uid, group[0].key, str(group[0].lesion.label)])
         lesions.append(SeriesLesion(n, uid, tuple(group), largest, float(largest.lesion.diameter_mm), volume,
-                                    float(max(s.lesion.score for s in group)), in_mm))
+                                    float(max(s.lesion.score for s in group)), in_mm, acquisition))
         numbers.update({(s.key, s.lesion.label): n for s in group})
     return lesions, numbers
 

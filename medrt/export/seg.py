@@ -33,14 +33,15 @@ Decisions (see REFERENCE.md, "DICOM output conventions"):
 - **One SEG relates to single-frame images in patient coordinates, or to one
   object** (a radiograph without patient geometry, a multi-frame image):
   that is what highdicom can place. :func:`split_for_seg` cuts a series into
-  such groups. A multi-frame source needs every frame's result and a Frame of
+  such groups (one per pass of a series of several acquisitions at the same positions).
+  A multi-frame source needs every frame's result and a Frame of
   Reference (an ultrasound cine has none): otherwise :class:`ExportError`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import highdicom as hd
 import numpy as np
@@ -49,6 +50,7 @@ from pydicom.multival import MultiValue
 from pydicom.sr.codedict import codes
 from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless
 
+from medrt.analysis.slices import frame_stacks, in_stacks
 from medrt.analysis.tracking import Linked
 from medrt.export.common import (
     AI_FAMILY,
@@ -319,7 +321,8 @@ def split_for_seg(results: Sequence[FrameResult]) -> list[list[FrameResult]]:
     """``results`` of one series cut into the groups one SEG each can hold, in first-seen order.
 
     Single-frame images in patient coordinates share a SEG per (Frame of
-    Reference, image size); every other object (a radiograph without patient
+    Reference, image size, and whole acquisition where a series holds several at the same
+    slice positions); every other object (a radiograph without patient
     geometry, a multi-frame image) gets its own, because highdicom relates SEG
     frames to such sources only one object at a time. A multi-frame object
     without a Frame of Reference still cannot have a SEG (:func:`build_seg` says so).
@@ -359,7 +362,7 @@ def _plan(results: Sequence[FrameResult]) -> tuple[list[list[FrameResult]], dict
         groups.setdefault(key, []).append(r)
     left_out: dict[str, str] = {}
     kept: list[list[FrameResult]] = []
-    for group in groups.values():
+    for group in _by_stack(groups.values()):
         lacking = {r.frame.key: missing for r in group if (missing := _lacking(r.frame.source.dataset))}
         if not lacking or len(lacking) == len(group):
             kept.append(group)
@@ -370,6 +373,17 @@ def _plan(results: Sequence[FrameResult]) -> tuple[list[list[FrameResult]], dict
                              "of its series carry them")
         kept.append([r for r in group if r.frame.key not in lacking])
     return kept, left_out
+
+
+def _by_stack(groups: Iterable[list[FrameResult]]) -> list[list[FrameResult]]:
+    """``groups`` with each of several whole acquisitions at the same slice positions (a pre-
+    and a post-contrast pass in one series: :func:`medrt.analysis.slices.frame_stacks`) a
+    group of its own, lower AcquisitionNumber first: one SEG holds one image per plane."""
+    out: list[list[FrameResult]] = []
+    for group in groups:
+        stacks = frame_stacks([r.frame for r in group])
+        out += [group] if stacks is None else [[group[i] for i in part] for part in in_stacks(group, stacks)]
+    return out
 
 
 def seg_frame_numbers(seg: Dataset) -> dict[tuple[str, int | None, int], int]:

@@ -85,7 +85,9 @@ class SliceContext:
     2.5-D segmentation model (``[model] slices = 3``).
 
     With ``order``, the source's list of files, series by series in slice order (the
-    batch plan, a replayed folder): for the file at position i the files at i - 1 and
+    batch plan, a replayed folder; a None in it ends a stack, whose files are never a
+    neighbour of those after it: the passes of a series of several acquisitions,
+    :mod:`medrt.io.stacks`): for the file at position i the files at i - 1 and
     i + 1 are decoded too, or taken from a small cache of the last few decoded, so a
     replay in order decodes each file once. Without it (a watched folder, a queue: the
     next slice has not arrived yet) each frame gets one decoded before it, which
@@ -123,10 +125,11 @@ class SliceContext:
             ahead.want(1)  # a source that lets files through at once: hold each for the next slice
         if target_mm is not None:  # the slices out to the one target_mm away, on both sides
             keep = max(keep, 2 * MAX_REACH + 1)
-        self.order = [os.fspath(p) for p in order] if order is not None else None
+        self.order = [None if p is None else os.fspath(p) for p in order] if order is not None else None
         self.index: dict[str, int] = {}
         for i, p in enumerate(self.order or ()):
-            self.index.setdefault(p, i)
+            if p is not None:
+                self.index.setdefault(p, i)
         self.keep = max(3, keep)
         self._cache: OrderedDict[str, list[Decoded]] = OrderedDict()
         # live: the slices decoded last, newest first, among which each one's neighbours are
@@ -172,10 +175,13 @@ class SliceContext:
         return out
 
     def _neighbour(self, i: int) -> Frame | None:
-        if self.order is None or not 0 <= i < len(self.order) or self.order[i] in self._not_slices:
+        if self.order is None or not 0 <= i < len(self.order):
+            return None
+        path = self.order[i]
+        if path is None or path in self._not_slices:  # the end of a stack, or no slice
             return None
         try:
-            out = self._decoded(self.order[i])
+            out = self._decoded(path)
         except Exception:  # reported when that file's own turn comes
             return None
         return _slice(out)
@@ -298,7 +304,7 @@ _WORKER: dict[str, Any] = {}
 
 
 def _start_worker(config: AnalyzerConfig, mode: str | None, recheck: bool | None,
-                  order: Sequence[str] | None = None) -> None:
+                  order: Sequence[str | None] | None = None) -> None:
     from medrt.analyzer import load_analyzer
 
     # One core per process (ProcessAnalysis): the band pool of large frames (medrt.bands)
@@ -348,7 +354,7 @@ class ProcessAnalysis(WorkerPool):
     def __init__(self, config: AnalyzerConfig, processes: int, *, mode: str | None = None,
                  recheck: bool | None = None, order: Sequence[Any] | None = None) -> None:
         self.config = replace(config, threads=config.threads or 1)  # one core per process
-        paths = [os.fspath(p) for p in order] if order else None
+        paths = [None if p is None else os.fspath(p) for p in order] if order else None
         super().__init__(processes, _start_worker, (self.config, mode, recheck, paths))
         self._slots = ParentSlots()
 
@@ -388,7 +394,8 @@ def analysis_stages(
     and analysed in that many worker processes with the analyzer's settings
     (:class:`ProcessAnalysis`); each FrameResult still carries its per-step timings.
 
-    ``order``: the files the source will send, in slice order. A 2.5-D segmentation
+    ``order``: the files the source will send, in slice order (a None between two
+    stacks whose files are not each other's neighbours). A 2.5-D segmentation
     model then gets each file's neighbouring slices (:class:`SliceContext`); without
     it (a queue, a watched folder) each frame gets one decoded before it, when
     that is its neighbour, and with ``ahead`` (a live source wrapped in
