@@ -333,8 +333,11 @@ class Study:
         for s in grouped.series:
             entry = SeriesEntry(s.series_instance_uid, s.modality, patient=_patient_of(s.items[0].source))
             # head first (an axial series from the top down, as the scanner numbers it and as
-            # the lesions' sections are counted: medrt.analysis.tracking)
-            for item in (reversed(s.items) if s.ordered_by == "position" else s.items):
+            # the lesions' sections are counted: medrt.analysis.tracking); a series of several
+            # whole acquisitions at the same positions one pass after the other
+            stacks = s.stacks or (s.items,)
+            items = [i for stack in stacks for i in (reversed(stack) if s.ordered_by == "position" else stack)]
+            for item in items:
                 for i in range(item.frames):
                     entry.add(Slot(frame_key(item.sop_instance_uid, item.frames, i), path=item.path))
             study.series.append(entry)

@@ -109,6 +109,27 @@ def test_info_ok_exit_code_and_missing_path(tmp_path: Path) -> None:
     assert named.returncode == 1 and "ERROR (NotDicomError)" in named.stdout
 
 
+def test_info_says_a_series_holds_two_whole_acquisitions(tmp_path: Path) -> None:
+    """Two passes at the same positions in one series (pre- and post-contrast) are each
+    analysed; medrt info says so, where it would otherwise look like 4 duplicates."""
+    import pydicom
+    from pydicom.uid import generate_uid
+
+    for path in sorted((SAMPLE_DIR / "ct_stream").glob("*.dcm"))[:4]:
+        ds = pydicom.dcmread(path)
+        ds.AcquisitionNumber = 1
+        ds.save_as(tmp_path / path.name, enforce_file_format=True)
+        ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+        ds.AcquisitionNumber = 2
+        ds.save_as(tmp_path / f"post_{path.name}", enforce_file_format=True)
+    out = medrt("info", "--json", str(tmp_path))
+    assert out.returncode == 0, out.stdout[-2000:]
+    (found,) = json.loads(out.stdout)["several_acquisitions"]
+    assert found["acquisition_numbers"] == [1, 2] and found["images"] == [4, 4]
+    assert "2 acquisitions at the same slice positions (AcquisitionNumber 1, 2; 4 + 4 images)" in \
+        medrt("info", str(tmp_path)).stdout
+
+
 def test_info_on_the_samples_succeeds(sample_dir: Path) -> None:
     out = medrt("info", "--json", str(sample_dir))
     assert out.returncode == 0, out.stdout[-2000:]

@@ -165,3 +165,57 @@ def test_a_slice_without_its_position_costs_neither_the_series_seg_nor_its_lesio
                   and str(g.roi.ContentSequence[0].ReferencedSOPSequence[0].ReferencedSOPInstanceUID) == lacking]
     assert on_damaged and all(g.referenced_segmentation_frame is None for g in on_damaged)
     assert len(regions) == sum(map(len, plain["sections"].values()))
+
+
+def test_a_series_of_two_whole_acquisitions_gets_the_findings_of_one_for_each(plain, analyzer, tmp_path):
+    """A pre- and a post-contrast pass stored in one series (the same positions, each its own
+    AcquisitionNumber): the second pass alone was analysed and the first listed as skipped
+    duplicates. Now each pass gets the findings of the single pass, its own SEG, its
+    lesions marked with its acquisition; the SR covers both and stays dciodvfy-clean."""
+    import subprocess
+
+    import highdicom as hd
+
+    from conftest import require_tool
+
+    src = _variant(tmp_path, lambda ds, i: setattr(ds, "AcquisitionNumber", 1))
+    twin: dict[str, str] = {}  # the second pass's SOPInstanceUID -> the first's
+    for path in sorted(src.glob("*.dcm")):
+        ds = pydicom.dcmread(path)
+        first = str(ds.SOPInstanceUID)
+        ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+        ds.AcquisitionNumber, ds.InstanceNumber = 2, int(ds.InstanceNumber) + 100
+        ds.save_as(src / f"post_{path.name}", enforce_file_format=True)
+        twin[str(ds.SOPInstanceUID)] = first
+    got = _run(src, analyzer)
+    out = tmp_path / "out"
+    assert not list(csv.DictReader((out / "errors.csv").open()))  # nothing skipped
+    assert {uid: got["sections"][uid] for uid in plain["sections"]} == plain["sections"]
+    assert {first: got["sections"][uid] for uid, first in twin.items()} == plain["sections"]
+
+    def findings(rows: list[dict], acquisition: str) -> list[tuple[str, str]]:
+        return [(r["slices"], r["diameter_mm"]) for r in rows if r["acquisition"] == acquisition]
+
+    assert len(got["lesions"]) == 2 * len(plain["lesions"])
+    assert findings(got["lesions"], "1") == findings(got["lesions"], "2") == findings(plain["lesions"], "")
+    report = json.loads((out / "report.json").read_text())
+    (series,) = report["series"]
+    n = len(plain["lesions"])
+    assert series["acquisitions"] == 2 and series["lesions_by_acquisition"] == {"1": n, "2": n}
+    assert "2 acquisitions" in (out / "report.md").read_text()
+
+    folder = next((out / "series").iterdir())
+    segs = sorted(folder.glob("seg_*.dcm"))
+    assert [p.name for p in segs] == ["seg_1.dcm", "seg_2.dcm"]
+    covered = []
+    for path in segs:
+        seg = hd.seg.segread(path)
+        covered.append({str(ref.ReferencedSOPInstanceUID)
+                        for ref in seg.ReferencedSeriesSequence[0].ReferencedInstanceSequence})
+    assert covered == [set(plain["sections"]), set(twin)]
+    tool = require_tool("dciodvfy")
+    for path in (*segs, folder / "sr.dcm"):
+        proc = subprocess.run([tool, str(path)], capture_output=True, text=True, timeout=120)
+        assert "Error" not in proc.stdout + proc.stderr, path.name
+    regions = hd.sr.srread(folder / "sr.dcm").content.get_planar_roi_measurement_groups()
+    assert len(regions) == 2 * sum(map(len, plain["sections"].values()))

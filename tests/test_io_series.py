@@ -208,6 +208,69 @@ def test_duplicate_position_keeps_higher_acquisition_number(tmp_path: Path, capl
     assert "Test^Series" not in caplog.text and "SERIES-TEST" not in caplog.text
 
 
+def _second_pass(folder: Path, written: Sequence[Dataset], acquisition: int = 2) -> list[Dataset]:
+    """The slices of ``written`` again, at the same positions in the same series, as another
+    whole acquisition (a post-contrast pass): new SOPInstanceUIDs, InstanceNumber + 100."""
+    out = []
+    for k, base in enumerate(written):
+        ds = ct_dataset(study=base.StudyInstanceUID, series=base.SeriesInstanceUID, index=k + 50,
+                        position=[float(v) for v in base.ImagePositionPatient], instance=int(base.InstanceNumber) + 100,
+                        acquisition=acquisition)
+        ds.save_as(folder / f"pass{acquisition}_{k}.dcm", enforce_file_format=True)
+        out.append(ds)
+    return out
+
+
+def test_two_whole_acquisitions_at_the_same_positions_are_two_stacks(tmp_path: Path) -> None:
+    """A pre- and a post-contrast pass stored in one series: each whole acquisition is kept,
+    as a stack of its own (lower AcquisitionNumber first), in one Series; keeping one image
+    per position dropped the first pass whole."""
+    first = write_series(tmp_path, n=6)
+    second = _second_pass(tmp_path, first)
+    series = only_series(group_series(shuffled_files(tmp_path)).series)
+    assert not series.duplicates_dropped
+    assert series.acquisitions == 2 and series.acquisition_numbers == (1, 2)
+    assert [[i.sop_instance_uid for i in stack] for stack in series.stacks] == [
+        [d.SOPInstanceUID for d in first], [d.SOPInstanceUID for d in second]]
+    assert series.items == (*series.stacks[0], *series.stacks[1]) and series.frames == 12
+    ordered, dropped, _ = order_items(list(series.items))
+    assert ordered == series.items and not dropped
+    with pytest.raises(UnsupportedImageError, match="2 acquisitions at the same slice positions"):
+        series_to_sitk(series)
+    plain = only_series(group_series(sorted(tmp_path.glob("1*.dcm"))).series)  # the first pass alone
+    assert plain.acquisitions == 1 and plain.stacks == ()
+
+
+def test_a_slice_or_two_re_acquired_within_a_pass_keep_the_later(tmp_path: Path) -> None:
+    """A motion repeat of a few slices (fewer than medrt.io.stacks.MIN_STACK) is not a pass
+    of its own: one stack, the higher AcquisitionNumber kept, the rest dropped as before."""
+    written = write_series(tmp_path, n=8)
+    redo = [ct_dataset(study=written[k].StudyInstanceUID, series=written[k].SeriesInstanceUID, index=k + 50,
+                       position=[float(v) for v in written[k].ImagePositionPatient], instance=90 + k, acquisition=2)
+            for k in (2, 5)]
+    for ds in redo:
+        ds.save_as(tmp_path / f"redo{ds.InstanceNumber}.dcm", enforce_file_format=True)
+    series = only_series(group_series(shuffled_files(tmp_path)).series)
+    assert series.acquisitions == 1 and series.stacks == () and len(series.items) == 8
+    assert {series.items[k].sop_instance_uid for k in (2, 5)} == {d.SOPInstanceUID for d in redo}
+    assert {d.sop_instance_uid for d in series.duplicates_dropped} == {written[k].SOPInstanceUID for k in (2, 5)}
+
+
+def test_a_sequential_ct_with_an_acquisition_number_per_slice_is_one_stack(tmp_path: Path) -> None:
+    """Sequential (axial) CT often numbers every slice as an acquisition of its own; two
+    passes of it cannot be told apart from re-acquired slices, so it stays one stack, each
+    position's later image kept."""
+    first = write_series(tmp_path, n=6)
+    for k, ds in enumerate(first):
+        ds.AcquisitionNumber = k + 1
+        ds.save_as(tmp_path / f"{ds.SOPInstanceUID}.dcm", enforce_file_format=True)
+    second = [ds for k, base in enumerate(first) for ds in _second_pass(tmp_path, [base], acquisition=k + 7)]
+    series = only_series(group_series(shuffled_files(tmp_path)).series)
+    assert series.acquisitions == 1 and series.stacks == ()
+    assert [i.sop_instance_uid for i in series.items] == [d.SOPInstanceUID for d in second]
+    assert len(series.duplicates_dropped) == 6
+
+
 def test_mixed_folder_separates_series_and_reports_bad_and_non_image_inputs(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

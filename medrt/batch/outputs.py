@@ -3,13 +3,15 @@
 
     OUT/series/<SeriesInstanceUID>/
         seg.dcm            DICOM SEG (absent when no frame holds a lesion; seg_<n>.dcm, one per
-                           image, for a radiograph series of several views)
+                           image, for a radiograph series of several views, and one per pass for a
+                           series of several whole acquisitions at the same positions)
         sr.dcm             DICOM SR TID 1500 measurement report
         sc/<n>.dcm         secondary captures with the overlay burned in (--sc)
         png/<n>.png        overlay PNGs (fill + outline, sizes labelled)
         frames.jsonl       this series' lines of results.jsonl
         lesions.json       each lesion once: its sections on neighbouring slices joined (slices,
-                           longest diameter and where, volume; medrt.analysis.tracking)
+                           longest diameter and where, volume, and the acquisition it was seen in
+                           for a series of several; medrt.analysis.tracking)
         masks.npz          label maps of frames with lesions (for medrt eval's Dice)
         manifest.json      content hash, settings, counts, notes
 """

@@ -12,7 +12,7 @@ from medrt import __version__
 from medrt.engine.hardware import cpu_name, int8_kernels
 from medrt.export.write import atomic_write
 
-__all__ = ["write_report", "series_lesions", "series_problems", "SIZE_BUCKETS"]
+__all__ = ["write_report", "series_lesions", "series_problems", "acquisitions_text", "SIZE_BUCKETS"]
 
 SIZE_BUCKETS = ((0.0, 2.0, "<2 mm"), (2.0, 5.0, "2-5 mm"), (5.0, 10.0, "5-10 mm"), (10.0, 30.0, "10-30 mm"),
                 (30.0, float("inf"), ">=30 mm"))
@@ -51,6 +51,18 @@ def series_lesions(f: dict[str, Any], key: str = "lesions") -> str:
     """A series' lesion (or section) count for a table: "-" when none of its images was
     analysed (it is not a negative series)."""
     return "-" if not f["frames"] and f.get("failed") else str(f[key])
+
+
+def acquisitions_text(f: dict[str, Any]) -> str:
+    """"2 acquisitions (lesions 3 + 3)" for a series of several whole acquisitions at the
+    same slice positions (each analysed as a stack of its own; a lesion seen in both passes
+    is in each count), else ""."""
+    n = f.get("acquisitions") or 1
+    if n < 2:
+        return ""
+    per = f.get("lesions_by_acquisition") or {}
+    counts = f" (lesions {' + '.join(str(v) for v in per.values())})" if per else ""
+    return f"{n} acquisitions{counts}"
 
 
 def series_problems(f: dict[str, Any]) -> str:
@@ -146,13 +158,14 @@ def _markdown(r: dict[str, Any]) -> str:
         "",
         "## Series",
         "",
-        "| series | modality | frames | lesions | sections | largest | problems | first file |",
+        "| series | modality | frames | lesions | sections | largest | notes | first file |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for f in r["series"]:
         largest = diameters_text(f, 5) or "-"
+        said = "; ".join(x for x in (acquisitions_text(f), series_problems(f)) if x)
         lines.append(f"| `{f['series_instance_uid']}` | {f['modality']} | {f['frames']} | {series_lesions(f)} | "
-                     f"{series_lesions(f, 'sections')} | {largest} | {series_problems(f) or '-'} | "
+                     f"{series_lesions(f, 'sections')} | {largest} | {said or '-'} | "
                      f"{f.get('first_file') or '-'} |")
     if r["timings_ms"]:
         lines += ["", "## Timings (this run, ms per frame, after warm-up)", "",

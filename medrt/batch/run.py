@@ -17,7 +17,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,7 +54,7 @@ RESULTS = "results.jsonl"
 LESIONS_CSV = "lesions.csv"
 LESION_COLUMNS = ["series_instance_uid", "modality", "lesion", "slices", "diameter_mm", "diameter_px", "volume_mm3",
                   "score", "largest_sop_instance_uid", "largest_frame_index", "largest_id", "first_sop_instance_uid",
-                  "last_sop_instance_uid", "tracking_uid", "diameter_unit"]
+                  "last_sop_instance_uid", "tracking_uid", "diameter_unit", "acquisition"]
 ERRORS = "errors.csv"
 MASKS = "masks.npz"
 REPORT_JSON = "report.json"
@@ -230,7 +230,7 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
         paths = [p for sp in pending for p in sp.paths]
         stages = analysis_stages(analyzer, infer_workers=config.workers, decode_workers=config.decode_workers,
                                  decode_processes=config.decode_processes, processes=config.processes,
-                                 order=paths)  # series by series, in slice order: a 2.5-D model's neighbours
+                                 order=slice_order(pending))  # a 2.5-D model's neighbours
         pipe = Pipeline(FileReplay(paths, fps=0), stages, [sink], policy="block", depth=config.depth,
                         telemetry=True, name="batch")
         telemetry = pipe.telemetry
@@ -265,6 +265,22 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
         summary.report = _report(summary, plan, settings, analyzer, telemetry, out)
     stop_after_writing(summary, held)
     return summary
+
+
+def slice_order(plans: Iterable[SeriesPlan]) -> list[Path | None]:
+    """The files of ``plans``, series by series in slice order, with a None after each
+    stack of a series of several acquisitions (:attr:`medrt.io.series.Series.stacks`), so
+    that no slice of one pass is taken as the neighbour of the other's
+    (:class:`medrt.pipeline.stages.SliceContext`)."""
+    order: list[Path | None] = []
+    for sp in plans:
+        if not sp.series.stacks:
+            order += sp.paths
+            continue
+        for stack in sp.series.stacks:
+            order += [item.path for item in stack if item.path is not None]
+            order.append(None)
+    return order
 
 
 def stop_after_writing(summary: BatchSummary, held: DeferredInterrupts) -> None:
@@ -351,6 +367,12 @@ def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bo
         shared = set(units)
         s.findings.append({"series_instance_uid": sp.uid, "modality": sp.series.modality,
                            "frames": len(recs), "lesions": len(found),
+                           # several whole acquisitions at the same slice positions (a pre- and a
+                           # post-contrast pass): each analysed as a stack, and its lesions
+                           # counted per acquisition, so one seen in both passes is not read
+                           # as two lesions of one scan
+                           "acquisitions": sp.series.acquisitions,
+                           "lesions_by_acquisition": _by_acquisition(sp, found),
                            "sections": sum(len(r["lesions"]) for r in recs),
                            # each lesion's longest diameter and its unit; diameters_mm and
                            # diameter_unit say the same where the series' lesions share one
@@ -397,6 +419,18 @@ def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bo
     return s
 
 
+def _by_acquisition(sp: SeriesPlan, found: list[dict[str, Any]]) -> dict[str, int] | None:
+    """A series of several acquisitions: its lesions per AcquisitionNumber (as text, a JSON
+    key), every acquisition named; None for a series of one."""
+    if not sp.series.stacks:
+        return None
+    counts = {str(n): 0 for n in sp.series.acquisition_numbers}
+    for f in found:
+        key = str(f.get("acquisition"))
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 def _diameter_unit(recs: list[dict[str, Any]], source: str | None = None) -> str:
     """What a diameter measured at ``source`` (a frame's ``pixel_spacing_source``; default:
     the series' first frame's) is in: "mm" and where it measures
@@ -433,7 +467,9 @@ def _lesion_row(entry: dict[str, Any]) -> dict[str, Any]:
             "largest_sop_instance_uid": entry["largest"]["sop_instance_uid"],
             "largest_frame_index": entry["largest"]["frame_index"], "largest_id": entry["largest"]["id"],
             "first_sop_instance_uid": entry["first"]["sop_instance_uid"],
-            "last_sop_instance_uid": entry["last"]["sop_instance_uid"], "tracking_uid": entry["tracking_uid"]}
+            "last_sop_instance_uid": entry["last"]["sop_instance_uid"], "tracking_uid": entry["tracking_uid"],
+            # the AcquisitionNumber of its stack in a series of several acquisitions, else empty
+            "acquisition": entry.get("acquisition")}
 
 
 def _report(s: BatchSummary, plan: Plan, settings: dict[str, Any], analyzer: Any, telemetry: Any,

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from medrt.batch.report import diameters_text, series_lesions, series_problems
+from medrt.batch.report import acquisitions_text, diameters_text, series_lesions, series_problems
 from medrt.commands.options import (
     add_engine_options,
     add_pipeline_options,
@@ -57,7 +57,7 @@ def _table(summary: Any) -> str:
     lines = [f"{'series':<{width}} {'mod':<4} {'frames':>6} {'lesions':>7}  largest diameters  [first file]"]
     for f in summary.findings:
         sizes = diameters_text(f, 6)
-        said = " · ".join(x for x in (sizes, series_problems(f)) if x)
+        said = " · ".join(x for x in (sizes, acquisitions_text(f), series_problems(f)) if x)
         first = f"  [{printable(f['first_file'])}]" if f.get("first_file") else ""
         lines.append(f"{f['series_instance_uid']:<{width}} {f['modality']:<4} {f['frames']:>6} "
                      f"{series_lesions(f):>7}  {said or '-'}{first}")

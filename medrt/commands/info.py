@@ -112,6 +112,17 @@ def inspect_file(path: Path, routed: Router | None = None) -> FileInfo:
     return info
 
 
+def several_acquisitions(paths: list[Path]) -> list[dict[str, Any]]:
+    """The series among ``paths`` that hold several whole acquisitions at the same slice
+    positions (:attr:`medrt.io.series.Series.stacks`: a pre- and a post-contrast pass in one
+    series), which medrt analyses as a stack each rather than keeping one image per position."""
+    from medrt.io.series import group_series
+
+    return [{"series_instance_uid": s.series_instance_uid, "acquisition_numbers": list(s.acquisition_numbers),
+             "images": [len(stack) for stack in s.stacks]}
+            for s in group_series(paths, dicomdir=False).series if s.stacks]
+
+
 def _human(info: FileInfo) -> str:
     if info.skipped:
         return f"{info.path}\n  skipped: {info.error}"
@@ -167,18 +178,23 @@ def run(args: argparse.Namespace) -> int:
             # a note, as medrt batch passes them over; a file named on the command line is not.
             info.skipped = walked and info.error_kind in ("NotDicomError", "NotAnImageError")
             results.append(info)
+    stacked = several_acquisitions([Path(r.path) for r in results if r.ok])
     decoded = sum(r.ok for r in results)
     skipped = sum(r.skipped for r in results)
     errors = len(results) - decoded - skipped
     if args.json:
         summary = {"files": len(results), "decoded": decoded, "errors": errors, "skipped": skipped}
         print(json.dumps({"files": [asdict(r) for r in results], "summary": summary,
-                          **({"media": media} if media else {})}, indent=2))
+                          "several_acquisitions": stacked, **({"media": media} if media else {})}, indent=2))
     else:
         for m in media:
             print(m.get("summary") or m["error"])
         for r in results:
             print(_human(r))
+        for s in stacked:
+            print(f"\nseries {s['series_instance_uid']}: {len(s['acquisition_numbers'])} acquisitions at the same "
+                  f"slice positions (AcquisitionNumber {', '.join(str(n) for n in s['acquisition_numbers'])}; "
+                  f"{' + '.join(str(n) for n in s['images'])} images): each is analysed as a stack of its own")
         print(
             f"\n{len(results)} file(s): {decoded} decoded, {errors} with errors, {skipped} skipped "
             "(not DICOM, or not an image)"

@@ -8,8 +8,11 @@ are decoded only by :func:`series_to_sitk`.
 
 Ordering follows what viewers and MONAI Deploy do: ImagePositionPatient projected
 on the slice normal, InstanceNumber as the fallback, and of two objects at the same
-position the one with the higher AcquisitionNumber is kept. Logs carry UIDs and
-counts only, never names, IDs or paths (a path may contain a patient's name).
+position the one with the higher AcquisitionNumber is kept (a slice re-acquired within
+a pass). A series that holds several whole acquisitions at the same positions (a pre-
+and a post-contrast pass stored in one series; :mod:`medrt.io.stacks` says when) keeps
+them all, stack by stack, as 3D Slicer loads one volume per acquisition. Logs carry UIDs
+and counts only, never names, IDs or paths (a path may contain a patient's name).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from medrt.errors import (
 from medrt.io.dicom import is_image_sop_class, number_of_frames, read_dataset, read_frames
 from medrt.io.header import finite_float, finite_int, frame_geometries, image_type_of, view_of
 from medrt.io.scan import iter_files
+from medrt.io.stacks import POSITION_ATOL_MM, acquisition_stacks, position_tolerance
 from medrt.types import Frame, Geometry
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -43,7 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 __all__ = [
     "OrderedBy", "SeriesInput", "SeriesItem", "Series", "BadInput", "NonImage", "GroupResult",
-    "group_series", "order_items", "series_to_sitk",
+    "group_series", "order_items", "order_stacks", "series_to_sitk",
 ]
 
 log = logging.getLogger(__name__)
@@ -51,8 +55,6 @@ log = logging.getLogger(__name__)
 OrderedBy = Literal["position", "instance", "none"]
 SeriesInput = str | os.PathLike[str] | Dataset | Frame
 
-POSITION_ATOL_MM = 0.01  # two slices closer than this (or 1e-3 of the spacing) share a position
-POSITION_RTOL = 1e-3
 ORIENTATION_ATOL = 1e-3  # direction cosines that differ less than this are the same orientation
 SPACING_RTOL = 0.01  # slice steps may differ from their median by 1 % before a volume is refused
 
@@ -82,7 +84,14 @@ class SeriesItem:
 
 @dataclass(frozen=True, slots=True)
 class Series:
-    """The image objects of one (StudyInstanceUID, SeriesInstanceUID), in slice order."""
+    """The image objects of one (StudyInstanceUID, SeriesInstanceUID), in slice order.
+
+    ``stacks``: when the series holds several whole acquisitions at the same slice
+    positions (:mod:`medrt.io.stacks`), each one's items in slice order, lower
+    AcquisitionNumber first; ``items`` is then their concatenation. Empty for a series
+    of one stack. One Series still stands for the SeriesInstanceUID (a batch's output
+    folder, the listener's spool and the viewer key by it).
+    """
 
     study_instance_uid: str
     series_instance_uid: str
@@ -92,6 +101,17 @@ class Series:
     duplicates_dropped: tuple[SeriesItem, ...] = ()
     frame_of_reference_uid: str | None = None
     sop_class_uid: str = ""
+    stacks: tuple[tuple[SeriesItem, ...], ...] = ()
+
+    @property
+    def acquisitions(self) -> int:
+        """How many whole acquisitions (stacks) the series holds: 1 but for a series of several."""
+        return max(1, len(self.stacks))
+
+    @property
+    def acquisition_numbers(self) -> tuple[int | None, ...]:
+        """The AcquisitionNumber of each stack (``stacks``); () for a series of one stack."""
+        return tuple(stack[0].acquisition_number for stack in self.stacks)
 
     @property
     def frames(self) -> int:
@@ -202,12 +222,13 @@ def group_series(inputs: SeriesInput | Iterable[SeriesInput], *, dicomdir: bool 
 
     series: list[Series] = []
     for key in sorted(groups):
-        ordered, dropped, ordered_by = order_items(groups[key], label=key[1])
+        stacks, dropped, ordered_by = order_stacks(groups[key], label=key[1])
         ds = headers[key]
         series.append(
             Series(
-                key[0], key[1], _text(ds, "Modality"), ordered, ordered_by, dropped,
-                _text(ds, "FrameOfReferenceUID") or None, _sop_class(ds),
+                key[0], key[1], _text(ds, "Modality"), tuple(i for stack in stacks for i in stack), ordered_by,
+                dropped, _text(ds, "FrameOfReferenceUID") or None, _sop_class(ds),
+                stacks if len(stacks) > 1 else (),
             )
         )
     log.info(
@@ -296,7 +317,22 @@ def order_items(
     geometry and they share one orientation; otherwise by InstanceNumber, then
     SOPInstanceUID. Of items at one position (or with one SOPInstanceUID) the one
     with the higher AcquisitionNumber, then InstanceNumber, then the later input is
-    kept. ``label`` (a UID) names the series in logs.
+    kept, unless they are several whole acquisitions (:func:`order_stacks`: then
+    stack by stack). ``label`` (a UID) names the series in logs.
+    """
+    stacks, dropped, ordered_by = order_stacks(items, label=label)
+    return tuple(item for stack in stacks for item in stack), dropped, ordered_by
+
+
+def order_stacks(
+    items: Sequence[SeriesItem], *, label: str = ""
+) -> tuple[tuple[tuple[SeriesItem, ...], ...], tuple[SeriesItem, ...], OrderedBy]:
+    """:func:`order_items`, the ordered items as stacks: ``(stacks, dropped, ordered_by)``.
+
+    Ordered by position, items that are several whole acquisitions at the same positions
+    (:func:`medrt.io.stacks.acquisition_stacks`) are one stack each, lower
+    AcquisitionNumber first, each in slice order and none dropped; otherwise there is
+    one stack (none for no items).
     """
     best: dict[str, SeriesItem] = {}
     for item in items:
@@ -310,15 +346,24 @@ def order_items(
 
     reason = _why_not_by_position(unique)
     if reason is None:
-        ordered, duplicates = _order_by_position(unique, label)
-        return ordered, (*dropped, *duplicates), "position"
+        normal = _unit_normal(unique[0].geometry.orientation)  # type: ignore[union-attr]
+        placed = [dataclasses.replace(i, position=_project(i.geometry, normal)) for i in unique]  # type: ignore[arg-type]
+        which = acquisition_stacks([i.position for i in placed], [i.acquisition_number for i in placed])
+        if which is not None:
+            parts = [[i for i, k in zip(placed, which, strict=True) if k == n] for n in range(max(which) + 1)]
+            log.info("series %s: %d whole acquisitions at the same slice positions (AcquisitionNumber %s), "
+                     "each ordered as a stack of its own", label, len(parts),
+                     ", ".join(str(p[0].acquisition_number) for p in parts))
+            return tuple(_order_by_position(p, label)[0] for p in parts), tuple(dropped), "position"
+        ordered, duplicates = _order_by_position(placed, label)
+        return (ordered,), (*dropped, *duplicates), "position"
     if len(unique) > 1:
         log.info("series %s: ordered by InstanceNumber, not position: %s", label, reason)
     ordered_by: OrderedBy = "instance" if any(i.instance_number is not None for i in unique) else "none"
     ordered_items = sorted(
         unique, key=lambda i: (i.instance_number is None, i.instance_number or 0, i.sop_instance_uid, i.input_index)
     )
-    return tuple(ordered_items), tuple(dropped), ordered_by
+    return ((tuple(ordered_items),) if ordered_items else ()), tuple(dropped), ordered_by
 
 
 def _preference(item: SeriesItem) -> tuple[bool, int, bool, int, int]:
@@ -341,14 +386,11 @@ def _why_not_by_position(items: Sequence[SeriesItem]) -> str | None:
 def _order_by_position(
     items: Sequence[SeriesItem], label: str
 ) -> tuple[tuple[SeriesItem, ...], tuple[SeriesItem, ...]]:
-    normal = _unit_normal(items[0].geometry.orientation)  # type: ignore[union-attr]
-    placed = sorted(
-        (dataclasses.replace(i, position=_project(i.geometry, normal)) for i in items),  # type: ignore[arg-type]
-        key=lambda i: (i.position, i.input_index),
-    )
-    steps = np.diff([i.position for i in placed])
-    real = steps[steps > POSITION_ATOL_MM]
-    tolerance = max(POSITION_ATOL_MM, POSITION_RTOL * float(np.median(real))) if real.size else POSITION_ATOL_MM
+    """``items`` (positions projected on their common normal) sorted by position, and of
+    those at one position (:func:`medrt.io.stacks.position_tolerance`) all but the
+    preferred (:func:`_preference`) dropped: ``(ordered, dropped)``."""
+    placed = sorted(items, key=lambda i: (i.position, i.input_index))
+    tolerance = position_tolerance([i.position for i in placed])  # type: ignore[misc]
     clusters: list[list[SeriesItem]] = []
     for item in placed:
         if clusters and item.position - clusters[-1][0].position <= tolerance:  # type: ignore[operator]
@@ -380,11 +422,16 @@ def series_to_sitk(series: Series) -> SimpleITK.Image:
     Spacing, origin (the first slice's ImagePositionPatient) and direction (row and
     column cosines and the slice normal) come from the headers. Raises
     :class:`UnsupportedImageError`, naming the series and the reason, when the frames
-    do not form one regular volume.
+    do not form one regular volume (a series of several acquisitions: one volume each).
     """
     import SimpleITK as sitk
 
     uid = series.series_instance_uid
+    if series.stacks:
+        raise UnsupportedImageError(
+            uid, f"{len(series.stacks)} acquisitions at the same slice positions: a volume each "
+            "(dataclasses.replace(series, items=stack, stacks=()) for each of series.stacks)"
+        )
     frames = [frame for item in series.items for frame in _decoded(item)]
     if not frames:
         raise UnsupportedImageError(uid, "the series has no frames")
