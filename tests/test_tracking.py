@@ -180,6 +180,48 @@ def test_a_stream_counts_parts_that_meet_on_a_later_slice_once(ct) -> None:  # t
     assert counter.lesions == 1 + len(other.lesions)
 
 
+def test_a_stream_of_two_whole_acquisitions_counts_each_pass_by_itself(ct) -> None:  # type: ignore[no-untyped-def]
+    """A pre- and a post-contrast pass in one series, streamed: the last slice of the first
+    pass stood one or two steps (<= 10 mm) from the first slice of the next, so the stream
+    joined a lesion of one pass to the other's and counted fewer lesions than link_series.
+    Each pass is now linked by itself, in order or interleaved, and a sequential CT that
+    numbers every slice (or every rotation) as an acquisition of its own is still one pass."""
+    results, _ = ct
+    frames = [r.frame for r in results[10:13]]  # three slices: a pass spans 6 or 10 mm
+    shape = results[0].labels.shape
+    disc = [truth_result(f, _disc_mask(shape, [(100, 100)], 14)) for f in frames]  # one lesion through all three
+
+    def passes(group: list[FrameResult]) -> list[FrameResult]:
+        return [replace(r, frame=as_acquisition(r.frame, n)) for n in (1, 2) for r in group]
+
+    for group in (disc, results):
+        both = passes(group)
+        lesions, numbers = link_series(both)
+        counter = LesionCounter()
+        streamed = {}
+        for r in both:  # each pass head first, one after the other, as a scanner sends them
+            for les, n in zip(r.lesions, counter.add(r), strict=True):
+                streamed[(r.frame.key, les.label)] = n
+        assert counter.lesions == len(lesions) == 2 * len(link_series(group)[0])
+        assert streamed == numbers and counter.sections == len(numbers)
+        interleaved = LesionCounter()  # by position, the two passes' images in turn
+        for a, b in zip(both[:len(group)], both[len(group):], strict=True):
+            interleaved.add(a)
+            interleaved.add(b)
+        assert interleaved.lesions == len(lesions)
+    assert len(link_series(disc)[0]) == 1
+
+    alone, numbers = link_series(results)
+    for per in (1, 4):  # a sequential CT: an AcquisitionNumber per slice, or per rotation of 4
+        counter = LesionCounter()
+        streamed = {}
+        for k, r in enumerate(results):
+            r = replace(r, frame=as_acquisition(r.frame, k // per + 1))
+            for les, n in zip(r.lesions, counter.add(r), strict=True):
+                streamed[(r.frame.key, les.label)] = n
+        assert counter.lesions == len(alone) and len(streamed) == len(numbers)
+
+
 def test_a_slice_without_a_position_stands_in_its_gap_by_instance_number(ct) -> None:  # type: ignore[no-untyped-def]
     """A damaged slice (no ImagePositionPatient) split each lesion through it in two. It now
     takes its place by InstanceNumber and bridges its neighbours when they are two steps

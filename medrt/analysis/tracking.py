@@ -40,6 +40,7 @@ apart on one slice.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,7 @@ import numpy as np
 
 from medrt.analysis.slices import adjacent, along_normal, frame_stacks, in_stacks
 from medrt.io.header import finite_int
+from medrt.io.stacks import POSITION_ATOL_MM, POSITION_RTOL
 from medrt.types import Frame, FrameResult, Lesion
 
 __all__ = ["MIN_OVERLAP", "Linked", "Section", "SeriesLesion", "link_series", "LesionCounter"]
@@ -289,6 +291,28 @@ def _link(results: Sequence[FrameResult], first: int, acquisition: int | None) -
     return lesions, numbers
 
 
+@dataclass(slots=True)
+class _Pass:
+    """What :class:`LesionCounter` holds of one stack of a series as a stream sends it: its
+    last frame and that frame's lesion numbers, that frame's AcquisitionNumber, the
+    positions along the normal its frames were at (sorted) and its last step between them."""
+
+    last: FrameResult
+    numbers: dict[int, int]
+    acquisition: int | None
+    positions: list[float]
+    step: float = 0.0
+
+    def holds(self, position: float | None) -> bool:
+        """Whether one of this pass's frames was at ``position`` (within
+        :func:`medrt.io.stacks.position_tolerance`'s share of its step)."""
+        if position is None or not self.positions:
+            return False
+        tolerance = max(POSITION_ATOL_MM, POSITION_RTOL * self.step)
+        i = bisect.bisect_left(self.positions, position - tolerance)
+        return i < len(self.positions) and self.positions[i] <= position + tolerance
+
+
 class LesionCounter:
     """Lesions counted once in a stream of results (``medrt stream``), as they arrive.
 
@@ -302,6 +326,18 @@ class LesionCounter:
     numbers stay (they were already reported), the section where they meet and those
     after it take the first part's number, and :attr:`lesions` counts the joined parts
     once, as :func:`link_series` does.
+
+    A series of several whole acquisitions at the same slice positions (a pre- and a
+    post-contrast pass, :mod:`medrt.io.stacks`) is linked pass by pass, as
+    :func:`link_series` links it: a frame whose AcquisitionNumber differs from the one
+    before it in its series *and* that lies at a position that frame's pass has held
+    already starts (or goes back to) the pass of its own AcquisitionNumber, so the last
+    slice of one pass is never joined to the first of the next, even where a pass spans
+    10 mm or less. The frame before it in its pass is then the one its lesions join. A
+    stream cannot wait to count whole groups as :func:`~medrt.io.stacks.acquisition_stacks`
+    does, but its rule is kept where a stream can: a sequential CT that numbers every slice
+    or every rotation as an acquisition of its own moves on to new positions, so its
+    slices stay one pass and are linked as before.
     """
 
     def __init__(self, keep: int = 8) -> None:
@@ -309,7 +345,9 @@ class LesionCounter:
         self.numbered = 0  # numbers handed out
         self.lesions = 0  # distinct lesions: numbered, less the parts that joined another
         self.sections = 0
-        self._last: dict[str, tuple[FrameResult, dict[int, int]]] = {}
+        # (series, the AcquisitionNumber that began the pass) -> the pass, the last ``keep``
+        self._passes: dict[tuple[str, int | None], _Pass] = {}
+        self._current: dict[str, tuple[str, int | None]] = {}  # series -> the pass of its last frame
         self._joined: dict[int, int] = {}  # a part's number -> the number of the part it joined
 
     def _root(self, n: int) -> int:
@@ -317,15 +355,29 @@ class LesionCounter:
             n = self._joined[n]
         return n
 
+    def _pass_of(self, frame: Frame, acquisition: int | None) -> tuple[str, int | None]:
+        """The pass ``frame`` is in: its series' last frame's, unless it is of another
+        acquisition and at a position that pass has held (a next pass over the same slices)
+        or its own acquisition's pass is held already (passes sent interleaved)."""
+        series = frame.series_instance_uid
+        current = self._current.get(series)
+        held = self._passes.get(current) if current is not None else None
+        if held is None or acquisition == held.acquisition:
+            return current if held is not None else (series, acquisition)  # type: ignore[return-value]
+        mine = (series, acquisition)
+        return mine if mine in self._passes or held.holds(along_normal(frame)) else current  # type: ignore[return-value]
+
     def add(self, result: FrameResult) -> list[int]:
         """Count ``result``'s lesions; returns each one's number in this stream."""
         series = result.frame.series_instance_uid
-        before = self._last.pop(series, None)
-        shift = _grid_shift(before[0].frame, result.frame) \
-            if before is not None and adjacent(result.frame, before[0].frame) else None
+        acquisition = finite_int(result.frame.source.dataset.get("AcquisitionNumber"))
+        key = self._pass_of(result.frame, acquisition)
+        before = self._passes.pop(key, None)
+        shift = _grid_shift(before.last.frame, result.frame) \
+            if before is not None and adjacent(result.frame, before.last.frame) else None
         numbers: dict[int, int] = {}
         if shift is not None:
-            prev, ids = before  # type: ignore[misc]
+            prev, ids = before.last, before.numbers  # type: ignore[union-attr]
             pairs = [(p, les) for les in result.lesions for p in prev.lesions
                      if _overlap(prev, p, result, les, shift)]
             for p, les in pairs:  # parts that meet here become one lesion (union by the smaller number)
@@ -341,7 +393,18 @@ class LesionCounter:
                 self.lesions += 1
                 numbers[les.label] = self.numbered
         self.sections += len(result.lesions)
-        self._last[series] = (result, numbers)
-        while len(self._last) > self.keep:
-            self._last.pop(next(iter(self._last)))
+        positions, step = (before.positions, before.step) if before is not None else ([], 0.0)
+        here = along_normal(result.frame)
+        if here is not None:
+            if before is not None and (last := along_normal(before.last.frame)) is not None \
+                    and abs(here - last) > POSITION_ATOL_MM:
+                step = abs(here - last)
+            bisect.insort(positions, here)
+        self._passes[key] = _Pass(result, numbers, acquisition, positions, step)
+        self._current.pop(series, None)
+        self._current[series] = key
+        while len(self._passes) > self.keep:
+            self._passes.pop(next(iter(self._passes)))
+        while len(self._current) > self.keep:
+            self._current.pop(next(iter(self._current)))
         return [numbers[les.label] for les in result.lesions]
