@@ -99,6 +99,40 @@ def bundled_dicom_files() -> list[Path]:
     return files
 
 
+#: Three sample CT slices, 5 mm apart: a pass of them spans 10 mm, so its end is within reach
+#: (medrt.analysis.slices.MAX_GAP_MM) of the next pass's start, and where one pass is taken
+#: for the other's neighbour it shows. Replayed head first (by name: medrt stream, the
+#: viewer), the first pass's last slice (ct_0014) took the second's first as its head-side
+#: neighbour, and the lite UNet then misses its lesion.
+TWO_PASS_SLICES = ("ct_0012.dcm", "ct_0013.dcm", "ct_0014.dcm")
+#: The same for the batch's order (feet first: medrt.io.series.slice_order): the first
+#: pass's last slice (ct_0009) took the second's first as its feet-side neighbour, and the
+#: lite UNet then misses its lesion.
+TWO_PASS_SLICES_FEET_FIRST = ("ct_0009.dcm", "ct_0010.dcm", "ct_0011.dcm")
+
+
+def two_pass_series(folder: Path, names: tuple[str, ...] = TWO_PASS_SLICES) -> tuple[list[Path], list[Path]]:
+    """The sample CT slices ``names`` written to ``folder`` twice in one series, as a pre- and
+    a post-contrast pass at the same positions (medrt.io.stacks): ``a_*`` with
+    AcquisitionNumber 1, ``b_*`` with AcquisitionNumber 2, new SOPInstanceUIDs and
+    InstanceNumber + 100; by name, the first pass then the second. Returns both passes' files."""
+    import pydicom
+    from pydicom.uid import generate_uid
+
+    folder.mkdir(parents=True, exist_ok=True)
+    first, second = [], []
+    for name in names:
+        ds = pydicom.dcmread(SAMPLE_DIR / "ct_stream" / name)
+        ds.AcquisitionNumber = 1
+        ds.save_as(folder / f"a_{name}", enforce_file_format=True)
+        first.append(folder / f"a_{name}")
+        ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+        ds.AcquisitionNumber, ds.InstanceNumber = 2, int(ds.InstanceNumber) + 100
+        ds.save_as(folder / f"b_{name}", enforce_file_format=True)
+        second.append(folder / f"b_{name}")
+    return first, second
+
+
 @pytest.fixture
 def sample_dir() -> Path:
     if not SAMPLE_DIR.is_dir() or not any(SAMPLE_DIR.rglob("*.dcm")):

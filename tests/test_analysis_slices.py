@@ -238,7 +238,7 @@ def test_two_whole_acquisitions_are_never_each_others_neighbours(thin: list) -> 
     assert [nbs[f.sop_instance_uid] for f in a] == series_neighbours(a, 3.0)
     assert [nbs[f.sop_instance_uid] for f in b] == series_neighbours(b, 3.0)
     assert series_neighbours(b)[1] == (b[0], b[2])
-    # the batch's file order: a None ends a stack (medrt.batch.run.slice_order)
+    # the batch's file order: a None ends a stack (medrt.io.series.slice_order)
     items = [f"a{i}" for i in range(4)] + [None] + [f"b{i}" for i in range(4)] + [None]
     by_item = dict(zip([i for i in items if i], a + b, strict=True))
     ctx = SliceContext(lambda item: [Decoded(by_item[str(item)], 0.0)], items, target_mm=3.0)

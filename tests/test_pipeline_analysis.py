@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from conftest import SAMPLE_DIR
+from conftest import SAMPLE_DIR, two_pass_series
 from medrt.analyzer import load_analyzer
 from medrt.cli import main
 from medrt.io.sources import FileReplay
@@ -84,6 +84,27 @@ def test_stream_command_json_summary(capsys):
     assert out["findings"]["lesions"] > 0
     assert out["pipeline"]["policy"] == "block" and out["pipeline"]["workers"] == 2
     assert out["e2e_ms"]["n"] == 40 - 10 and out["e2e_ms"]["p99"] > 0
+
+
+def test_stream_replays_two_whole_acquisitions_each_with_its_own_neighbours(tmp_path, capsys):
+    """A pre- and a post-contrast pass in one series, replayed by name (the first pass, then
+    the second): the replay's file order gave the first pass's last slice the second's first
+    as its neighbour (10 mm on), which lost the lesion on that slice. With the replay's slice
+    order, each pass ended, each pass finds what the first pass alone finds."""
+    first, _ = two_pass_series(tmp_path / "both")
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    for path in first:
+        shutil.copy(path, alone / path.name)
+
+    def findings(folder):  # type: ignore[no-untyped-def]
+        assert main(["stream", str(folder), "--fps", "0", "--json", "--workers", "1"]) == 0
+        f = json.loads(capsys.readouterr().out)["findings"]
+        return {k: f[k] for k in ("frames", "positive_frames", "lesions", "lesion_sections")}
+
+    one = findings(alone)
+    assert one["lesions"] > 0
+    assert findings(tmp_path / "both") == {k: 2 * v for k, v in one.items()}
 
 
 def test_stream_command_reports_bad_input_with_exit_1(tmp_path, capsys):

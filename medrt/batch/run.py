@@ -17,7 +17,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from medrt.batch.plan import (
 )
 from medrt.errors import NoModelForImageError
 from medrt.export.write import atomic_write
+from medrt.io.series import slice_order
 from medrt.types import SpacingSource
 
 __all__ = ["BatchConfig", "BatchSummary", "run_batch", "EXIT_OK", "EXIT_ERRORS", "EXIT_FAILED", "EXIT_INTERRUPTED"]
@@ -230,7 +231,7 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
         paths = [p for sp in pending for p in sp.paths]
         stages = analysis_stages(analyzer, infer_workers=config.workers, decode_workers=config.decode_workers,
                                  decode_processes=config.decode_processes, processes=config.processes,
-                                 order=slice_order(pending))  # a 2.5-D model's neighbours
+                                 order=slice_order(sp.series for sp in pending))  # a 2.5-D model's neighbours
         pipe = Pipeline(FileReplay(paths, fps=0), stages, [sink], policy="block", depth=config.depth,
                         telemetry=True, name="batch")
         telemetry = pipe.telemetry
@@ -265,22 +266,6 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
         summary.report = _report(summary, plan, settings, analyzer, telemetry, out)
     stop_after_writing(summary, held)
     return summary
-
-
-def slice_order(plans: Iterable[SeriesPlan]) -> list[Path | None]:
-    """The files of ``plans``, series by series in slice order, with a None after each
-    stack of a series of several acquisitions (:attr:`medrt.io.series.Series.stacks`), so
-    that no slice of one pass is taken as the neighbour of the other's
-    (:class:`medrt.pipeline.stages.SliceContext`)."""
-    order: list[Path | None] = []
-    for sp in plans:
-        if not sp.series.stacks:
-            order += sp.paths
-            continue
-        for stack in sp.series.stacks:
-            order += [item.path for item in stack if item.path is not None]
-            order.append(None)
-    return order
 
 
 def stop_after_writing(summary: BatchSummary, held: DeferredInterrupts) -> None:

@@ -75,7 +75,7 @@ def _source(args: argparse.Namespace) -> Any:
 
 def run(args: argparse.Namespace) -> int:
     from medrt.analyzer import load_analyzer
-    from medrt.io.sources import Lookahead
+    from medrt.io.sources import FileReplay, Lookahead
     from medrt.pipeline.admission import live_in_flight
     from medrt.pipeline.graph import Pipeline
     from medrt.pipeline.stages import analysis_stages
@@ -88,9 +88,11 @@ def run(args: argparse.Namespace) -> int:
     analyzer = load_analyzer(analyzer_config(args))
     _, workers = thread_layout(args)
     findings = _Findings()
+    # a replay's files in slice order, each pass of a series of several acquisitions ended:
+    # a 2.5-D model's neighbours (read from the headers; a 2-D model needs none)
+    order = source.slice_order() if isinstance(source, FileReplay) and analyzer.slices > 1 else None
     stages = analysis_stages(analyzer, infer_workers=workers, decode_workers=args.decode_workers,
-                             decode_processes=args.decode_processes, processes=args.processes,
-                             order=getattr(source, "paths", None),  # a replay's files: a 2.5-D model's neighbours
+                             decode_processes=args.decode_processes, processes=args.processes, order=order,
                              ahead=source if isinstance(source, Lookahead) else None)  # --lookahead
     # Drop (or refuse) at the entry only, before any work is spent on a frame; the
     # inner edges block, so back-pressure reaches the entry. A live replay keeps up

@@ -47,7 +47,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 __all__ = [
     "OrderedBy", "SeriesInput", "SeriesItem", "Series", "BadInput", "NonImage", "GroupResult",
-    "group_series", "order_items", "order_stacks", "series_to_sitk",
+    "group_series", "order_items", "order_stacks", "series_to_sitk", "slice_order",
 ]
 
 log = logging.getLogger(__name__)
@@ -236,6 +236,22 @@ def group_series(inputs: SeriesInput | Iterable[SeriesInput], *, dicomdir: bool 
         count, len(series), sum(len(s.items) for s in series), len(errors), len(non_images),
     )
     return GroupResult(tuple(series), tuple(errors), tuple(non_images))
+
+
+def slice_order(series: Iterable[Series]) -> list[Path | None]:
+    """The files of ``series``, series by series in slice order, with a None after each
+    stack of a series of several whole acquisitions (:attr:`Series.stacks`): the file
+    order a 2.5-D model's neighbours are taken from
+    (:class:`medrt.pipeline.stages.SliceContext`), so that no slice of one pass is taken
+    as the neighbour of the other's. The batch, a replayed folder (``medrt stream``, the
+    viewer) and the listener (through the batch) all give this order."""
+    order: list[Path | None] = []
+    for s in series:
+        for stack in s.stacks or (s.items,):
+            order += [item.path for item in stack if item.path is not None]
+            if s.stacks:
+                order.append(None)
+    return order
 
 
 def _headers(inputs: Iterable[SeriesInput], dicomdir: bool = True) -> Iterator[tuple[Dataset | InputError, Path | None, _Source]]:

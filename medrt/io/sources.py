@@ -40,10 +40,16 @@ class FileReplay:
     delayed are due at once when it catches up, and their end-to-end latency shows
     the delay. ``loop`` repeats the list (for long soak runs); ``fps=0`` replays as
     fast as the consumer takes them.
+
+    ``order``: the files in slice order for a 2.5-D model's neighbours, a None ending each
+    stack (:func:`medrt.io.series.slice_order`), when the caller has grouped them already
+    (the viewer's opened folder); else :meth:`slice_order` groups them when asked.
     """
 
-    def __init__(self, paths: Iterable[str | os.PathLike[str]], fps: float = 30.0, *, loop: int = 1) -> None:
+    def __init__(self, paths: Iterable[str | os.PathLike[str]], fps: float = 30.0, *, loop: int = 1,
+                 order: Sequence[Path | None] | None = None) -> None:
         self.paths = [Path(p) for p in paths]
+        self._order = list(order) if order is not None else None
         if not self.paths:
             raise ValueError('Argument "paths" must name at least one file.')
         if fps < 0:
@@ -80,6 +86,20 @@ class FileReplay:
 
     def __len__(self) -> int:
         return len(self.paths) * self.loop
+
+    def slice_order(self) -> list[Path | None]:
+        """The files, series by series in slice order, a None after each stack of a series
+        of several whole acquisitions (:func:`medrt.io.series.slice_order`): the order a
+        2.5-D model's neighbours are taken from (:class:`medrt.pipeline.stages.SliceContext`),
+        so that a pre-contrast pass's last slice never takes the post-contrast pass's first
+        as its neighbour, whatever order the files are replayed in (by name). Reads the
+        headers once, on the first call; files that are no image of a series are left out
+        (they get no neighbours)."""
+        if self._order is None:
+            from medrt.io.series import group_series, slice_order
+
+            self._order = slice_order(group_series(self.paths, dicomdir=False).series)
+        return self._order
 
     def __iter__(self) -> Iterator[Path]:
         period = 1.0 / self.fps if self.fps > 0 else 0.0
