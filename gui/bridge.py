@@ -206,10 +206,13 @@ class Session:
             return
         self.backend = f"{analyzer.backend_name} {analyzer.precision}"
         if analyzer.slices > 1:  # a 2.5-D model: each slice with its neighbours
-            from medrt.io.sources import Lookahead
+            from medrt.io.sources import FileReplay, Lookahead
             from medrt.pipeline.stages import SliceContext, decode
 
-            self._decoder = SliceContext(decode, getattr(self.source, "paths", None),
+            # an opened or replayed folder: its files in slice order, each pass of a series of
+            # several acquisitions ended (a replay's headers read here, off the GUI thread)
+            order = self.source.slice_order() if isinstance(self.source, FileReplay) else None
+            self._decoder = SliceContext(decode, order,
                                          ahead=self.source if isinstance(self.source, Lookahead) else None,  # a watch
                                          target_mm=analyzer.neighbour_mm)
         stages = analysis_stages(analyzer, infer_workers=self.workers, decoder=self._decode, slice_context=False)

@@ -53,7 +53,9 @@ class StreamsMixin:
         if study.series and (self.analysis_enabled if analyse is None else analyse):
             from medrt.io.sources import FileReplay
 
-            self._start_session("analysis", FileReplay(study.files(), fps=0), label=path.name)
+            # the neighbours from the slice order, each pass of a series of several acquisitions ended
+            self._start_session("analysis", FileReplay(study.files(), fps=0, order=study.slice_order),
+                                label=path.name)
         return study
 
     def start_replay(self: Any, folder: str | os.PathLike[str], fps: float = 30.0, loop: int = 1) -> Session | None:

@@ -28,7 +28,7 @@ from medrt.io.dicom import read_dataset
 from medrt.io.header import finite_int
 from medrt.io.scan import iter_files
 from medrt.io.seg import SEG_SOP_CLASSES, SegMasks
-from medrt.io.series import ORIENTATION_ATOL, group_series
+from medrt.io.series import ORIENTATION_ATOL, group_series, slice_order
 from medrt.privacy import describe_exception
 from medrt.types import Frame, FrameResult
 
@@ -312,6 +312,10 @@ class Study:
         self.trimmed = 0
         self.arrivals = 0  # live images received, a replay's repeats included
         self.newest_key: str | None = None  # of the image received last
+        # an opened folder's files in slice order, a None after each pass of a series of
+        # several whole acquisitions: where the analysis takes a 2.5-D model's neighbours
+        # (medrt.io.series.slice_order); None for a live study
+        self.slice_order: list[Path | None] | None = None
 
     # -- building -------------------------------------------------------------
 
@@ -341,6 +345,7 @@ class Study:
                 for i in range(item.frames):
                     entry.add(Slot(frame_key(item.sop_instance_uid, item.frames, i), path=item.path))
             study.series.append(entry)
+        study.slice_order = slice_order(grouped.series)
         for bad in grouped.errors:
             study.problems.append(Problem(_name(bad.source), describe_error(bad.error),
                                           skipped=bool(getattr(bad.error, "skippable", False))))

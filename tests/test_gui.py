@@ -18,7 +18,7 @@ import numpy as np
 import pydicom
 import pytest
 
-from conftest import SAMPLE_DIR, pydicom_test_dir, require_module
+from conftest import SAMPLE_DIR, pydicom_test_dir, require_module, two_pass_series
 from medrt.io.dicom import read_frames
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -880,6 +880,26 @@ def test_an_analysed_series_holds_each_image_once(bot, make_window) -> None:  # 
     w.show_image(next(i for i, s in enumerate(slots) if s.result.lesions))
     wait_shown(bot, w)
     assert tinted(rendered(w)).any()
+
+
+def test_two_whole_acquisitions_in_one_series_are_analysed_and_linked_pass_by_pass(  # type: ignore[no-untyped-def]
+        bot, make_window, tmp_path: Path) -> None:
+    """A pre- and a post-contrast pass in one series, opened: shown one pass after the other,
+    the analysis gave the first pass's last slice the second's first as its neighbour (10 mm
+    on: the next file), which lost its lesion. Each pass now gets the findings of the other,
+    slice for slice, and the series' lesions are linked pass by pass, each saying its pass."""
+    first, second = two_pass_series(tmp_path)
+    w = make_window(analysis=True)
+    study = w.open_path(tmp_path)
+    (entry,) = study.series
+    assert [s.path for s in entry.slots] == [*first, *second]  # each pass head first
+    bot.waitUntil(lambda: w.session_finished == w.session.sid, timeout=180_000)
+    found = {s.path.name: [les.bbox for les in s.result.lesions] for s in entry.slots}
+    assert [found[p.name] for p in first] == [found[p.name] for p in second]
+    assert found[first[-1].name]  # the slice that lost its lesion
+    lesions, numbers = entry.series_lesions()
+    assert [les.acquisition for les in lesions] == [1] * (len(lesions) // 2) + [2] * (len(lesions) // 2)
+    assert len(lesions) % 2 == 0 and len(numbers) == sum(map(len, found.values()))
 
 
 def test_decoded_images_stay_within_the_image_cache(bot, make_window) -> None:  # type: ignore[no-untyped-def]
