@@ -18,7 +18,13 @@ import numpy as np
 import pydicom
 import pytest
 
-from conftest import SAMPLE_DIR, free_port, require_tool
+from conftest import (
+    SAMPLE_DIR,
+    TWO_PASS_SLICES_FEET_FIRST,
+    free_port,
+    require_tool,
+    two_pass_series,
+)
 from medrt.analyzer import load_analyzer
 from medrt.cli import main
 from medrt.pacs.scp import STATUS_DATASET_MISMATCH, STATUS_OUT_OF_RESOURCES, Listener
@@ -419,6 +425,47 @@ def test_dcmtk_sends_a_series_and_the_seg_and_sr_reach_the_pacs(tmp_path, analyz
         check = subprocess.run([dciodvfy, str(path)], capture_output=True, text=True)
         assert "Error" not in check.stderr + check.stdout, check.stderr
     assert service.run_once() == []  # done is done
+
+
+def test_a_series_of_two_whole_acquisitions_sent_over_dicom_gets_a_seg_per_pass(tmp_path, analyzer, storescp):
+    """A pre- and a post-contrast pass in one series, sent by storescu: the listener's series
+    is analysed through the batch, each pass with its own neighbours (a pass of three 5 mm
+    slices ends within reach of the next's first), so each pass finds what the other does;
+    a SEG per pass, each of its own images, one SR over both, and each lesion in
+    lesions.json names its pass; the PACS gets them all."""
+    import highdicom as hd
+
+    first, second = two_pass_series(tmp_path / "scanner", TWO_PASS_SLICES_FEET_FIRST)
+    uid = {p: str(pydicom.dcmread(p, stop_before_pixels=True).SOPInstanceUID) for p in (*first, *second)}
+    twin = {uid[b]: uid[a] for a, b in zip(first, second, strict=True)}
+    dest, pacs = storescp
+    spool = Spool(tmp_path / "spool")
+    service = PacsService(spool, tmp_path / "out", analyzer, forward=dest, idle_s=0.0)
+    with Listener(spool, host="127.0.0.1", port=0, on_stored=service.notify) as listener:
+        sent = storescu(listener.port, [*first, *second])
+        assert sent.returncode == 0, sent.stderr
+        (outcome,) = service.run_once()
+    assert (outcome.state, outcome.frames, outcome.errors, outcome.skipped) == ("done", 6, 0, 0)
+    (folder,) = (outcome.out / "series").iterdir()
+    lesions = json.loads((folder / "lesions.json").read_text())["lesions"]
+    n = len(lesions) // 2
+    assert n > 0 and outcome.lesions == 2 * n
+    assert [les["acquisition"] for les in lesions] == [1] * n + [2] * n
+
+    def seen(les: dict) -> tuple:  # where and how large, the second pass's images named as the first's
+        return (twin.get(les["largest"]["sop_instance_uid"], les["largest"]["sop_instance_uid"]),
+                les["slices"], les["diameter_mm"])
+
+    assert [seen(les) for les in lesions[:n]] == [seen(les) for les in lesions[n:]]
+    segs = sorted(folder.glob("seg_*.dcm"))
+    assert [p.name for p in segs] == ["seg_1.dcm", "seg_2.dcm"]
+    covered = [{str(ref.ReferencedSOPInstanceUID) for ref in
+                pydicom.dcmread(p).ReferencedSeriesSequence[0].ReferencedInstanceSequence} for p in segs]
+    assert covered == [{uid[p] for p in first}, {uid[p] for p in second}]
+    groups = hd.sr.srread(folder / "sr.dcm").content.get_planar_roi_measurement_groups()
+    assert {str(g.tracking_uid) for g in groups} == {les["tracking_uid"] for les in lesions}
+    received = sorted(pydicom.dcmread(p).Modality for p in pacs.iterdir())
+    assert received == ["SEG", "SEG", "SR"] and sorted(outcome.forwarded) == ["seg_1.dcm", "seg_2.dcm", "sr.dcm"]
 
 
 def test_listener_refuses_what_it_cannot_file_or_store_and_keeps_serving(tmp_path, caplog):
