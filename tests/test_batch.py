@@ -261,6 +261,39 @@ def test_a_series_without_pixel_spacing_is_measured_in_pixels_and_not_bucketed_a
     assert "has a Frame of Reference UID but no PixelSpacing" in row["reason"] and src.name in row["reason"]
 
 
+def test_a_ct_whose_slice_thickness_is_empty_gets_a_seg_and_the_report_says_it_was_inferred(tmp_path, analyzer):
+    """Every slice with SliceThickness empty (Type 2, legal; some anonymisers do it) and no
+    SpacingBetweenSlices: the series got no SEG ("SEG not written", exit 1). Now it gets one
+    whose thickness is the step between the slices (the sample's 5 mm), dciodvfy-clean, and
+    the series' manifest, report.json and report.md say it was inferred and from what."""
+    import highdicom as hd
+
+    src = tmp_path / "in"
+    src.mkdir()
+    for p in sorted(CT.glob("*.dcm"))[14:18]:  # slices with lesions
+        ds = pydicom.dcmread(p)
+        assert float(ds.SliceThickness) == 5.0 == float(ds.SpacingBetweenSlices)
+        ds.SliceThickness = None
+        ds.pop("SpacingBetweenSlices", None)
+        ds.save_as(src / p.name)
+    out = tmp_path / "out"
+    summary = run_batch(BatchConfig(src, out, workers=1), analyzer=analyzer)
+    assert summary.exit_code == EXIT_OK and summary.lesions > 0
+    assert list(csv.DictReader((out / "errors.csv").open())) == []
+    folder = next((out / "series").iterdir())
+    seg = hd.seg.segread(folder / "seg.dcm")
+    assert float(seg.SharedFunctionalGroupsSequence[0].PixelMeasuresSequence[0].SliceThickness) == 5.0
+    for path in (folder / "seg.dcm", folder / "sr.dcm"):
+        proc = subprocess.run([require_tool("dciodvfy"), str(path)], capture_output=True, text=True, timeout=120)
+        assert "Error" not in proc.stdout + proc.stderr, path.name
+    said = ("seg.dcm: SEG SliceThickness 5 mm inferred from the step between neighbouring slice positions: "
+            "the source images' SliceThickness is empty")
+    assert json.loads((folder / "manifest.json").read_text())["seg_notes"] == [said]
+    (finding,) = json.loads((out / "report.json").read_text())["series"]
+    assert finding["seg_notes"] == [said] and finding["not_written"] == []
+    assert said in (out / "report.md").read_text()
+
+
 def test_interrupted_run_then_rerun_equals_one_clean_run(tmp_path, analyzer):
     src = _small_input(tmp_path)
     dx = sorted((SAMPLE_DIR / "radiographs").glob("*.dcm"))[0]

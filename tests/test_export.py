@@ -381,6 +381,78 @@ def test_a_radiograph_with_pixel_spacing_gets_a_seg_highdicom_reads_back(dx, tmp
     assert np.array_equal(read_seg(path).masks[r.frame.sop_instance_uid] > 0, r.labels > 0)
 
 
+def _header_edited(r: FrameResult, edit) -> FrameResult:  # type: ignore[no-untyped-def]
+    """``r`` with ``edit`` applied to a deep copy of its header (the pixels and geometry stay)."""
+    header = copy.deepcopy(r.frame.source.dataset)
+    edit(header)
+    return dataclasses.replace(r, frame=dataclasses.replace(
+        r.frame, source=dataclasses.replace(r.frame.source, dataset=header)))
+
+
+def _no_thickness(header: Dataset, spacing: str | None = None) -> None:
+    """SliceThickness empty (Type 2 in the CT Image module), SpacingBetweenSlices ``spacing``
+    or absent: as some anonymisers and older scanners write a CT."""
+    header.SliceThickness = None
+    header.pop("SpacingBetweenSlices", None)
+    if spacing is not None:
+        header.SpacingBetweenSlices = spacing
+
+
+def pixel_measures(path: Path) -> Dataset:
+    return pydicom.dcmread(path).SharedFunctionalGroupsSequence[0].PixelMeasuresSequence[0]
+
+
+def test_a_ct_whose_slices_leave_slice_thickness_empty_gets_a_seg_with_it_inferred(ct, tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """SliceThickness is Type 2 in the CT Image module: a series with it empty on every
+    slice is legal, but the SEG's Pixel Measures need one (Type 1C). Such a series got no
+    SEG (before that, one dciodvfy refused). Now the SEG carries SpacingBetweenSlices where
+    the slices give one, else the step between their positions (the phantom's 3 mm), says
+    so in the log with the series UID, passes dciodvfy and reads back; the SR does too."""
+    import logging
+
+    from medrt.export import inferred_slice_thickness
+
+    assert {float(r.frame.source.dataset.SliceThickness) for r in ct} == {3.0}
+    for spacing, source, mm in ((None, "slice positions", 3.0), ("2.5", "SpacingBetweenSlices", 2.5)):
+        blank = [_header_edited(r, lambda h, s=spacing: _no_thickness(h, s)) for r in ct]
+        assert inferred_slice_thickness(blank) == (mm, source)
+        assert split_for_seg(blank) == [blank]  # no slice is "damaged" where none has a thickness
+        with caplog.at_level(logging.WARNING, logger="medrt.export.seg"):
+            seg = build_seg(blank)
+        assert seg is not None
+        assert any(ct[0].frame.series_instance_uid in m and f"{mm:g} mm, inferred from {source}" in m
+                   for m in caplog.messages)
+        path = dciodvfy(seg, tmp_path / f"seg_{source[:5]}.dcm")
+        measures = pixel_measures(path)
+        assert float(measures.SliceThickness) == mm
+        assert [float(v) for v in measures.PixelSpacing] == list(ct[0].frame.spacing_mm)
+        check_seg_round_trip(path, blank)  # highdicom's segread
+        sr_path = dciodvfy(build_sr(blank, seg=seg), tmp_path / f"sr_{source[:5]}.dcm")
+        check_sr(sr_path, blank, seg)
+    # an image with its own thickness: nothing inferred, the SEG carries the source's
+    assert inferred_slice_thickness(ct) is None
+    assert float(pixel_measures(dciodvfy(build_seg(ct), tmp_path / "seg.dcm")).SliceThickness) == 3.0
+
+
+def test_no_slice_thickness_to_infer_still_means_no_seg_and_says_why(ct) -> None:  # type: ignore[no-untyped-def]
+    """A lone slice without SliceThickness or SpacingBetweenSlices has no step to measure,
+    and slices around a missing one are no regular stack: no SEG, and the error says why."""
+    from medrt.export import inferred_slice_thickness
+
+    blank = [_header_edited(r, _no_thickness) for r in ct]
+    lone = [next(r for r in blank if r.lesions)]
+    assert inferred_slice_thickness(lone) is None
+    with pytest.raises(ExportError, match="no SliceThickness and none can be inferred.*a lone slice"):
+        build_seg(lone)
+    with_spacing = [_header_edited(lone[0], lambda h: _no_thickness(h, "3"))]
+    assert inferred_slice_thickness(with_spacing) == (3.0, "SpacingBetweenSlices")
+    assert build_seg(with_spacing) is not None
+    gap = blank[:5] + blank[6:]  # the sixth slice missing: steps of 3 and 6 mm
+    assert inferred_slice_thickness(gap) is None
+    with pytest.raises(ExportError, match="none can be inferred.*not a regular stack"):
+        build_seg(gap)
+
+
 @pytest.mark.parametrize(("kind", "description"), [("FIDUCIAL", "Ruler at the patient's skin"), ("GEOMETRY", ""),
                                                    ("", "Against a 25 mm sphere"), ("", "")])
 def test_a_calibrated_radiographs_sc_keeps_its_pixel_spacing_and_how(dx, tmp_path, kind, description) -> None:  # type: ignore[no-untyped-def]

@@ -13,7 +13,8 @@
                            longest diameter and where, volume, and the acquisition it was seen in
                            for a series of several; medrt.analysis.tracking)
         masks.npz          label maps of frames with lesions (for medrt eval's Dice)
-        manifest.json      content hash, settings, counts, notes
+        manifest.json      content hash, settings, counts, notes (errors.csv's rows), seg_notes
+                           (what a reader of the SEG should know: a SliceThickness inferred)
 """
 
 from __future__ import annotations
@@ -101,6 +102,9 @@ class SeriesOutput:
     notes: list[Note] = field(default_factory=list)
     done_paths: dict[str, int] = field(default_factory=dict)
     previous_sr: Any = None  # the header of a finished earlier run's SR, which the new one replaces
+    # what a reader of the SEG should know that is no error (a SliceThickness inferred
+    # where the source images leave theirs empty): manifest.json and the report say it
+    seg_notes: list[str] = field(default_factory=list)
 
     def start(self) -> None:
         """Clear what an interrupted or earlier run may have left (nothing in it is trusted),
@@ -183,6 +187,7 @@ class SeriesOutput:
             "series_lesions": len(series_lesions),
             "outputs": written,
             "notes": [n.as_row() for n in self.notes],
+            "seg_notes": self.seg_notes,
         }
         atomic_write(self.folder / MANIFEST, lambda fp: fp.write(json.dumps(manifest, indent=1).encode()))
         return manifest
@@ -212,7 +217,7 @@ class SeriesOutput:
             return None
 
     def _seg(self, results: list[FrameResult], linked: Linked | None) -> Any:
-        from medrt.export import build_seg, seg_left_out, split_for_seg
+        from medrt.export import build_seg, inferred_slice_thickness, seg_left_out, split_for_seg
 
         # A damaged slice (no ImagePositionPatient...) is left out of the SEG, not the whole
         # series; errors.csv names it where that leaves lesions out (the SR still has them).
@@ -223,11 +228,15 @@ class SeriesOutput:
                                        f"its {len(r.lesions)} lesion(s) are in the SR but not in the SEG: "
                                        f"{left_out[r.frame.key]}", r.frame.sop_instance_uid))
         # A radiograph series of several views has no shared geometry: one SEG per image.
-        segs = [seg for group in split_for_seg(results)
-                if (seg := build_seg(group, linked=linked, omit_empty_frames=self.options.omit_empty_frames,
-                                     compression=self.options.seg_compression)) is not None]
-        for i, seg in enumerate(segs):
-            write_dataset(seg, self.folder / ("seg.dcm" if len(segs) == 1 else f"seg_{i + 1}.dcm"))
+        built = [(seg, inferred_slice_thickness(group)) for group in split_for_seg(results)
+                 if (seg := build_seg(group, linked=linked, omit_empty_frames=self.options.omit_empty_frames,
+                                      compression=self.options.seg_compression)) is not None]
+        segs = [seg for seg, _ in built]
+        for i, (seg, thickness) in enumerate(built):
+            name = "seg.dcm" if len(segs) == 1 else f"seg_{i + 1}.dcm"
+            write_dataset(seg, self.folder / name)
+            if thickness is not None:
+                self.seg_notes.append(f"{name}: {thickness.note()}")
         return segs or None
 
     def _sr(self, results: list[FrameResult], seg: Any, linked: Linked | None) -> Any:

@@ -163,7 +163,7 @@ def _markdown(r: dict[str, Any]) -> str:
     ]
     for f in r["series"]:
         largest = diameters_text(f, 5) or "-"
-        said = "; ".join(x for x in (acquisitions_text(f), series_problems(f)) if x)
+        said = "; ".join(x for x in (acquisitions_text(f), series_problems(f), *f.get("seg_notes", ())) if x)
         lines.append(f"| `{f['series_instance_uid']}` | {f['modality']} | {f['frames']} | {series_lesions(f)} | "
                      f"{series_lesions(f, 'sections')} | {largest} | {said or '-'} | "
                      f"{f.get('first_file') or '-'} |")

@@ -371,6 +371,9 @@ def _assemble(plan: Plan, out: Path, series_dir: Path, key: str, interrupted: bo
                                          and n.stage != SEG_COVERAGE),
                            # images analysed but in no SEG (medrt.export.seg_left_out)
                            "seg_left_out": sum(1 for n in own if n.stage == SEG_COVERAGE),
+                           # what a reader of the SEG should know that is no error: a
+                           # SliceThickness inferred where the sources leave theirs empty
+                           "seg_notes": list(manifest.get("seg_notes", [])),
                            "not_written": sorted({n.stage.removeprefix("export-") for n in own
                                                   if n.kind == "error" and n.stage.startswith("export-")}),
                            "folder": str(folder.relative_to(out)),

@@ -41,6 +41,7 @@ from typing import Any
 __all__ = [
     "ExportError",
     "build_seg",
+    "inferred_slice_thickness",
     "SEG_COMPRESSION",
     "seg_frame_numbers",
     "seg_left_out",
@@ -56,6 +57,7 @@ __all__ = [
 _WHERE = {
     "ExportError": "medrt.export.common",
     "build_seg": "medrt.export.seg",
+    "inferred_slice_thickness": "medrt.export.seg",
     "SEG_COMPRESSION": "medrt.export.seg",
     "seg_frame_numbers": "medrt.export.seg",
     "seg_left_out": "medrt.export.seg",

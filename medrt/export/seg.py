@@ -36,12 +36,22 @@ Decisions (see REFERENCE.md, "DICOM output conventions"):
   such groups (one per pass of a series of several acquisitions at the same positions).
   A multi-frame source needs every frame's result and a Frame of
   Reference (an ultrasound cine has none): otherwise :class:`ExportError`.
+- **An empty SliceThickness is inferred.** It is Type 2 in the CT Image module (some
+  anonymisers and older scanners leave it empty on every slice), but Type 1C in the
+  SEG's Pixel Measures, which highdicom copies from the first source image: such a
+  series got no SEG (before that, one dciodvfy refused). Where no source image of a SEG
+  has one, the SEG's is SpacingBetweenSlices when the sources agree on a positive one,
+  else the median step between neighbouring slice positions of a regular stack
+  (:func:`medrt.io.series.regular_step`); :func:`inferred_slice_thickness` says which,
+  and the log and the batch's manifest and report say so. A lone slice without either
+  still gets no SEG, and the error says why.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 import highdicom as hd
 import numpy as np
@@ -50,7 +60,7 @@ from pydicom.multival import MultiValue
 from pydicom.sr.codedict import codes
 from pydicom.uid import ExplicitVRLittleEndian, JPEG2000Lossless
 
-from medrt.analysis.slices import frame_stacks, in_stacks
+from medrt.analysis.slices import along_normal, frame_stacks, in_stacks
 from medrt.analysis.tracking import Linked
 from medrt.export.common import (
     AI_FAMILY,
@@ -64,11 +74,13 @@ from medrt.export.common import (
     single_value,
     software_versions,
 )
+from medrt.io.header import finite_float
+from medrt.io.series import regular_step
 from medrt.overlay import lesion_color
 from medrt.types import FrameResult
 
-__all__ = ["SEG_COMPRESSION", "build_seg", "seg_frame_numbers", "seg_left_out", "segment_description",
-           "segment_numbers", "split_for_seg"]
+__all__ = ["SEG_COMPRESSION", "InferredThickness", "build_seg", "inferred_slice_thickness", "seg_frame_numbers",
+           "seg_left_out", "segment_description", "segment_numbers", "split_for_seg"]
 
 #: ``compression`` of :func:`build_seg` -> the SEG's transfer syntax (BINARY allows these two).
 SEG_COMPRESSION = {"none": ExplicitVRLittleEndian, "jpeg2000": JPEG2000Lossless}
@@ -127,28 +139,79 @@ def _check_planes(results: list[FrameResult]) -> None:
 _PLANE_ATTRIBUTES = ("PixelSpacing", "SliceThickness", "ImagePositionPatient", "ImageOrientationPatient")
 
 
-def _lacking(ds: Dataset) -> list[str]:
+def _lacking(ds: Dataset, *, thickness_inferred: bool = False) -> list[str]:
     """The plane attributes a single-frame source in patient coordinates (it has a Frame of
-    Reference UID) lacks, or has empty; [] for one outside patient coordinates."""
-    if "FrameOfReferenceUID" not in ds or "ImageOrientationSlide" in ds:
+    Reference UID) lacks, or has empty; [] for one outside patient coordinates.
+    ``thickness_inferred``: its SEG carries an :func:`inferred_slice_thickness`, so an empty
+    SliceThickness is not lacking."""
+    if not _in_patient_coordinates(ds):
         return []
-    return [k for k in _PLANE_ATTRIBUTES if k not in ds or ds[k].VM == 0]
+    return [k for k in _PLANE_ATTRIBUTES if (k not in ds or ds[k].VM == 0)
+            and not (thickness_inferred and k == "SliceThickness")]
 
 
-def _check_plane_attributes(results: list[FrameResult], headers: list[Dataset]) -> None:
+def _in_patient_coordinates(ds: Dataset) -> bool:
+    return "FrameOfReferenceUID" in ds and "ImageOrientationSlide" not in ds
+
+
+class InferredThickness(NamedTuple):
+    """The SliceThickness of a SEG whose source images leave theirs empty, in mm, and what
+    it was taken from: ``"SpacingBetweenSlices"`` or ``"slice positions"`` (the median step
+    between neighbouring slices of a regular stack)."""
+
+    mm: float
+    source: str
+
+    def note(self) -> str:
+        """What the batch's manifest and report say of it."""
+        where = ("SpacingBetweenSlices" if self.source == "SpacingBetweenSlices"
+                 else "the step between neighbouring slice positions")
+        return (f"SEG SliceThickness {self.mm:g} mm inferred from {where}: "
+                "the source images' SliceThickness is empty")
+
+
+def inferred_slice_thickness(results: Sequence[FrameResult]) -> InferredThickness | None:
+    """The SliceThickness a SEG of ``results`` (one :func:`split_for_seg` group) carries
+    where none of its source images has one (single-frame images in patient coordinates
+    whose SliceThickness is empty or absent): their SpacingBetweenSlices when they agree on
+    a positive one, else the step between neighbouring slice positions when they form a
+    regular stack (:func:`medrt.io.series.regular_step`). None where an image carries its
+    own (nothing to infer; one lacking it among others is :func:`seg_left_out`), for other
+    sources, or where nothing can be inferred (a lone slice without SpacingBetweenSlices,
+    uneven steps): :func:`build_seg` then says why there is no SEG."""
+    headers = [r.frame.source.dataset for r in results]
+    if not headers or any(r.frame.source.number_of_frames != 1 for r in results) or not all(
+            _in_patient_coordinates(ds) and "SliceThickness" in _lacking(ds) for ds in headers):
+        return None
+    given = [v for ds in headers if (v := finite_float(ds.get("SpacingBetweenSlices"))) is not None and v > 0]
+    if given and max(given) - min(given) <= 1e-3 * max(given):
+        return InferredThickness(round(float(np.median(given)), 4), "SpacingBetweenSlices")
+    positions = [along_normal(r.frame) for r in results]
+    step = regular_step([p for p in positions if p is not None]) if None not in positions else None
+    return None if step is None else InferredThickness(round(step, 4), "slice positions")
+
+
+def _check_plane_attributes(results: list[FrameResult], headers: list[Dataset], *,
+                            thickness_inferred: bool = False) -> None:
     """A single-frame source in patient coordinates (it has a Frame of Reference UID) must
     carry the attributes the SEG copies from it; say which are missing, and where."""
     for r, ds in zip(results, headers, strict=True):
-        missing = _lacking(ds)
+        missing = _lacking(ds, thickness_inferred=thickness_inferred)
         if missing:
+            why = ""
+            if missing == ["SliceThickness"]:  # inferred_slice_thickness found nothing
+                why = (" and none can be inferred (no SpacingBetweenSlices, and "
+                       + ("a lone slice has no step to measure)" if len(results) == 1 else
+                          "the slice positions are not a regular stack)"))
             raise ExportError(
                 f'Argument "results": {r.frame.source.path or r.frame.key} has a Frame of Reference UID but no '
-                f"{', '.join(missing)}, which a SEG copies from its source images into its Pixel Measures "
+                f"{', '.join(missing)}{why}, which a SEG copies from its source images into its Pixel Measures "
                 "and plane positions; no SEG can be built for this series (its SR and overlays can)."
             )
 
 
-def _layout(results: list[FrameResult]) -> tuple[list[Dataset], list[FrameResult]]:
+def _layout(results: list[FrameResult], *, thickness_inferred: bool = False,
+            ) -> tuple[list[Dataset], list[FrameResult]]:
     """The source headers and the results in highdicom's frame order.
 
     Single-frame images: one header per result, in the same order. One multi-frame
@@ -159,7 +222,7 @@ def _layout(results: list[FrameResult]) -> tuple[list[Dataset], list[FrameResult
     if not multi:
         _check_planes(results)
         headers = [readable_header(r.frame.source.dataset) for r in results]
-        _check_plane_attributes(results, headers)
+        _check_plane_attributes(results, headers, thickness_inferred=thickness_inferred)
         return headers, results
     if len(objects) > 1:
         raise ExportError(
@@ -251,7 +314,8 @@ def build_seg(
     if not any(r.labels.any() for r in items):
         log.info("no lesion in %d frames of series %s: no SEG", len(items), series)
         return None
-    sources, ordered = _layout(items)
+    thickness = inferred_slice_thickness(items)
+    sources, ordered = _layout(items, thickness_inferred=thickness is not None)
     linked = linked_lesions(items, linked)
     lesions, masks = _segments(ordered, linked)
     uids = {les.number: les.uid for les in linked[0]}
@@ -270,6 +334,10 @@ def build_seg(
                             transfer_syntax_uid=syntax)
     except ValueError as exc:  # highdicom's checks of the sources (geometry, sizes, classes)
         raise ExportError(f'Argument "results": highdicom cannot build a SEG of them: {exc}') from exc
+    if thickness is not None:
+        _with_slice_thickness(seg, thickness.mm)
+        log.warning("series %s: the source images' SliceThickness is empty; SEG %s carries %g mm, inferred from %s",
+                    series, seg.SOPInstanceUID, thickness.mm, thickness.source)
     log.info("SEG %s: %d frames, %d lesions (%d sections), source series %s", seg.SOPInstanceUID,
              int(seg.NumberOfFrames), len(segments), sum(len(r.lesions) for r in items), series)
     return seg
@@ -315,6 +383,20 @@ def _without_pixel_measures(seg: hd.seg.Segmentation) -> None:
         measures = group.get("PixelMeasuresSequence")
         if measures and all("SliceThickness" not in m for m in measures):
             del group.PixelMeasuresSequence
+
+
+def _with_slice_thickness(seg: hd.seg.Segmentation, mm: float) -> None:
+    """The shared Pixel Measures of ``seg`` with SliceThickness ``mm`` (Type 1C there: the
+    SEG has a Frame of Reference). highdicom builds them from the first source image and
+    keeps those over a ``pixel_measures`` argument whose PixelSpacing matches it, so the
+    macro is made again here, with highdicom's class, from what it wrote and ``mm``."""
+    for group in seg.get("SharedFunctionalGroupsSequence", []):
+        if group.get("PixelMeasuresSequence"):
+            item = group.PixelMeasuresSequence[0]
+            group.PixelMeasuresSequence = hd.PixelMeasuresSequence(
+                pixel_spacing=[float(v) for v in item.PixelSpacing], slice_thickness=mm,
+                spacing_between_slices=finite_float(item.get("SpacingBetweenSlices")),
+            )
 
 
 def split_for_seg(results: Sequence[FrameResult]) -> list[list[FrameResult]]:
@@ -363,7 +445,9 @@ def _plan(results: Sequence[FrameResult]) -> tuple[list[list[FrameResult]], dict
     left_out: dict[str, str] = {}
     kept: list[list[FrameResult]] = []
     for group in _by_stack(groups.values()):
-        lacking = {r.frame.key: missing for r in group if (missing := _lacking(r.frame.source.dataset))}
+        inferred = inferred_slice_thickness(group) is not None  # every image's is empty: not damaged
+        lacking = {r.frame.key: missing for r in group
+                   if (missing := _lacking(r.frame.source.dataset, thickness_inferred=inferred))}
         if not lacking or len(lacking) == len(group):
             kept.append(group)
             continue

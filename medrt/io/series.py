@@ -47,7 +47,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 __all__ = [
     "OrderedBy", "SeriesInput", "SeriesItem", "Series", "BadInput", "NonImage", "GroupResult",
-    "group_series", "order_items", "order_stacks", "series_to_sitk", "slice_order",
+    "group_series", "order_items", "order_stacks", "regular_step", "series_to_sitk",
+    "slice_order",
 ]
 
 log = logging.getLogger(__name__)
@@ -508,10 +509,29 @@ def _slice_spacing(uid: str, positions: np.ndarray, first: Frame) -> float:
     steps = np.diff(positions)
     if float(steps.min()) <= POSITION_ATOL_MM:
         raise UnsupportedImageError(uid, "two frames share one position: not a regular volume")
-    median = float(np.median(steps))
-    if float(np.abs(steps - median).max()) > max(POSITION_ATOL_MM, SPACING_RTOL * median):
+    median = regular_step(positions)
+    if median is None:
+        median = float(np.median(steps))
         raise UnsupportedImageError(
             uid,
             f"non-uniform slice spacing: steps from {steps.min():.4g} to {steps.max():.4g} mm (median {median:.4g} mm)",
         )
+    return median
+
+
+def regular_step(positions: Sequence[float] | np.ndarray) -> float | None:
+    """The step in mm between neighbouring slices at ``positions`` (along their normal, in
+    any order) when they form a regular stack: the median step, every step within 1 %
+    (:data:`SPACING_RTOL`, at least :data:`POSITION_ATOL_MM`) of it. None for fewer than two
+    positions, two at one position, or uneven steps (a missing slice, a stack of two
+    spacings): what a volume (:func:`series_to_sitk`) and a SEG's inferred SliceThickness
+    (:func:`medrt.export.seg.inferred_slice_thickness`) take as the slice spacing."""
+    if len(positions) < 2:
+        return None
+    steps = np.diff(np.sort(np.asarray(positions, dtype=np.float64)))
+    if float(steps.min()) <= POSITION_ATOL_MM:
+        return None
+    median = float(np.median(steps))
+    if float(np.abs(steps - median).max()) > max(POSITION_ATOL_MM, SPACING_RTOL * median):
+        return None
     return median
