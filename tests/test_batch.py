@@ -355,7 +355,8 @@ def test_sigterm_while_the_report_is_written_waits_for_it(tmp_path, monkeypatch,
     the results and report are written. It used to end with "medrt: interrupted" and no
     report; now the writing finishes and the run exits 130. The signal is real (raised in
     this, the main, thread, through medrt's own SIGTERM handler) at the moment the report
-    starts; the wrapper only picks that moment."""
+    starts; the wrapper only picks that moment. report.json said exit_code 0 all the same:
+    it is written once more, saying 130 and the signal."""
     from medrt.batch import report
 
     src = _small_input(tmp_path, n=3)
@@ -380,6 +381,10 @@ def test_sigterm_while_the_report_is_written_waits_for_it(tmp_path, monkeypatch,
     written = json.loads((out / "report.json").read_text())
     assert written["interrupted"] is False and written["counts"]["series_analysed"] == 1
     assert written["counts"]["frames"] == 3 and (out / "report.md").is_file()
+    # what a script reading report.json checks agrees with the process (it said 0, exit 130)
+    assert (written["exit_code"], written["stopped_while_writing"]) == (130, "SIGTERM")
+    assert "**SIGTERM** while this report was written: it is complete, and the run exited 130" in \
+        (out / "report.md").read_text()
     assert len(_lines(out / "results.jsonl")) == 3
     assert signal.getsignal(signal.SIGTERM) == before, "the handlers must come back after the run"
 

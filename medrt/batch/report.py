@@ -104,6 +104,9 @@ def write_report(s: Any, plan: Any, settings: dict[str, Any], analyzer: Any, tel
         "elapsed_s": round(s.elapsed_s, 2),
         "interrupted": s.interrupted,
         "exit_code": s.exit_code,
+        # the signal ("SIGTERM") that came while this report was written: every series is
+        # finished (interrupted stays false), and the process exits 130, as exit_code says
+        "stopped_while_writing": getattr(s, "stopped_while_writing", None),
         "input": str(plan.root),
         "counts": {
             "files_seen": s.files_seen, "series": s.series, "series_resumed": s.series_resumed,
@@ -143,7 +146,9 @@ def _markdown(r: dict[str, Any]) -> str:
         "",
         f"- input: `{r['input']}`",
         f"- finished: {r['finished_at']} in {r['elapsed_s']} s"
-        + (" (**interrupted**: rerun to finish)" if r["interrupted"] else ""),
+        + (" (**interrupted**: rerun to finish)" if r["interrupted"] else "")
+        + (f" (**{r['stopped_while_writing']}** while this report was written: it is complete, and the run "
+           f"exited {r['exit_code']})" if r.get("stopped_while_writing") else ""),
         f"- engine: {e['backend']} {e['precision']}; models {', '.join(e['models'])}",
         f"- series: {c['series']} ({c['series_resumed']} finished by an earlier run, {c['series_analysed']} now)",
         f"- frames: {c['frames']}, with lesions: {c['frames_with_lesions']}; lesions: {c['lesions']}, each counted "

@@ -263,20 +263,32 @@ def run_batch(config: BatchConfig, *, analyzer: Any = None,
         summary.unwritten = dict(sink.unwritten)
         summary.series_resumed = resumed
         summary.series_analysed = len(sink.finished)
-        summary.report = _report(summary, plan, settings, analyzer, telemetry, out)
-    stop_after_writing(summary, held)
+
+        def report() -> dict[str, Any]:
+            return _report(summary, plan, settings, analyzer, telemetry, out)
+
+        summary.report = report()
+        stop_after_writing(summary, held, report)
+    stop_after_writing(summary, held, report)  # one that came in between
     return summary
 
 
-def stop_after_writing(summary: BatchSummary, held: DeferredInterrupts) -> None:
+def stop_after_writing(summary: BatchSummary, held: DeferredInterrupts,
+                       rewrite: Callable[[], dict[str, Any]]) -> None:
     """End the run as interrupted when a signal was held off while its results and report
-    were written (they are complete; the report says how far the run got)."""
-    if held.received is None:
+    were written (they are complete; the report says how far the run got), and write the
+    report once more (``rewrite``, atomically) so that its ``exit_code`` is the process's,
+    130, with ``stopped_while_writing`` naming the signal: a script that reads report.json
+    saw 0 from a run that exited 130. Called inside the :class:`DeferredInterrupts` block
+    after the report, and once more after it for a signal that came in between (then
+    unguarded: another signal leaves the complete first report)."""
+    if held.received is None or summary.stopped_while_writing is not None:
         return
     log.warning("batch: %s while the results and report were written; they are complete, and the run ends "
                 "as interrupted", held.received)
     summary.stopped_while_writing = held.received
     summary.exit_code = EXIT_INTERRUPTED
+    summary.report = rewrite()
 
 
 def _open(config: BatchConfig) -> tuple[Path, Plan]:

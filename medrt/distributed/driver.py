@@ -234,9 +234,13 @@ def run_distributed(config: BatchConfig, options: RayOptions | None = None, *,
         engine = {"backend": infos[0]["backend"], "precision": infos[0]["precision"], "models": infos[0]["models"],
                   "processor": sorted({i["processor"] for i in infos})}
         _histogram(out)
-        summary.report = write_report(summary, plan, settings, None, None, out, engine=engine,
-                                      timings=_timings(out), extra={"cluster": cluster})
-    stop_after_writing(summary, held)
+        def report() -> dict[str, Any]:
+            return write_report(summary, plan, settings, None, None, out, engine=engine, timings=_timings(out),
+                                extra={"cluster": cluster})
+
+        summary.report = report()
+        stop_after_writing(summary, held, report)
+    stop_after_writing(summary, held, report)  # one that came in between
     return summary
 
 
