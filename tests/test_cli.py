@@ -177,3 +177,20 @@ def test_a_reader_that_stops_early_gets_no_traceback() -> None:
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=120) == 141, err
     assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_info_names_a_file_whose_header_has_an_unreadable_element_and_goes_on(tmp_path: Path) -> None:
+    """A byte flipped in an element's VR (here SOP Instance UID's, 'UI' to 'TI') made
+    ``medrt info`` stop with a traceback, and the files after it were never shown."""
+    data = (pydicom_test_dir() / "CT_small.dcm").read_bytes()
+    element = b"\x08\x00\x18\x00UI"  # (0008,0018) in explicit VR little endian
+    assert element in data
+    (tmp_path / "a_damaged.dcm").write_bytes(data.replace(element, b"\x08\x00\x18\x00TI", 1))
+    shutil.copy(pydicom_test_dir() / "CT_small.dcm", tmp_path / "b_good.dcm")
+    out = medrt("info", "--json", str(tmp_path))
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert out.returncode == 1
+    by_name = {Path(f["path"]).name: f for f in json.loads(out.stdout)["files"]}
+    assert by_name["b_good.dcm"]["ok"]
+    damaged = by_name["a_damaged.dcm"]
+    assert damaged["error_kind"] == "CorruptDicomError" and "header attribute cannot be read" in damaged["error"]

@@ -13,7 +13,7 @@ from typing import Any
 from pydicom.uid import UID
 
 from medrt.commands.options import DEFAULT_SEG_MODEL, add_routing_options
-from medrt.errors import InputError
+from medrt.errors import CorruptDicomError, InputError
 from medrt.io.dicom import frames_from_dataset, read_dataset
 from medrt.io.media import is_dicomdir, read_dicomdir
 from medrt.io.scan import iter_files
@@ -83,10 +83,13 @@ def inspect_file(path: Path, routed: Router | None = None) -> FileInfo:
     info = FileInfo(path=str(path), ok=False)
     try:
         ds = read_dataset(path, defer_size=1 << 16)  # pixels stay in the file until decoded
-        info.sop_class = UID(str(ds.SOPClassUID)).name if "SOPClassUID" in ds else None
-        info.sop_instance_uid = str(ds.get("SOPInstanceUID", "") or "") or None
-        meta = getattr(ds, "file_meta", None)
-        ts = meta.get("TransferSyntaxUID") if meta is not None else None
+        try:
+            info.sop_class = UID(str(ds.SOPClassUID)).name if "SOPClassUID" in ds else None
+            info.sop_instance_uid = str(ds.get("SOPInstanceUID", "") or "") or None
+            meta = getattr(ds, "file_meta", None)
+            ts = meta.get("TransferSyntaxUID") if meta is not None else None
+        except Exception as exc:  # a damaged element (an unknown VR, a length past the end): one file's error
+            raise CorruptDicomError(path, f"a header attribute cannot be read ({type(exc).__name__})") from exc
         if ts:
             info.transfer_syntax, info.transfer_syntax_uid = UID(str(ts)).name, str(ts)
         t0 = time.perf_counter()
