@@ -689,3 +689,19 @@ def test_a_compressed_file_cut_inside_its_pixel_data_is_named_as_truncated_pixel
         read_frames(cut)
     with pytest.raises(CorruptDicomError):  # a header cut short is still a damaged header
         read_frames(data[:200])
+
+
+
+
+
+@pytest.mark.parametrize(("slope", "intercept"), [("NaN", "0"), ("0", "-1024"), ("1e300", "0"), ("1", "-1e38")])
+def test_a_rescale_that_cannot_give_modality_values_is_refused(tmp_path: Path, slope: str, intercept: str) -> None:
+    """A NaN, zero or overflowing Rescale Slope/Intercept made every pixel NaN, infinite or
+    the same value, and the image was analysed anyway (and found clear)."""
+    ds = _mono_dataset("MONOCHROME2", np.arange(16, dtype=np.uint16).reshape(4, 4))
+    ds.RescaleSlope, ds.RescaleIntercept = slope, intercept
+    path = tmp_path / "rescaled.dcm"
+    ds.save_as(path, enforce_file_format=True)
+    with pytest.raises(CorruptDicomError, match="Rescale Slope .* cannot map stored values") as err:
+        read_frames(path)
+    assert err.value.source == str(path)

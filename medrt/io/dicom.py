@@ -56,6 +56,7 @@ from medrt.io.header import (
     frame_geometries,
     frame_header_windows,
     frame_pixel_spacings,
+    frame_rescales,
     modality_values,
     percentile_window,
 )
@@ -304,6 +305,7 @@ def _frames(ds: Dataset, path: Path | None, label: object) -> list[Frame]:
         pixels = np.tensordot(arr, _LUMA, axes=([-1], [0])).astype(np.float32, copy=False)
         low = high = None
     else:
+        _check_rescales(ds, n_frames, label)
         boxes = content_boxes(arr, ds)  # a shutter's border, in stored values (before any LUT)
         pixels, low, high = modality_values(arr, ds)
         if photometric == "MONOCHROME1":
@@ -394,6 +396,31 @@ def _transfer_syntax(ds: Dataset, label: object) -> UID:
             packages=decoder_packages(uid),
         )
     return uid
+
+
+def _check_rescales(ds: Dataset, n_frames: int, label: object) -> None:
+    """Refuse a Rescale Slope/Intercept that cannot map stored values to modality units.
+
+    A slope or intercept that is NaN, infinite, or so large that the result overflows
+    float32 made every pixel NaN or infinite, and a zero slope made every pixel the
+    intercept: the image was analysed anyway, silently, and came back with no lesions.
+    """
+    if "ModalityLUTSequence" in ds:
+        return
+    try:
+        pairs = frame_rescales(ds, n_frames)
+    except (TypeError, ValueError):
+        raise CorruptDicomError(label, "Rescale Slope or Rescale Intercept is not a number") from None
+    bits = int(ds.BitsStored) if 0 < int(ds.BitsStored) <= int(ds.BitsAllocated) else int(ds.BitsAllocated)
+    largest = float(1 << bits)
+    limit = 1e30  # far past any modality unit (HU, counts, SUV), and well inside float32
+    for slope, intercept in pairs:
+        usable = (np.isfinite(slope) and np.isfinite(intercept) and slope != 0.0
+                  and abs(slope) * largest + abs(intercept) < limit)
+        if not usable:
+            raise CorruptDicomError(
+                label, f"Rescale Slope {slope:g} / Rescale Intercept {intercept:g} cannot map stored values to "
+                "modality units (they must be finite, the slope non-zero)")
 
 
 def number_of_frames(ds: Dataset) -> int:
