@@ -705,3 +705,37 @@ def test_a_rescale_that_cannot_give_modality_values_is_refused(tmp_path: Path, s
     with pytest.raises(CorruptDicomError, match="Rescale Slope .* cannot map stored values") as err:
         read_frames(path)
     assert err.value.source == str(path)
+
+
+
+def test_native_pixel_data_holding_more_than_the_header_declares_is_refused(tmp_path: Path) -> None:
+    """Rows 1 on a 64x64 slice decoded the first row alone, and a multi-frame image whose
+    Number of Frames was lost decoded its first frame alone; both were analysed as whole."""
+    stored = np.arange(3 * 64 * 64, dtype=np.uint16).reshape(3, 64, 64) % 4096
+    ds = _mono_dataset("MONOCHROME2", stored[0])
+    ds.Rows = 1
+    path = tmp_path / "rows.dcm"
+    ds.save_as(path, enforce_file_format=True)
+    for source in (path, path.read_bytes()):  # from a file (memory map) and from memory
+        with pytest.raises(CorruptPixelDataError, match="Rows, Columns or Number of Frames is wrong"):
+            read_frames(source)
+    ds = _mono_dataset("MONOCHROME2", stored[0])
+    ds.PixelData = stored.astype("<u2").tobytes()  # three frames, no Number of Frames
+    with pytest.raises(CorruptPixelDataError, match=r"3 frames' worth, but the header declares 1 frame"):
+        read_frames(ds)
+    ds.PixelData = stored[0].astype("<u2").tobytes() + b"\0\0"  # a little padding is harmless
+    assert read_frames(ds)[0].pixels.shape == (64, 64)
+
+
+
+def test_compressed_pixels_of_another_size_than_the_header_says_are_named_so() -> None:
+    """A codestream whose size differs from Rows x Columns x Number of Frames gave numpy's
+    'could not broadcast input array from shape (262144,) into shape (1024,)'."""
+    ds = pydicom.dcmread(pydicom_test_dir() / "JPEG2000.dcm")
+    ds.Columns = 1
+    with pytest.raises(CorruptPixelDataError, match="do not fit the header's 1 frame.* Rows, Columns or Number"):
+        read_frames(ds)
+    ds = pydicom.dcmread(pydicom_test_dir() / "examples_ybr_color.dcm")
+    ds.NumberOfFrames = 1  # 30 frames in the data
+    with pytest.raises(CorruptPixelDataError, match="do not fit the header's 1 frame"):
+        read_frames(ds)

@@ -451,6 +451,9 @@ def _decode(ds: Dataset, tsyntax: UID, photometric: str, n_frames: int, label: o
     fast = _native_view(ds, tsyntax, rows, cols, n_frames, label)
     if fast is not None:
         return fast
+    if not tsyntax.is_encapsulated and isinstance(ds.PixelData, (bytes, bytearray)):
+        frame_bytes = (rows * cols * samples * bits + 7) // 8
+        _check_no_excess(len(ds.PixelData), frame_bytes, n_frames, rows, cols, label)
     from pydicom.pixels import get_decoder, pixel_array
 
     available = get_decoder(tsyntax).available_plugins
@@ -464,6 +467,8 @@ def _decode(ds: Dataset, tsyntax: UID, photometric: str, n_frames: int, label: o
             arr = pixel_array(ds)  # every available plugin, in pydicom's order
     except ValueError as exc:
         text = str(exc)
+        if "could not broadcast" in text or "cannot reshape" in text:  # a codestream of another size
+            raise _size_mismatch(label, n_frames, rows, cols, samples) from exc
         if "less than expected" in text or "truncated" in text.lower():
             raise CorruptPixelDataError(label, f"pixel data is truncated ({_first_line(text)})") from exc
         raise CorruptPixelDataError(label, _first_line(text)) from exc
@@ -476,6 +481,8 @@ def _decode(ds: Dataset, tsyntax: UID, photometric: str, n_frames: int, label: o
     except BaseException as exc:  # noqa: BLE001 - Rust decoders panic with a BaseException
         raise CorruptPixelDataError(label, f"pixel data cannot be decoded ({_exc_text(exc)})") from exc
     shape = (n_frames, rows, cols, samples) if samples > 1 else (n_frames, rows, cols)
+    if arr.size != int(np.prod(shape)):  # fewer or more frames decoded than Number of Frames says
+        raise _size_mismatch(label, n_frames, rows, cols, samples)
     arr = arr.reshape(shape)
     # pydicom masks native (uncompressed) data itself; a codec gives back its codestream's bits
     native = str(tsyntax) in UNCOMPRESSED_LE
@@ -561,6 +568,7 @@ def _native_view(
         raise CorruptPixelDataError(
             label, f"pixel data is truncated: {length} bytes, {expected} expected for {n_frames}x{rows}x{cols}x{bits} bit"
         )
+    _check_no_excess(length, expected // n_frames, n_frames, rows, cols, label)
     if arr is None:
         arr = np.frombuffer(data, dtype=dtype, count=expected // dtype.itemsize)
     arr = arr.reshape(n_frames, rows, cols)
@@ -570,6 +578,25 @@ def _native_view(
         if arr.min() < lo or arr.max() > hi:
             return None  # unused high bits are set: let pydicom mask / sign-extend
     return arr
+
+
+def _check_no_excess(length: int, frame_bytes: int, n_frames: int, rows: int, cols: int, label: object) -> None:
+    """Refuse native pixel data that holds a whole frame more than the header declares.
+
+    A byte or two of padding is common and harmless; a frame's worth or more means
+    Rows, Columns or Number of Frames is wrong, and decoding the first ``expected``
+    bytes gave a sliver of the image (Rows 1 of a 512x512 slice) or its first frame
+    only, analysed as if whole."""
+    if frame_bytes and length - n_frames * frame_bytes >= frame_bytes:
+        raise CorruptPixelDataError(
+            label, f"pixel data holds {length} bytes, {length / frame_bytes:.4g} frames' worth, but the header "
+            f"declares {n_frames} frame(s) of {rows}x{cols}: Rows, Columns or Number of Frames is wrong")
+
+
+def _size_mismatch(label: object, n_frames: int, rows: int, cols: int, samples: int) -> CorruptPixelDataError:
+    return CorruptPixelDataError(
+        label, f"the decoded pixels do not fit the header's {n_frames} frame(s) of {rows}x{cols}"
+        f"{f'x{samples}' if samples > 1 else ''}: Rows, Columns or Number of Frames is wrong")
 
 
 def _mapped_pixels(ds: Dataset, tsyntax: UID, dtype: np.dtype, expected: int) -> tuple[int, np.ndarray | None] | None:
