@@ -691,9 +691,6 @@ def test_a_compressed_file_cut_inside_its_pixel_data_is_named_as_truncated_pixel
         read_frames(data[:200])
 
 
-
-
-
 @pytest.mark.parametrize(("slope", "intercept"), [("NaN", "0"), ("0", "-1024"), ("1e300", "0"), ("1", "-1e38")])
 def test_a_rescale_that_cannot_give_modality_values_is_refused(tmp_path: Path, slope: str, intercept: str) -> None:
     """A NaN, zero or overflowing Rescale Slope/Intercept made every pixel NaN, infinite or
@@ -705,7 +702,6 @@ def test_a_rescale_that_cannot_give_modality_values_is_refused(tmp_path: Path, s
     with pytest.raises(CorruptDicomError, match="Rescale Slope .* cannot map stored values") as err:
         read_frames(path)
     assert err.value.source == str(path)
-
 
 
 def test_native_pixel_data_holding_more_than_the_header_declares_is_refused(tmp_path: Path) -> None:
@@ -727,7 +723,6 @@ def test_native_pixel_data_holding_more_than_the_header_declares_is_refused(tmp_
     assert read_frames(ds)[0].pixels.shape == (64, 64)
 
 
-
 def test_compressed_pixels_of_another_size_than_the_header_says_are_named_so() -> None:
     """A codestream whose size differs from Rows x Columns x Number of Frames gave numpy's
     'could not broadcast input array from shape (262144,) into shape (1024,)'."""
@@ -738,4 +733,17 @@ def test_compressed_pixels_of_another_size_than_the_header_says_are_named_so() -
     ds = pydicom.dcmread(pydicom_test_dir() / "examples_ybr_color.dcm")
     ds.NumberOfFrames = 1  # 30 frames in the data
     with pytest.raises(CorruptPixelDataError, match="do not fit the header's 1 frame"):
+        read_frames(ds)
+
+
+@pytest.mark.parametrize(("name", "keyword"), [("CT_small.dcm", "PixelRepresentation"),
+                                               ("MR_small_RLE.dcm", "BitsStored"),
+                                               ("SC_rgb_rle.dcm", "PlanarConfiguration")])
+def test_a_missing_type_1_pixel_attribute_is_named(name: str, keyword: str) -> None:
+    """Without Pixel Representation a signed CT's negative HU were read as values near
+    65,535, silently; without Bits Stored or Planar Configuration a compressed image failed
+    with pydicom's "Missing required element: (0028,0101) '…'", the name redacted."""
+    ds = pydicom.dcmread(pydicom_test_dir() / name)
+    del ds[keyword]
+    with pytest.raises(CorruptDicomError, match=f"required Image Pixel attribute.* missing: {keyword}"):
         read_frames(ds)

@@ -79,7 +79,10 @@ DicomSource = str | os.PathLike[str] | bytes | bytearray | memoryview | Dataset 
 
 PIXEL_KEYWORDS = ("PixelData", "FloatPixelData", "DoubleFloatPixelData")
 _PIXEL_TAGS = (0x7FE00010, 0x7FE00008, 0x7FE00009)
-_REQUIRED_PIXEL_ATTRS = ("Rows", "Columns", "BitsAllocated", "SamplesPerPixel")
+# Type 1 in the Image Pixel Module (PS3.3 C.7.6.3). Without Pixel Representation a signed
+# CT's negative HU were read as unsigned values near 65,535, silently; without Bits Stored
+# a compressed image failed with a decoder's message that could not name the attribute.
+_REQUIRED_PIXEL_ATTRS = ("Rows", "Columns", "BitsAllocated", "BitsStored", "PixelRepresentation", "SamplesPerPixel")
 
 # SOP classes that may carry pixel data but are not images to analyse.
 _NON_IMAGE_SOP_CLASSES = frozenset(
@@ -285,6 +288,8 @@ def _frames(ds: Dataset, path: Path | None, label: object) -> list[Frame]:
     missing = [k for k in _REQUIRED_PIXEL_ATTRS if ds.get(k) in (None, "")]
     if "PhotometricInterpretation" not in ds:
         missing.append("PhotometricInterpretation")
+    if not missing and str(ds.SamplesPerPixel).strip() not in ("", "1") and ds.get("PlanarConfiguration") in (None, ""):
+        missing.append("PlanarConfiguration")  # Type 1C: colour pixels cannot be laid out without it
     if missing:
         raise CorruptDicomError(label, f"required Image Pixel attribute(s) missing: {', '.join(missing)}")
 
