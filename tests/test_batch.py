@@ -886,3 +886,22 @@ def test_a_series_analysed_again_names_its_earlier_sr_as_predecessor(tmp_path, a
     assert new.SOPInstanceUID != first.SOPInstanceUID
     run = subprocess.run([require_tool("dciodvfy"), str(new_sr)], capture_output=True, text=True, timeout=120)
     assert not [ln for ln in (run.stdout + run.stderr).splitlines() if ln.startswith("Error")], run.stderr
+
+
+def test_an_image_without_a_sop_instance_uid_is_named_and_its_series_results_are_written(tmp_path, analyzer):
+    """A slice without SOPInstanceUID was grouped and analysed with its series, and then the
+    series' SEG and SR (which refer to each image by that UID) failed for every file of it:
+    one bad file cost the good ones their results."""
+    src = tmp_path / "in"
+    src.mkdir()
+    paths = sorted((SAMPLE_DIR / "ct_stream").glob("*.dcm"))[:3]
+    for path in paths[:2]:
+        shutil.copy(path, src / path.name)
+    ds = pydicom.dcmread(paths[2])
+    del ds.SOPInstanceUID
+    ds.save_as(src / "no_uid.dcm")
+    result = run_batch(BatchConfig(src, tmp_path / "out"), analyzer=analyzer)
+    assert result.exit_code == EXIT_ERRORS
+    rows = list(csv.DictReader((tmp_path / "out" / "errors.csv").open()))
+    assert [(r["file"], r["kind"], r["stage"]) for r in rows] == [("no_uid.dcm", "error", "scan")], rows
+    assert rows[0]["reason"] == "incomplete header: no SOPInstanceUID, so results cannot refer to it"

@@ -297,6 +297,10 @@ def _read_header(
         missing = [k for k, v in (("StudyInstanceUID", study), ("SeriesInstanceUID", series)) if not v]
         if missing:
             raise IncompleteHeaderError(label, f"no {' or '.join(missing)}, so it cannot be grouped into a series")
+        if not isinstance(source, tuple) and not _text(ds, "SOPInstanceUID"):
+            # A SEG and an SR refer to each image by its SOPInstanceUID: one image without it
+            # made the export of its whole series fail, and the good images' results were lost.
+            raise IncompleteHeaderError(label, "no SOPInstanceUID, so results cannot refer to it")
         n_frames = len(source) if isinstance(source, tuple) else number_of_frames(ds)
         geometry = source[0].geometry if isinstance(source, tuple) else frame_geometries(ds, n_frames)[0]
         position = _project(geometry, _unit_normal(geometry.orientation)) if geometry is not None else None
