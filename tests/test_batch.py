@@ -905,3 +905,21 @@ def test_an_image_without_a_sop_instance_uid_is_named_and_its_series_results_are
     rows = list(csv.DictReader((tmp_path / "out" / "errors.csv").open()))
     assert [(r["file"], r["kind"], r["stage"]) for r in rows] == [("no_uid.dcm", "error", "scan")], rows
     assert rows[0]["reason"] == "incomplete header: no SOPInstanceUID, so results cannot refer to it"
+
+
+def test_of_two_copies_of_an_image_the_one_that_decodes_is_analysed(tmp_path, analyzer):
+    """A re-sent image, whole in one file and cut short in another met later: the cut copy
+    was kept (the later one is preferred) and failed, the whole one passed over as a
+    duplicate, and the image was never analysed."""
+    src = tmp_path / "in"
+    src.mkdir()
+    paths = sorted((SAMPLE_DIR / "ct_stream").glob("*.dcm"))[:2]
+    for path in paths:
+        shutil.copy(path, src / path.name)
+    data = paths[0].read_bytes()
+    (src / "z_resent.dcm").write_bytes(data[: len(data) - 1000])  # the same instance, cut short
+    result = run_batch(BatchConfig(src, tmp_path / "out"), analyzer=analyzer)
+    assert result.exit_code == EXIT_OK
+    (row,) = csv.DictReader((tmp_path / "out" / "errors.csv").open())
+    assert row["file"] == "z_resent.dcm" and row["kind"] == "skipped"
+    assert row["reason"].endswith(f"{paths[0].name} was kept")

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -356,9 +357,11 @@ def order_stacks(
     one stack (none for no items).
     """
     best: dict[str, SeriesItem] = {}
+    copies = Counter(item.sop_instance_uid or f"#{item.input_index}" for item in items)
+    usable = {id(item): _decodes(item) for item in items if copies[item.sop_instance_uid or "#"] > 1}
     for item in items:
         key = item.sop_instance_uid or f"#{item.input_index}"
-        if key not in best or _preference(item) > _preference(best[key]):
+        if key not in best or _copy_preference(item, usable) > _copy_preference(best[key], usable):
             best[key] = item
     unique = list(best.values())
     dropped = [item for item in items if best[item.sop_instance_uid or f"#{item.input_index}"] is not item]
@@ -385,6 +388,27 @@ def order_stacks(
         unique, key=lambda i: (i.instance_number is None, i.instance_number or 0, i.sop_instance_uid, i.input_index)
     )
     return ((tuple(ordered_items),) if ordered_items else ()), tuple(dropped), ordered_by
+
+
+def _copy_preference(item: SeriesItem, usable: dict[int, bool]) -> tuple[bool, tuple[bool, int, bool, int, int]]:
+    """:func:`_preference`, with a copy that decodes first where one image came several times.
+
+    A re-sent or copied instance is often whole in one copy and cut short or damaged in
+    another: keeping the damaged one (met later, so preferred) lost the image, the good
+    copy being passed over as a duplicate. Only copies of one SOPInstanceUID are decoded
+    here, so a folder without duplicates reads headers alone, as before."""
+    return usable.get(id(item), True), _preference(item)
+
+
+def _decodes(item: SeriesItem) -> bool:
+    if not isinstance(item.source, Path):
+        return True  # a Dataset or decoded Frames the caller holds: nothing to compare by
+    try:
+        read_frames(item.source)
+    except InputError as exc:
+        log.warning("%s: a copy of SOPInstanceUID %s cannot be used: %s", item.source, item.sop_instance_uid, exc.why)
+        return False
+    return True
 
 
 def _preference(item: SeriesItem) -> tuple[bool, int, bool, int, int]:
