@@ -162,7 +162,7 @@ class _Sink:
         so = self._series(env.origin)
         self._writing(so, lambda: so.add(result, env.origin))
         if so.plan.uid in self.unwritten:  # not kept (add failed, or was not tried): counted
-            so.done_paths[env.origin] = so.done_paths.get(env.origin, 0) + 1
+            so.count_done(env.origin)
         self._advance(so, 1)
 
     def on_error(self, error: Any, env: Any) -> None:
