@@ -864,3 +864,32 @@ def test_unreadable_header_dates_are_left_empty_in_a_copy() -> None:
     fixed = readable_header(bad)
     assert fixed is not bad and fixed.PatientBirthDate == "" and fixed.StudyTime == ""
     assert fixed.StudyDate == "20260101" and bad.PatientBirthDate == "1970-01-01"
+
+
+@pytest.mark.parametrize("name", ["CT_small.dcm", "MR_small_implicit.dcm"])
+def test_readable_header_parses_only_the_dates_and_times_of_a_header_read_from_a_file(tmp_path, name) -> None:
+    """pydicom parses an element of a file when it is first asked for. readable_header walked
+    every element, so every value of every header of a series was parsed for the SEG and the
+    SR (0.65 s for 1,200 slices), most of them read by nothing; now only the dates and times
+    are. In an implicit VR file (no VR in the file) too, where an unreadable date is still
+    found by its dictionary VR."""
+    import warnings
+
+    from pydicom.dataelem import RawDataElement
+
+    from medrt.export.common import readable_header
+
+    ds = pydicom.dcmread(pydicom_test_dir() / name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds.PatientBirthDate = "1970-01-01"
+        ds.save_as(tmp_path / name)
+    untouched = ("ImagePositionPatient", "PatientName", "InstanceNumber")
+    good = pydicom.dcmread(pydicom_test_dir() / name, stop_before_pixels=True)
+    assert readable_header(good) is good
+    bad = pydicom.dcmread(tmp_path / name, stop_before_pixels=True)
+    fixed = readable_header(bad)
+    assert fixed is not bad and fixed.PatientBirthDate == "" and fixed.StudyDate == good.StudyDate != ""
+    for header in (good, bad):
+        for keyword in untouched:
+            assert isinstance(header.get_item(keyword), RawDataElement), f"{name}: {keyword} was parsed"

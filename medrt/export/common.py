@@ -12,7 +12,8 @@ import copy
 import logging
 from collections.abc import Callable, Sequence
 
-from pydicom.dataelem import DataElement
+from pydicom.datadict import dictionary_VR
+from pydicom.dataelem import DataElement, RawDataElement
 from pydicom.dataset import Dataset
 from pydicom.sr.codedict import codes
 from pydicom.uid import generate_uid
@@ -156,6 +157,22 @@ def check_results(results: Sequence[FrameResult]) -> list[FrameResult]:
 _DATES_TIMES = {"DA": DA, "DT": DT, "TM": TM}
 
 
+def _vr(ds: Dataset, elem: DataElement | RawDataElement) -> str:
+    """The VR ``elem`` of ``ds`` has, or will have once pydicom parses it, without parsing
+    it where the file or the data dictionary says: a raw element of an implicit VR file
+    (or written UN) takes its standard tag's dictionary VR, as pydicom gives it; a private
+    or unknown one is parsed, since pydicom looks it up by its private creator."""
+    vr = elem.VR
+    if vr is not None and vr != "UN":
+        return str(vr)
+    if not isinstance(elem, RawDataElement) or elem.tag.is_private:
+        return str(ds[elem.tag].VR)
+    try:
+        return str(dictionary_VR(elem.tag))
+    except KeyError:  # not in the dictionary: pydicom reads it as UN
+        return "UN"
+
+
 def readable_header(ds: Dataset) -> Dataset:
     """``ds``, or a copy of it whose top-level dates and times that pydicom cannot read
     (a PatientBirthDate written ``1970-01-01``, a StudyTime with letters) are left empty.
@@ -164,9 +181,17 @@ def readable_header(ds: Dataset) -> Dataset:
     and parses the dates and times among them; one unreadable value made the whole
     object fail, and its message quoted the value (a birth date) into the run's report.
     Empty is what DICOM allows for these Type 2 attributes when the value is unknown.
-    The log names the attribute and the object's UID, never the value."""
+    The log names the attribute and the object's UID, never the value.
+
+    Only the date and time elements are read: pydicom parses an element of a file when it
+    is first asked for, and walking them all parsed every value of every header of the
+    series, most of which no SEG or SR ever reads (0.65 s of a 1,200-slice series' export,
+    against 0.06 s once parsed)."""
     bad = []
-    for elem in ds:
+    for raw in ds.elements():
+        if _vr(ds, raw) not in _DATES_TIMES:
+            continue
+        elem = ds[raw.tag]
         parse = _DATES_TIMES.get(str(elem.VR))
         if parse is None or elem.value in (None, ""):
             continue
