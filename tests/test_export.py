@@ -296,6 +296,56 @@ def test_ct_sr_without_seg_references_lesion_boxes(ct, tmp_path) -> None:  # typ
     check_sr(dciodvfy(sr, tmp_path / "sr.dcm"), ct, None)
 
 
+def test_the_sr_is_made_without_a_copy_of_its_content_tree(ct, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """highdicom's SR constructor deep-copies the content it is given and parses the copy
+    back: two items per evaluated image, 0.8 s of a 500-slice series' 1.2 s SR. build_sr gives
+    it the report's root alone and then the tree itself. The document is what highdicom
+    makes of the whole report, element for element, and its ``content`` is the whole tree."""
+    import highdicom.sr.sop as sop
+
+    copied: list[int] = []
+    deepcopy = sop.deepcopy
+
+    def items(ds: Dataset) -> int:
+        return sum(1 + items(child) for child in ds.get("ContentSequence", ()))
+
+    def counted(value, *args):  # type: ignore[no-untyped-def]
+        if isinstance(value, Dataset):
+            copied.append(items(value))
+        return deepcopy(value, *args)
+
+    seg = build_seg(ct)
+    monkeypatch.setattr(sop, "deepcopy", counted)
+    sr = build_sr(ct, seg=seg, sop_instance_uid="1.2.826.0.1.3680043.10.999.1",
+                  series_instance_uid="1.2.826.0.1.3680043.10.999.2")
+    assert copied and sum(copied) < len(ct), f"highdicom copied {sum(copied)} content items of {items(sr)}"
+    monkeypatch.setattr(sop, "deepcopy", deepcopy)
+    check_sr(dciodvfy(sr, tmp_path / "sr.dcm"), ct, seg)
+    # the same document as highdicom's constructor makes of the whole report
+    root = Dataset()
+    for keyword in ("ValueType", "ConceptNameCodeSequence", "ContinuityOfContent", "ContentTemplateSequence",
+                    "ContentSequence"):
+        root.add(copy.deepcopy(sr[keyword]))
+    whole = hd.sr.Comprehensive3DSR(
+        evidence=[r.frame.source.dataset for r in ct] + [seg], content=root,
+        series_instance_uid=sr.SeriesInstanceUID, series_number=int(sr.SeriesNumber),
+        sop_instance_uid=sr.SOPInstanceUID, instance_number=int(sr.InstanceNumber), manufacturer=sr.Manufacturer,
+        manufacturer_model_name=sr.ManufacturerModelName, software_versions=sr.SoftwareVersions,
+        device_serial_number=sr.DeviceSerialNumber, series_description=sr.SeriesDescription, is_complete=True)
+    stamps = {"ContentDate", "ContentTime", "InstanceCreationDate", "InstanceCreationTime", "SeriesDate",
+              "SeriesTime", "ContributionDateTime"}
+    for ds in (sr, whole):
+        for elem in list(ds.iterall()):
+            if elem.keyword in stamps:
+                elem.value = ""
+    assert sorted(sr.keys()) == sorted(whole.keys())
+    for keyword in ("ContentSequence", "CurrentRequestedProcedureEvidenceSequence", "ContentTemplateSequence",
+                    "ConceptNameCodeSequence", "ContributingEquipmentSequence"):
+        assert sr[keyword] == whole[keyword], keyword
+    assert len(sr.content) == 1 and items(sr.content[0]) == items(sr) > 2 * len(ct)
+    assert sr.content[0].ContentSequence == sr.ContentSequence
+
+
 def test_ct_sc_burns_in_the_rendered_overlay(ct, tmp_path) -> None:  # type: ignore[no-untyped-def]
     lesion_frames = [r for r in ct if r.lesions]
     scs = build_sc_series(lesion_frames[:2])
