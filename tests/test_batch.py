@@ -104,6 +104,15 @@ def test_sample_findings_score_against_ground_truth(sample_run):
 
     rows = _table(summary).splitlines()[1:]
     assert all(" mm  [ct_stream/" in r for r in rows if " CT " in r)
+    # The closing line's sections are every series' (a radiograph's nodule is one): it
+    # called them "on CT slices" when the radiographs' were counted in.
+    from medrt.commands.batch import _summary_line
+
+    ct_sections = sum(f["sections"] for f in rep["series"] if f["modality"] == "CT")
+    assert ct_sections < summary.lesions
+    line = _summary_line(summary, out)
+    assert line.startswith(f"{summary.series_lesions} lesion(s) ({summary.lesions} sections: ")
+    assert f"{summary.lesions} sections on CT" not in line
     assert any(" mm at detector  [radiographs/dx_" in r for r in rows)
     # each series whole (UIDs often differ only in their last digits) and its first file
     assert {r.split()[0] for r in rows} == {f["series_instance_uid"] for f in rep["series"]}

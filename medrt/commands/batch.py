@@ -64,6 +64,23 @@ def _table(summary: Any) -> str:
     return "\n".join(lines)
 
 
+def _summary_line(summary: Any, out: Path) -> str:
+    """The closing line: lesions each counted once, and beside them the sections, one per
+    image a lesion is on. The sections are every series' (a radiograph's nodule is one),
+    so they are not called CT's: with radiographs in the run that said "24 sections on CT
+    slices" where the CT slices held 17."""
+    c = summary.report["counts"]
+    sections = (f" ({c['lesion_sections']} sections: a CT lesion once per slice it is on)"
+                if c["lesion_sections"] != c["lesions"] else "")
+    finished = c["series_resumed"] + c["series_analysed"]
+    series = (f"{c['series']} series ({c['series_resumed']} already done)" if finished >= c["series"]
+              else f"{finished} of {c['series']} series finished ({c['series_resumed']} already done)")
+    return (f"{c['lesions']} lesion(s){sections} in {c['frames_with_lesions']} of {c['frames']} frame(s), {series}; "
+            f"{c['errors']} error(s), {c['skipped']} skipped "
+            f"-> {out / 'results.jsonl'}, {out / 'lesions.csv'}, report {out / 'report.md'}"
+            + (f", see {out / 'errors.csv'}" if c["errors"] or c["skipped"] else ""))
+
+
 def printable(name: str) -> str:
     """A file name as the terminal can show it: bytes that are not UTF-8 (a Latin-1 name
     from another hospital's disc) as \\xNN escapes."""
@@ -157,22 +174,14 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(_table(summary))
         print()
-    c = summary.report["counts"]
-    sections = f" ({c['lesion_sections']} sections on CT slices)" if c["lesion_sections"] != c["lesions"] else ""
-    finished = c["series_resumed"] + c["series_analysed"]
-    series = (f"{c['series']} series ({c['series_resumed']} already done)" if finished >= c["series"]
-              else f"{finished} of {c['series']} series finished ({c['series_resumed']} already done)")
-    print(f"{c['lesions']} lesion(s){sections} in {c['frames_with_lesions']} of {c['frames']} frame(s), {series}; "
-          f"{c['errors']} error(s), {c['skipped']} skipped "
-          f"-> {out / 'results.jsonl'}, {out / 'lesions.csv'}, report {out / 'report.md'}"
-          + (f", see {out / 'errors.csv'}" if c["errors"] or c["skipped"] else ""))
+    print(_summary_line(summary, out))
     if summary.interrupted:
         print("medrt batch: interrupted; run the same command again to finish", file=sys.stderr)
     elif summary.stopped_while_writing:
         print(f"medrt batch: {summary.stopped_while_writing} while the results and report were written; "
               "they were finished first and are complete", file=sys.stderr)
     elif summary.exit_code == EXIT_FAILED:
-        print(f"medrt batch: nothing analysed in {args.input}: {_why_nothing(c, out / 'errors.csv')}", file=sys.stderr)
+        print(f"medrt batch: nothing analysed in {args.input}: {_why_nothing(summary.report['counts'], out / 'errors.csv')}", file=sys.stderr)
     return summary.exit_code
 
 
