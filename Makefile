@@ -21,8 +21,11 @@ $(STAMP_CORE): pyproject.toml | $(BIN)/python
 # The tests also exercise training and MONAI-bundle import, so they need the
 # train extra. torch goes first, pinned: 2.13.0 is the CPU build this machine
 # keeps on disk; asking for plain torch (or monai first) pulls a multi-GB CUDA build.
+# PyPI's Linux torch is that CUDA build too, so on a fresh machine name the CPU index:
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 $(STAMP_DEV): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) torch==2.13.0
 	$(BIN)/pip install --quiet -e '.[dev,train,gui,ray]'
 	touch $@ $(STAMP_CORE)
 
