@@ -51,7 +51,20 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         import_module(name).register(sub)
+    _verbose_after_command(sub)
     return parser
+
+
+def _verbose_after_command(sub: argparse._SubParsersAction) -> None:
+    """``-v`` after the command too (``medrt batch IN --out OUT -v``), where people type it
+    when a run needs a closer look; it was a usage error there. Its default is suppressed
+    so that a ``-v`` before the command is not reset by the command's parser."""
+    for command in set(sub.choices.values()):
+        command.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                             help="more log output (-vv for debug); also accepted before the command")
+        for action in command._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                _verbose_after_command(action)
 
 
 def _setup_logging(verbosity: int, quiet: bool = False) -> None:

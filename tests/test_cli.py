@@ -194,3 +194,34 @@ def test_info_names_a_file_whose_header_has_an_unreadable_element_and_goes_on(tm
     assert by_name["b_good.dcm"]["ok"]
     damaged = by_name["a_damaged.dcm"]
     assert damaged["error_kind"] == "CorruptDicomError" and "header attribute cannot be read" in damaged["error"]
+
+
+def test_verbose_is_taken_after_every_command_too() -> None:
+    """``medrt batch IN --out OUT -v`` was a usage error: -v was the top parser's alone, and
+    people type it at the end of the command that needs a closer look."""
+    import argparse
+
+    from medrt.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["info", "x"]).verbose == 0
+    assert parser.parse_args(["-v", "info", "x"]).verbose == 1  # not reset by the command's own -v
+    assert parser.parse_args(["info", "x", "-vv"]).verbose == 2
+    assert parser.parse_args(["models", "list", "-v"]).verbose == 1
+
+    def commands(p: argparse.ArgumentParser):  # every command and sub-command, by its prog
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sp in set(action.choices.values()):
+                    yield sp
+                    yield from commands(sp)
+
+    progs = [sp.prog for sp in commands(parser)]
+    assert len(progs) > 10
+    for sp in commands(parser):
+        assert any("--verbose" in a.option_strings for a in sp._actions), sp.prog
+    for tail, shown in (([], False), (["-v"], True)):
+        run = subprocess.run([sys.executable, "-m", "medrt", "info", str(SAMPLE_DIR / "ct_stream"), *tail],
+                             capture_output=True, text=True, cwd=REPO)
+        assert run.returncode == 0, run.stderr
+        assert (" INFO medrt." in run.stderr) is shown, run.stderr[-2000:]
