@@ -220,7 +220,7 @@ class StreamsMixin:
         lesions = sum(len(e.series_lesions()[0]) for e in self.study.series)
         positive = sum(1 for s in frames if s.result.lesions)
         bad = len(self.failures)  # files, each once
-        found = f"{lesions} lesion(s)" + (f" ({sections} sections on CT slices)" if sections != lesions else "")
+        found = f"{lesions} lesion(s)" + (f" ({sections} sections: a CT lesion once per slice it is on)" if sections != lesions else "")
         return (f"analysis finished: {found} in {positive} of {len(frames)} image(s)"
                 + (f"; {bad} file(s) could not be read, first {self.failures[0]}" if bad else ""))
 

@@ -618,8 +618,8 @@ def test_a_lesion_keeps_its_number_on_every_slice_it_shows_on(bot, analysed) -> 
     assert w.current_series.series_lesions()[0] is lesions  # worked out once while nothing changed
     # the status line counts them the same way, as medrt batch does
     positive = sum(1 for slot in w.current_series.slots if slot.result.lesions)
-    assert w.finished_message() == (f"analysis finished: {len(lesions)} lesion(s) ({len(numbers)} sections on CT "
-                                    f"slices) in {positive} of 40 image(s)")
+    assert w.finished_message() == (f"analysis finished: {len(lesions)} lesion(s) ({len(numbers)} sections: a CT "
+                                    f"lesion once per slice it is on) in {positive} of 40 image(s)")
 
 
 def test_the_series_tab_lists_each_lesion_once_and_goes_to_where_it_is_largest(bot, analysed) -> None:  # type: ignore[no-untyped-def]
