@@ -747,3 +747,110 @@ def test_a_missing_type_1_pixel_attribute_is_named(name: str, keyword: str) -> N
     del ds[keyword]
     with pytest.raises(CorruptDicomError, match=f"required Image Pixel attribute.* missing: {keyword}"):
         read_frames(ds)
+
+
+def _with_raw_value(ds: Dataset, keyword: str, text: str) -> bytes:
+    """``ds`` as an explicit VR little-endian file whose ``keyword`` element holds ``text``
+    as written, which pydicom would refuse to set ("abc" for an IS, "NaN" for a DS)."""
+    import struct
+
+    from pydicom.datadict import dictionary_VR, tag_for_keyword
+
+    tag = tag_for_keyword(keyword)
+    vr = dictionary_VR(tag)
+    setattr(ds, keyword, "1\\1" if keyword.endswith("PixelSpacing") else "1")
+    buf = io.BytesIO()
+    ds.save_as(buf, implicit_vr=False, little_endian=True)
+    data = buf.getvalue()
+    key = struct.pack("<HH", tag >> 16, tag & 0xFFFF) + vr.encode()
+    at = data.index(key)
+    length = struct.unpack("<H", data[at + 6 : at + 8])[0]
+    value = text.encode() + b" " * (len(text) % 2)
+    return data[: at + 6] + struct.pack("<H", len(value)) + value + data[at + 8 + length :]
+
+
+@pytest.mark.parametrize("value", ["abc", "2.5", "0", "-3"])
+def test_a_number_of_frames_that_is_not_a_whole_number_is_named(tmp_path: Path, value: str) -> None:
+    """pydicom read "abc", "0" or "-3" as one frame, silently, and "2.5" as two (then
+    'pixel data is truncated')."""
+    path = tmp_path / "frames.dcm"
+    path.write_bytes(_with_raw_value(pydicom.dcmread(pydicom_test_dir() / "CT_small.dcm"), "NumberOfFrames", value))
+    with pytest.raises(CorruptDicomError, match=rf"Number of Frames \(0028,0008\) is '{value}', not a whole number"):
+        read_frames(path)
+
+
+def test_palette_color_without_its_lookup_table_is_named() -> None:
+    """Was "an attribute cannot be read (ValueError: No suitable Palette Color Lookup Table
+    Module found)"."""
+    ds = pydicom.dcmread(pydicom_test_dir() / "CT_small.dcm")
+    ds.PhotometricInterpretation = "PALETTE COLOR"
+    with pytest.raises(CorruptDicomError, match="is PALETTE COLOR but the Palette Color Lookup Table .* is missing"):
+        read_frames(ds)
+
+
+@pytest.mark.parametrize("value", [None, "", "MONOCHROME3", "RGB"])
+@pytest.mark.parametrize("name", ["CT_small.dcm", "MR_small_RLE.dcm", "JPEG2000.dcm"])
+def test_a_greyscale_image_without_a_known_photometric_is_read_as_monochrome2_with_a_warning(
+        caplog: pytest.LogCaptureFixture, name: str, value: str | None) -> None:
+    """Missing (Type 1, but archives hold such files), empty or unknown: read as greyscale
+    silently, the Frame saying "" or "MONOCHROME3". Now MONOCHROME2 as most viewers do, the
+    log naming the file, the frame and its header saying MONOCHROME2."""
+    ds = pydicom.dcmread(pydicom_test_dir() / name)
+    expected = read_frames(ds)[0].pixels
+    if value is None:
+        del ds.PhotometricInterpretation
+    else:
+        ds.PhotometricInterpretation = value
+    with caplog.at_level("WARNING", logger="medrt.io.dicom"):
+        (frame,) = read_frames(ds)[:1]
+    np.testing.assert_array_equal(frame.pixels, expected)
+    assert frame.photometric == "MONOCHROME2" and frame.source.dataset.PhotometricInterpretation == "MONOCHROME2"
+    assert any("read as MONOCHROME2" in r.getMessage() and ds.SOPInstanceUID in r.getMessage() for r in caplog.records)
+
+
+def test_a_colour_image_without_a_known_photometric_is_refused() -> None:
+    ds = pydicom.dcmread(pydicom_test_dir() / "SC_rgb_rle.dcm")
+    ds.PhotometricInterpretation = "MONOCHROME2"
+    with pytest.raises(CorruptDicomError, match="Photometric Interpretation is 'MONOCHROME2', which is not one for 3"):
+        read_frames(ds)
+
+
+def _claiming(ds: Dataset, syntax: str) -> bytes:
+    """``ds`` written as it is encoded, its file meta claiming transfer syntax ``syntax``."""
+    from pydicom.filebase import DicomBytesIO
+    from pydicom.filewriter import write_dataset, write_file_meta_info
+
+    encoding = ds.file_meta.TransferSyntaxUID
+    fp = DicomBytesIO()
+    fp.write(b"\0" * 128 + b"DICM")
+    meta = ds.file_meta
+    meta.TransferSyntaxUID = syntax
+    write_file_meta_info(fp, meta, enforce_standard=True)
+    fp.is_little_endian, fp.is_implicit_VR = True, encoding.is_implicit_VR
+    ds.file_meta = FileMetaDataset()
+    ds.file_meta.TransferSyntaxUID = encoding
+    write_dataset(fp, ds)
+    return fp.getvalue()
+
+
+@pytest.mark.parametrize(("name", "claimed", "reason"), [
+    ("CT_small.dcm", pydicom.uid.JPEGBaseline8Bit, "which is compressed, but the pixel data is not encapsulated"),
+    ("CT_small.dcm", pydicom.uid.RLELossless, "which is compressed, but the pixel data is not encapsulated"),
+    ("MR_small_RLE.dcm", ExplicitVRLittleEndian, "which is uncompressed, but the pixel data is encapsulated"),
+    ("JPEG2000.dcm", ImplicitVRLittleEndian, "which is uncompressed, but the pixel data is encapsulated"),
+    ("MR_small_RLE.dcm", pydicom.uid.JPEGBaseline8Bit, r"says JPEG Baseline .* but the pixel data is RLE"),
+    ("MR_small_RLE.dcm", pydicom.uid.JPEG2000Lossless, r"says JPEG 2000 .* but the pixel data is RLE"),
+    ("JPEG2000.dcm", pydicom.uid.RLELossless, r"says RLE Lossless .* but the pixel data is JPEG 2000"),
+    ("JPEG2000.dcm", JPEGLossless, r"says JPEG Lossless, .* but the pixel data is JPEG 2000"),
+])
+def test_pixel_data_of_another_encoding_than_the_transfer_syntax_says_is_named_so(
+        tmp_path: Path, name: str, claimed: str, reason: str) -> None:
+    """Raw pixels in a file marked JPEG were "encapsulated pixel data is damaged (Found
+    unexpected tag (00AF,00B4)...)", an RLE frame marked JPEG "SOI marker missing", an
+    encapsulated image marked Explicit VR Little Endian "pixel data is truncated"."""
+    path = tmp_path / "claimed.dcm"
+    path.write_bytes(_claiming(pydicom.dcmread(pydicom_test_dir() / name), claimed))
+    with pytest.raises(CorruptPixelDataError, match=reason) as err:
+        read_frames(path)
+    assert "the file's transfer syntax is wrong" in str(err.value) and err.value.source == str(path)
+

@@ -286,17 +286,16 @@ def _frames(ds: Dataset, path: Path | None, label: object) -> list[Frame]:
     if keyword != "PixelData":
         raise UnsupportedImageError(label, f"{keyword} (floating-point pixels) is not supported")
     missing = [k for k in _REQUIRED_PIXEL_ATTRS if ds.get(k) in (None, "")]
-    if "PhotometricInterpretation" not in ds:
-        missing.append("PhotometricInterpretation")
     if not missing and str(ds.SamplesPerPixel).strip() not in ("", "1") and ds.get("PlanarConfiguration") in (None, ""):
         missing.append("PlanarConfiguration")  # Type 1C: colour pixels cannot be laid out without it
     if missing:
         raise CorruptDicomError(label, f"required Image Pixel attribute(s) missing: {', '.join(missing)}")
 
     tsyntax = _transfer_syntax(ds, label)
-    photometric = str(ds.PhotometricInterpretation).strip().upper()
-    n_frames = number_of_frames(ds)
-    arr = _decode(ds, tsyntax, photometric, n_frames, label)  # (frames, rows, cols[, 3])
+    photometric, assumed = _photometric(ds, label)
+    n_frames = _frame_count(ds, label)
+    _check_encapsulation(ds, tsyntax, label)
+    arr = _decode(ds, tsyntax, photometric if assumed else "", n_frames, label)  # (frames, rows, cols[, 3])
 
     color: np.ndarray | None = None
     inverted = False
@@ -320,6 +319,8 @@ def _frames(ds: Dataset, path: Path | None, label: object) -> list[Frame]:
             inverted = True
 
     meta = _header_only(ds)
+    if assumed:  # what the SEG, SR and overlays derived from it say too
+        meta.PhotometricInterpretation = photometric
     ref = SourceRef(dataset=meta, path=path, transfer_syntax_uid=str(tsyntax), number_of_frames=n_frames)
     spacings = frame_pixel_spacings(ds, n_frames)  # one for all frames, or one each (enhanced)
     geometries = frame_geometries(ds, n_frames)
@@ -428,6 +429,66 @@ def _check_rescales(ds: Dataset, n_frames: int, label: object) -> None:
                 "modality units (they must be finite, the slope non-zero)")
 
 
+def _frame_count(ds: Dataset, label: object) -> int:
+    """Number of Frames, which must be a whole number of 1 or more where it is given.
+
+    pydicom read "abc", "0" or "-3" as one frame, silently (an image whose data held
+    several was then refused as holding too much, or its first frame analysed), and
+    "2.5" as two."""
+    value = ds.get("NumberOfFrames")
+    text = "" if value is None else str(value).strip()
+    if not text:
+        return 1  # absent or empty: a single-frame image
+    try:
+        number = float(text)
+    except (ValueError, OverflowError):
+        number = float("nan")
+    if not (np.isfinite(number) and number.is_integer() and number >= 1):
+        raise CorruptDicomError(label, f"Number of Frames (0028,0008) is {text[:24]!r}, not a whole number of 1 or more")
+    return int(number)
+
+
+#: Photometric Interpretations medrt reads, by samples per pixel (PS3.3 C.7.6.3.1.2).
+_PHOTOMETRICS = {
+    1: frozenset({"MONOCHROME1", "MONOCHROME2", "PALETTE COLOR"}),
+    3: frozenset({"RGB", "YBR_FULL", "YBR_FULL_422", "YBR_PARTIAL_422", "YBR_PARTIAL_420", "YBR_ICT", "YBR_RCT"}),
+}
+_PALETTE = tuple(f"{c}PaletteColorLookupTableDescriptor" for c in ("Red", "Green", "Blue"))
+
+
+def _photometric(ds: Dataset, label: object) -> tuple[str, bool]:
+    """The Photometric Interpretation to decode with, and whether it was assumed.
+
+    The standard requires it (Type 1), but archives hold greyscale images with it
+    missing, empty or misspelt; they were read as greyscale silently. A one-sample
+    image is now read as MONOCHROME2, as most viewers do, with a warning naming the
+    file. A colour image's cannot be guessed (RGB or YBR?): refused. PALETTE COLOR
+    without its lookup tables was pydicom's "No suitable Palette Color Lookup Table
+    Module found", read as an unreadable attribute."""
+    samples = int(ds.SamplesPerPixel)
+    value = str(ds.get("PhotometricInterpretation", "") or "").strip().upper()
+    known = _PHOTOMETRICS.get(samples, frozenset())
+    if value == "PALETTE COLOR" and samples == 1:
+        lacking = [k for k in _PALETTE if ds.get(k) in (None, "")]
+        has_data = all(f"{c}PaletteColorLookupTableData" in ds or f"Segmented{c}PaletteColorLookupTableData" in ds
+                       for c in ("Red", "Green", "Blue"))
+        if lacking or not has_data:
+            raise CorruptDicomError(
+                label, "Photometric Interpretation is PALETTE COLOR but the Palette Color Lookup Table "
+                "(0028,1101-1103 descriptors, 0028,1201-1203 data) is missing")
+        return value, False
+    if value in known:
+        return value, False
+    said = f"{value[:24]!r}" if value else "missing"
+    if samples != 1:
+        raise CorruptDicomError(
+            label, f"Photometric Interpretation is {said}, which is not one for {samples} samples per pixel "
+            f"({', '.join(sorted(known)) or 'none known'})")
+    log.warning("%s: Photometric Interpretation is %s; read as MONOCHROME2 (greyscale, higher is brighter)",
+                describe_source(label), said)
+    return "MONOCHROME2", True
+
+
 def number_of_frames(ds: Dataset) -> int:
     value = ds.get("NumberOfFrames", 1)
     try:
@@ -437,8 +498,10 @@ def number_of_frames(ds: Dataset) -> int:
     return max(n, 1)
 
 
-def _decode(ds: Dataset, tsyntax: UID, photometric: str, n_frames: int, label: object) -> np.ndarray:
-    """Decoded stored values shaped ``(frames, rows, cols[, samples])``, RGB for colour."""
+def _decode(ds: Dataset, tsyntax: UID, assumed_photometric: str, n_frames: int, label: object) -> np.ndarray:
+    """Decoded stored values shaped ``(frames, rows, cols[, samples])``, RGB for colour.
+    ``assumed_photometric``: the Photometric Interpretation to decode with in place of the
+    header's missing or unknown one (see :func:`_photometric`), else ""."""
     rows, cols = int(ds.Rows), int(ds.Columns)
     if rows <= 0 or cols <= 0:
         raise CorruptDicomError(label, f"image size {rows}x{cols} is empty")
@@ -463,28 +526,21 @@ def _decode(ds: Dataset, tsyntax: UID, photometric: str, n_frames: int, label: o
 
     available = get_decoder(tsyntax).available_plugins
     preferred = next((p for p in preferred_plugins(tsyntax) if p in available), "")
+    options: dict[str, Any] = {"photometric_interpretation": assumed_photometric} if assumed_photometric else {}
     try:
         try:
-            arr = pixel_array(ds, decoding_plugin=preferred)
+            arr = pixel_array(ds, decoding_plugin=preferred, **options)
         except Exception:
             if not preferred:
                 raise
-            arr = pixel_array(ds)  # every available plugin, in pydicom's order
-    except ValueError as exc:
-        text = str(exc)
-        if "could not broadcast" in text or "cannot reshape" in text:  # a codestream of another size
-            raise _size_mismatch(label, n_frames, rows, cols, samples) from exc
-        if "less than expected" in text or "truncated" in text.lower():
-            raise CorruptPixelDataError(label, f"pixel data is truncated ({_first_line(text)})") from exc
-        raise CorruptPixelDataError(label, _first_line(text)) from exc
-    except RuntimeError as exc:
-        raise CorruptPixelDataError(
-            label, f"the {tsyntax.name} pixel data could not be decoded ({_first_error(str(exc))})"
-        ) from exc
+            arr = pixel_array(ds, **options)  # every available plugin, in pydicom's order
     except (KeyboardInterrupt, SystemExit, MemoryError):
         raise
     except BaseException as exc:  # noqa: BLE001 - Rust decoders panic with a BaseException
-        raise CorruptPixelDataError(label, f"pixel data cannot be decoded ({_exc_text(exc)})") from exc
+        mismatch = _syntax_mismatch(ds, tsyntax)
+        if mismatch:
+            raise CorruptPixelDataError(label, mismatch) from exc
+        raise _decode_error(exc, tsyntax, n_frames, rows, cols, samples, label) from exc
     shape = (n_frames, rows, cols, samples) if samples > 1 else (n_frames, rows, cols)
     if arr.size != int(np.prod(shape)):  # fewer or more frames decoded than Number of Frames says
         raise _size_mismatch(label, n_frames, rows, cols, samples)
@@ -492,6 +548,97 @@ def _decode(ds: Dataset, tsyntax: UID, photometric: str, n_frames: int, label: o
     # pydicom masks native (uncompressed) data itself; a codec gives back its codestream's bits
     native = str(tsyntax) in UNCOMPRESSED_LE
     return _without_unused_bits(arr, ds) if samples == 1 and not native else arr
+
+
+def _decode_error(exc: BaseException, tsyntax: UID, n_frames: int, rows: int, cols: int, samples: int,
+                  label: object) -> CorruptPixelDataError:
+    """A decoder's failure as a reason."""
+    if isinstance(exc, ValueError):
+        text = str(exc)
+        if "could not broadcast" in text or "cannot reshape" in text:  # a codestream of another size
+            return _size_mismatch(label, n_frames, rows, cols, samples)
+        if "less than expected" in text or "truncated" in text.lower():
+            return CorruptPixelDataError(label, f"pixel data is truncated ({_first_line(text)})")
+        return CorruptPixelDataError(label, _first_line(text))
+    if isinstance(exc, RuntimeError):
+        return CorruptPixelDataError(
+            label, f"the {tsyntax.name} pixel data could not be decoded ({_first_error(str(exc))})")
+    return CorruptPixelDataError(label, f"pixel data cannot be decoded ({_exc_text(exc)})")
+
+
+# The first bytes of each kind of compressed frame (PS3.5 A.4): JPEG and JPEG-LS open
+# with an SOI marker, a JPEG 2000 codestream with SOC and SIZ (or a JP2 file's signature
+# box), an RLE frame with its header: a segment count of 1 to 15, the first at offset 64.
+_JPEG_FAMILY = ("1.2.840.10008.1.2.4.5", "1.2.840.10008.1.2.4.6", "1.2.840.10008.1.2.4.7", "1.2.840.10008.1.2.4.8")
+_J2K_FAMILY = ("1.2.840.10008.1.2.4.9", "1.2.840.10008.1.2.4.20")
+
+
+def _kind_of_frame(data: bytes) -> str:
+    """Which kind of compressed frame ``data`` starts like: "JPEG" (or JPEG-LS), "JPEG 2000",
+    "RLE", or "" when none."""
+    if data[:2] == b"\xff\xd8":
+        return "JPEG"
+    if data[:4] == b"\xff\x4f\xff\x51" or data[4:12] == b"jP  \r\n\x87\n":
+        return "JPEG 2000"
+    if len(data) >= 64 and 1 <= int.from_bytes(data[:4], "little") <= 15 and int.from_bytes(data[4:8], "little") == 64:
+        return "RLE"
+    return ""
+
+
+def _kind_of_syntax(tsyntax: UID) -> str:
+    text = str(tsyntax)
+    if text == str(pydicom.uid.RLELossless):
+        return "RLE"
+    if any(text.startswith(p) for p in _J2K_FAMILY):
+        return "JPEG 2000"
+    return "JPEG" if any(text.startswith(p) for p in _JPEG_FAMILY) else ""
+
+
+def _syntax_mismatch(ds: Dataset, tsyntax: UID) -> str | None:
+    """Why pixel data that failed to decode did: its first frame is of another kind than
+    the Transfer Syntax UID says (an RLE frame in a file marked JPEG), or None where
+    that cannot be told. Asked only after a decoder failed: its message ("SOI marker
+    missing", "No matching JPEG 2000 format found") blamed the data, not the header."""
+    said = _kind_of_syntax(tsyntax)
+    if not said:
+        return None
+    try:
+        from pydicom.encaps import generate_fragments, parse_basic_offsets
+
+        buffer = io.BytesIO(ds.PixelData)
+        parse_basic_offsets(buffer)  # past the Basic Offset Table
+        first = next(generate_fragments(buffer), b"")
+    except Exception:
+        return None
+    found = _kind_of_frame(bytes(first[:64]))
+    if found and found != said:
+        return (f"the Transfer Syntax UID says {tsyntax.name} ({tsyntax}), but the pixel data is {found}: "
+                "the file's transfer syntax is wrong")
+    return None
+
+
+def _check_encapsulation(ds: Dataset, tsyntax: UID, label: object) -> None:
+    """Refuse pixel data encoded otherwise than the Transfer Syntax UID says, naming both.
+
+    Compressed syntaxes keep the pixel data encapsulated (an undefined length and a
+    sequence of fragments), uncompressed ones do not (PS3.5 A.4). Uncompressed data in
+    a file marked JPEG was "encapsulated pixel data is damaged (Found unexpected tag
+    (00AF,00B4) instead of (FFFE,E000)...)", and a compressed image in a file marked
+    Explicit VR Little Endian "pixel data is truncated": both blamed the data."""
+    try:
+        elem = ds.get_item(0x7FE00010, keep_deferred=True)
+    except (KeyError, TypeError):
+        return
+    length = getattr(elem, "length", None)
+    undefined = length == 0xFFFFFFFF if length is not None else bool(getattr(elem, "is_undefined_length", False))
+    if tsyntax.is_encapsulated and not undefined:
+        raise CorruptPixelDataError(
+            label, f"the Transfer Syntax UID says {tsyntax.name} ({tsyntax}), which is compressed, but the pixel "
+            "data is not encapsulated (it is uncompressed): the file's transfer syntax is wrong")
+    if not tsyntax.is_encapsulated and undefined:
+        raise CorruptPixelDataError(
+            label, f"the Transfer Syntax UID says {tsyntax.name} ({tsyntax}), which is uncompressed, but the pixel "
+            "data is encapsulated (compressed): the file's transfer syntax is wrong")
 
 
 def _without_unused_bits(arr: np.ndarray, ds: Dataset) -> np.ndarray:
