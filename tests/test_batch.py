@@ -270,12 +270,18 @@ def test_a_series_without_pixel_spacing_is_measured_in_pixels_and_not_bucketed_a
     assert "has a Frame of Reference UID but no PixelSpacing" in row["reason"] and src.name in row["reason"]
 
 
-def test_a_ct_whose_slice_thickness_is_empty_gets_a_seg_and_the_report_says_it_was_inferred(tmp_path, analyzer):
+@pytest.mark.parametrize(("thickness", "given"), [(None, "empty"), ("NaN", "not a length in mm"),
+                                                 ("0", "not a length in mm")])
+def test_a_ct_whose_slice_thickness_is_empty_gets_a_seg_and_the_report_says_it_was_inferred(
+        tmp_path, analyzer, thickness, given):
     """Every slice with SliceThickness empty (Type 2, legal; some anonymisers do it) and no
     SpacingBetweenSlices: the series got no SEG ("SEG not written", exit 1). Now it gets one
     whose thickness is the step between the slices (the sample's 5 mm), dciodvfy-clean, and
-    the series' manifest, report.json and report.md say it was inferred and from what."""
+    the series' manifest, report.json and report.md say it was inferred and from what.
+    A SliceThickness of NaN or 0 is no length either: highdicom failed on NaN ("Cannot
+    encode non-finite floats"), and the series had no SEG; it is inferred the same way."""
     import highdicom as hd
+    from test_io_dicom import _with_raw_value
 
     src = tmp_path / "in"
     src.mkdir()
@@ -284,7 +290,11 @@ def test_a_ct_whose_slice_thickness_is_empty_gets_a_seg_and_the_report_says_it_w
         assert float(ds.SliceThickness) == 5.0 == float(ds.SpacingBetweenSlices)
         ds.SliceThickness = None
         ds.pop("SpacingBetweenSlices", None)
-        ds.save_as(src / p.name)
+        if thickness is None:
+            ds.save_as(src / p.name)
+        else:
+            ds.decompress()
+            (src / p.name).write_bytes(_with_raw_value(ds, "SliceThickness", thickness))
     out = tmp_path / "out"
     summary = run_batch(BatchConfig(src, out, workers=1), analyzer=analyzer)
     assert summary.exit_code == EXIT_OK and summary.lesions > 0
@@ -296,7 +306,7 @@ def test_a_ct_whose_slice_thickness_is_empty_gets_a_seg_and_the_report_says_it_w
         proc = subprocess.run([require_tool("dciodvfy"), str(path)], capture_output=True, text=True, timeout=120)
         assert "Error" not in proc.stdout + proc.stderr, path.name
     said = ("seg.dcm: SEG SliceThickness 5 mm inferred from the step between neighbouring slice positions: "
-            "the source images' SliceThickness is empty")
+            f"the source images' SliceThickness is {given}")
     assert json.loads((folder / "manifest.json").read_text())["seg_notes"] == [said]
     (finding,) = json.loads((out / "report.json").read_text())["series"]
     assert finding["seg_notes"] == [said] and finding["not_written"] == []

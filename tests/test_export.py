@@ -465,7 +465,7 @@ def test_a_ct_whose_slices_leave_slice_thickness_empty_gets_a_seg_with_it_inferr
     assert {float(r.frame.source.dataset.SliceThickness) for r in ct} == {3.0}
     for spacing, source, mm in ((None, "slice positions", 3.0), ("2.5", "SpacingBetweenSlices", 2.5)):
         blank = [_header_edited(r, lambda h, s=spacing: _no_thickness(h, s)) for r in ct]
-        assert inferred_slice_thickness(blank) == (mm, source)
+        assert inferred_slice_thickness(blank) == (mm, source, "empty")
         assert split_for_seg(blank) == [blank]  # no slice is "damaged" where none has a thickness
         with caplog.at_level(logging.WARNING, logger="medrt.export.seg"):
             seg = build_seg(blank)
@@ -495,7 +495,7 @@ def test_no_slice_thickness_to_infer_still_means_no_seg_and_says_why(ct) -> None
     with pytest.raises(ExportError, match="no SliceThickness and none can be inferred.*a lone slice"):
         build_seg(lone)
     with_spacing = [_header_edited(lone[0], lambda h: _no_thickness(h, "3"))]
-    assert inferred_slice_thickness(with_spacing) == (3.0, "SpacingBetweenSlices")
+    assert inferred_slice_thickness(with_spacing) == (3.0, "SpacingBetweenSlices", "empty")
     assert build_seg(with_spacing) is not None
     gap = blank[:5] + blank[6:]  # the sixth slice missing: steps of 3 and 6 mm
     assert inferred_slice_thickness(gap) is None

@@ -779,6 +779,32 @@ def test_a_number_of_frames_that_is_not_a_whole_number_is_named(tmp_path: Path, 
         read_frames(path)
 
 
+@pytest.mark.parametrize(("keyword", "value"), [("PixelSpacing", "1e300\\1e300"), ("PixelSpacing", "2000\\2000"),
+                                                ("PixelSpacing", "0\\0"), ("PixelSpacing", "-1\\-1"),
+                                                ("PixelSpacing", "NaN\\NaN"), ("PixelSpacing", "inf\\inf"),
+                                                ("ImagerPixelSpacing", "1e300\\1e300")])
+def test_a_pixel_spacing_that_cannot_be_a_length_is_not_used_and_the_log_says_so(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, keyword: str, value: str) -> None:
+    """A PixelSpacing of 1e300 (or 2000 mm a pixel) was taken as it was: lesion sizes came out
+    in 1e300 mm and the SEG failed; 0, NaN or inf were dropped without a word. Each now
+    leaves the frame measured in pixels, with a warning naming the file and the value."""
+    ds = _mono_dataset("MONOCHROME2", np.arange(16, dtype=np.uint16).reshape(4, 4))
+    path = tmp_path / "spacing.dcm"
+    path.write_bytes(_with_raw_value(ds, keyword, value))
+    with caplog.at_level("WARNING", logger="medrt.io.dicom"):
+        (frame,) = read_frames(path)
+    assert frame.spacing_mm is None and frame.spacing_source is SpacingSource.NONE
+    (record,) = [r for r in caplog.records if keyword in r.getMessage()]
+    assert str(path) in record.getMessage() and "sizes are in pixels" in record.getMessage()
+
+
+def test_a_believable_spacing_is_kept_and_logs_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    ds = _mono_dataset("MONOCHROME2", np.arange(16, dtype=np.uint16).reshape(4, 4), PixelSpacing=[0.05, 99.0])
+    with caplog.at_level("WARNING", logger="medrt.io.dicom"):
+        (frame,) = read_frames(ds)
+    assert frame.spacing_mm == (0.05, 99.0) and not caplog.records
+
+
 def test_palette_color_without_its_lookup_table_is_named() -> None:
     """Was "an attribute cannot be read (ValueError: No suitable Palette Color Lookup Table
     Module found)"."""

@@ -49,6 +49,7 @@ Decisions (see REFERENCE.md, "DICOM output conventions"):
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
@@ -74,7 +75,12 @@ from medrt.export.common import (
     single_value,
     software_versions,
 )
-from medrt.io.header import finite_float
+from medrt.io.header import (
+    MAX_SLICE_THICKNESS_MM,
+    believable_mm,
+    finite_float,
+    spacing_is_believable,
+)
 from medrt.io.series import regular_step
 from medrt.overlay import lesion_color
 from medrt.types import FrameResult
@@ -146,8 +152,34 @@ def _lacking(ds: Dataset, *, thickness_inferred: bool = False) -> list[str]:
     SliceThickness is not lacking."""
     if not _in_patient_coordinates(ds):
         return []
-    return [k for k in _PLANE_ATTRIBUTES if (k not in ds or ds[k].VM == 0)
+    return [k for k in _PLANE_ATTRIBUTES if (k not in ds or ds[k].VM == 0 or not _believable(ds, k))
             and not (thickness_inferred and k == "SliceThickness")]
+
+
+def _believable(ds: Dataset, keyword: str) -> bool:
+    """False for a PixelSpacing or SliceThickness that cannot be a length in mm (0, NaN,
+    1e300: :func:`medrt.io.header.believable_mm`). highdicom copied it into the SEG, or
+    failed ("Cannot encode non-finite floats as DICOM decimal strings") and took the
+    series' SEG with it; such a value counts as lacking, so the SEG infers a SliceThickness
+    or leaves that image out, and the error names it."""
+    return spacing_is_believable(ds, keyword) is not False if keyword in ("PixelSpacing", "SliceThickness") else True
+
+
+def _unbelievable_note(ds: Dataset, missing: list[str]) -> str:
+    """" (its PixelSpacing cannot be a length in mm)" where one of ``missing`` is there but 0,
+    NaN or 1e300, so "no PixelSpacing" is not read as absent; "" otherwise."""
+    bad = [k for k in missing if k in ds and ds[k].VM and not _believable(ds, k)]
+    return f" (its {' and '.join(bad)} cannot be a length in mm)" if bad else ""
+
+
+def _plane_header(ds: Dataset) -> Dataset:
+    """:func:`readable_header`, with a SliceThickness that cannot be a length left empty:
+    where the SEG infers one (:func:`inferred_slice_thickness`), highdicom must not read it."""
+    out = readable_header(ds)
+    if spacing_is_believable(out, "SliceThickness") is False:
+        out = copy.deepcopy(out) if out is ds else out
+        out.SliceThickness = None
+    return out
 
 
 def _in_patient_coordinates(ds: Dataset) -> bool:
@@ -155,19 +187,22 @@ def _in_patient_coordinates(ds: Dataset) -> bool:
 
 
 class InferredThickness(NamedTuple):
-    """The SliceThickness of a SEG whose source images leave theirs empty, in mm, and what
+    """The SliceThickness of a SEG whose source images leave theirs empty (or give one that
+    cannot be a length: 0, NaN, 1e300), in mm, and what
     it was taken from: ``"SpacingBetweenSlices"`` or ``"slice positions"`` (the median step
     between neighbouring slices of a regular stack)."""
 
     mm: float
     source: str
+    #: what the source images' SliceThickness is: "empty", or "not a length in mm" (0, NaN, 1e300)
+    given: str = "empty"
 
     def note(self) -> str:
         """What the batch's manifest and report say of it."""
         where = ("SpacingBetweenSlices" if self.source == "SpacingBetweenSlices"
                  else "the step between neighbouring slice positions")
         return (f"SEG SliceThickness {self.mm:g} mm inferred from {where}: "
-                "the source images' SliceThickness is empty")
+                f"the source images' SliceThickness is {self.given}")
 
 
 def inferred_slice_thickness(results: Sequence[FrameResult]) -> InferredThickness | None:
@@ -183,12 +218,14 @@ def inferred_slice_thickness(results: Sequence[FrameResult]) -> InferredThicknes
     if not headers or any(r.frame.source.number_of_frames != 1 for r in results) or not all(
             _in_patient_coordinates(ds) and "SliceThickness" in _lacking(ds) for ds in headers):
         return None
-    given = [v for ds in headers if (v := finite_float(ds.get("SpacingBetweenSlices"))) is not None and v > 0]
+    said = "empty" if all(spacing_is_believable(ds, "SliceThickness") is None for ds in headers) else (
+        "not a length in mm")
+    given = [v for ds in headers if (v := believable_mm(ds.get("SpacingBetweenSlices"), MAX_SLICE_THICKNESS_MM))]
     if given and max(given) - min(given) <= 1e-3 * max(given):
-        return InferredThickness(round(float(np.median(given)), 4), "SpacingBetweenSlices")
+        return InferredThickness(round(float(np.median(given)), 4), "SpacingBetweenSlices", said)
     positions = [along_normal(r.frame) for r in results]
     step = regular_step([p for p in positions if p is not None]) if None not in positions else None
-    return None if step is None else InferredThickness(round(step, 4), "slice positions")
+    return None if step is None else InferredThickness(round(step, 4), "slice positions", said)
 
 
 def _check_plane_attributes(results: list[FrameResult], headers: list[Dataset], *,
@@ -203,6 +240,7 @@ def _check_plane_attributes(results: list[FrameResult], headers: list[Dataset], 
                 why = (" and none can be inferred (no SpacingBetweenSlices, and "
                        + ("a lone slice has no step to measure)" if len(results) == 1 else
                           "the slice positions are not a regular stack)"))
+            why += _unbelievable_note(ds, missing)
             raise ExportError(
                 f'Argument "results": {r.frame.source.path or r.frame.key} has a Frame of Reference UID but no '
                 f"{', '.join(missing)}{why}, which a SEG copies from its source images into its Pixel Measures "
@@ -221,7 +259,7 @@ def _layout(results: list[FrameResult], *, thickness_inferred: bool = False,
     multi = [uid for uid, src in objects.items() if src.number_of_frames > 1]
     if not multi:
         _check_planes(results)
-        headers = [readable_header(r.frame.source.dataset) for r in results]
+        headers = [_plane_header(r.frame.source.dataset) for r in results]
         _check_plane_attributes(results, headers, thickness_inferred=thickness_inferred)
         return headers, results
     if len(objects) > 1:
@@ -336,8 +374,8 @@ def build_seg(
         raise ExportError(f'Argument "results": highdicom cannot build a SEG of them: {exc}') from exc
     if thickness is not None:
         _with_slice_thickness(seg, thickness.mm)
-        log.warning("series %s: the source images' SliceThickness is empty; SEG %s carries %g mm, inferred from %s",
-                    series, seg.SOPInstanceUID, thickness.mm, thickness.source)
+        log.warning("series %s: the source images' SliceThickness is %s; SEG %s carries %g mm, inferred from %s",
+                    series, thickness.given, seg.SOPInstanceUID, thickness.mm, thickness.source)
     log.info("SEG %s: %d frames, %d lesions (%d sections), source series %s", seg.SOPInstanceUID,
              int(seg.NumberOfFrames), len(segments), sum(len(r.lesions) for r in items), series)
     return seg
@@ -452,7 +490,9 @@ def _plan(results: Sequence[FrameResult]) -> tuple[list[list[FrameResult]], dict
             kept.append(group)
             continue
         for key, missing in lacking.items():
-            left_out[key] = (f"it has a Frame of Reference UID but no {', '.join(missing)}, which a SEG copies "
+            ds = next(r.frame.source.dataset for r in group if r.frame.key == key)
+            left_out[key] = (f"it has a Frame of Reference UID but no {', '.join(missing)}"
+                             f"{_unbelievable_note(ds, missing)}, which a SEG copies "
                              f"from its source images, while the other {len(group) - len(lacking)} image(s) "
                              "of its series carry them")
         kept.append([r for r in group if r.frame.key not in lacking])

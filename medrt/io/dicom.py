@@ -52,6 +52,8 @@ from medrt.errors import (
 )
 from medrt.io.codecs import UNCOMPRESSED_LE, decoder_packages, preferred_plugins
 from medrt.io.header import (
+    MAX_PIXEL_SPACING_MM,
+    MAX_SLICE_THICKNESS_MM,
     content_boxes,
     frame_geometries,
     frame_header_windows,
@@ -59,6 +61,7 @@ from medrt.io.header import (
     frame_rescales,
     modality_values,
     percentile_window,
+    unbelievable_spacings,
 )
 from medrt.privacy import redact
 from medrt.types import Frame, SourceRef, Window, WindowSource
@@ -323,6 +326,12 @@ def _frames(ds: Dataset, path: Path | None, label: object) -> list[Frame]:
         meta.PhotometricInterpretation = photometric
     ref = SourceRef(dataset=meta, path=path, transfer_syntax_uid=str(tsyntax), number_of_frames=n_frames)
     spacings = frame_pixel_spacings(ds, n_frames)  # one for all frames, or one each (enhanced)
+    unbelievable = unbelievable_spacings(ds)
+    if unbelievable:
+        log.warning("%s: %s cannot be a length in mm (it must be finite, above 0 and at most %g mm per pixel, "
+                    "%g mm per slice): not used%s", describe_source(label), "; ".join(unbelievable),
+                    MAX_PIXEL_SPACING_MM, MAX_SLICE_THICKNESS_MM,
+                    "; sizes are in pixels" if any(sp is None for sp, _ in spacings) else "")
     geometries = frame_geometries(ds, n_frames)
     uids = {
         "sop_class_uid": sop_class,

@@ -31,6 +31,11 @@ __all__ = [
     "view_of",
     "finite_float",
     "finite_int",
+    "believable_mm",
+    "unbelievable_spacings",
+    "spacing_is_believable",
+    "MAX_PIXEL_SPACING_MM",
+    "MAX_SLICE_THICKNESS_MM",
 ]
 
 _PERCENTILE_MAX_SAMPLES = 1 << 20
@@ -216,14 +221,79 @@ def finite_int(value: Any) -> int | None:
     return int(number) if number is not None else None
 
 
+#: The largest pixel spacing taken as a measurement, in mm. No imaging modality comes
+#: near it (a PET or planar NM pixel is 2 to 10 mm); a spacing above it is a damaged
+#: header or one in other units (micrometres written as mm), and a size measured with it
+#: (1e300 mm, or areas in square metres) is no size at all: sizes are given in pixels.
+MAX_PIXEL_SPACING_MM = 100.0
+#: The largest SliceThickness or SpacingBetweenSlices taken as one, in mm: a thick MIP
+#: slab can reach a body's depth, not a metre.
+MAX_SLICE_THICKNESS_MM = 1000.0
+
+# The spacing attributes a header can carry, each with the largest value believable for it.
+_SPACING_LIMITS = {
+    "PixelSpacing": MAX_PIXEL_SPACING_MM,
+    "ImagerPixelSpacing": MAX_PIXEL_SPACING_MM,
+    "SliceThickness": MAX_SLICE_THICKNESS_MM,
+    "SpacingBetweenSlices": MAX_SLICE_THICKNESS_MM,
+}
+
+
+def believable_mm(value: Any, limit: float = MAX_PIXEL_SPACING_MM) -> float | None:
+    """A DS value as a length in mm when it can be one (finite, above 0, at most
+    ``limit``); None for anything else (0, negative, NaN, inf, 1e300, not a number)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if np.isfinite(number) and 0.0 < number <= limit else None
+
+
+def unbelievable_spacings(ds: Dataset) -> list[str]:
+    """``"PixelSpacing 1e+300\\1e+300"``, one for each spacing attribute of ``ds`` (top level or
+    shared Pixel Measures) that has a value which cannot be a length (see :func:`believable_mm`);
+    [] when all are absent, empty or believable. For a warning: such a value is not used."""
+    measures = functional_item(ds, "PixelMeasuresSequence", 0)
+    out = []
+    for keyword in _SPACING_LIMITS:
+        for holder in (ds, measures):
+            if holder is not None and spacing_is_believable(holder, keyword) is False:
+                values = _values(holder[keyword].value)
+                out.append(keyword + " " + "\\".join(str(v) for v in values))
+                break
+    return out
+
+
+def spacing_is_believable(ds: Dataset, keyword: str) -> bool | None:
+    """Whether ``ds``'s PixelSpacing, ImagerPixelSpacing, SliceThickness or
+    SpacingBetweenSlices is a length in mm (two of them for a pixel spacing; see
+    :func:`believable_mm`); None when it is absent or empty."""
+    if keyword not in ds:
+        return None
+    values = _values(ds[keyword].value)
+    if not values:
+        return None
+    if keyword in ("PixelSpacing", "ImagerPixelSpacing") and len(values) != 2:
+        return False
+    return all(believable_mm(v, _SPACING_LIMITS[keyword]) is not None for v in values)
+
+
+def _values(value: Any) -> list[Any]:
+    """A DICOM value as a list of its values ([] for none)."""
+    if value is None or value == "":
+        return []
+    return list(value) if isinstance(value, Sequence) and not isinstance(value, str) else [value]
+
+
 def _float_pair(value: Any) -> tuple[float, float] | None:
+    """A (row, column) spacing in mm, or None when it is not two believable lengths."""
     try:
         if value is None or len(value) != 2:
             return None
-        a, b = float(value[0]), float(value[1])
-    except (TypeError, ValueError):
+    except TypeError:
         return None
-    return (a, b) if a > 0 and b > 0 and np.isfinite(a) and np.isfinite(b) else None
+    a, b = believable_mm(value[0]), believable_mm(value[1])
+    return (a, b) if a is not None and b is not None else None
 
 
 def frame_geometries(ds: Dataset, n_frames: int) -> list[Geometry | None]:

@@ -38,7 +38,14 @@ from medrt.errors import (
     describe_source,
 )
 from medrt.io.dicom import is_image_sop_class, number_of_frames, read_dataset, read_frames
-from medrt.io.header import finite_float, finite_int, frame_geometries, image_type_of, view_of
+from medrt.io.header import (
+    MAX_SLICE_THICKNESS_MM,
+    believable_mm,
+    finite_int,
+    frame_geometries,
+    image_type_of,
+    view_of,
+)
 from medrt.io.scan import iter_files
 from medrt.io.stacks import POSITION_ATOL_MM, acquisition_stacks, position_tolerance
 from medrt.types import Frame, Geometry
@@ -532,8 +539,8 @@ def _slice_spacing(uid: str, positions: np.ndarray, first: Frame) -> float:
     """The slice step in mm: the median step, refused when the steps are not uniform."""
     if len(positions) == 1:  # one slice: its nominal thickness, else 1 mm
         header = first.source.dataset
-        values = (finite_float(header.get(k)) for k in ("SpacingBetweenSlices", "SliceThickness"))
-        return next((v for v in values if v is not None and v > 0), 1.0)
+        values = (believable_mm(header.get(k), MAX_SLICE_THICKNESS_MM) for k in ("SpacingBetweenSlices", "SliceThickness"))
+        return next((v for v in values if v is not None), 1.0)
     steps = np.diff(positions)
     if float(steps.min()) <= POSITION_ATOL_MM:
         raise UnsupportedImageError(uid, "two frames share one position: not a regular volume")
