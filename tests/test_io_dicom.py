@@ -880,3 +880,44 @@ def test_pixel_data_of_another_encoding_than_the_transfer_syntax_says_is_named_s
         read_frames(path)
     assert "the file's transfer syntax is wrong" in str(err.value) and err.value.source == str(path)
 
+
+def _overrunning_rle(ds: Dataset) -> Dataset:
+    """MR_small_RLE with its segments' control bytes rewritten so that runs overrun the
+    frame: pylibjpeg-rle panicked on it ("index out of bounds: the len is 8192...")."""
+    from pydicom.encaps import encapsulate, generate_frames
+
+    frame = bytearray(next(generate_frames(ds.PixelData, number_of_frames=1)))
+    for i in range(64, len(frame), 7):
+        frame[i] = 0x81
+    ds.PixelData = encapsulate([bytes(frame)])
+    return ds
+
+
+def test_rle_data_that_made_the_rust_decoder_panic_is_a_decode_error_with_no_trace(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """pylibjpeg-rle's panic came as pyo3's PanicException (a BaseException) after Rust
+    printed its trace to stderr, for each such file of a batch or the listener."""
+    path = tmp_path / "overrun.dcm"
+    _overrunning_rle(pydicom.dcmread(pydicom_test_dir() / "MR_small_RLE.dcm")).save_as(path)
+    with pytest.raises(CorruptPixelDataError) as err:
+        read_frames(path)
+    assert err.value.source == str(path) and "RLE" in str(err.value)
+    assert "panicked" not in capfd.readouterr().err
+
+
+@pytest.mark.parametrize(("header", "reason"), [
+    ((3, 64, 1948), "declares 3 segment"),
+    ((2, 60, 1948), "first segment offset is 60"),
+    ((2, 64, 64), "segment 1 offset 64 is not before the next one"),
+    ((2, 64, 99999), "segment 2 offset 99999 is not before the end of the"),
+])
+def test_an_rle_header_that_does_not_fit_its_frame_is_named(header: tuple[int, ...], reason: str) -> None:
+    import struct
+
+    from pydicom.encaps import encapsulate, generate_frames
+
+    ds = pydicom.dcmread(pydicom_test_dir() / "MR_small_RLE.dcm")
+    frame = next(generate_frames(ds.PixelData, number_of_frames=1))
+    ds.PixelData = encapsulate([struct.pack("<16L", *header, *[0] * (16 - len(header))) + frame[64:]])
+    with pytest.raises(CorruptPixelDataError, match=reason):
+        read_frames(ds)

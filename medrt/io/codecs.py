@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 from pydicom import uid
 
+from medrt.io import rle as _rle
+
 __all__ = [
     "LABEL", "UNCOMPRESSED_LE", "NEWER_SYNTAXES", "NEWER_DECODED", "register", "register_newer_syntaxes",
     "preferred_plugins", "decoder_packages", "decode_holds_gil",
@@ -244,12 +246,16 @@ _DECODER_PACKAGES: dict[str, tuple[str, ...]] = {
 # that is installed is asked first.
 _HAS_JLS, _HAS_J2K = register()
 NEWER_DECODED = register_newer_syntaxes()
+# RLE: pylibjpeg-rle's segments, without the Rust panic of its whole-frame decode on
+# damaged data (medrt.io.rle); pydicom's own numpy decoder where it is not installed.
+_RLE_PLUGINS = (_rle.LABEL,) if _rle.register() else ()
 _JLS_PLUGINS = ("imagecodecs", "pyjpegls") if _HAS_JLS else ("pyjpegls",)
 _J2K_PLUGINS = ("imagecodecs",) if _HAS_J2K else ()
 _PREFERRED_PLUGIN = {
     "1.2.840.10008.1.2.4.80": _JLS_PLUGINS,
     "1.2.840.10008.1.2.4.81": _JLS_PLUGINS,
     **{str(u): _J2K_PLUGINS for u in _J2K},
+    str(uid.RLELossless): _RLE_PLUGINS,
 }
 
 # Transfer syntaxes whose decoding here lets other Python threads run (numpy casts,

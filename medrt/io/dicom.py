@@ -63,6 +63,7 @@ from medrt.io.header import (
     percentile_window,
     unbelievable_spacings,
 )
+from medrt.io.rle import LABEL as RLE_LABEL
 from medrt.privacy import redact
 from medrt.types import Frame, SourceRef, Window, WindowSource
 
@@ -540,8 +541,8 @@ def _decode(ds: Dataset, tsyntax: UID, assumed_photometric: str, n_frames: int, 
         try:
             arr = pixel_array(ds, decoding_plugin=preferred, **options)
         except Exception:
-            if not preferred:
-                raise
+            if not preferred or preferred == RLE_LABEL:
+                raise  # medrt-rle's checks are final: pylibjpeg-rle would panic on such data
             arr = pixel_array(ds, **options)  # every available plugin, in pydicom's order
     except (KeyboardInterrupt, SystemExit, MemoryError):
         raise
