@@ -81,15 +81,21 @@ class EchoFilter(logging.Filter):
 
 
 def install_log_redaction(handlers: list[logging.Handler] | None = None) -> None:
-    """Route Python warnings into logging, redact third-party records and drop the echo of
-    a warning a library has just logged (:class:`EchoFilter`) on ``handlers`` (default:
-    the root logger's, so call it after ``logging.basicConfig``). Idempotent."""
+    """Route Python warnings into logging, redact third-party records, drop the echo of
+    a warning a library has just logged (:class:`EchoFilter`) and name the file a DICOM
+    library's warning is about, once per file (:class:`medrt.logsource.SourceFilter`) on
+    ``handlers`` (default: the root logger's, so call it after ``logging.basicConfig``).
+    Idempotent."""
+    from medrt.logsource import SourceFilter
+
     logging.captureWarnings(True)
     for handler in handlers if handlers is not None else logging.getLogger().handlers:
         if not any(isinstance(f, RedactFilter) for f in handler.filters):
             handler.addFilter(RedactFilter())
         if not any(isinstance(f, EchoFilter) for f in handler.filters):
             handler.addFilter(EchoFilter())
+        if not any(isinstance(f, SourceFilter) for f in handler.filters):
+            handler.addFilter(SourceFilter())  # last: the filters above see the library's own text
 
 
 def setup_console_logging(level: int, fmt: str = "%(asctime)s %(levelname)s %(name)s: %(message)s") -> None:

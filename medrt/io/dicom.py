@@ -64,6 +64,7 @@ from medrt.io.header import (
     unbelievable_spacings,
 )
 from medrt.io.rle import LABEL as RLE_LABEL
+from medrt.logsource import reading
 from medrt.privacy import redact
 from medrt.types import Frame, SourceRef, Window, WindowSource
 
@@ -145,6 +146,11 @@ def read_dataset(
     """
     if isinstance(source, Dataset):
         return source
+    with reading(source):  # pydicom's warnings while it parses name this input
+        return _read_dataset(source, stop_before_pixels, defer_size)
+
+
+def _read_dataset(source: DicomSource, stop_before_pixels: bool, defer_size: int | None) -> Dataset:
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if path.is_dir():
@@ -269,7 +275,8 @@ def frames_from_dataset(ds: Dataset, *, path: Path | None = None, name: object =
     """Turn a parsed Dataset into frames; see :func:`read_frames`."""
     label = name if name is not None else (path if path is not None else ds)
     try:
-        return _frames(ds, path, label)
+        with reading(label):
+            return _frames(ds, path, label)
     except InputError:
         raise
     except Exception as exc:  # a lazily-parsed attribute that is garbage, and the like

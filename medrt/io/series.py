@@ -48,6 +48,7 @@ from medrt.io.header import (
 )
 from medrt.io.scan import iter_files
 from medrt.io.stacks import POSITION_ATOL_MM, acquisition_stacks, position_tolerance
+from medrt.logsource import reading
 from medrt.types import Frame, Geometry
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -298,6 +299,13 @@ def _read_header(
 ) -> tuple[tuple[str, str], SeriesItem] | NonImage:
     """One header's (study, series) key and item, or a NonImage."""
     label: object = path if path is not None else ds
+    with reading(label):  # pydicom parses each element when first read: its warnings name the file
+        return _read_header_of(ds, index, path, source, label)
+
+
+def _read_header_of(
+    ds: Dataset, index: int, path: Path | None, source: _Source, label: object
+) -> tuple[tuple[str, str], SeriesItem] | NonImage:
     try:
         study, series, sop_class = _text(ds, "StudyInstanceUID"), _text(ds, "SeriesInstanceUID"), _sop_class(ds)
         if sop_class and not is_image_sop_class(sop_class):

@@ -1,0 +1,88 @@
+"""Naming the input file in the DICOM libraries' own log lines, once per file.
+
+pydicom warns while it parses a damaged header ("Invalid value for VR IS: '…'",
+"The length of the pixel data ... is not even"), through its logger and Python's
+warnings. Those lines named no file: a batch over a folder of bad files printed a
+column of them, each repeated for every element and every pass over the header (the
+scan, then the decode), and nobody could tell which file they were about.
+
+:func:`reading` marks the input a thread is parsing (``medrt.io.dicom`` wraps its
+reads in it); :class:`SourceFilter`, on the console's handler, puts that input's name
+(a path or a UID, never patient data: :func:`medrt.errors.describe_source`) in front
+of each such record, takes out pydicom's link to the VR table, and lets each message
+through once per input. Records from outside a read pass unchanged.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import contextvars
+import logging
+import re
+import threading
+from collections.abc import Iterator
+
+__all__ = ["reading", "current_source", "SourceFilter"]
+
+_SOURCE: contextvars.ContextVar[str | None] = contextvars.ContextVar("medrt_reading", default=None)
+# The loggers whose records are about the input being parsed: pydicom's, and Python's
+# warnings once logging.captureWarnings routes them to "py.warnings".
+_ABOUT_INPUT = ("pydicom", "py.warnings")
+_VR_LINK = re.compile(r"\s*Please see <[^>]*> for allowed values for each VR\.?")
+
+
+@contextlib.contextmanager
+def reading(source: object) -> Iterator[None]:
+    """Mark ``source`` as the input this thread is parsing, for :class:`SourceFilter`.
+    Nested reads of the same input keep the outer mark."""
+    from medrt.errors import describe_source
+
+    if _SOURCE.get() is not None:
+        yield
+        return
+    token = _SOURCE.set(describe_source(source))
+    try:
+        yield
+    finally:
+        _SOURCE.reset(token)
+
+
+def current_source() -> str | None:
+    """The input this thread is parsing (:func:`reading`), or None."""
+    return _SOURCE.get()
+
+
+class SourceFilter(logging.Filter):
+    """Names the input in pydicom's records and Python warnings logged while it is read,
+    and passes each message once per input (the last ``remember`` inputs are kept).
+    Put it on a handler after :class:`medrt.privacy.RedactFilter` and
+    :class:`medrt.privacy.EchoFilter`, which then see the library's own text."""
+
+    def __init__(self, remember: int = 64) -> None:
+        super().__init__()
+        self._seen: collections.OrderedDict[str, set[str]] = collections.OrderedDict()
+        self._remember = remember
+        self._lock = threading.Lock()  # a handler's filters run outside its lock
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        source = _SOURCE.get()
+        if source is None or not any(record.name == n or record.name.startswith(n + ".") for n in _ABOUT_INPUT):
+            return True
+        try:
+            text = record.getMessage()
+        except Exception:
+            text = str(record.msg)
+        text = _VR_LINK.sub("", text)
+        if record.name == "py.warnings":  # "path/to/module.py:402: UserWarning: text\n  source line"
+            text = text.strip().splitlines()[0] if text.strip() else text
+        with self._lock:
+            seen = self._seen.setdefault(source, set())
+            self._seen.move_to_end(source)
+            while len(self._seen) > self._remember:
+                self._seen.popitem(last=False)
+            if text in seen:
+                return False
+            seen.add(text)
+        record.msg, record.args = f"{source}: {text}", None
+        return True

@@ -1,0 +1,74 @@
+"""pydicom's warnings about a damaged header name the file, once per file."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pydicom
+import pytest
+
+from conftest import pydicom_test_dir
+from medrt.io.dicom import read_frames
+from medrt.io.series import group_series
+from medrt.privacy import install_log_redaction
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def console() -> _Records:
+    """A handler set up as the command line sets up its console's."""
+    handler = _Records()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    install_log_redaction([handler])
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        logging.captureWarnings(False)
+
+
+def _bad_instance_number(path: Path, value: str) -> Path:
+    """CT_small with an InstanceNumber pydicom warns about as it reads it."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_io_dicom import _with_raw_value
+
+    ds = pydicom.dcmread(pydicom_test_dir() / "CT_small.dcm")
+    ds.SOPInstanceUID = pydicom.uid.generate_uid()
+    path.write_bytes(_with_raw_value(ds, "InstanceNumber", value))
+    return path
+
+
+def test_pydicom_warnings_name_the_file_once_per_file(tmp_path: Path, console: _Records) -> None:
+    """A batch over bad files printed "WARNING pydicom: Invalid value for VR IS: '…'. Please
+    see <https://dicom.nema.org/...> for allowed values for each VR." for every element of
+    every file, on every pass over the header (the scan, then the decode), naming no file."""
+    files = [_bad_instance_number(tmp_path / f"bad{i}.dcm", "1.5") for i in range(2)]
+    group_series(tmp_path)  # the scan reads each header...
+    for path in files:  # ...and the decode reads it again
+        read_frames(path)
+        read_frames(path)
+    lines = [r.getMessage() for r in console.records if r.name in ("pydicom", "py.warnings")]
+    assert lines, "pydicom no longer warns about an IS of 1.5: pick another damage"
+    for path in files:
+        mine = [line for line in lines if line.startswith(f"{path}: ")]
+        assert mine and len(mine) == len(set(mine)), lines  # named, and each message once
+    assert len(lines) == sum(1 for line in lines if line.startswith(tuple(f"{p}: " for p in files)))
+    assert not any("Please see <" in line for line in lines)  # pydicom's link to the VR table
+
+
+def test_records_outside_a_read_pass_unchanged(console: _Records) -> None:
+    logging.getLogger("pydicom").warning("a message about no file")
+    logging.getLogger("pydicom").warning("a message about no file")
+    assert [r.getMessage() for r in console.records] == ["a message about no file"] * 2
