@@ -1528,3 +1528,77 @@ def test_medrt_listen_refuses_a_results_retention_it_cannot_keep(tmp_path, capsy
         assert main(["listen", "--spool", str(tmp_path / "cli"), "--keep-results-days", value]) == 2
         assert "--keep-results-days takes days >= 0" in capsys.readouterr().err
     assert not (tmp_path / "cli").exists()
+
+
+def test_damaged_headers_and_pixels_in_one_association_are_each_named_and_the_good_images_analysed(
+        tmp_path, analyzer, capfd):
+    """The fuzz audit's leftovers, sent by DCMTK in one association with good slices of the
+    same series: each damaged image is stored and named in errors.csv with its reason (or
+    analysed, in pixels or as MONOCHROME2, with the log saying so), the good ones are
+    analysed, and neither the association nor the listener breaks (nor does a Rust panic
+    trace reach stderr)."""
+    from test_io_dicom import _claiming, _overrunning_rle, _with_raw_value
+
+    src = tmp_path / "sent"
+    src.mkdir()
+    datasets = [pydicom.dcmread(p) for p in CT[:8]]
+    for ds in datasets[:7]:
+        ds.decompress()  # explicit VR little endian, to damage byte by byte
+    files = {}
+
+    def write(name: str, data: bytes | pydicom.Dataset) -> None:
+        path = files[name] = src / f"{name}.dcm"
+        if isinstance(data, bytes):
+            path.write_bytes(data)
+        else:
+            data.save_as(path)
+
+    write("good0", datasets[0])
+    write("good1", datasets[1])
+    write("frames", _with_raw_value(datasets[2], "NumberOfFrames", "abc"))
+    write("spacing", _with_raw_value(datasets[3], "PixelSpacing", "1e300\\1e300"))
+    datasets[4].PhotometricInterpretation = "PALETTE COLOR"
+    write("palette", datasets[4])
+    datasets[5].PhotometricInterpretation = ""
+    write("photometric", datasets[5])
+    write("syntax", _claiming(datasets[6], pydicom.uid.JPEGBaseline8Bit))
+    datasets[7].decompress()
+    datasets[7].compress(pydicom.uid.RLELossless)
+    write("rle", _overrunning_rle(datasets[7]))
+
+    spool = Spool(tmp_path / "spool")
+    with Listener(spool, host="127.0.0.1", port=0) as listener:
+        # DCMTK will not send a file whose pixel data is not encapsulated as its syntax says, and
+        # proposes one compressed syntax at a time: pynetdicom sends those two as they are, by path
+        by_pynetdicom = ("syntax", "rle")
+        sent = storescu(listener.port, [p for n, p in files.items() if n not in by_pynetdicom])
+        assert sent.returncode == 0, sent.stderr
+        from pynetdicom import AE
+
+        ae = AE(ae_title="SCANNER")
+        for syntax in (pydicom.uid.JPEGBaseline8Bit, pydicom.uid.RLELossless):
+            ae.add_requested_context(pydicom.uid.CTImageStorage, syntax)
+        assoc = ae.associate("127.0.0.1", listener.port, ae_title="MEDRT")
+        assert assoc.is_established
+        try:
+            assert [int(assoc.send_c_store(files[n]).Status) for n in by_pynetdicom] == [0, 0]
+        finally:
+            assoc.release()
+        assert listener.counts == {"stored": len(files), "refused": 0, "failed": 0, "commitments": 0}
+    service = PacsService(spool, tmp_path / "out", analyzer, idle_s=0.0)
+    (outcome,) = service.run_once()
+    # analysed: good0, good1, spacing (in pixels, left out of the SEG) and photometric (as MONOCHROME2)
+    assert (outcome.state, outcome.frames, outcome.errors) == ("done", 4, 5)
+    uid_of = {name: pydicom.dcmread(path, stop_before_pixels=True, force=True).SOPInstanceUID
+              for name, path in files.items()}
+    rows = {r["file"]: r for r in csv.DictReader((outcome.out / "errors.csv").open())}
+    reasons = {name: rows[f"{uid_of[name]}.dcm"]["reason"] for name in ("frames", "palette", "syntax", "rle", "spacing")}
+    assert "(its PixelSpacing cannot be a length in mm)" in reasons["spacing"]
+    assert "Number of Frames (0028,0008) is 'abc'" in reasons["frames"]
+    assert "PALETTE COLOR but the Palette Color Lookup Table" in reasons["palette"]
+    assert "says JPEG Baseline" in reasons["syntax"] and "not encapsulated" in reasons["syntax"]
+    assert "RLE Lossless pixel data could not be decoded" in reasons["rle"]
+    results = [json.loads(line) for line in (outcome.out / "results.jsonl").read_text().splitlines()]
+    analysed = {r["sop_instance_uid"]: r for r in results}
+    assert set(analysed) == {uid_of[n] for n in ("good0", "good1", "spacing", "photometric")}
+    assert "panicked" not in capfd.readouterr().err
