@@ -337,3 +337,76 @@ def test_a_live_source_out_of_slice_order_still_finds_the_neighbours(thin: list)
             gaps = [along_normal(frames[i]) - along_normal(nb) for nb in here.neighbours]
             assert gaps[0] < 0 < gaps[1] and all(2.0 <= abs(g) <= 4.0 for g in gaps), (series, i, gaps)
             assert {nb.series_instance_uid for nb in here.neighbours} == {frames[i].series_instance_uid}
+
+
+def test_a_watched_folder_keeps_the_passes_of_one_series_apart(tmp_path: Path) -> None:
+    """A pre- and a post-contrast pass of six 5 mm slices copied into a watched folder
+    interleaved (each position's first-pass image, then its second-pass one): each
+    slice's neighbours are of its own pass, and once the first slices said the spacing
+    (the source holds two files: two passes arriving together) they are the replay's,
+    which ends each pass (FileReplay.slice_order). Before, the feet-side neighbour was
+    the other pass's slice held after it as often as its own."""
+    import shutil
+    import threading
+
+    from conftest import two_pass_series
+    from medrt.io.sources import FileReplay, FolderWatch, Lookahead
+
+    names = tuple(f"ct_{n:04d}.dcm" for n in range(12, 18))
+    first, second = two_pass_series(tmp_path / "scanner", names)
+    sent = [p for pair in zip(first, second, strict=True) for p in pair]
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    watch = FolderWatch(inbox, poll=0.02, settle=0.1, idle_timeout=1.5)
+    ahead = Lookahead(watch, wait=5.0, depth=0)
+    live = SliceContext(decode, ahead=ahead, target_mm=3.0)
+    got: list[tuple[Path, Decoded]] = []
+    t = threading.Thread(target=lambda: got.extend((Path(p), live(p)[0]) for p in ahead))  # the decode stage
+    t.start()
+    for k, path in enumerate(sent):  # names that sort as they are sent, whether read as landed or as found
+        shutil.copy(path, inbox / f"{k:02d}_{path.name}")
+    t.join(60)
+    assert not t.is_alive() and len(got) == len(sent) and ahead.depth == 2
+
+    replay = FileReplay([p for p, _ in got])
+    ordered = SliceContext(decode, replay.slice_order(), target_mm=3.0)
+    assert replay.slice_order().count(None) == 2  # two stacks
+    for k, (path, d) in enumerate(got):
+        own = d.frame.source.dataset.AcquisitionNumber
+        assert all(nb is None or nb.source.dataset.AcquisitionNumber == own for nb in d.neighbours), path
+        want = ordered(path)[0].neighbours
+        if k >= 3:  # from the second pass's second slice on: the depth is known
+            # (live: head side first; in order: the one before first; the model's input
+            # puts either head first, medrt.analysis.slices.ordered_sides)
+            assert sorted(nb.sop_instance_uid if nb else "" for nb in d.neighbours) == \
+                sorted(nb.sop_instance_uid if nb else "" for nb in want), path
+
+
+def test_interleaved_series_do_not_push_each_others_neighbours_out(thin: list) -> None:
+    """Six 1 mm series arriving interleaved (a live source without lookahead): each keeps
+    its own last slices, so each slice still finds the one 3 mm before it (the model's
+    neighbour_mm) once three have come; a pool shared by all series held fewer than three
+    of each, and the nearer slice took its place."""
+    from medrt.analysis.slices import along_normal
+
+    series = [[replace(f, series_instance_uid=f"9.{s}", sop_instance_uid=f"{f.sop_instance_uid}.{s}") for f in thin]
+              for s in range(6)]
+    live = SliceContext(lambda item: [Decoded(item, 0.0)], target_mm=3.0)
+    for i in range(len(thin)):
+        for frames in series:
+            here = live(frames[i])[0]
+            if i >= 3:
+                gaps = [abs(along_normal(nb) - along_normal(frames[i])) for nb in here.neighbours if nb is not None]
+                assert gaps == [pytest.approx(3.0)], (i, gaps)
+
+
+def test_a_live_sequential_ct_numbering_each_slice_stays_one_pass(thin: list) -> None:
+    """A sequential CT that gives every slice its own AcquisitionNumber moves on to new
+    positions: live, its slices are still each other's neighbours (one stack, as the
+    strict rule of medrt.io.stacks keeps it)."""
+    numbered = [as_acquisition(f, i + 1) for i, f in enumerate(thin)]
+    live = SliceContext(lambda item: [Decoded(item, 0.0)], target_mm=3.0)
+    got = [live(f)[0] for f in numbered]
+    want = series_neighbours(numbered, 3.0)
+    for i in range(3, len(thin)):
+        assert got[i].neighbours[0] is want[i][0], i  # the slice 3 mm before it (the next has not come)

@@ -16,15 +16,21 @@ positions held more than once split by AcquisitionNumber into groups of at least
 :data:`MIN_STACK` images each, every image has an AcquisitionNumber, and no group holds a
 position twice. Anything else (a re-acquired slice or two) is one stack, of which
 :func:`medrt.io.series.order_items` keeps one image per position.
+
+A live source (a watched folder) cannot wait for a series to be whole before it counts
+groups: :class:`LivePasses` keeps the rule as far as it can be told as slices arrive.
 """
 
 from __future__ import annotations
 
+import bisect
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["MIN_STACK", "POSITION_ATOL_MM", "POSITION_RTOL", "acquisition_stacks", "position_tolerance"]
+__all__ = ["MIN_STACK", "POSITION_ATOL_MM", "POSITION_RTOL", "LivePasses", "acquisition_stacks",
+           "position_tolerance"]
 
 POSITION_ATOL_MM = 0.01  # two slices closer than this (or 1e-3 of the spacing) share a position
 POSITION_RTOL = 1e-3
@@ -80,3 +86,70 @@ def acquisition_stacks(positions: Sequence[float | None], acquisitions: Sequence
             return None
     rank = {number: k for k, number in enumerate(sorted(at_shared))}
     return [rank[a] for a in acquisitions]  # type: ignore[index]
+
+
+class LivePasses:
+    """Which AcquisitionNumbers of a series arriving live are passes of their own
+    (:func:`acquisition_stacks` as far as it can be told before the series is whole).
+
+    Two acquisitions of one series are two passes once an image of one lies at a position
+    an image of the other holds (a post-contrast pass going over the pre-contrast one's
+    slices, sent after it or interleaved with it); acquisitions that never share a
+    position (a sequential CT numbering each slice or rotation) stay one pass, and an
+    image without an AcquisitionNumber is of every pass, as the strict rule makes such a
+    series one stack. The strict rule's count (:data:`MIN_STACK` images at shared
+    positions) cannot be waited for live: a next pass's first slice must already find its
+    neighbours in its own pass. So a slice re-acquired under another AcquisitionNumber is
+    apart from the acquisition whose position it repeats, as
+    :class:`medrt.analysis.tracking.LesionCounter` counts it a pass of its own: within a
+    pass of one AcquisitionNumber it is nobody's neighbour, rather than one of two images
+    at one place. Positions are matched within
+    :data:`POSITION_ATOL_MM`: slices that can be neighbours lie at most 10 mm apart, where
+    1e-3 of the spacing (:func:`position_tolerance`) is less.
+
+    Holds the positions of the last ``keep`` series (of up to ``per_series`` acquisitions
+    each, the latest ``positions`` positions of each): a watched folder runs for days.
+    """
+
+    def __init__(self, keep: int = 32, per_series: int = 1024, positions: int = 4096) -> None:
+        self.keep, self.per_series, self.positions = keep, per_series, positions
+        # series -> AcquisitionNumber -> the positions along the normal its images were at (sorted)
+        self._held: OrderedDict[str, OrderedDict[int, list[float]]] = OrderedDict()
+        self._apart: dict[str, set[frozenset[int]]] = {}  # series -> pairs of acquisitions seen at one place
+
+    def add(self, series: str, acquisition: int | None, position: float | None) -> None:
+        """An image of ``series`` arrived (or was seen ahead of its turn: adding it again
+        changes nothing) with this AcquisitionNumber at this position along the normal."""
+        if acquisition is None or position is None:
+            return
+        held = self._held.pop(series, None) or OrderedDict()
+        self._held[series] = held
+        while len(self._held) > self.keep:
+            gone, _ = self._held.popitem(last=False)
+            self._apart.pop(gone, None)
+        for other, places in held.items():
+            if other != acquisition and _holds(places, position):
+                self._apart.setdefault(series, set()).add(frozenset((acquisition, other)))
+        mine = held.pop(acquisition, [])
+        held[acquisition] = mine
+        if not _holds(mine, position):
+            bisect.insort(mine, position)
+            if len(mine) > self.positions:
+                mine.pop(0 if position > mine[len(mine) // 2] else -1)  # the far end from this one
+        while len(held) > self.per_series:
+            held.popitem(last=False)
+
+    def apart(self, series: str, a: int | None, b: int | None) -> bool:
+        """Whether images of ``series`` with AcquisitionNumbers ``a`` and ``b`` are of two
+        passes (never each other's neighbours)."""
+        return a is not None and b is not None and a != b and frozenset((a, b)) in self._apart.get(series, ())
+
+    def of_its_own(self, series: str, acquisition: int | None) -> bool:
+        """Whether ``acquisition`` is a pass apart from another of ``series``."""
+        return acquisition is not None and any(acquisition in pair for pair in self._apart.get(series, ()))
+
+
+def _holds(places: list[float], position: float) -> bool:
+    """Whether sorted ``places`` hold ``position`` (within :data:`POSITION_ATOL_MM`)."""
+    i = bisect.bisect_left(places, position - POSITION_ATOL_MM)
+    return i < len(places) and places[i] <= position + POSITION_ATOL_MM

@@ -7,7 +7,6 @@ the same code the serial ``Analyzer.analyze`` runs.
 
 from __future__ import annotations
 
-import itertools
 import logging
 import math
 import os
@@ -29,6 +28,8 @@ from medrt.analysis.slices import (
 )
 from medrt.analyzer import Analyzer, AnalyzerConfig
 from medrt.io.dicom import read_frames
+from medrt.io.header import finite_int
+from medrt.io.stacks import LivePasses
 from medrt.pipeline.graph import Stage
 from medrt.pipeline.shm import Packed, ParentSlots, WorkerSlots
 from medrt.pipeline.workers import WorkerPool
@@ -36,9 +37,10 @@ from medrt.types import Frame, FrameResult
 
 log = logging.getLogger(__name__)
 
-#: A live source's slices kept to find the next ones' neighbours among (a model without
-#: ``neighbour_mm``; one with keeps :data:`~medrt.analysis.slices.MAX_REACH`): a sender
-#: that does not send a series in slice order still finds them a few files apart.
+#: A live source's slices kept per series to find the next ones' neighbours among (a model
+#: without ``neighbour_mm``; one with keeps :data:`~medrt.analysis.slices.MAX_REACH`): a
+#: sender that does not send a series in slice order still finds them a few files apart.
+#: Also the series (and the slices received last) a live source's depth is reckoned from.
 LIVE_KEEP = 8
 
 __all__ = ["Decoded", "STAGE_NAMES", "decode", "analysis_stages", "ProcessDecoder", "ProcessAnalysis", "SliceContext"]
@@ -113,6 +115,15 @@ class SliceContext:
     many as that needs (:meth:`~medrt.io.sources.Lookahead.want`: three files on a 1 mm
     series for a 3 mm model, one on 3 mm slices), which costs that many frame intervals
     of latency on a thin-slice series only.
+
+    A live slice's neighbours are of its own series and its own pass: the slices kept are
+    kept per series (a series arriving interleaved with others does not push its own out),
+    and of a series of several whole acquisitions arriving (a post-contrast pass after the
+    pre-contrast one, or interleaved with it) only those of its own acquisition are looked
+    at once the passes are known apart by :class:`medrt.io.stacks.LivePasses` (the strict
+    rule of :mod:`medrt.io.stacks` as far as it can be told live: another AcquisitionNumber
+    at a position already held). Where passes arrive interleaved, each counts as a series
+    arriving for the depth asked of ``ahead``.
     """
 
     def __init__(self, decoder: Callable[[Any], list[Decoded]], order: Sequence[Any] | None = None,
@@ -132,9 +143,13 @@ class SliceContext:
                 self.index.setdefault(p, i)
         self.keep = max(3, keep)
         self._cache: OrderedDict[str, list[Decoded]] = OrderedDict()
-        # live: the slices decoded last, newest first, among which each one's neighbours are
-        # looked for (in whatever order they came)
-        self._recent: deque[Frame] = deque(maxlen=MAX_REACH if target_mm is not None else LIVE_KEEP)
+        # live: each series' slices decoded last, newest first, among which each one's
+        # neighbours are looked for (in whatever order they came); the last LIVE_KEEP series
+        self._recent: OrderedDict[str, deque[Frame]] = OrderedDict()
+        self._recent_keep = MAX_REACH if target_mm is not None else LIVE_KEEP
+        # the passes (series, acquisition or None) of the slices received last, newest first
+        self._arrivals: deque[tuple[str, int | None]] = deque(maxlen=LIVE_KEEP)
+        self._passes = LivePasses()
         self._needs: OrderedDict[str, int] = OrderedDict()  # series -> files its neighbours need held
         # files that decoded to something else (radiographs), the last few hundred: a
         # watched folder runs for days
@@ -213,9 +228,20 @@ class SliceContext:
         if here is None:
             return self._multi(out)
         pool = [f for f in (self._live_slice(p) for p in later) if f is not None]
+        series = here.series_instance_uid
         with self._lock:
-            pool += self._recent
-            self._recent.appendleft(here)
+            for f in (here, *pool):  # those ahead too: a next pass's first slice may be among them
+                self._passes.add(f.series_instance_uid, _acquisition(f), along_normal(f))
+            mine = self._recent.pop(series, None) or deque(maxlen=self._recent_keep)
+            pool += mine
+            mine.appendleft(here)
+            self._recent[series] = mine
+            while len(self._recent) > LIVE_KEEP:
+                self._recent.popitem(last=False)
+            acquisition = _acquisition(here)
+            pool = [f for f in pool if not self._passes.apart(series, acquisition, _acquisition(f))]
+            self._arrivals.appendleft(
+                (series, acquisition if self._passes.of_its_own(series, acquisition) else None))
         if ahead:
             self._ask_depth(here, pool)
         return [replace(out[0], neighbours=nearest_sides(here, pool, self.target_mm))]
@@ -233,9 +259,10 @@ class SliceContext:
     def _ask_depth(self, here: Frame, pool: list[Frame]) -> None:
         """Ask the live source to hold as many files as the neighbours need: for each series
         received lately, the slices out to ``target_mm`` at its spacing (the least gap to
-        one of its slices among ``pool``; one without ``target_mm``), times the number of
-        series arriving interleaved (a scanner sending two reconstructions at once), the
-        most any of them needs; kept until a slice says its series' spacing."""
+        one of its slices among ``pool``, those of its own pass; one without ``target_mm``),
+        times the number of series (and passes of one series) arriving interleaved (a
+        scanner sending two reconstructions at once), the most any of them needs; kept until
+        a slice says its series' spacing."""
         gaps = [abs(along_normal(f) - along_normal(here)) for f in pool if adjacent(here, f)]  # type: ignore[operator]
         with self._lock:
             if gaps:
@@ -244,8 +271,8 @@ class SliceContext:
                 self._needs.move_to_end(here.series_instance_uid)
                 while len(self._needs) > LIVE_KEEP:
                     self._needs.popitem(last=False)
-            active = {f.series_instance_uid for f in itertools.islice(self._recent, LIVE_KEEP)}
-            needs = [self._needs[u] for u in active if u in self._needs]
+            active = set(self._arrivals)
+            needs = [self._needs[u] for u, _ in active if u in self._needs]
         if not needs:
             return
         depth = min(max(needs) * len(active), MAX_REACH)
@@ -263,6 +290,12 @@ class SliceContext:
             return out
         frames = [d.frame for d in out]
         return [replace(d, neighbours=nb) for d, nb in zip(out, series_neighbours(frames, self.target_mm), strict=True)]
+
+
+def _acquisition(frame: Frame) -> int | None:
+    """The frame's AcquisitionNumber (None where its header has none)."""
+    dataset = getattr(frame.source, "dataset", None)
+    return finite_int(dataset.get("AcquisitionNumber")) if dataset is not None else None
 
 
 def _decode_path(path: str) -> list[Decoded]:
