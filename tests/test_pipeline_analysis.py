@@ -107,6 +107,25 @@ def test_stream_replays_two_whole_acquisitions_each_with_its_own_neighbours(tmp_
     assert findings(tmp_path / "both") == {k: 2 * v for k, v in one.items()}
 
 
+def test_stream_loops_each_start_afresh(tmp_path, capsys):
+    """--loop N replays a series N times: each loop is counted as a replay of its own, so
+    the counts are N times one loop's. Three 5 mm slices that each cross one lesion span
+    10 mm, so a loop's last slice lies within reach (MAX_GAP_MM) of the next loop's first:
+    the lesion count joined them, and the second loop's lesion was the first's again."""
+    for p in sorted(CT.glob("*.dcm"))[13:16]:  # ct_0014-16: one lesion on all three
+        shutil.copy(p, tmp_path / p.name)
+
+    def findings(loops):  # type: ignore[no-untyped-def]
+        assert main(["stream", str(tmp_path), "--fps", "0", "--loop", str(loops), "--json", "--workers", "1"]) == 0
+        f = json.loads(capsys.readouterr().out)["findings"]
+        assert f["loops"] == loops
+        return {k: f[k] for k in ("frames", "positive_frames", "lesions", "lesion_sections")}
+
+    one = findings(1)
+    assert one == {"frames": 3, "positive_frames": 3, "lesions": 1, "lesion_sections": 3}
+    assert findings(3) == {k: 3 * v for k, v in one.items()}
+
+
 def test_stream_command_reports_bad_input_with_exit_1(tmp_path, capsys):
     src = sorted(CT.glob("*.dcm"))[0]
     shutil.copy(src, tmp_path / "a.dcm")

@@ -350,6 +350,13 @@ class LesionCounter:
         self._current: dict[str, tuple[str, int | None]] = {}  # series -> the pass of its last frame
         self._joined: dict[int, int] = {}  # a part's number -> the number of the part it joined
 
+    def restart(self) -> None:
+        """Link nothing that comes next to what came before (a replay that sends its series
+        again from the start: ``medrt stream --loop``), keeping the counts so far: the next
+        frames' lesions are counted as new ones, as a replay of their own would count them."""
+        self._passes.clear()
+        self._current.clear()
+
     def _root(self, n: int) -> int:
         while n in self._joined:
             n = self._joined[n]

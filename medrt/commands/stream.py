@@ -26,11 +26,19 @@ log = logging.getLogger(__name__)
 
 
 class _Findings:
-    """Counts what the stream found (a sink: runs on the pipeline's sink thread)."""
+    """Counts what the stream found (a sink: runs on the pipeline's sink thread).
 
-    def __init__(self) -> None:
+    ``loop_length``: a replay that sends its files again (``--loop``) sends this many per
+    loop; the lesion count starts afresh with each loop's first result, so no lesion of
+    one loop is linked to the next's (a loop's last slice and the next loop's first may
+    lie within a slice step's reach). The counts add up over the loops, as the frames do.
+    """
+
+    def __init__(self, loop_length: int | None = None) -> None:
         from medrt.analysis.tracking import LesionCounter
 
+        self.loop_length = loop_length
+        self.loop = 0  # the loop of the last result
         self.frames = 0
         self.positive = 0
         self.counter = LesionCounter()  # each lesion once: its sections on the slices before joined
@@ -47,6 +55,11 @@ class _Findings:
             # the image was not lost, so its first failure is no longer an error
             self.errors = [e for e in self.errors if e[2] != origin]
             self.recovered += 1
+        if self.loop_length:
+            loop = env.seq // self.loop_length  # (a frame dropped at the entry still took its place)
+            if loop != self.loop:
+                self.counter.restart()
+                self.loop = loop
         self.frames += 1
         self.positive += bool(result.lesions)
         self.counter.add(result)
@@ -87,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     analyzer = load_analyzer(analyzer_config(args))
     _, workers = thread_layout(args)
-    findings = _Findings()
+    looped = isinstance(source, FileReplay) and source.loop > 1
+    findings = _Findings(len(source.paths) if looped else None)
     # a replay's files in slice order, each pass of a series of several acquisitions ended:
     # a 2.5-D model's neighbours (read from the headers; a 2-D model needs none)
     order = source.slice_order() if isinstance(source, FileReplay) and analyzer.slices > 1 else None
@@ -140,7 +154,8 @@ def run(args: argparse.Namespace) -> int:
                            "errors": len(findings.errors), "recovered_after_rewrite": findings.recovered,
                            "error_details": [{"file": o, "key": k, "reason": r} for k, r, o in findings.errors],
                            "skipped_not_dicom": findings.skipped, "skipped_not_an_image": findings.not_images,
-                           "skipped_no_model": len(findings.no_model)}
+                           "skipped_no_model": len(findings.no_model),
+                           "loops": source.loop if isinstance(source, FileReplay) else 1}
     summary["engine"] = {"backend": analyzer.backend_name, "precision": analyzer.precision,
                          "models": list(analyzer.models)}
     late = getattr(source, "late", None)
@@ -156,7 +171,9 @@ def run(args: argparse.Namespace) -> int:
         print(tel.summary_table())
         f = summary["findings"]
         sections = f" ({f['lesion_sections']} sections)" if f["lesion_sections"] != f["lesions"] else ""
-        print(f"findings: {f['lesions']} lesion(s){sections} in {f['positive_frames']} of {f['frames']} frame(s); "
+        loops = f" over {f['loops']} loops, each counted afresh" if f["loops"] > 1 else ""
+        print(f"findings: {f['lesions']} lesion(s){sections} in {f['positive_frames']} of {f['frames']} frame(s)"
+              f"{loops}; "
               f"{f['errors']} unreadable input(s), {f['skipped_not_dicom']} non-DICOM file(s) skipped"
               + (f", {f['skipped_not_an_image']} DICOM object(s) that are not images" if f["skipped_not_an_image"]
                  else "")
