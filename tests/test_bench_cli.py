@@ -116,3 +116,21 @@ def test_pipelined_vs_serial_counts_the_frames_that_failed(tmp_path):
     # one bad file, once per timed run: serial on 1 thread (and on every core), pipelined
     runs = 3 if r["cores"] > 1 else 2
     assert r["errors"] == runs and r["frames"] == 4
+
+
+def test_pipeline_bench_gives_the_neighbours_medrt_stream_gives(tmp_path, capsys):
+    """The pipeline suites replay a folder by name, as `medrt stream` does, and took the
+    2.5-D model's neighbours from that name order: on a series of two whole acquisitions
+    the first pass's last slice took the second pass's first as its neighbour and lost
+    its lesion, so the bench measured a pipeline no user runs. It now takes the slice
+    order with each pass ended, and finds what the stream finds, in every layout."""
+    from conftest import two_pass_series
+    from medrt.bench.pipeline import pipelined_vs_serial, stream_replay
+
+    two_pass_series(tmp_path)
+    assert main(["stream", str(tmp_path), "--fps", "0", "--json", "--workers", "1"]) == 0
+    stream = json.loads(capsys.readouterr().out)["findings"]["lesion_sections"]
+    r = pipelined_vs_serial(folder=tmp_path, loops=1, repeats=1, processes=0, workers=1)
+    assert r["frames"] == 6 and r["errors"] == 0 and r["lesion_sections"] == [stream]
+    s = stream_replay(folder=tmp_path, fps=0, frames=6, policy="block", workers=1)  # nothing dropped
+    assert (s["analysed"], s["errors"], s["lesion_sections"]) == (6, 0, stream)

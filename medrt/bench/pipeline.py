@@ -4,6 +4,11 @@ sustained replay at the scanner's rate.
 Serial runs the same five stage functions one frame at a time on one thread, at
 whichever ORT thread count is faster for it (both are measured and reported),
 so the speed-up is against the best serial layout, not a straw man.
+
+The files are replayed by name, as ``medrt stream`` replays a folder, and a 2.5-D
+model's neighbours come from the series' slice order with each pass of a series of
+several acquisitions ended (:meth:`medrt.io.sources.FileReplay.slice_order`), as in
+``medrt stream`` and the batch: the pipeline measured is the one users run.
 """
 
 from __future__ import annotations
@@ -48,9 +53,11 @@ class _Count:
     def __init__(self) -> None:
         self.n = 0
         self.errors = 0
+        self.sections = 0  # lesions found, per frame: the same for the same frames in any layout
 
     def on_result(self, result: Any, env: Any) -> None:
         self.n += 1
+        self.sections += len(result.lesions)
 
     def on_error(self, error: Any, env: Any) -> None:
         self.errors += 1
@@ -61,6 +68,15 @@ def _dicom_paths(folder: Path) -> list[Path]:
     if not paths:
         raise FileNotFoundError(f"{folder}: no *.dcm files for the stream benchmark")
     return paths
+
+
+def _slice_order(paths: list[Path]) -> list[Path | None]:
+    """The files' slice order for a 2.5-D model's neighbours, as ``medrt stream`` gives it
+    (a None after each pass of a series of several acquisitions); read from the headers
+    before any clock starts."""
+    from medrt.io.sources import FileReplay
+
+    return FileReplay(paths).slice_order()
 
 
 def pipelined_vs_serial(
@@ -80,6 +96,7 @@ def pipelined_vs_serial(
     from medrt.pipeline.stages import analysis_stages
 
     paths = _dicom_paths(folder or default_stream())
+    order = _slice_order(paths)
     cores = usable_cores()
     workers = workers or cores
     processes = cores if processes is None else processes
@@ -88,12 +105,14 @@ def pipelined_vs_serial(
     n = len(paths) * loops
 
     errors: dict[str, int] = {}  # frames that failed, per layout (their fps counts only frames analysed)
+    sections: set[int] = set()  # lesions found by each run over the frames: one value when all agree
 
     def serial(analyzer: Any, key: str = "warm-up") -> float:
         sink = _Count()
         t0 = time.perf_counter()
-        run_serial(FileReplay(paths, fps=0, loop=loops), analysis_stages(analyzer, order=paths), [sink])
+        run_serial(FileReplay(paths, fps=0, loop=loops), analysis_stages(analyzer, order=order), [sink])
         errors[key] = errors.get(key, 0) + sink.errors
+        sections.add(sink.sections)
         return sink.n / (time.perf_counter() - t0)
 
     def pipelined(stages: list[Any], key: str) -> float:
@@ -102,6 +121,7 @@ def pipelined_vs_serial(
         t0 = time.perf_counter()
         pipe.run()
         errors[key] = errors.get(key, 0) + sink.errors
+        sections.add(sink.sections)
         return sink.n / (time.perf_counter() - t0)
 
     fps: dict[str, list[float]] = {"serial_1_thread": [], f"serial_{cores}_threads": [], "pipelined": []}
@@ -113,11 +133,11 @@ def pipelined_vs_serial(
         if multi is not one:
             fps[f"serial_{cores}_threads"].append(serial(multi, f"serial_{cores}_threads"))
             time.sleep(SETTLE_S)  # its ORT thread pool spins a moment after its last run
-        fps["pipelined"].append(pipelined(analysis_stages(one, infer_workers=workers, order=paths), "pipelined"))
+        fps["pipelined"].append(pipelined(analysis_stages(one, infer_workers=workers, order=order), "pipelined"))
         if processes > 0:
             # The pool starts (models loaded in every process) before the clock does;
             # the pipeline closes it when it ends.
-            fps["pipelined_processes"].append(pipelined(analysis_stages(one, processes=processes, order=paths),
+            fps["pipelined_processes"].append(pipelined(analysis_stages(one, processes=processes, order=order),
                                                         "pipelined_processes"))
     med = {k: statistics.median(v) for k, v in fps.items() if v}
     best_serial_key = max((k for k in med if k.startswith("serial")), key=lambda k: med[k])
@@ -130,7 +150,7 @@ def pipelined_vs_serial(
     try:
         sink = _Count()
         t0 = time.perf_counter()
-        run_serial(FileReplay(paths, fps=0), analysis_stages(one, order=paths), [sink])
+        run_serial(FileReplay(paths, fps=0), analysis_stages(one, order=order), [sink])
         serial_ms = (time.perf_counter() - t0) * 1000.0 / max(1, sink.n)
     finally:
         one.rois, one.segs = real
@@ -142,6 +162,9 @@ def pipelined_vs_serial(
         # frames that failed in all the timed runs (each layout's fps counts the frames analysed):
         # not 0 means the figures are of a broken run, and --compare calls it a regression
         "errors": sum(v for k, v in errors.items() if k != "warm-up"),
+        # lesion sections found over the frames, by every run (one value when all agree):
+        # what the pipeline measured finds, as `medrt stream --fps 0 --loop N` counts them
+        "lesion_sections": sorted(sections),
         "serial_baseline": best_serial_key,
         "pipelined_layout": best_pipe_key,
         # the best pipelined layout against the best serial one; per layout as well
@@ -177,7 +200,7 @@ def stream_replay(
     workers = workers or usable_cores()
     analyzer = load_analyzer(seg_model=model, threads=1, precision=precision)
     source = FileReplay([paths[i % len(paths)] for i in range(frames)], fps=fps)
-    stages = analysis_stages(analyzer, infer_workers=workers, order=paths)
+    stages = analysis_stages(analyzer, infer_workers=workers, order=_slice_order(paths))
     sink = _Count()
     bound = live_in_flight(policy, stages, max_in_flight)
     pipe = Pipeline(source, stages, [sink], policy={stages[0].name: policy}, telemetry=True, name="bench-stream",
@@ -196,4 +219,5 @@ def stream_replay(
         "p50_ms": round(e2e["p50"], 1), "p99_ms": round(e2e["p99"], 1), "max_ms": round(e2e["max"], 1),
         "rss_growth_pct": round(tel.rss_growth(), 2), "depth": pipe.depth, "workers": workers,
         "max_in_flight": bound, "errors": sink.errors,
+        "lesion_sections": sink.sections,  # over the frames analysed (not those dropped)
     }
