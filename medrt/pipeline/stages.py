@@ -272,6 +272,7 @@ class SliceContext:
                 while len(self._needs) > LIVE_KEEP:
                     self._needs.popitem(last=False)
             active = set(self._arrivals)
+            active -= {(u, None) for u, a in active if a is not None}  # (slices before its passes were told apart)
             needs = [self._needs[u] for u, _ in active if u in self._needs]
         if not needs:
             return
