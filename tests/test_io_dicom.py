@@ -881,6 +881,24 @@ def test_pixel_data_of_another_encoding_than_the_transfer_syntax_says_is_named_s
     assert "the file's transfer syntax is wrong" in str(err.value) and err.value.source == str(path)
 
 
+@pytest.mark.parametrize("name", ["MR_small_RLE.dcm", "JPEG2000.dcm"])
+def test_a_data_set_built_in_memory_with_encapsulated_pixel_data_decodes(name: str) -> None:
+    """``ds.PixelData = encapsulate(frames)`` leaves the element's undefined-length flag
+    unset (pydicom sets it only when it reads a file): pydicom decodes such a data set,
+    and so did medrt, until the check for a transfer syntax that lies refused it as
+    "not encapsulated (it is uncompressed)"."""
+    from pydicom.encaps import encapsulate, generate_frames
+
+    ds = pydicom.dcmread(pydicom_test_dir() / name)
+    expected = ds.pixel_array
+    frames = list(generate_frames(ds.PixelData, number_of_frames=1))
+    del ds.PixelData  # a new element, as a data set built in memory has
+    ds.PixelData = encapsulate(frames)
+    assert not ds["PixelData"].is_undefined_length  # the case: pydicom does not set it
+    (frame,) = read_frames(ds)
+    assert np.array_equal(frame.pixels, expected)
+
+
 def _overrunning_rle(ds: Dataset) -> Dataset:
     """MR_small_RLE with its segments' control bytes rewritten so that runs overrun the
     frame: pylibjpeg-rle panicked on it ("index out of bounds: the len is 8192...")."""

@@ -634,6 +634,9 @@ def _syntax_mismatch(ds: Dataset, tsyntax: UID) -> str | None:
     return None
 
 
+_ITEM_TAG = b"\xfe\xff\x00\xe0"  # (FFFE,E000), little endian: encapsulated pixel data's first bytes
+
+
 def _check_encapsulation(ds: Dataset, tsyntax: UID, label: object) -> None:
     """Refuse pixel data encoded otherwise than the Transfer Syntax UID says, naming both.
 
@@ -646,8 +649,13 @@ def _check_encapsulation(ds: Dataset, tsyntax: UID, label: object) -> None:
         elem = ds.get_item(0x7FE00010, keep_deferred=True)
     except (KeyError, TypeError):
         return
-    length = getattr(elem, "length", None)
+    length = getattr(elem, "length", None)  # a raw element, as read from the file
     undefined = length == 0xFFFFFFFF if length is not None else bool(getattr(elem, "is_undefined_length", False))
+    if tsyntax.is_encapsulated and not undefined and length is None:
+        # a data set built in memory (``ds.PixelData = encapsulate(frames)``) has the flag
+        # unset: its value, which opens with an Item tag, says it is encapsulated
+        value = elem.value
+        undefined = isinstance(value, (bytes, bytearray)) and bytes(value[:4]) == _ITEM_TAG
     if tsyntax.is_encapsulated and not undefined:
         raise CorruptPixelDataError(
             label, f"the Transfer Syntax UID says {tsyntax.name} ({tsyntax}), which is compressed, but the pixel "
