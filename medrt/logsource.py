@@ -29,6 +29,7 @@ _SOURCE: contextvars.ContextVar[str | None] = contextvars.ContextVar("medrt_read
 # The loggers whose records are about the input being parsed: pydicom's, and Python's
 # warnings once logging.captureWarnings routes them to "py.warnings".
 _ABOUT_INPUT = ("pydicom", "py.warnings")
+_NAMED = "medrt_source_text"  # on a record named already: its text before the name
 _VR_LINK = re.compile(r"\s*Please see <[^>]*> for allowed values for each VR\.?")
 
 
@@ -69,13 +70,17 @@ class SourceFilter(logging.Filter):
         source = _SOURCE.get()
         if source is None or not any(record.name == n or record.name.startswith(n + ".") for n in _ABOUT_INPUT):
             return True
-        try:
-            text = record.getMessage()
-        except Exception:
-            text = str(record.msg)
-        text = _VR_LINK.sub("", text)
-        if record.name == "py.warnings":  # "path/to/module.py:402: UserWarning: text\n  source line"
-            text = text.strip().splitlines()[0] if text.strip() else text
+        # The record is one object for every handler: one that a SourceFilter before (on
+        # another handler: a console and a log file) has named keeps its text and name.
+        text = getattr(record, _NAMED, None)
+        if text is None:
+            try:
+                text = record.getMessage()
+            except Exception:
+                text = str(record.msg)
+            text = _VR_LINK.sub("", text)
+            if record.name == "py.warnings":  # "path/to/module.py:402: UserWarning: text\n  source line"
+                text = text.strip().splitlines()[0] if text.strip() else text
         with self._lock:
             seen = self._seen.setdefault(source, set())
             self._seen.move_to_end(source)
@@ -85,4 +90,5 @@ class SourceFilter(logging.Filter):
                 return False
             seen.add(text)
         record.msg, record.args = f"{source}: {text}", None
+        setattr(record, _NAMED, text)
         return True

@@ -72,3 +72,26 @@ def test_records_outside_a_read_pass_unchanged(console: _Records) -> None:
     logging.getLogger("pydicom").warning("a message about no file")
     logging.getLogger("pydicom").warning("a message about no file")
     assert [r.getMessage() for r in console.records] == ["a message about no file"] * 2
+
+
+def test_a_second_handler_names_the_file_once(tmp_path: Path) -> None:
+    """install_log_redaction puts the filters on each of the root's handlers (a console and
+    a log file). The record is one object, so the second handler's filter found the first's
+    "path: message" and named the file again: "path: path: message"."""
+    handlers = [_Records(), _Records()]
+    root = logging.getLogger()
+    for handler in handlers:
+        root.addHandler(handler)
+    install_log_redaction(handlers)
+    try:
+        path = _bad_instance_number(tmp_path / "bad.dcm", "1.5")
+        group_series(tmp_path)
+        read_frames(path)
+    finally:
+        for handler in handlers:
+            root.removeHandler(handler)
+        logging.captureWarnings(False)
+    for handler in handlers:
+        lines = [r.getMessage() for r in handler.records if r.name in ("pydicom", "py.warnings")]
+        assert lines, "pydicom no longer warns about an IS of 1.5: pick another damage"
+        assert all(line.startswith(f"{path}: ") and f"{path}: {path}" not in line for line in lines), lines
