@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Sequence
 from importlib import import_module
+from typing import Any
 
 from medrt import __version__
 from medrt.errors import MedrtError
@@ -39,8 +40,22 @@ COMMANDS = (
 )
 
 
+_VERBOSE_AFTER = "verbose_after_command"
+
+
+class _Parser(argparse.ArgumentParser):
+    """The top parser: a ``-v`` after the command adds to one before it (``medrt -v batch
+    ... -v`` is ``-vv``). The command's parser counts into its own namespace, which
+    argparse then copies over the top one's: with one dest, it replaced the count before."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        ns, rest = super().parse_known_args(args, namespace)
+        ns.verbose = getattr(ns, "verbose", 0) + vars(ns).pop(_VERBOSE_AFTER, 0)
+        return ns, rest
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="medrt",
         description="Real-time medical-imaging inference (research use; not for clinical use).",
     )
@@ -48,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)"
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True,
+                                parser_class=argparse.ArgumentParser)
     for name in COMMANDS:
         import_module(name).register(sub)
     _verbose_after_command(sub)
@@ -57,10 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _verbose_after_command(sub: argparse._SubParsersAction) -> None:
     """``-v`` after the command too (``medrt batch IN --out OUT -v``), where people type it
-    when a run needs a closer look; it was a usage error there. Its default is suppressed
-    so that a ``-v`` before the command is not reset by the command's parser."""
+    when a run needs a closer look; it was a usage error there. It counts into a dest of
+    its own, which :class:`_Parser` adds to the count before the command."""
     for command in set(sub.choices.values()):
-        command.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+        command.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS, dest=_VERBOSE_AFTER,
                              help="more log output (-vv for debug); also accepted before the command")
         for action in command._actions:
             if isinstance(action, argparse._SubParsersAction):

@@ -208,6 +208,9 @@ def test_verbose_is_taken_after_every_command_too() -> None:
     assert parser.parse_args(["-v", "info", "x"]).verbose == 1  # not reset by the command's own -v
     assert parser.parse_args(["info", "x", "-vv"]).verbose == 2
     assert parser.parse_args(["models", "list", "-v"]).verbose == 1
+    # before and after add up, as -v -v does: the command's parser reset the count before it
+    assert parser.parse_args(["-v", "info", "x", "-v"]).verbose == 2
+    assert parser.parse_args(["-v", "models", "list", "-v"]).verbose == 2
 
     def commands(p: argparse.ArgumentParser):  # every command and sub-command, by its prog
         for action in p._actions:
