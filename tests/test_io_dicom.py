@@ -939,3 +939,18 @@ def test_an_rle_header_that_does_not_fit_its_frame_is_named(header: tuple[int, .
     ds.PixelData = encapsulate([struct.pack("<16L", *header, *[0] * (16 - len(header))) + frame[64:]])
     with pytest.raises(CorruptPixelDataError, match=reason):
         read_frames(ds)
+
+
+@pytest.mark.parametrize(("keyword", "value"), [("SliceThickness", "0"), ("SpacingBetweenSlices", "-2.5")])
+def test_customary_non_lengths_are_not_used_and_not_warned_of(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, keyword: str, value: str) -> None:
+    """A SliceThickness of 0 (radiographs and secondary captures often say "not applicable"
+    so) and NM's signed SpacingBetweenSlices were never used; a warning for each such file
+    filled a batch's log. The in-plane spacing is kept and nothing is logged."""
+    ds = _mono_dataset("MONOCHROME2", np.arange(16, dtype=np.uint16).reshape(4, 4), PixelSpacing=[0.5, 0.5])
+    path = tmp_path / "thin.dcm"
+    path.write_bytes(_with_raw_value(ds, keyword, value))
+    with caplog.at_level("WARNING", logger="medrt.io.dicom"):
+        (frame,) = read_frames(path)
+    assert frame.spacing_mm == (0.5, 0.5)
+    assert not [r for r in caplog.records if keyword in r.getMessage()]

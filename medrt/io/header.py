@@ -259,9 +259,25 @@ def unbelievable_spacings(ds: Dataset) -> list[str]:
         for holder in (ds, measures):
             if holder is not None and spacing_is_believable(holder, keyword) is False:
                 values = _values(holder[keyword].value)
+                if _customary(keyword, values):
+                    break
                 out.append(keyword + " " + "\\".join(str(v) for v in values))
                 break
     return out
+
+
+def _customary(keyword: str, values: list[Any]) -> bool:
+    """Values that are not lengths but are written that way so often that a warning for each
+    file would only be noise (they are not used all the same): a SliceThickness of 0 (many
+    radiographs and secondary captures say "not applicable" so) and a negative
+    SpacingBetweenSlices (nuclear medicine's signed step between slices)."""
+    try:
+        numbers = [float(v) for v in values]
+    except (TypeError, ValueError):
+        return False
+    if keyword == "SliceThickness":
+        return all(v == 0 for v in numbers)
+    return keyword == "SpacingBetweenSlices" and all(-MAX_SLICE_THICKNESS_MM <= v < 0 for v in numbers)
 
 
 def spacing_is_believable(ds: Dataset, keyword: str) -> bool | None:
