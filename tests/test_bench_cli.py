@@ -134,3 +134,21 @@ def test_pipeline_bench_gives_the_neighbours_medrt_stream_gives(tmp_path, capsys
     assert r["frames"] == 6 and r["errors"] == 0 and r["lesion_sections"] == [stream]
     s = stream_replay(folder=tmp_path, fps=0, frames=6, policy="block", workers=1)  # nothing dropped
     assert (s["analysed"], s["errors"], s["lesion_sections"]) == (6, 0, stream)
+
+
+def test_series_outputs_suite_json_keys_frames_and_compare(tmp_path, capsys, monkeypatch):
+    """`--only series_outputs --frames N`: N slices, its figures in ms, which --compare reads
+    as timings (a baseline ten times faster is a regression)."""
+    monkeypatch.setenv("MEDRT_CACHE", str(tmp_path / "cache"))  # the phantom is written here, not in ~/.cache
+    assert main(["bench", "--only", "series_outputs", "--frames", "12", "--repeats", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    row = out["series_outputs"]
+    assert row["frames"] == 12 and row["repeats"] == 1 and row["total_ms"] > 0 and row["peak_mb"] > 0
+    assert {"link_ms", "seg_ms", "sr_ms", "write_ms"} <= set(row)
+    faster = copy.deepcopy(out)
+    faster["series_outputs"]["total_ms"] = row["total_ms"] / 10
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(faster))
+    assert main(["bench", "--only", "series_outputs", "--frames", "12", "--repeats", "3",
+                 "--compare", str(base)]) == 1
+    assert "series_outputs.total_ms" in capsys.readouterr().out

@@ -356,3 +356,34 @@ def test_ray_suite_runs_the_sample_through_ray_and_locally() -> None:
     lesions = row["lesions"]
     assert len(lesions["local"]) == 1 and lesions["local"][0] > 0
     assert lesions["one_worker"] == lesions["worker_per_core"] == lesions["local"]  # same findings every way
+
+
+def test_series_outputs_suite_times_a_phantom_series_outputs_and_writes_valid_seg_and_sr(tmp_path: Path) -> None:
+    """`medrt bench --only series_outputs`: a small CT phantom's outputs, stage by stage; the
+    SEG and SR it timed are the real ones (dciodvfy-clean, every lesion a segment, the SR
+    naming the SEG). No timing is asserted."""
+    import subprocess
+
+    import highdicom as hd
+
+    from conftest import require_tool
+    from medrt.bench.outputs import phantom_series, series_outputs
+
+    row = series_outputs(frames=16, repeats=1, cache=tmp_path / "cache", keep=tmp_path / "out")
+    assert set(row) == {"frames", "frames_with_lesions", "series_lesions", "link_ms", "seg_ms", "sr_ms",
+                        "write_ms", "total_ms", "peak_mb", "repeats"}
+    assert row["frames"] == 16 and row["repeats"] == 1 and row["series_lesions"] > 0 and row["peak_mb"] > 0
+    assert all(row[k] > 0 for k in ("link_ms", "seg_ms", "sr_ms", "write_ms"))
+    assert row["total_ms"] >= row["link_ms"] + row["seg_ms"] + row["sr_ms"] + row["write_ms"] - 1.0  # the sum of rounded parts
+    assert phantom_series(16, cache=tmp_path / "cache") == next((tmp_path / "cache").iterdir())  # cached, reused
+    seg_path, sr_path = tmp_path / "out" / "seg.dcm", tmp_path / "out" / "sr.dcm"
+    for path in (seg_path, sr_path):
+        proc = subprocess.run([require_tool("dciodvfy"), str(path)], capture_output=True, text=True, timeout=120)
+        errors = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "Error" in ln]
+        assert not errors, f"dciodvfy {path.name}:\n" + "\n".join(errors)
+    seg = hd.seg.segread(seg_path)
+    assert len(seg.SegmentSequence) == row["series_lesions"]
+    sr = hd.sr.srread(sr_path)
+    assert [str(s.ReferencedSOPSequence[0].ReferencedSOPInstanceUID)
+            for e in sr.CurrentRequestedProcedureEvidenceSequence for s in e.ReferencedSeriesSequence
+            if s.SeriesInstanceUID == seg.SeriesInstanceUID] == [seg.SOPInstanceUID]

@@ -23,6 +23,9 @@ import io
 import json
 import logging
 import shutil
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,6 +108,10 @@ class SeriesOutput:
     # what a reader of the SEG should know that is no error (a SliceThickness inferred
     # where the source images leave theirs empty): manifest.json and the report say it
     seg_notes: list[str] = field(default_factory=list)
+    # seconds :meth:`finish` spent linking lesions ("link"), building the SEG(s) ("seg") and
+    # the SR ("sr"), and writing those ("write"): the tail a series waits for after its
+    # last frame (``medrt bench --only series_outputs`` reports them; the log says them)
+    stage_s: dict[str, float] = field(default_factory=dict)
 
     def start(self) -> None:
         """Clear what an interrupted or earlier run may have left (nothing in it is trusted),
@@ -171,7 +178,8 @@ class SeriesOutput:
         ok = self.results
         # each lesion once (sections on neighbouring slices joined): the SEG's segments, the
         # SR's tracking identifiers and lesions.json number them alike
-        linked = self._export("lesions", lambda: link_series(ok)) if ok else None
+        with self._stage("link"):
+            linked = self._export("lesions", lambda: link_series(ok)) if ok else None
         if ok and self.options.seg:
             seg = self._export("seg", lambda: self._seg(ok, linked))
             if seg is not None:
@@ -202,7 +210,18 @@ class SeriesOutput:
             "seg_notes": self.seg_notes,
         }
         atomic_write(self.folder / MANIFEST, lambda fp: fp.write(json.dumps(manifest, indent=1).encode()))
+        log.debug("series %s outputs: %s", self.plan.uid,
+                  ", ".join(f"{k} {v:.3f} s" for k, v in self.stage_s.items()))
         return manifest
+
+    @contextmanager
+    def _stage(self, name: str) -> Iterator[None]:
+        """Add the time the block takes to :attr:`stage_s` ``[name]``."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stage_s[name] = self.stage_s.get(name, 0.0) + time.perf_counter() - t0
 
     def _link(self, linked: Linked) -> list[dict[str, Any]]:
         """Number every lesion record as its series lesion (``series_lesion``) and write
@@ -233,20 +252,23 @@ class SeriesOutput:
 
         # A damaged slice (no ImagePositionPatient...) is left out of the SEG, not the whole
         # series; errors.csv names it where that leaves lesions out (the SR still has them).
-        left_out = seg_left_out(results)
+        with self._stage("seg"):
+            left_out = seg_left_out(results)
         for r in results:
             if r.frame.key in left_out and r.lesions:
                 self.notes.append(Note(self.rel(str(r.frame.source.path or r.frame.key)), "error", SEG_COVERAGE,
                                        f"its {len(r.lesions)} lesion(s) are in the SR but not in the SEG: "
                                        f"{left_out[r.frame.key]}", r.frame.sop_instance_uid))
         # A radiograph series of several views has no shared geometry: one SEG per image.
-        built = [(seg, inferred_slice_thickness(group)) for group in split_for_seg(results)
-                 if (seg := build_seg(group, linked=linked, omit_empty_frames=self.options.omit_empty_frames,
-                                      compression=self.options.seg_compression)) is not None]
+        with self._stage("seg"):
+            built = [(seg, inferred_slice_thickness(group)) for group in split_for_seg(results)
+                     if (seg := build_seg(group, linked=linked, omit_empty_frames=self.options.omit_empty_frames,
+                                          compression=self.options.seg_compression)) is not None]
         segs = [seg for seg, _ in built]
         for i, (seg, thickness) in enumerate(built):
             name = "seg.dcm" if len(segs) == 1 else f"seg_{i + 1}.dcm"
-            write_dataset(seg, self.folder / name)
+            with self._stage("write"):
+                write_dataset(seg, self.folder / name)
             if thickness is not None:
                 self.seg_notes.append(f"{name}: {thickness.note()}")
         return segs or None
@@ -254,9 +276,11 @@ class SeriesOutput:
     def _sr(self, results: list[FrameResult], seg: Any, linked: Linked | None) -> Any:
         from medrt.export import build_sr
 
-        sr = build_sr(results, seg=seg, linked=linked,
-                      previous_versions=[self.previous_sr] if self.previous_sr is not None else ())
-        write_dataset(sr, self.folder / "sr.dcm")
+        with self._stage("sr"):
+            sr = build_sr(results, seg=seg, linked=linked,
+                          previous_versions=[self.previous_sr] if self.previous_sr is not None else ())
+        with self._stage("write"):
+            write_dataset(sr, self.folder / "sr.dcm")
         return sr
 
     def _sc(self, results: list[FrameResult]) -> int:

@@ -12,7 +12,9 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 SUITES = ("decode", "engines", "graph", "roi_vs_full", "pipelined", "stream", "int8", "cold_start", "efficiency",
-          "listener", "ray")
+          "listener", "ray", "series_outputs")
+#: ``--frames`` of each suite that takes it, when not given
+DEFAULT_FRAMES = {"roi_vs_full": 4, "series_outputs": 300}
 
 
 def _decode(args: argparse.Namespace, _: Any) -> Any:
@@ -36,7 +38,7 @@ def _graph(args: argparse.Namespace, _: Any) -> Any:
 def _roi_vs_full(args: argparse.Namespace, analyzer: Any) -> Any:
     from medrt.bench.engine import roi_vs_full
 
-    return roi_vs_full(analyzer, n_frames=args.frames, repeats=args.repeats)
+    return roi_vs_full(analyzer, n_frames=args.frames or DEFAULT_FRAMES["roi_vs_full"], repeats=args.repeats)
 
 
 def _int8(args: argparse.Namespace, _: Any) -> Any:
@@ -93,13 +95,19 @@ def _ray(args: argparse.Namespace, _: Any) -> Any:
     return ray_vs_local(repeats=max(1, args.repeats // 9))
 
 
+def _series_outputs(args: argparse.Namespace, _: Any) -> Any:
+    from medrt.bench.outputs import series_outputs
+
+    return series_outputs(frames=args.frames or DEFAULT_FRAMES["series_outputs"], repeats=max(1, args.repeats // 3))
+
+
 RUNNERS = {"decode": _decode, "engines": _engines, "graph": _graph, "roi_vs_full": _roi_vs_full, "int8": _int8,
            "cold_start": _cold_start, "efficiency": _efficiency, "pipelined": _pipelined, "stream": _stream,
-           "listener": _listener, "ray": _ray}
+           "listener": _listener, "ray": _ray, "series_outputs": _series_outputs}
 KEYS = {"roi_vs_full": "roi_vs_full", "int8": "int8_vs_fp32", "cold_start": "cold_start",
         "efficiency": "unet_efficiency", "engines": "engines", "graph": "concat_as_sum", "decode": "decode",
         "pipelined": "pipelined_vs_serial", "stream": "stream_30fps", "listener": "listener_vs_batch",
-        "ray": "ray_vs_local"}
+        "ray": "ray_vs_local", "series_outputs": "series_outputs"}
 
 
 def _print(results: dict[str, Any]) -> None:
@@ -188,7 +196,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "(sustained replay at --fps: achieved fps, drops, p99), listener (the sample CT series by C-STORE into "
         "medrt listen's spool, analysed and its SEG/SR forwarded, vs medrt batch on the same files), ray (medrt batch "
         "--ray on a private cluster of this machine's cores, one worker and a worker per core, vs medrt batch on "
-        "sample_dicom). Exit code 1 when --compare finds a regression (a figure worse by more than "
+        "sample_dicom), series_outputs (a --frames-slice CT phantom's SEG, SR and other outputs after its last frame, "
+        "stage by stage, with the ground truth as results: no model time). Exit code 1 when --compare finds a regression (a figure worse by more than "
         "--tolerance; a frame failed, or dropped, not analysed or sent late, where the baseline had none), a "
         "result that ran in the baseline and fails now (an engine that no longer loads), or a run "
         "setting that differs from the baseline's (--size, --frames, --repeats, --fps, --stream-frames, the "
@@ -199,7 +208,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="segmentation model of the engines, int8, efficiency, roi_vs_full and cold_start suites"
                         " (default: lesion_unet_dx, the UNet the analyzer runs radiographs through)")
     p.add_argument("--size", type=int, default=4096, help="frame size for the decode suite")
-    p.add_argument("--frames", type=int, default=4, help="4096² frames for roi_vs_full")
+    p.add_argument("--frames", type=_frames, default=None,
+                   help="4096² frames for roi_vs_full (default 4); slices of the CT phantom for series_outputs "
+                        "(default 300; written once into the user's cache, 1,200 slices take minutes)")
     p.add_argument("--repeats", type=int, default=9, help="repeats per measurement (median is reported)")
     p.add_argument("--no-recheck", action="store_true", help="roi_vs_full without the 2x recheck")
     p.add_argument("--precision", default="fp32", choices=("fp32", "int8"),
