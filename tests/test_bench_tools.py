@@ -371,7 +371,7 @@ def test_series_outputs_suite_times_a_phantom_series_outputs_and_writes_valid_se
 
     row = series_outputs(frames=16, repeats=1, cache=tmp_path / "cache", keep=tmp_path / "out")
     assert set(row) == {"frames", "frames_with_lesions", "series_lesions", "link_ms", "seg_ms", "sr_ms",
-                        "write_ms", "total_ms", "peak_mb", "repeats"}
+                        "write_ms", "total_ms", "peak_mb", "peak_rss_mb", "repeats"}
     assert row["frames"] == 16 and row["repeats"] == 1 and row["series_lesions"] > 0 and row["peak_mb"] > 0
     assert all(row[k] > 0 for k in ("link_ms", "seg_ms", "sr_ms", "write_ms"))
     assert row["total_ms"] >= row["link_ms"] + row["seg_ms"] + row["sr_ms"] + row["write_ms"] - 1.0  # the sum of rounded parts

@@ -14,9 +14,13 @@ same headers would find them parsed and measure less than a series does), and re
 back the seconds it spent per stage (``SeriesOutput.stage_s``): ``link`` (lesions
 linked across slices), ``seg`` (which slices a SEG can hold, and the SEG built), ``sr``
 (the SR built), ``write`` (both written) and ``total`` (the whole step, also the frame
-records, masks, lesions.json and manifest). One more run, not timed, traces the step's
-peak memory (tracemalloc: numpy's arrays included; tracing slows Python code, so it is
-never the timed run). A warm-up run first (highdicom's and pydicom's first use), then
+records, masks, lesions.json and manifest). Its memory, two ways: ``peak_rss_mb``, how
+far each timed run raised the process's resident peak above what was resident before it
+(Linux: the peak is reset first; the largest rise over the repeats), and ``peak_mb``, the
+peak of the bytes it allocated, traced in one more run that is not timed (tracemalloc,
+numpy's arrays included; tracing slows Python code). The two differ where an array is
+allocated but mostly never written: ``np.zeros`` of a series' SEG mask is counted whole
+by tracemalloc, while the kernel backs only the pages written. A warm-up run first (highdicom's and pydicom's first use), then
 the repeats; medians.
 """
 
@@ -115,26 +119,54 @@ def _fresh(result: Any) -> Any:
     return dataclasses.replace(result, frame=dataclasses.replace(frame, source=source))
 
 
+def _status_mb(field: str) -> float | None:
+    """``field`` (VmRSS, VmHWM) of this process in MB, from /proc (None elsewhere)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fp:
+            for line in fp:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> float | None:
+    """This process's resident MB now, its peak (VmHWM) reset to it (Linux 4.0+: "5" to
+    /proc/self/clear_refs); None where the peak cannot be reset, so none is reported."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as fp:
+            fp.write("5")
+    except OSError:
+        return None
+    return _status_mb("VmRSS")
+
+
 def _finish(sp: Any, results: list[tuple[Any, str]], folder: Path, *, trace: bool = False,
-            ) -> tuple[dict[str, Any], dict[str, float], float, int]:
+            ) -> tuple[dict[str, Any], dict[str, float], float, float | None]:
     """One series' outputs written into ``folder``: its manifest, the seconds per stage, the
-    seconds of the whole :meth:`SeriesOutput.finish`, and (``trace``) the peak of the bytes
-    it allocated (tracemalloc, started just before it, so the results are not counted)."""
+    seconds of the whole :meth:`SeriesOutput.finish`, and how far it raised the memory in
+    MB: with ``trace`` the peak of the bytes it allocated (tracemalloc, started just before
+    it, so the results are not counted; pages never touched count too), else the rise of
+    the resident set's peak over what was resident before it (None off Linux)."""
     from medrt.batch.outputs import OutputOptions, SeriesOutput
 
     out = SeriesOutput(sp, folder, "bench", OutputOptions(png="none"), sp.paths[0].parent)
     out.start()
     for result, origin in results:
         out.add(_fresh(result), origin)
-    peak = 0
+    peak: float | None = None
     if trace:
         tracemalloc.start()
+    rss = None if trace else _reset_peak_rss()
     try:
         t0 = time.perf_counter()
         manifest = out.finish()
         total = time.perf_counter() - t0
         if trace:
-            peak = tracemalloc.get_traced_memory()[1]
+            peak = tracemalloc.get_traced_memory()[1] / 1e6
+        elif rss is not None and (hwm := _status_mb("VmHWM")) is not None:
+            peak = hwm - rss
     finally:
         if trace:
             tracemalloc.stop()
@@ -146,17 +178,21 @@ def _finish(sp: Any, results: list[tuple[Any, str]], folder: Path, *, trace: boo
 def series_outputs(frames: int = 300, repeats: int = 3, cache: Path | None = None,
                    keep: Path | None = None) -> dict[str, Any]:
     """Median seconds per stage of a ``frames``-slice CT series' outputs over ``repeats``
-    runs (in ms, as ``medrt bench --compare`` reads timings), and the step's peak traced
-    memory; see the module's docstring. ``keep``: write the last run's outputs there (a
+    runs (in ms, as ``medrt bench --compare`` reads timings), and the step's peak memory
+    (traced, and the resident set's rise: the larger over the repeats); see the module's
+    docstring. ``keep``: write the last run's outputs there (a
     test reads its SEG and SR back)."""
     folder = phantom_series(frames, cache=cache)
     sp, results = _results(folder)
     stages: dict[str, list[float]] = {k: [] for k in ("link", "seg", "sr", "write", "total")}
+    rss: list[float] = []
     with tempfile.TemporaryDirectory(prefix="medrt-bench-outputs-") as tmp:
         out_dir = Path(tmp) / "series"
         _finish(sp, results, out_dir)  # warm-up: highdicom's and pydicom's first use
         for _ in range(max(1, repeats)):
-            _, stage_s, total, _ = _finish(sp, results, out_dir)
+            _, stage_s, total, rise = _finish(sp, results, out_dir)
+            if rise is not None:
+                rss.append(rise)
             for k in ("link", "seg", "sr", "write"):
                 stages[k].append(stage_s.get(k, 0.0))
             stages["total"].append(total)
@@ -169,6 +205,7 @@ def series_outputs(frames: int = 300, repeats: int = 3, cache: Path | None = Non
         "frames_with_lesions": sum(1 for r, _ in results if r.lesions),
         "series_lesions": manifest["series_lesions"],
         **{f"{k}_ms": round(1000 * med(v), 1) for k, v in stages.items()},
-        "peak_mb": round(peak / 1e6, 1),
+        "peak_mb": round(peak or 0.0, 1),
+        "peak_rss_mb": round(max(rss), 1) if rss else None,
         "repeats": max(1, repeats),
     }
