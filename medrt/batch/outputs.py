@@ -130,6 +130,7 @@ class SeriesOutput:
 
     def __post_init__(self) -> None:
         self._index = {p: i for i, p in enumerate(self.plan.paths)}
+        self._plan: Any = None  # the SEGs' layout (medrt.export.plan_segs), which the SR reuses
         # files still short of the frames their headers announced: kept as a count, so that
         # each result tells in O(1) whether the series is complete (scanning every file per
         # result was O(n²): 2 million look-ups for a 2,000-slice series)
@@ -248,12 +249,14 @@ class SeriesOutput:
             return None
 
     def _seg(self, results: list[FrameResult], linked: Linked | None) -> Any:
-        from medrt.export import build_seg, inferred_slice_thickness, seg_left_out, split_for_seg
+        from medrt.export import build_seg, plan_segs
 
         # A damaged slice (no ImagePositionPatient...) is left out of the SEG, not the whole
         # series; errors.csv names it where that leaves lesions out (the SR still has them).
+        # Laid out once for the SEG(s) and the SR (three walks of every header before).
         with self._stage("seg"):
-            left_out = seg_left_out(results)
+            self._plan = plan = plan_segs(results)
+        left_out = plan.left_out
         for r in results:
             if r.frame.key in left_out and r.lesions:
                 self.notes.append(Note(self.rel(str(r.frame.source.path or r.frame.key)), "error", SEG_COVERAGE,
@@ -261,7 +264,7 @@ class SeriesOutput:
                                        f"{left_out[r.frame.key]}", r.frame.sop_instance_uid))
         # A radiograph series of several views has no shared geometry: one SEG per image.
         with self._stage("seg"):
-            built = [(seg, inferred_slice_thickness(group)) for group in split_for_seg(results)
+            built = [(seg, plan.thickness.get(group[0].frame.sop_instance_uid)) for group in plan.groups
                      if (seg := build_seg(group, linked=linked, omit_empty_frames=self.options.omit_empty_frames,
                                           compression=self.options.seg_compression)) is not None]
         segs = [seg for seg, _ in built]
@@ -277,7 +280,7 @@ class SeriesOutput:
         from medrt.export import build_sr
 
         with self._stage("sr"):
-            sr = build_sr(results, seg=seg, linked=linked,
+            sr = build_sr(results, seg=seg, linked=linked, plan=self._plan,
                           previous_versions=[self.previous_sr] if self.previous_sr is not None else ())
         with self._stage("write"):
             write_dataset(sr, self.folder / "sr.dcm")

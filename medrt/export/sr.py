@@ -94,7 +94,12 @@ from medrt.export.common import (
     linked_lesions,
     readable_header,
 )
-from medrt.export.seg import seg_frame_numbers, seg_left_out, segment_numbers
+from medrt.export.seg import (
+    SegPlan,
+    plan_segs,
+    seg_frame_numbers,
+    segment_numbers,
+)
 from medrt.io.seg import SEG_SOP_CLASSES
 from medrt.types import Frame, FrameResult, Lesion, SpacingSource
 
@@ -472,6 +477,17 @@ def _document(report: hd.sr.MeasurementReport, evidence: list[Dataset], **kwargs
     return sr
 
 
+def _plan_of(items: list[FrameResult]) -> SegPlan:
+    """:func:`medrt.export.plan_segs` of ``items``, series by series (an SR may cover
+    several series of a study; a SEG covers one), its warnings left to the SEG's."""
+    by_series: dict[str, list[FrameResult]] = {}
+    for r in items:
+        by_series.setdefault(r.frame.series_instance_uid, []).append(r)
+    plans = [plan_segs(rs, warn=False) for rs in by_series.values()]
+    return SegPlan([g for p in plans for g in p.groups], {k: v for p in plans for k, v in p.left_out.items()},
+                   {k: v for p in plans for k, v in p.thickness.items()})
+
+
 def build_sr(
     results: Sequence[FrameResult],
     *,
@@ -483,6 +499,7 @@ def build_sr(
     instance_number: int = 1,
     series_description: str = "medrt lesion measurements (SR)",
     previous_versions: Sequence[Dataset] = (),
+    plan: SegPlan | None = None,
 ) -> hd.sr.Comprehensive3DSR:
     """A TID 1500 Measurement Report of every lesion in ``results`` (frames of one study).
 
@@ -495,7 +512,9 @@ def build_sr(
     defaults to a new UID. ``previous_versions`` are earlier SRs of these images that this
     one replaces (the series analysed again after more images came): listed in its
     Predecessor Documents Sequence, so a PACS or viewer can tell which is current; those
-    of another study are left out (with a warning).
+    of another study are left out (with a warning). ``plan`` is
+    :func:`medrt.export.plan_segs` of ``results`` where the caller has it already (the
+    batch, which laid out its SEGs with it): made here otherwise.
 
     Raises ValueError naming "results" (see :func:`medrt.export.common.check_results`),
     "linked" (lacking one of their lesions) or "seg" (not a SEG, another study, or
@@ -507,7 +526,9 @@ def build_sr(
     study = items[0].frame.study_instance_uid
     segs, seg_frames = _check_segs(seg, study)
     # images no SEG can carry (a slice without its position): located by their outline
-    left_out = seg_left_out(items) if segs else {}
+    if plan is None and segs:
+        plan = _plan_of(items)
+    left_out = plan.left_out if plan is not None and segs else {}
     algorithm = _algorithm(items[0].models)
     series_lesions, numbers = linked_lesions(items, linked)
     by_number = {les.number: les for les in series_lesions}
