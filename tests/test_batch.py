@@ -305,6 +305,12 @@ def test_a_ct_whose_slice_thickness_is_empty_gets_a_seg_and_the_report_says_it_w
     for path in (folder / "seg.dcm", folder / "sr.dcm"):
         proc = subprocess.run([require_tool("dciodvfy"), str(path)], capture_output=True, text=True, timeout=120)
         assert "Error" not in proc.stdout + proc.stderr, path.name
+    # the SR's Image Library describes the lesions' slices with the SEG's thickness (it had
+    # left them without descriptors: highdicom's need a SliceThickness)
+    from test_export import library_thickness
+
+    thickness = library_thickness(folder / "sr.dcm")
+    assert thickness and set(thickness.values()) == {5.0}
     said = ("seg.dcm: SEG SliceThickness 5 mm inferred from the step between neighbouring slice positions: "
             f"the source images' SliceThickness is {given}")
     assert json.loads((folder / "manifest.json").read_text())["seg_notes"] == [said]

@@ -452,6 +452,23 @@ def pixel_measures(path: Path) -> Dataset:
     return pydicom.dcmread(path).SharedFunctionalGroupsSequence[0].PixelMeasuresSequence[0]
 
 
+def library_thickness(path: Path) -> dict[str, float | None]:
+    """``{SOP Instance UID: its Slice Thickness descriptor}`` for the Image Library entries of
+    the SR at ``path`` that carry descriptors (TID 1602), None where one lacks it."""
+    sr = pydicom.dcmread(path)
+    (library,) = [item for item in sr.ContentSequence
+                  if item.ConceptNameCodeSequence[0].CodeValue == codes.DCM.ImageLibrary.value]
+    out: dict[str, float | None] = {}
+    for group in library.ContentSequence:
+        for entry in group.ContentSequence:
+            if entry.ValueType != "IMAGE" or "ContentSequence" not in entry:
+                continue
+            found = [float(d.MeasuredValueSequence[0].NumericValue) for d in entry.ContentSequence
+                     if d.ConceptNameCodeSequence[0].CodeValue == codes.DCM.SliceThickness.value]
+            out[str(entry.ReferencedSOPSequence[0].ReferencedSOPInstanceUID)] = found[0] if found else None
+    return out
+
+
 def test_a_ct_whose_slices_leave_slice_thickness_empty_gets_a_seg_with_it_inferred(ct, tmp_path, caplog) -> None:  # type: ignore[no-untyped-def]
     """SliceThickness is Type 2 in the CT Image module: a series with it empty on every
     slice is legal, but the SEG's Pixel Measures need one (Type 1C). Such a series got no
@@ -479,8 +496,17 @@ def test_a_ct_whose_slices_leave_slice_thickness_empty_gets_a_seg_with_it_inferr
         check_seg_round_trip(path, blank)  # highdicom's segread
         sr_path = dciodvfy(build_sr(blank, seg=seg), tmp_path / f"sr_{source[:5]}.dcm")
         check_sr(sr_path, blank, seg)
+        # the lesions' slices are described in the SR's Image Library, with the SEG's thickness
+        # (they had no descriptors at all: highdicom's need a SliceThickness), with or without a SEG
+        described = {r.frame.sop_instance_uid for r in blank if r.lesions}
+        assert library_thickness(sr_path) == dict.fromkeys(described, mm)
+        no_seg = dciodvfy(build_sr(blank), tmp_path / f"sr_noseg_{source[:5]}.dcm")
+        assert library_thickness(no_seg) == dict.fromkeys(described, mm)
+        assert not any("SliceThickness" in r.frame.source.dataset and r.frame.source.dataset.SliceThickness
+                       for r in blank)  # the source headers are not edited
     # an image with its own thickness: nothing inferred, the SEG carries the source's
     assert inferred_slice_thickness(ct) is None
+    assert set(library_thickness(dciodvfy(build_sr(ct), tmp_path / "sr.dcm")).values()) == {3.0}
     assert float(pixel_measures(dciodvfy(build_seg(ct), tmp_path / "seg.dcm")).SliceThickness) == 3.0
 
 

@@ -28,7 +28,9 @@ The document holds, under "Imaging Measurements":
 
 The Image Library lists every evaluated image; those with lesions carry their
 descriptors (geometry, spacing, size: TID 1602, optional), the others do not, which
-keeps a long series' SR small and quick to build (:func:`_image_library`). When the pixel spacing of a frame
+keeps a long series' SR small and quick to build (:func:`_image_library`); a CT slice whose
+SliceThickness is empty is described with the thickness its SEG infers
+(:func:`medrt.export.seg.inferred_slice_thickness`). When the pixel spacing of a frame
 is unknown, its lesions are measured in pixels (unit ``{pixels}``: the pixel
 count for the area, pixel widths for the diameter); no mm value is invented.
 Sizes from ImagerPixelSpacing (DX, CR) are at the detector plane, or at the patient
@@ -70,7 +72,7 @@ in the patient) and sizes in pixels get none of these items.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import highdicom as hd
@@ -95,7 +97,9 @@ from medrt.export.common import (
     readable_header,
 )
 from medrt.export.seg import (
+    InferredThickness,
     SegPlan,
+    lacks_slice_thickness,
     plan_segs,
     seg_frame_numbers,
     segment_numbers,
@@ -384,10 +388,15 @@ _SOURCE = Code("260753009", "SCT", "Source")  # an Image Library entry (TID 1601
 _CONTAINS = hd.sr.RelationshipTypeValues.CONTAINS
 
 
-def _image_library(headers: list[Dataset], described: set[str]) -> hd.sr.ContainerContentItem:
+def _image_library(headers: list[Dataset], described: set[str],
+                   thickness: Mapping[str, InferredThickness]) -> hd.sr.ContainerContentItem:
     """The Image Library (TID 1600): an entry (TID 1601) per evaluated image, grouped by
     modality and Frame of Reference, with the Image Library Entry Descriptors (TID 1602:
     geometry, spacing, size) for the images in ``described``, those the measurements are on.
+    An image whose SliceThickness is empty (Type 2 in a CT) is described with the one its
+    SEG carries, ``thickness`` (:func:`medrt.export.seg.inferred_slice_thickness`): the
+    descriptors need one (TID 1604's Slice Thickness is mandatory), and without it such a
+    series' lesion slices had none at all.
 
     highdicom's MeasurementReport would describe every image: 17 content items each, about
     4 s of a 160-slice series' SR (against 0.3 s without), for slices nothing in the
@@ -400,8 +409,10 @@ def _image_library(headers: list[Dataset], described: set[str]) -> hd.sr.Contain
         entry = hd.sr.ImageContentItem(name=_SOURCE, referenced_sop_class_uid=ds.SOPClassUID,
                                        referenced_sop_instance_uid=ds.SOPInstanceUID, relationship_type=_CONTAINS)
         if ds.SOPInstanceUID in described:
+            inferred = thickness.get(str(ds.SOPInstanceUID))
             try:
-                descriptors = hd.sr.ImageLibraryEntryDescriptors(ds)
+                descriptors = hd.sr.ImageLibraryEntryDescriptors(
+                    ds if inferred is None else _with_thickness(ds, inferred.mm))
             except (AttributeError, KeyError, IndexError, TypeError, ValueError) as exc:
                 log.debug("Image Library: %s without descriptors (%s)", ds.SOPInstanceUID, exc)
             else:
@@ -420,6 +431,17 @@ def _image_library(headers: list[Dataset], described: set[str]) -> hd.sr.Contain
         group.ContentSequence.extend(entries)
         library.ContentSequence.append(group)
     return library
+
+
+_SLICE_THICKNESS = 0x00180050
+
+
+def _with_thickness(ds: Dataset, mm: float) -> Dataset:
+    """A copy of header ``ds`` (its elements shared, unparsed ones left unparsed) whose
+    SliceThickness is ``mm``."""
+    out = Dataset({tag: ds.get_item(tag) for tag in ds.keys() if tag != _SLICE_THICKNESS})
+    out.SliceThickness = mm  # a new element: setting a shared one would change the source's header
+    return out
 
 
 def _report(groups: list[object], modality: str, library: hd.sr.ContainerContentItem) -> hd.sr.MeasurementReport:
@@ -525,10 +547,12 @@ def build_sr(
         raise ValueError(f'Argument "series_number" must be a positive integer, got {series_number!r}.')
     study = items[0].frame.study_instance_uid
     segs, seg_frames = _check_segs(seg, study)
-    # images no SEG can carry (a slice without its position): located by their outline
-    if plan is None and segs:
+    # images no SEG can carry (a slice without its position): located by their outline; and
+    # the SliceThickness a SEG infers where the images leave theirs empty
+    if plan is None and (segs or any(r.lesions and lacks_slice_thickness(r.frame.source.dataset) for r in items)):
         plan = _plan_of(items)
     left_out = plan.left_out if plan is not None and segs else {}
+    thickness = plan.thickness if plan is not None else {}
     algorithm = _algorithm(items[0].models)
     series_lesions, numbers = linked_lesions(items, linked)
     by_number = {les.number: les for les in series_lesions}
@@ -563,7 +587,7 @@ def build_sr(
     headers = list({r.frame.sop_instance_uid: readable_header(r.frame.source.dataset) for r in items}.values())
     modality = items[0].frame.modality
     described = {r.frame.sop_instance_uid for r in items if r.lesions}
-    report = _report(groups, modality, _image_library(headers, described))
+    report = _report(groups, modality, _image_library(headers, described, thickness))
     earlier = [p for p in previous_versions if str(p.get("StudyInstanceUID", "")) == study]
     if len(earlier) < len(previous_versions):
         log.warning("SR: %d earlier SR(s) of another study not listed as predecessors",
