@@ -9,8 +9,11 @@ from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from medrt.allocator import limit_arenas
     from medrt.commands.view import add_view_arguments, run
     from medrt.privacy import install_log_redaction
+
+    limit_arenas()  # before Qt's and the pipeline's threads: as medrt.cli.main does
 
     parser = argparse.ArgumentParser(prog="medrt-viewer", description="medrt's desktop viewer (research use only).")
     add_view_arguments(parser)

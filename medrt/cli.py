@@ -16,6 +16,7 @@ from importlib import import_module
 from typing import Any
 
 from medrt import __version__
+from medrt.allocator import limit_arenas
 from medrt.errors import MedrtError
 from medrt.privacy import setup_console_logging
 
@@ -92,6 +93,10 @@ def _setup_logging(verbosity: int, quiet: bool = False) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # Before any thread starts: the listener, the viewer and a long batch make thread pools
+    # series after series, and glibc's default of 8 arenas per core kept what each freed
+    # (medrt.allocator). MALLOC_ARENA_MAX in the environment overrides it.
+    limit_arenas()
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.verbose, quiet=bool(getattr(args, "quiet", False)))

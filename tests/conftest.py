@@ -18,6 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from medrt.allocator import limit_arenas
+
+# The suite runs in one process, and each test that analyses makes (and frees) its own
+# models and thread pools: under glibc's default of eight malloc arenas per core the
+# process kept what each freed, and two test files in one run were killed for memory on a
+# 24 GiB machine. Capped here, at import, before any test starts a thread, however pytest
+# was started (`make test`, an IDE, a bare `python -m pytest`); MALLOC_ARENA_MAX in the
+# environment wins. medrt.cli.main does the same for the commands tests start.
+limit_arenas()
+
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_DIR = REPO / "sample_dicom"

@@ -160,14 +160,12 @@ def _settled_rss_mb() -> float:
     """RSS after Python's and glibc's free memory went back to the system, so that a
     later difference is what was allocated since (quantizing and gating a model just
     before freed ~100 MB that glibc returned only during the next measurement)."""
-    import ctypes
     import gc
 
+    from medrt.allocator import trim
+
     gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
+    trim()
     return _rss_mb()
 
 
