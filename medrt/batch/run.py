@@ -63,8 +63,10 @@ REPORT_MD = "report.md"
 HISTOGRAM = "latency.png"
 # Bumped when what a series folder holds changes, so a rerun redoes series an older medrt
 # finished (2: lesions.json, series_lesion in frames.jsonl, SR lesions counted once;
-# 3: a SEG segment per lesion).
-OUTPUT_LAYOUT = 3
+# 3: a SEG segment per lesion; 4: lesions.csv's diameter_unit and acquisition, sizes of
+# frames without a pixel spacing as area_px/diameter_px, a SEG per acquisition pass and the
+# SR's image regions as outlines).
+OUTPUT_LAYOUT = 4
 
 
 @dataclass(frozen=True)
