@@ -222,6 +222,32 @@ def test_a_stream_of_two_whole_acquisitions_counts_each_pass_by_itself(ct) -> No
         assert counter.lesions == len(alone) and len(streamed) == len(numbers)
 
 
+def test_a_second_pass_sent_with_the_first_is_told_apart_as_the_live_neighbours_tell_it(ct) -> None:  # type: ignore[no-untyped-def]
+    """A post-contrast pass over the lower half of a series, sent at the same time as the
+    whole pre-contrast pass (two senders, the images in turn): LesionCounter compared each
+    frame with its series' last frame's pass only, so the second pass, starting where the
+    first had not been yet, was never a pass of its own; every frame followed one of the
+    other pass 100 mm away, nothing was linked, and the stream counted 30 lesions where
+    link_series counts 18. LivePasses, which picks the live neighbours of a 2.5-D model,
+    held the two apart from the first pass's first slice in the second's range: the
+    counter now asks it too, and counts as link_series does."""
+    from medrt.analysis.slices import along_normal
+    from medrt.io.stacks import LivePasses
+
+    results, _ = ct
+    first = [replace(r, frame=as_acquisition(r.frame, 1)) for r in results]
+    second = [replace(r, frame=as_acquisition(r.frame, 2)) for r in results[20:]]
+    lesions, numbers = link_series(first + second)
+    assert len(lesions) == len(link_series(results)[0]) + len(link_series(results[20:])[0])
+    sent = [r for pair in zip(first[:20], second, strict=True) for r in pair] + first[20:]
+    counter, passes = LesionCounter(), LivePasses()
+    for r in sent:
+        counter.add(r)
+        passes.add(r.frame.series_instance_uid, 1 if r in first else 2, along_normal(r.frame))
+    assert passes.apart(results[0].frame.series_instance_uid, 1, 2)
+    assert counter.lesions == len(lesions) and counter.sections == len(numbers)
+
+
 def test_a_slice_without_a_position_stands_in_its_gap_by_instance_number(ct) -> None:  # type: ignore[no-untyped-def]
     """A damaged slice (no ImagePositionPatient) split each lesion through it in two. It now
     takes its place by InstanceNumber and bridges its neighbours when they are two steps

@@ -40,7 +40,6 @@ apart on one slice.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -49,7 +48,7 @@ import numpy as np
 
 from medrt.analysis.slices import adjacent, along_normal, frame_stacks, in_stacks
 from medrt.io.header import finite_int
-from medrt.io.stacks import POSITION_ATOL_MM, POSITION_RTOL
+from medrt.io.stacks import LivePasses
 from medrt.types import Frame, FrameResult, Lesion
 
 __all__ = ["MIN_OVERLAP", "Linked", "Section", "SeriesLesion", "link_series", "LesionCounter"]
@@ -292,35 +291,22 @@ def _link(results: Sequence[FrameResult], first: int, acquisition: int | None) -
 
 
 @dataclass(slots=True)
-class _Pass:
-    """What :class:`LesionCounter` holds of one stack of a series as a stream sends it: its
-    last frame and that frame's lesion numbers, that frame's AcquisitionNumber, the
-    positions along the normal its frames were at (sorted) and its last step between them."""
+class _Last:
+    """What :class:`LesionCounter` holds of one acquisition of a series as a stream sends it:
+    its last frame and that frame's lesion numbers."""
 
-    last: FrameResult
+    result: FrameResult
     numbers: dict[int, int]
-    acquisition: int | None
-    positions: list[float]
-    step: float = 0.0
-
-    def holds(self, position: float | None) -> bool:
-        """Whether one of this pass's frames was at ``position`` (within
-        :func:`medrt.io.stacks.position_tolerance`'s share of its step)."""
-        if position is None or not self.positions:
-            return False
-        tolerance = max(POSITION_ATOL_MM, POSITION_RTOL * self.step)
-        i = bisect.bisect_left(self.positions, position - tolerance)
-        return i < len(self.positions) and self.positions[i] <= position + tolerance
 
 
 class LesionCounter:
     """Lesions counted once in a stream of results (``medrt stream``), as they arrive.
 
     A live stream keeps no series whole, so this links each frame's lesions only to those
-    of the frame before it in the same series (when :func:`adjacent`, on the same grid, by
-    the same overlap rule as :func:`link_series`), holding one frame per series for the
-    last ``keep`` series. A scanner sends slices in order, so on a whole stream the count
-    is :func:`link_series`'s, except across frames the stream dropped (a gap over
+    of the frame before it in the same series and pass (when :func:`adjacent`, on the same
+    grid, by the same overlap rule as :func:`link_series`), holding the last frame of the
+    last ``keep`` acquisitions. A scanner sends slices in order, so on a whole stream the
+    count is :func:`link_series`'s, except across frames the stream dropped (a gap over
     ``MAX_GAP_MM`` starts a new lesion). A lesion whose parts join only on a later slice
     (a V or a Y along the slices) was numbered once per part before they met: those
     numbers stay (they were already reported), the section where they meet and those
@@ -329,15 +315,20 @@ class LesionCounter:
 
     A series of several whole acquisitions at the same slice positions (a pre- and a
     post-contrast pass, :mod:`medrt.io.stacks`) is linked pass by pass, as
-    :func:`link_series` links it: a frame whose AcquisitionNumber differs from the one
-    before it in its series *and* that lies at a position that frame's pass has held
-    already starts (or goes back to) the pass of its own AcquisitionNumber, so the last
-    slice of one pass is never joined to the first of the next, even where a pass spans
-    10 mm or less. The frame before it in its pass is then the one its lesions join. A
-    stream cannot wait to count whole groups as :func:`~medrt.io.stacks.acquisition_stacks`
-    does, but its rule is kept where a stream can: a sequential CT that numbers every slice
-    or every rotation as an acquisition of its own moves on to new positions, so its
-    slices stay one pass and are linked as before.
+    :func:`link_series` links it. Which AcquisitionNumbers are passes of their own is
+    told by :class:`medrt.io.stacks.LivePasses`, the rule the live neighbours of a 2.5-D
+    model are chosen by (:class:`medrt.pipeline.stages.SliceContext`), so the two never
+    disagree on what they have both seen: two acquisitions are apart once an image of one
+    lies at a position the other has held. A frame joins the last frame of its own
+    acquisition, or, when its acquisition has none yet (a sequential CT that numbers every
+    slice or every rotation as an acquisition of its own, moving on to new positions), the
+    last frame of its series of an acquisition not apart from its own. So the last slice
+    of one pass is never joined to the first of the next, even where a pass spans 10 mm
+    or less, and passes sent at the same time (interleaved, whichever starts where) are
+    each linked by itself once they have met at a position. (This counter had a rule of
+    its own before, which compared a frame with its series' last frame's pass only: a
+    second pass sent interleaved with the first and starting at a position the first had
+    not reached was never told apart from it.)
     """
 
     def __init__(self, keep: int = 8) -> None:
@@ -345,46 +336,45 @@ class LesionCounter:
         self.numbered = 0  # numbers handed out
         self.lesions = 0  # distinct lesions: numbered, less the parts that joined another
         self.sections = 0
-        # (series, the AcquisitionNumber that began the pass) -> the pass, the last ``keep``
-        self._passes: dict[tuple[str, int | None], _Pass] = {}
-        self._current: dict[str, tuple[str, int | None]] = {}  # series -> the pass of its last frame
+        # (series, AcquisitionNumber) -> its last frame, the last ``keep``, least recent first
+        self._last: dict[tuple[str, int | None], _Last] = {}
+        self._passes = LivePasses()  # which acquisitions of a series are passes of their own
         self._joined: dict[int, int] = {}  # a part's number -> the number of the part it joined
 
     def restart(self) -> None:
         """Link nothing that comes next to what came before (a replay that sends its series
         again from the start: ``medrt stream --loop``), keeping the counts so far: the next
         frames' lesions are counted as new ones, as a replay of their own would count them."""
-        self._passes.clear()
-        self._current.clear()
+        self._last.clear()
+        self._passes = LivePasses()
 
     def _root(self, n: int) -> int:
         while n in self._joined:
             n = self._joined[n]
         return n
 
-    def _pass_of(self, frame: Frame, acquisition: int | None) -> tuple[str, int | None]:
-        """The pass ``frame`` is in: its series' last frame's, unless it is of another
-        acquisition and at a position that pass has held (a next pass over the same slices)
-        or its own acquisition's pass is held already (passes sent interleaved)."""
-        series = frame.series_instance_uid
-        current = self._current.get(series)
-        held = self._passes.get(current) if current is not None else None
-        if held is None or acquisition == held.acquisition:
-            return current if held is not None else (series, acquisition)  # type: ignore[return-value]
-        mine = (series, acquisition)
-        return mine if mine in self._passes or held.holds(along_normal(frame)) else current  # type: ignore[return-value]
+    def _before(self, series: str, acquisition: int | None) -> _Last | None:
+        """The frame this series' next frame of ``acquisition`` joins: its acquisition's last,
+        else its series' last of an acquisition :class:`LivePasses` does not hold apart."""
+        own = self._last.get((series, acquisition))
+        if own is not None:
+            return own
+        for (uid, other), held in reversed(self._last.items()):
+            if uid == series and not self._passes.apart(series, acquisition, other):
+                return held
+        return None
 
     def add(self, result: FrameResult) -> list[int]:
         """Count ``result``'s lesions; returns each one's number in this stream."""
         series = result.frame.series_instance_uid
         acquisition = finite_int(result.frame.source.dataset.get("AcquisitionNumber"))
-        key = self._pass_of(result.frame, acquisition)
-        before = self._passes.pop(key, None)
-        shift = _grid_shift(before.last.frame, result.frame) \
-            if before is not None and adjacent(result.frame, before.last.frame) else None
+        self._passes.add(series, acquisition, along_normal(result.frame))  # before: it may start a pass
+        before = self._before(series, acquisition)
+        shift = _grid_shift(before.result.frame, result.frame) \
+            if before is not None and adjacent(result.frame, before.result.frame) else None
         numbers: dict[int, int] = {}
         if shift is not None:
-            prev, ids = before.last, before.numbers  # type: ignore[union-attr]
+            prev, ids = before.result, before.numbers  # type: ignore[union-attr]
             pairs = [(p, les) for les in result.lesions for p in prev.lesions
                      if _overlap(prev, p, result, les, shift)]
             for p, les in pairs:  # parts that meet here become one lesion (union by the smaller number)
@@ -400,18 +390,9 @@ class LesionCounter:
                 self.lesions += 1
                 numbers[les.label] = self.numbered
         self.sections += len(result.lesions)
-        positions, step = (before.positions, before.step) if before is not None else ([], 0.0)
-        here = along_normal(result.frame)
-        if here is not None:
-            if before is not None and (last := along_normal(before.last.frame)) is not None \
-                    and abs(here - last) > POSITION_ATOL_MM:
-                step = abs(here - last)
-            bisect.insort(positions, here)
-        self._passes[key] = _Pass(result, numbers, acquisition, positions, step)
-        self._current.pop(series, None)
-        self._current[series] = key
-        while len(self._passes) > self.keep:
-            self._passes.pop(next(iter(self._passes)))
-        while len(self._current) > self.keep:
-            self._current.pop(next(iter(self._current)))
+        key = (series, acquisition)
+        self._last.pop(key, None)
+        self._last[key] = _Last(result, numbers)
+        while len(self._last) > self.keep:
+            self._last.pop(next(iter(self._last)))
         return [numbers[les.label] for les in result.lesions]

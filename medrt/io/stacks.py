@@ -18,7 +18,11 @@ position twice. Anything else (a re-acquired slice or two) is one stack, of whic
 :func:`medrt.io.series.order_items` keeps one image per position.
 
 A live source (a watched folder) cannot wait for a series to be whole before it counts
-groups: :class:`LivePasses` keeps the rule as far as it can be told as slices arrive.
+groups: :class:`LivePasses` keeps the rule as far as it can be told as slices arrive, for
+both things a stream does pass by pass: the live neighbours of a 2.5-D model
+(:class:`medrt.pipeline.stages.SliceContext`) and the lesion count
+(:class:`medrt.analysis.tracking.LesionCounter`), so the two cannot disagree on which
+slices are of one pass.
 """
 
 from __future__ import annotations
@@ -100,10 +104,11 @@ class LivePasses:
     series one stack. The strict rule's count (:data:`MIN_STACK` images at shared
     positions) cannot be waited for live: a next pass's first slice must already find its
     neighbours in its own pass. So a slice re-acquired under another AcquisitionNumber is
-    apart from the acquisition whose position it repeats, as
-    :class:`medrt.analysis.tracking.LesionCounter` counts it a pass of its own: within a
-    pass of one AcquisitionNumber it is nobody's neighbour, rather than one of two images
-    at one place. Positions are matched within
+    apart from the acquisition whose position it repeats: within a pass of one
+    AcquisitionNumber it is nobody's neighbour, rather than one of two images at one
+    place. This is the one live rule: :class:`medrt.pipeline.stages.SliceContext` picks
+    neighbours by it and :class:`medrt.analysis.tracking.LesionCounter` links lesions by
+    it (each with its own instance, fed the same images). Positions are matched within
     :data:`POSITION_ATOL_MM`: slices that can be neighbours lie at most 10 mm apart, where
     1e-3 of the spacing (:func:`position_tolerance`) is less.
 
