@@ -126,6 +126,33 @@ def test_stream_loops_each_start_afresh(tmp_path, capsys):
     assert findings(3) == {k: 3 * v for k, v in one.items()}
 
 
+def test_stream_loops_of_one_multi_frame_file_each_start_afresh(tmp_path, capsys):
+    """An enhanced CT holds a series' slices as the frames of one file: a loop is then one
+    source item whose frames all share its place (its envelopes' ``seq``), so --loop counts
+    each loop's frames as one loop. The three slices of test_stream_loops_each_start_afresh
+    in one file, looped twice: twice one loop's sections and lesions, none linked across
+    the wrap (the last frame of a loop lies 10 mm from the next loop's first)."""
+    import highdicom as hd
+    import pydicom
+    from pydicom.uid import generate_uid
+
+    datasets = [pydicom.dcmread(p) for p in sorted(CT.glob("*.dcm"))[13:16]]  # ct_0014-16
+    hd.legacy.LegacyConvertedEnhancedCTImage(
+        legacy_datasets=datasets, series_instance_uid=generate_uid(), series_number=9,
+        sop_instance_uid=generate_uid(), instance_number=1,
+    ).save_as(tmp_path / "ct.dcm", enforce_file_format=True)
+
+    def findings(loops):  # type: ignore[no-untyped-def]
+        assert main(["stream", str(tmp_path), "--fps", "0", "--loop", str(loops), "--json", "--workers", "1"]) == 0
+        f = json.loads(capsys.readouterr().out)["findings"]
+        assert f["loops"] == loops
+        return {k: f[k] for k in ("frames", "positive_frames", "lesions", "lesion_sections")}
+
+    one = findings(1)
+    assert one == {"frames": 3, "positive_frames": 3, "lesions": 1, "lesion_sections": 3}  # one file, linked
+    assert findings(2) == {k: 2 * v for k, v in one.items()}
+
+
 def test_stream_command_reports_bad_input_with_exit_1(tmp_path, capsys):
     src = sorted(CT.glob("*.dcm"))[0]
     shutil.copy(src, tmp_path / "a.dcm")
