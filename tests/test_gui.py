@@ -902,6 +902,36 @@ def test_two_whole_acquisitions_in_one_series_are_analysed_and_linked_pass_by_pa
     assert len(lesions) % 2 == 0 and len(numbers) == sum(map(len, found.values()))
 
 
+def test_a_replay_that_wraps_shows_its_series_lesions_once_as_opening_it_does(  # type: ignore[no-untyped-def]
+        bot, make_window, tmp_path: Path) -> None:
+    """`medrt stream --loop` links each frame to the one before it as they come, so it had
+    to start afresh at each loop (a short series' last slice lies within reach of its first).
+    The viewer links no arrivals: a looping replay sends the same images again, each into
+    its slot, and the Series tab links the slots' results in slice order (link_series), so a
+    loop's first slice is never joined to the last loop's last, and no lesion is listed once
+    per loop. Three 5 mm slices with one lesion through all three (10 mm: within reach
+    across the wrap), replayed three times: three images, the one lesion over its three
+    slices, as opening the folder shows it; the status line counts the images received."""
+    for src in sorted(CT.glob("*.dcm"))[13:16]:  # ct_0014-16
+        shutil.copy(src, tmp_path / src.name)
+    w = make_window(analysis=True, workers=1)
+    session = w.start_replay(tmp_path, fps=4, loop=3)
+    assert session is not None
+    bot.waitUntil(lambda: w.session_finished == session.sid, timeout=180_000)
+    (entry,) = w.study.series
+    assert len(entry.slots) == 3 and all(s.result is not None for s in entry.slots)
+    assert w.study.arrivals == w.frames_received > 3  # it wrapped: images came again
+    assert w.statusBar().currentMessage() == f"replay ended: {w.frames_received} image(s) received"
+    lesions, numbers = entry.series_lesions()
+    replayed = [(les.slices, les.uid) for les in lesions]
+    assert [n for n, _ in replayed] == [3] and len(numbers) == 3
+    w.open_path(tmp_path)
+    bot.waitUntil(lambda: w.session_finished == w.session.sid, timeout=180_000)
+    assert [(les.slices, les.uid) for les in w.study.series[0].series_lesions()[0]] == replayed
+    assert w.finished_message() == ("analysis finished: 1 lesion(s) (3 sections: a CT lesion once per slice it "
+                                    "is on) in 3 of 3 image(s)")
+
+
 def test_decoded_images_stay_within_the_image_cache(bot, make_window) -> None:  # type: ignore[no-untyped-def]
     """With --image-cache 3 MB (six 512² slices as display indexes), analysing the 40-slice
     CT leaves no more than that decoded, the image shown and its neighbours among them; an
