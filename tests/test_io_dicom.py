@@ -805,6 +805,63 @@ def test_a_believable_spacing_is_kept_and_logs_nothing(caplog: pytest.LogCapture
     assert frame.spacing_mm == (0.05, 99.0) and not caplog.records
 
 
+def _enhanced_ct_with_pixel_measures(measures: list[tuple[str, str]]) -> Dataset:
+    """A 4x4 enhanced CT, one frame for each (PixelSpacing, SliceThickness) given, written
+    as text in each frame's own Pixel Measures (none shared), as a scanner may write them."""
+    n = len(measures)
+    ds = _mono_dataset("MONOCHROME2", np.zeros((n * 4, 4), dtype=np.uint16))
+    ds.SOPClassUID, ds.Modality = pydicom.uid.EnhancedCTImageStorage, "CT"
+    ds.Rows, ds.Columns, ds.NumberOfFrames = 4, 4, n
+    shared, orient = Dataset(), Dataset()
+    orient.ImageOrientationPatient = [1, 0, 0, 0, 1, 0]
+    shared.PlaneOrientationSequence = [orient]
+    ds.SharedFunctionalGroupsSequence = [shared]
+    per_frame = []
+    for z, (spacing, thickness) in enumerate(measures):
+        item, pos, pm = Dataset(), Dataset(), Dataset()
+        pos.ImagePositionPatient = [0, 0, 2.5 * z]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pydicom's own about a NaN DS: the damage wanted
+            pm.PixelSpacing, pm.SliceThickness = spacing.split("\\"), thickness
+        item.PlanePositionSequence, item.PixelMeasuresSequence = [pos], [pm]
+        per_frame.append(item)
+    ds.PerFrameFunctionalGroupsSequence = per_frame
+    return ds
+
+
+def test_per_frame_pixel_measures_that_cannot_be_lengths_are_warned_of_by_frame(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """An enhanced CT keeps its spacing in each frame's Pixel Measures. A frame whose spacing
+    was 0, NaN, 1e300, negative or one value was measured in pixels without a word: the
+    warning looked at the top level and the shared group only (and the first frame's).
+    Now it names the file, each value and its frames; the good frames keep mm."""
+    good = ("0.5\\0.6", "2.5")
+    ds = _enhanced_ct_with_pixel_measures([good, ("0\\0", "2.5"), ("NaN\\NaN", "2.5"), ("1e300\\1e300", "2.5"),
+                                           ("-0.5\\-0.5", "2.5"), ("0.7", "2.5"), ("0.5\\0.6", "NaN"), good])
+    path = tmp_path / "enhanced.dcm"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds.save_as(path, enforce_file_format=True)
+    with caplog.at_level("WARNING", logger="medrt.io.dicom"):
+        frames = read_frames(path)
+    assert [f.spacing_mm for f in frames] == [(0.5, 0.6), None, None, None, None, None, (0.5, 0.6), (0.5, 0.6)]
+    (record,) = [r for r in caplog.records if "cannot be a length" in r.getMessage()]
+    text = record.getMessage()
+    assert text.startswith(f"{path}: ")
+    for said in ("PixelSpacing 0\\0 on frame 2 of 8", "PixelSpacing NaN\\NaN on frame 3 of 8",
+                 "PixelSpacing 1e300\\1e300 on frame 4 of 8", "PixelSpacing -0.5\\-0.5 on frame 5 of 8",
+                 "PixelSpacing 0.7 on frame 6 of 8", "SliceThickness NaN on frame 7 of 8",
+                 "sizes on frames 2, 3, 4, 5, 6 of 8 are in pixels"):
+        assert said in text, text
+
+
+def test_one_bad_value_on_many_frames_is_said_once() -> None:
+    from medrt.io.header import unbelievable_spacings
+
+    ds = _enhanced_ct_with_pixel_measures([("0\\0", "1")] * 9 + [("0.5\\0.5", "1")])
+    assert unbelievable_spacings(ds) == ["PixelSpacing 0\\0 on frames 1, 2, 3, 4, 5, 6 and 3 more of 10"]
+
+
 def test_palette_color_without_its_lookup_table_is_named() -> None:
     """Was "an attribute cannot be read (ValueError: No suitable Palette Color Lookup Table
     Module found)"."""

@@ -59,6 +59,7 @@ from medrt.io.header import (
     frame_header_windows,
     frame_pixel_spacings,
     frame_rescales,
+    frames_text,
     modality_values,
     percentile_window,
     unbelievable_spacings,
@@ -336,10 +337,13 @@ def _frames(ds: Dataset, path: Path | None, label: object) -> list[Frame]:
     spacings = frame_pixel_spacings(ds, n_frames)  # one for all frames, or one each (enhanced)
     unbelievable = unbelievable_spacings(ds)
     if unbelievable:
+        # an enhanced object's frames each have their own Pixel Measures: say which are in pixels
+        unscaled = [number for number, (sp, _) in enumerate(spacings, 1) if sp is None]
+        in_pixels = ("" if not unscaled else "; sizes are in pixels" if len(unscaled) == len(spacings)
+                     else f"; sizes on {frames_text(unscaled, len(spacings))} are in pixels")
         log.warning("%s: %s cannot be a length in mm (it must be finite, above 0 and at most %g mm per pixel, "
                     "%g mm per slice): not used%s", describe_source(label), "; ".join(unbelievable),
-                    MAX_PIXEL_SPACING_MM, MAX_SLICE_THICKNESS_MM,
-                    "; sizes are in pixels" if any(sp is None for sp, _ in spacings) else "")
+                    MAX_PIXEL_SPACING_MM, MAX_SLICE_THICKNESS_MM, in_pixels)
     geometries = frame_geometries(ds, n_frames)
     uids = {
         "sop_class_uid": sop_class,

@@ -34,6 +34,7 @@ __all__ = [
     "believable_mm",
     "unbelievable_spacings",
     "spacing_is_believable",
+    "frames_text",
     "MAX_PIXEL_SPACING_MM",
     "MAX_SLICE_THICKNESS_MM",
 ]
@@ -251,19 +252,56 @@ def believable_mm(value: Any, limit: float = MAX_PIXEL_SPACING_MM) -> float | No
 
 def unbelievable_spacings(ds: Dataset) -> list[str]:
     """``"PixelSpacing 1e+300\\1e+300"``, one for each spacing attribute of ``ds`` (top level or
-    shared Pixel Measures) that has a value which cannot be a length (see :func:`believable_mm`);
-    [] when all are absent, empty or believable. For a warning: such a value is not used."""
-    measures = functional_item(ds, "PixelMeasuresSequence", 0)
+    shared Pixel Measures) that has a value which cannot be a length (see :func:`believable_mm`),
+    and ``"PixelSpacing 0\\0 on frames 3, 5"`` for each such value in the per-frame Pixel
+    Measures of an enhanced multi-frame object (frames numbered from 1, as DICOM numbers
+    them); [] when all are absent, empty or believable. For a warning: such a value is not used."""
+    shared = _shared_item(ds, "PixelMeasuresSequence")
     out = []
     for keyword in _SPACING_LIMITS:
-        for holder in (ds, measures):
-            if holder is not None and spacing_is_believable(holder, keyword) is False:
-                values = _values(holder[keyword].value)
-                if _customary(keyword, values):
-                    break
-                out.append(keyword + " " + "\\".join(str(v) for v in values))
+        for holder in (ds, shared):
+            said = _unbelievable(holder, keyword)
+            if said is not None:
+                out.extend([said] if said else [])
                 break
+    per_frame = ds.get("PerFrameFunctionalGroupsSequence") or []
+    for keyword in _SPACING_LIMITS:
+        frames: dict[str, list[int]] = {}  # each value said, with the frames that give it
+        for number, group in enumerate(per_frame, 1):
+            said = _unbelievable(_first_item(group, "PixelMeasuresSequence"), keyword)
+            if said:
+                frames.setdefault(said, []).append(number)
+        out.extend(f"{said} on {frames_text(numbers, len(per_frame))}" for said, numbers in frames.items())
     return out
+
+
+def _unbelievable(holder: Dataset | None, keyword: str) -> str | None:
+    """``"PixelSpacing 0\\0"`` when ``holder``'s ``keyword`` cannot be a length; "" when it
+    cannot but is written so customarily (:func:`_customary`); None when it can or is absent."""
+    if holder is None or spacing_is_believable(holder, keyword) is not False:
+        return None
+    values = _values(holder[keyword].value)
+    return "" if _customary(keyword, values) else keyword + " " + "\\".join(str(v) for v in values)
+
+
+def frames_text(numbers: list[int], of: int, shown: int = 6) -> str:
+    """``"frame 3 of 12"``, ``"frames 3, 5 of 12"``, or the first few and how many more."""
+    if len(numbers) == 1:
+        return f"frame {numbers[0]} of {of}"
+    listed = ", ".join(str(n) for n in numbers[:shown])
+    more = f" and {len(numbers) - shown} more" if len(numbers) > shown else ""
+    return f"frames {listed}{more} of {of}"
+
+
+def _first_item(holder: Dataset | None, keyword: str) -> Dataset | None:
+    seq = holder.get(keyword) if holder is not None else None
+    return seq[0] if seq else None
+
+
+def _shared_item(ds: Dataset, keyword: str) -> Dataset | None:
+    """``keyword``'s item in the shared functional groups, or None."""
+    shared = ds.get("SharedFunctionalGroupsSequence")
+    return _first_item(shared[0], keyword) if shared else None
 
 
 def _customary(keyword: str, values: list[Any]) -> bool:
