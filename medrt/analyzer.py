@@ -43,7 +43,7 @@ from medrt.engine.routing import (
     routing_modality,
 )
 from medrt.errors import NoModelForImageError
-from medrt.io.header import PROJECTION_MODALITIES
+from medrt.io.header import PROJECTION_MODALITIES, spacing_problem
 from medrt.preprocess import Windowed, normalize
 from medrt.types import Frame, FrameResult, RoiProposal, StageTimings
 
@@ -260,7 +260,8 @@ class Analyzer:
                 and recheck_factors(frame.spacing_mm, getattr(seg.spec, "spacing_mm", None)) is not None)
 
     def _warn_unscaled(self, frame: Frame, seg: Backend, *, anisotropic: bool = False) -> None:
-        """Once per series: a frame without pixel spacing cannot be brought to the spacing
+        """Once per series: a frame without pixel spacing (none in the header, or one that
+        cannot be a length: the warning says which) cannot be brought to the spacing
         the model was trained at, and its sizes are in pixels; a frame whose pixels are not
         square is not resampled to square ones, so the models see it stretched (an audit:
         a CT with 0.7 x 1.4 mm pixels lost its small lesions; sizes are still measured in
@@ -279,9 +280,15 @@ class Analyzer:
                         frame.source.path or frame.key, rows_mm, cols_mm, seg.spec.ident,
                         max(rows_mm, cols_mm) / min(rows_mm, cols_mm), key)
             return
-        log.warning("%s: no pixel spacing in the header: %s runs at the frame's own resolution, not at the "
-                    "%g mm it was trained at, and lesion sizes are in pixels (series %s)",
-                    frame.source.path or frame.key, seg.spec.ident, seg.spec.spacing_mm, key)
+        where = str(frame.source.path or frame.key)
+        if frame.source.number_of_frames > 1:
+            where += f", frame {frame.frame_index + 1} of {frame.source.number_of_frames}"
+        # a spacing the header gives that cannot be a length is not "no spacing": say which it was
+        problem = spacing_problem(frame.source.dataset, frame.frame_index) if frame.source.dataset is not None else None
+        log.warning("%s: %s: %s runs at the frame's own resolution, not at the %g mm it was trained at, and "
+                    "lesion sizes are in pixels (series %s)", where,
+                    f"no usable pixel spacing ({problem})" if problem else "no pixel spacing in the header",
+                    seg.spec.ident, seg.spec.spacing_mm, key)
 
     def warmup(self) -> None:
         """Run the real shapes once so the first real frame is not a cold start."""

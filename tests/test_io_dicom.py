@@ -862,6 +862,27 @@ def test_one_bad_value_on_many_frames_is_said_once() -> None:
     assert unbelievable_spacings(ds) == ["PixelSpacing 0\\0 on frames 1, 2, 3, 4, 5, 6 and 3 more of 10"]
 
 
+@pytest.mark.parametrize(("keyword", "value", "said"), [
+    ("PixelSpacing", "0\\0", "PixelSpacing 0\\0 is not a length in mm"),
+    ("PixelSpacing", "0.7", "PixelSpacing 0.7 is 1 value(s), not a row and a column spacing"),
+    ("ImagerPixelSpacing", "1e300\\1e300", "ImagerPixelSpacing 1e300\\1e300 is not a length in mm"),
+    ("PixelSpacing", "", None),  # none in the header: nothing to say but that
+])
+def test_spacing_problem_says_what_the_header_gave(keyword: str, value: str, said: str | None) -> None:
+    from medrt.io.header import spacing_problem
+
+    ds = read_dataset(_with_raw_value(_mono_dataset("MONOCHROME2", np.zeros((4, 4))), keyword, value))
+    assert spacing_problem(ds) == said
+
+
+def test_spacing_problem_reads_the_frame_s_own_pixel_measures() -> None:
+    from medrt.io.header import spacing_problem
+
+    ds = _enhanced_ct_with_pixel_measures([("0.5\\0.5", "1"), ("NaN\\NaN", "1")])
+    assert spacing_problem(ds, 0) is None  # it has a spacing
+    assert spacing_problem(ds, 1) == "PixelSpacing NaN\\NaN is not a length in mm"
+
+
 def test_palette_color_without_its_lookup_table_is_named() -> None:
     """Was "an attribute cannot be read (ValueError: No suitable Palette Color Lookup Table
     Module found)"."""

@@ -391,6 +391,20 @@ def test_series_to_sitk_refuses_inconsistent_series(tmp_path: Path, make: object
     assert info.value.source == series.series_instance_uid
 
 
+def test_a_slice_whose_spacing_is_not_a_length_is_named_as_such_for_a_volume(tmp_path: Path) -> None:
+    """"no pixel spacing on every frame" was said also of a slice whose PixelSpacing was
+    there but 0\\0: the reason now says which slice and what its header gave."""
+    written = write_series(tmp_path, n=3)
+    path = tmp_path / f"{written[1].SOPInstanceUID}.dcm"
+    written[1].PixelSpacing = ["0", "0"]
+    written[1].save_as(path, enforce_file_format=True)
+    series = only_series(group_series(tmp_path).series)
+    with pytest.raises(UnsupportedImageError) as info:
+        series_to_sitk(series)
+    assert f"1 of 3 frame(s) have no usable pixel spacing (the first, {path}: PixelSpacing 0\\0 is not a length" in (
+        info.value.reason)
+
+
 def test_truncated_pixel_data_groups_but_fails_to_decode(tmp_path: Path) -> None:
     written = write_series(tmp_path, n=3)
     path = tmp_path / f"{written[1].SOPInstanceUID}.dcm"

@@ -498,3 +498,36 @@ def test_stream_stopped_by_sigterm_prints_its_summary_as_ctrl_c_does(tmp_path):
     assert proc.returncode == 130, err
     summary = json.loads(out)
     assert 0 < summary["findings"]["frames"] < 800 and summary["frames"] > 0, out  # stopped part-way, summarised
+
+
+def test_a_frame_whose_spacing_is_not_a_length_is_warned_of_as_such(analyzer, tmp_path, caplog):  # type: ignore[no-untyped-def]
+    """The analyzer said "no pixel spacing in the header" also of a frame whose spacing was
+    there but could not be used (0\\0, NaN, 1e300). It now says which it was, and which frame
+    of a multi-frame object."""
+    import highdicom as hd
+    import pydicom
+    from pydicom.dataset import Dataset
+    from pydicom.uid import generate_uid
+
+    from medrt.io.dicom import read_frames
+
+    slices = [pydicom.dcmread(p) for p in sorted(CT.glob("*.dcm"))[10:12]]
+    enhanced = hd.legacy.LegacyConvertedEnhancedCTImage(
+        legacy_datasets=slices, series_instance_uid=generate_uid(), series_number=9,
+        sop_instance_uid=generate_uid(), instance_number=1, include_dimension_index=False)
+    shared = enhanced.SharedFunctionalGroupsSequence[0]
+    for group, spacing in zip(enhanced.PerFrameFunctionalGroupsSequence, (shared.PixelMeasuresSequence[0].PixelSpacing,
+                                                                           ["0", "0"]), strict=True):
+        measures = Dataset()
+        measures.PixelSpacing, measures.SliceThickness = spacing, shared.PixelMeasuresSequence[0].SliceThickness
+        group.PixelMeasuresSequence = [measures]
+    del shared.PixelMeasuresSequence
+    path = tmp_path / "enhanced.dcm"
+    enhanced.save_as(path, enforce_file_format=True)
+    frames = {f.frame_index: f for f in read_frames(path)}
+    assert frames[0].spacing_mm is not None and frames[1].spacing_mm is None
+    with caplog.at_level("WARNING", logger="medrt.analyzer"):
+        analyzer.analyze(frames[1], mode="full")
+    (said,) = [r.getMessage() for r in caplog.records if "pixel spacing" in r.getMessage()]
+    assert said.startswith(f"{path}, frame 2 of 2: no usable pixel spacing (PixelSpacing 0\\0 is not a length in mm): ")
+    assert "no pixel spacing in the header" not in said

@@ -34,6 +34,7 @@ __all__ = [
     "believable_mm",
     "unbelievable_spacings",
     "spacing_is_believable",
+    "spacing_problem",
     "frames_text",
     "MAX_PIXEL_SPACING_MM",
     "MAX_SLICE_THICKNESS_MM",
@@ -302,6 +303,31 @@ def _shared_item(ds: Dataset, keyword: str) -> Dataset | None:
     """``keyword``'s item in the shared functional groups, or None."""
     shared = ds.get("SharedFunctionalGroupsSequence")
     return _first_item(shared[0], keyword) if shared else None
+
+
+def spacing_problem(ds: Dataset, index: int = 0) -> str | None:
+    """Why frame ``index`` has no pixel spacing although its header gives one:
+    ``"PixelSpacing 0\\0 is not a length in mm"`` for the first pixel spacing attribute that
+    :func:`pixel_spacing` reads and finds unusable (not two believable lengths); None where the
+    header gives none at all, or where the frame has a pixel spacing."""
+    if pixel_spacing(ds, index)[0] is not None:
+        return None
+    measures = functional_item(ds, "PixelMeasuresSequence", index)
+    for holder, keyword in ((ds, "PixelSpacing"), (measures, "PixelSpacing"), (ds, "ImagerPixelSpacing"),
+                            (ds, "ImagePlanePixelSpacing"), (ds, "NominalScannedPixelSpacing")):
+        if holder is None or keyword not in holder:
+            continue
+        try:
+            value = holder[keyword].value
+            values = _values(value)
+        except Exception:  # a value pydicom cannot convert: unusable, and not shown
+            return f"{keyword} cannot be read"
+        if values and _float_pair(value) is None:
+            text = "\\".join(str(v) for v in values)
+            if len(values) != 2:
+                return f"{keyword} {text} is {len(values)} value(s), not a row and a column spacing"
+            return f"{keyword} {text} is not a length in mm"
+    return None
 
 
 def _customary(keyword: str, values: list[Any]) -> bool:

@@ -44,6 +44,7 @@ from medrt.io.header import (
     finite_int,
     frame_geometries,
     image_type_of,
+    spacing_problem,
     view_of,
 )
 from medrt.io.scan import iter_files
@@ -505,8 +506,14 @@ def series_to_sitk(series: Series) -> SimpleITK.Image:
             uid, f"no geometry: {lacking} of {len(frames)} frame(s) lack ImagePositionPatient/ImageOrientationPatient"
         )
     spacing = frames[0].spacing_mm
-    if spacing is None or any(f.spacing_mm is None for f in frames):
-        raise UnsupportedImageError(uid, "no pixel spacing on every frame")
+    unscaled = [f for f in frames if f.spacing_mm is None]
+    if unscaled:
+        first = unscaled[0]
+        problem = spacing_problem(first.source.dataset, first.frame_index) if first.source.dataset is not None else None
+        raise UnsupportedImageError(
+            uid, f"{len(unscaled)} of {len(frames)} frame(s) have no usable pixel spacing (the first, "
+            f"{first.source.path or first.key}: {problem or 'none in the header'})"
+        )
     if not np.allclose([f.spacing_mm for f in frames], spacing, rtol=SPACING_RTOL, atol=0.0):
         raise UnsupportedImageError(uid, "pixel spacing differs between frames")
     orientation = np.asarray(frames[0].geometry.orientation, dtype=np.float64)  # type: ignore[union-attr]
