@@ -11,6 +11,11 @@ reads in it); :class:`SourceFilter`, on the console's handler, puts that input's
 (a path or a UID, never patient data: :func:`medrt.errors.describe_source`) in front
 of each such record, takes out pydicom's link to the VR table, and lets each message
 through once per input. Records from outside a read pass unchanged.
+
+"Once per input" is once per path (the scan and the decode read a file twice) or per
+SOPInstanceUID of a Dataset; an input known by nothing unique (bytes, a ``BytesIO``, a
+Dataset without a UID: ``<BytesIO>``, ``<39198 bytes>``) is one input per read, so two
+of them whose names match are not taken for one and the second's warnings are not lost.
 """
 
 from __future__ import annotations
@@ -18,14 +23,18 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import itertools
 import logging
+import os
 import re
 import threading
 from collections.abc import Iterator
 
 __all__ = ["reading", "current_source", "SourceFilter"]
 
-_SOURCE: contextvars.ContextVar[str | None] = contextvars.ContextVar("medrt_reading", default=None)
+# (the input's name, the key its messages are passed once under) while it is read
+_SOURCE: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("medrt_reading", default=None)
+_READS = itertools.count(1)  # numbers each read of an input known by nothing unique
 # The loggers whose records are about the input being parsed: pydicom's, and Python's
 # warnings once logging.captureWarnings routes them to "py.warnings".
 _ABOUT_INPUT = ("pydicom", "py.warnings")
@@ -42,16 +51,24 @@ def reading(source: object) -> Iterator[None]:
     if _SOURCE.get() is not None:
         yield
         return
-    token = _SOURCE.set(describe_source(source))
+    name = describe_source(source)
+    token = _SOURCE.set((name, name if _unique(source, name) else f"{name}#{next(_READS)}"))
     try:
         yield
     finally:
         _SOURCE.reset(token)
 
 
+def _unique(source: object, name: str) -> bool:
+    """Whether ``name`` (:func:`describe_source`'s) tells ``source`` from every other input:
+    a path, or a Dataset's SOPInstanceUID; not ``<BytesIO>`` or ``<39198 bytes>``."""
+    return isinstance(source, (str, os.PathLike)) or name.startswith("<dataset ")
+
+
 def current_source() -> str | None:
     """The input this thread is parsing (:func:`reading`), or None."""
-    return _SOURCE.get()
+    mark = _SOURCE.get()
+    return mark[0] if mark is not None else None
 
 
 class SourceFilter(logging.Filter):
@@ -67,8 +84,8 @@ class SourceFilter(logging.Filter):
         self._lock = threading.Lock()  # a handler's filters run outside its lock
 
     def filter(self, record: logging.LogRecord) -> bool:
-        source = _SOURCE.get()
-        if source is None or not any(record.name == n or record.name.startswith(n + ".") for n in _ABOUT_INPUT):
+        mark = _SOURCE.get()
+        if mark is None or not any(record.name == n or record.name.startswith(n + ".") for n in _ABOUT_INPUT):
             return True
         # The record is one object for every handler: one that a SourceFilter before (on
         # another handler: a console and a log file) has named keeps its text and name.
@@ -81,9 +98,10 @@ class SourceFilter(logging.Filter):
             text = _VR_LINK.sub("", text)
             if record.name == "py.warnings":  # "path/to/module.py:402: UserWarning: text\n  source line"
                 text = text.strip().splitlines()[0] if text.strip() else text
+        source, key = mark
         with self._lock:
-            seen = self._seen.setdefault(source, set())
-            self._seen.move_to_end(source)
+            seen = self._seen.setdefault(key, set())
+            self._seen.move_to_end(key)
             while len(self._seen) > self._remember:
                 self._seen.popitem(last=False)
             if text in seen:

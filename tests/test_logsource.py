@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 from pathlib import Path
 
@@ -95,3 +96,34 @@ def test_a_second_handler_names_the_file_once(tmp_path: Path) -> None:
         lines = [r.getMessage() for r in handler.records if r.name in ("pydicom", "py.warnings")]
         assert lines, "pydicom no longer warns about an IS of 1.5: pick another damage"
         assert all(line.startswith(f"{path}: ") and f"{path}: {path}" not in line for line in lines), lines
+
+
+def _implicit_body_under_explicit_meta(uid: str) -> bytes:
+    """CT_small whose file meta says Explicit VR Little Endian and whose data set is written
+    implicit: pydicom warns "Expected explicit VR, but found implicit VR" as it parses it."""
+    from pydicom.filebase import DicomBytesIO
+    from pydicom.filewriter import write_dataset, write_file_meta_info
+
+    ds = pydicom.dcmread(pydicom_test_dir() / "CT_small.dcm")
+    ds.SOPInstanceUID = uid
+    head, body = DicomBytesIO(), DicomBytesIO()
+    head.write(b"\0" * 128 + b"DICM")
+    write_file_meta_info(head, ds.file_meta)
+    body.is_little_endian, body.is_implicit_VR = True, True
+    write_dataset(body, ds)
+    return head.getvalue() + body.getvalue()
+
+
+@pytest.mark.parametrize("wrap", [bytes, io.BytesIO], ids=["bytes", "BytesIO"])
+def test_two_inputs_read_from_memory_are_not_taken_for_one(console: _Records, wrap: type) -> None:
+    """Messages were passed once per input's name, and an input read from memory is named
+    "<BytesIO>" or "<39198 bytes>": the second of two such (as the listener or viewer may
+    read) lost its warning, as if it were the first file read again."""
+    blobs = [_implicit_body_under_explicit_meta(pydicom.uid.generate_uid()) for _ in range(2)]
+    assert len(blobs[0]) == len(blobs[1])  # the same name for both, as bytes too
+    for blob in blobs:
+        read_frames(wrap(blob))
+    lines = [r.getMessage() for r in console.records if r.name == "pydicom"]  # its logger: once per input
+    found = [line for line in lines if "Expected explicit VR, but found implicit VR" in line]
+    assert len(found) == 2, lines
+    assert all(line.startswith(("<BytesIO>: ", f"<{len(blobs[0])} bytes>: ")) for line in found)
