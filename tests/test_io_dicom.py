@@ -1019,6 +1019,32 @@ def test_an_rle_header_that_does_not_fit_its_frame_is_named(header: tuple[int, .
         read_frames(ds)
 
 
+def test_an_rle_frame_medrt_rle_refuses_is_not_handed_to_another_plugin() -> None:
+    """When medrt-rle refuses a frame, pydicom's other RLE plugins are not asked (it would go
+    on to them were no plugin named): pylibjpeg-rle's decode_frame is the one that panics,
+    and pydicom's own decodes a header whose first segment starts at byte 60 into another
+    image, warning only of padding. A multi-frame object with one such frame among good
+    ones is a decode error too, not good frames from one plugin and that one from another."""
+    import struct
+
+    from pydicom.encaps import encapsulate, generate_frames
+    from pydicom.pixels import pixel_array
+
+    ds = pydicom.dcmread(pydicom_test_dir() / "MR_small_RLE.dcm")
+    reference = ds.pixel_array.copy()
+    good = next(generate_frames(ds.PixelData, number_of_frames=1))
+    shifted = struct.pack("<16L", 2, 60, 1948, *[0] * 13) + good[64:]
+    ds.PixelData = encapsulate([shifted])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert not np.array_equal(pixel_array(ds, decoding_plugin="pydicom"), reference)  # what a fallback gives
+    with pytest.raises(CorruptPixelDataError, match="first segment offset is 60"):
+        read_frames(ds)
+    ds.NumberOfFrames, ds.PixelData = 3, encapsulate([good, shifted, good])
+    with pytest.raises(CorruptPixelDataError, match="medrt-rle: the RLE header's first segment offset is 60"):
+        read_frames(ds)
+
+
 @pytest.mark.parametrize(("keyword", "value"), [("SliceThickness", "0"), ("SpacingBetweenSlices", "-2.5")])
 def test_customary_non_lengths_are_not_used_and_not_warned_of(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, keyword: str, value: str) -> None:

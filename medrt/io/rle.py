@@ -9,12 +9,27 @@ each such file. Its ``decode_segment`` unpacks one segment into a buffer that
 grows, and cannot overrun.
 
 :func:`decode_rle_frame` (the plugin ``"medrt-rle"`` of pydicom's RLE decoder,
-asked first) checks the RLE header (PS3.5 G.5) against the frame's fragment, unpacks
+the one medrt's decode asks) checks the RLE header (PS3.5 G.5) against the frame's fragment, unpacks
 each segment with ``decode_segment`` and interleaves them with numpy, into what
 pylibjpeg-rle's and pydicom's own plugins hand back (planar configuration 1, little
 endian), so pydicom's processing after the decode is unchanged. A segment that
 decodes to more than its share is cut to it, as both of those plugins do (pydicom
 warns of "non-conformant padding"); one that decodes to less is an error.
+
+When it refuses a frame, no other plugin is asked: the object is a decode error
+(:func:`medrt.io.dicom.read_frames` names the plugin alone, ``decoding_plugin=``,
+and does not retry RLE with pydicom's whole list). pydicom itself, with no plugin
+named, goes on to the next one when one fails, and here both would be worse than
+the error: pylibjpeg-rle's ``decode_frame`` is the one that panics, and pydicom's
+numpy decoder checks neither the first offset nor the order of the offsets (a
+header whose first segment starts at byte 60, not 64, decodes into a different
+image, with only a "non-conformant padding" warning). A multi-frame object is
+decoded by this plugin or not at all, never frame by frame by several.
+
+:func:`register` adds the plugin last to pydicom's RLE decoder (pydicom asks its
+plugins in the order they were added: pylibjpeg, pydicom, medrt-rle), so a bare
+``ds.pixel_array`` elsewhere in the process (the decode benchmark's pydicom
+baseline) keeps pydicom's own order; "asked first" holds where medrt decodes.
 """
 
 from __future__ import annotations
