@@ -20,8 +20,9 @@ from pydicom.sr.codedict import codes
 
 import medrt
 from conftest import pydicom_test_dir, require_tool
-from medrt.analysis.lesions import lesions_from_probability
 from medrt.analysis.tracking import link_series
+from medrt.bench.outputs import TRUTH_MODELS as MODELS
+from medrt.bench.outputs import truth_result  # the other tests import it from here too
 from medrt.export import (
     ExportError,
     build_sc,
@@ -49,21 +50,10 @@ from medrt.types import (
     Window,
 )
 
-MODELS = ("roi_classifier@1.0.0", "lesion_unet_lite@1.0.0")
 CT_SEED, DX_SEED = 11, 5
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def truth_result(frame: Frame, mask: np.ndarray, models: tuple[str, ...] = MODELS) -> FrameResult:
-    """What a perfect analyzer would return: the ground-truth mask, measured like the analyzer."""
-    labels, lesions = lesions_from_probability((np.asarray(mask) > 0).astype(np.float32),
-                                               frame.spacing_mm, 0.5)
-    labels.flags.writeable = False
-    return FrameResult(frame=frame, lesions=tuple(lesions), labels=labels, presence=1.0,
-                       proposals=(), crops=(), mode="full", timings=StageTimings(),
-                       backend="truth", precision="fp32", models=models)
 
 
 def dciodvfy(ds: Dataset, path: Path) -> Path:

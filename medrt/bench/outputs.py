@@ -35,15 +35,21 @@ import tempfile
 import time
 import tracemalloc
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["series_outputs", "phantom_series", "truth_result", "BENCH_SEED"]
+if TYPE_CHECKING:
+    import numpy as np
+
+    from medrt.types import Frame, FrameResult
+
+__all__ = ["series_outputs", "phantom_series", "truth_result", "BENCH_SEED", "TRUTH_MODELS"]
 
 log = logging.getLogger(__name__)
 
 #: the 500-slice phantom session 40 profiled (``medrt phantom ct --frames 500 --seed 3``)
 BENCH_SEED = 3
-_MODELS = ("roi_classifier@1.0.0", "lesion_unet_lite@1.0.0")  # what the SEG/SR name as the algorithm
+#: the models a :func:`truth_result` names, as the SEG and SR name the algorithm
+TRUTH_MODELS = ("roi_classifier@1.0.0", "lesion_unet_lite@1.0.0")
 
 
 def phantom_series(frames: int, seed: int = BENCH_SEED, cache: Path | None = None) -> Path:
@@ -75,9 +81,10 @@ def phantom_series(frames: int, seed: int = BENCH_SEED, cache: Path | None = Non
     return folder
 
 
-def truth_result(frame: Any, mask: Any) -> Any:
+def truth_result(frame: Frame, mask: np.ndarray, models: tuple[str, ...] = TRUTH_MODELS) -> FrameResult:
     """What a perfect analyzer returns for ``frame``: the ground-truth ``mask`` as its label
-    map, its lesions measured as the analyzer measures its own."""
+    map, its lesions measured as the analyzer measures its own; ``models`` as the SEG and SR
+    name the algorithm. The export, tracking and batch tests build their results with it too."""
     import numpy as np
 
     from medrt.analysis.lesions import lesions_from_probability
@@ -86,7 +93,7 @@ def truth_result(frame: Any, mask: Any) -> Any:
     labels, lesions = lesions_from_probability((np.asarray(mask) > 0).astype(np.float32), frame.spacing_mm, 0.5)
     labels.flags.writeable = False
     return FrameResult(frame=frame, lesions=tuple(lesions), labels=labels, presence=1.0, proposals=(), crops=(),
-                       mode="full", timings=StageTimings(), backend="truth", precision="fp32", models=_MODELS)
+                       mode="full", timings=StageTimings(), backend="truth", precision="fp32", models=models)
 
 
 def _results(folder: Path) -> tuple[Any, list[tuple[Any, str]]]:
