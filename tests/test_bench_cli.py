@@ -152,3 +152,33 @@ def test_series_outputs_suite_json_keys_frames_and_compare(tmp_path, capsys, mon
     assert main(["bench", "--only", "series_outputs", "--frames", "12", "--repeats", "3",
                  "--compare", str(base)]) == 1
     assert "series_outputs.total_ms" in capsys.readouterr().out
+
+
+def test_pipeline_suites_replay_what_batch_takes_named_dcm_or_not(tmp_path):
+    """A PACS export or `medrt listen`'s spool names its files without `.dcm`: the pipeline
+    suites took only `*.dcm` and refused such a folder ("no *.dcm files"). They take the
+    files `medrt batch` takes (its walk and grouping; a sidecar or a hidden file passed
+    over), with the neighbours from the slice order as before, and find the same lesions."""
+    import shutil
+
+    import pydicom
+
+    from conftest import two_pass_series
+    from medrt.batch.plan import scan
+    from medrt.bench.pipeline import _dicom_paths, stream_replay
+
+    first, second = two_pass_series(tmp_path / "named")
+    spool = tmp_path / "spool"
+    (spool / "more").mkdir(parents=True)
+    for i, path in enumerate(first + second):  # named by SOPInstanceUID: by name, not by pass or slice
+        uid = pydicom.dcmread(path, stop_before_pixels=True).SOPInstanceUID
+        shutil.copy(path, spool / ("more" if i % 2 else ".") / uid)
+    (spool / "truth.json").write_text("{}")  # not DICOM: batch passes over it, so does the bench
+    shutil.copy(first[0], spool / ".hidden")
+    taken = sorted(p for sp in scan(spool).series for p in sp.paths)
+    assert len(taken) == 6 and _dicom_paths(spool) == taken
+
+    named = stream_replay(folder=tmp_path / "named", fps=0, frames=6, policy="block", workers=1)
+    s = stream_replay(folder=spool, fps=0, frames=6, policy="block", workers=1)
+    assert (s["analysed"], s["errors"], s["lesion_sections"]) == (6, 0, named["lesion_sections"])
+    assert named["lesion_sections"] > 0

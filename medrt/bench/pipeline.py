@@ -5,10 +5,11 @@ Serial runs the same five stage functions one frame at a time on one thread, at
 whichever ORT thread count is faster for it (both are measured and reported),
 so the speed-up is against the best serial layout, not a straw man.
 
-The files are replayed by name, as ``medrt stream`` replays a folder, and a 2.5-D
-model's neighbours come from the series' slice order with each pass of a series of
-several acquisitions ended (:meth:`medrt.io.sources.FileReplay.slice_order`), as in
-``medrt stream`` and the batch: the pipeline measured is the one users run.
+The files are those ``medrt batch`` takes from the folder (named ``.dcm`` or not),
+replayed by name, as ``medrt stream`` replays a folder, and a 2.5-D model's neighbours
+come from the series' slice order with each pass of a series of several acquisitions
+ended (:meth:`medrt.io.sources.FileReplay.slice_order`), as in ``medrt stream`` and the
+batch: the pipeline measured is the one users run.
 """
 
 from __future__ import annotations
@@ -64,10 +65,25 @@ class _Count:
 
 
 def _dicom_paths(folder: Path) -> list[Path]:
-    paths = sorted(p for p in folder.glob("*.dcm"))
+    """The files of ``folder`` that the pipeline suites replay, by name as ``medrt stream``
+    replays a folder: the ones ``medrt batch`` takes, found as its scan finds them
+    (:func:`medrt.batch.plan.scan`: the folder walked, links that leave it and hidden files
+    passed over, the headers grouped), whatever their names end in (a PACS export's or
+    ``medrt listen``'s spool's files have no ``.dcm``): each series' images, and the files
+    the batch reports as errors (a damaged image is a frame that fails, as it is there).
+    Those the batch passes over with a note are left out: not DICOM (the phantom's ground
+    truth, a README), no image (an SR, a SEG), another copy of an image already taken."""
+    from medrt.io.scan import iter_files
+    from medrt.io.series import group_series
+
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such folder for the stream benchmark")
+    grouped = group_series(list(iter_files([folder])), dicomdir=False)
+    paths = {item.path for series in grouped.series for item in series.items if item.path is not None}
+    paths |= {Path(bad.source) for bad in grouped.errors if not getattr(bad.error, "skippable", False)}
     if not paths:
-        raise FileNotFoundError(f"{folder}: no *.dcm files for the stream benchmark")
-    return paths
+        raise FileNotFoundError(f"{folder}: no DICOM images for the stream benchmark")
+    return sorted(paths)
 
 
 def _slice_order(paths: list[Path]) -> list[Path | None]:
