@@ -138,7 +138,8 @@ def test_pipeline_bench_gives_the_neighbours_medrt_stream_gives(tmp_path, capsys
 
 def test_series_outputs_suite_json_keys_frames_and_compare(tmp_path, capsys, monkeypatch):
     """`--only series_outputs --frames N`: N slices, its figures in ms, which --compare reads
-    as timings (a baseline ten times faster is a regression)."""
+    as timings (a baseline ten times faster is a regression), and its memory, which it
+    compares too (a baseline that allocated 100 MB more: an improvement)."""
     monkeypatch.setenv("MEDRT_CACHE", str(tmp_path / "cache"))  # the phantom is written here, not in ~/.cache
     assert main(["bench", "--only", "series_outputs", "--frames", "12", "--repeats", "3", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -147,11 +148,14 @@ def test_series_outputs_suite_json_keys_frames_and_compare(tmp_path, capsys, mon
     assert {"link_ms", "seg_ms", "sr_ms", "write_ms"} <= set(row)
     faster = copy.deepcopy(out)
     faster["series_outputs"]["total_ms"] = row["total_ms"] / 10
+    faster["series_outputs"]["peak_mb"] = row["peak_mb"] + 100
     base = tmp_path / "base.json"
     base.write_text(json.dumps(faster))
     assert main(["bench", "--only", "series_outputs", "--frames", "12", "--repeats", "3",
                  "--compare", str(base)]) == 1
-    assert "series_outputs.total_ms" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "series_outputs.total_ms" in text.split("improvement(s):")[0]
+    assert "series_outputs.peak_mb" in text.split("improvement(s):")[1].split("notes:")[0]
 
 
 def test_pipeline_suites_replay_what_batch_takes_named_dcm_or_not(tmp_path):

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from medrt.bench.compare import (
+    MEMORY_FLOOR_MB,
+    MEMORY_FLOOR_POINTS,
     BenchDiff,
     Regression,
     compare,
@@ -215,7 +217,47 @@ def test_frames_dropped_failed_or_not_analysed_are_regressions() -> None:
         "stream_30fps.analysed", "stream_30fps.drops"]
     assert [r.key for r in diff_bench(_stream(drops=2, analysed=298), some).improvements] == [
         "stream_30fps.analysed", "stream_30fps.drops"]
-    assert diff_bench(copy.deepcopy(STREAM), STREAM).checked == 8  # fps, 3 latencies and the 4 counts
+    assert diff_bench(copy.deepcopy(STREAM), STREAM).checked == 9  # fps, 3 latencies, RSS growth, the 4 counts
+
+
+def test_memory_is_compared_by_the_tolerance_above_a_floor() -> None:
+    """Memory figures were not compared at all: an engine's memory_mb, series_outputs'
+    peak_mb and peak_rss_mb, the stream's rss_growth_pct. They are now lower-is-better,
+    worse when beyond the tolerance and beyond a floor (MB, or points of a growth in %),
+    as a resident set moves by megabytes from run to run whatever the code."""
+    assert MEMORY_FLOOR_MB == 16.0 and MEMORY_FLOOR_POINTS == 2.0
+    for key in ("memory_mb", "peak_mb", "peak_rss_mb", "rss_max_mb", "rss_growth_pct"):
+        assert direction("x", key) == "lower", key
+    assert direction("decode.rows[]", "file_mb") is None  # the input's size, not our code
+    # 40 -> 60 MB: +50 % and +20 MB; 40 -> 50: +25 % but 10 MB, within the floor
+    grown = diff_bench(_changed(["engines", 0, "memory_mb"], 60.0), BASELINE)
+    assert [(r.key, r.change) for r in grown.regressions] == [
+        ("engines[onnxruntime/cpu/fp32/1024].memory_mb", pytest.approx(0.5))]
+    assert "engines[onnxruntime/cpu/fp32/1024].memory_mb: 40 -> 60 (+50.0%, +20 MB)" in format_regressions(grown)
+    assert compare(_changed(["engines", 0, "memory_mb"], 50.0), BASELINE) == []
+    assert [r.key for r in diff_bench(_changed(["engines", 1, "memory_mb"], 10.0), BASELINE).improvements] == [
+        "engines[onnxruntime/cpu/int8/1024].memory_mb"]
+    # a large figure: the tolerance decides (142 -> 160 MB is +12.7 %; -> 180, +26.8 %)
+    outputs = {"series_outputs": {"frames": 500, "total_ms": 1110.0, "peak_mb": 142.0, "peak_rss_mb": 0.9}}
+    assert diff_bench(copy.deepcopy(outputs), outputs).checked == 3
+    more = copy.deepcopy(outputs)
+    more["series_outputs"].update(peak_mb=160.0, peak_rss_mb=10.7)  # the resident rise: 0.9 -> 10.7 is noise
+    assert compare(more, outputs) == []
+    more["series_outputs"].update(peak_mb=180.0, peak_rss_mb=40.0)
+    assert [r.key for r in compare(more, outputs)] == ["series_outputs.peak_mb", "series_outputs.peak_rss_mb"]
+    none = copy.deepcopy(outputs)
+    none["series_outputs"]["peak_rss_mb"] = 0.0  # a baseline of 0 MB: the floor alone
+    diff = diff_bench(more, none)
+    assert [r.key for r in diff.regressions] == ["series_outputs.peak_mb", "series_outputs.peak_rss_mb"]
+    assert "series_outputs.peak_rss_mb: 0 -> 40 (+40 MB)" in format_regressions(diff)
+    # a growth in percent of the RSS, judged in points: +0.5 % -> +1.9 % is noise, -> +4 % is not
+    assert compare(_stream(rss_growth_pct=1.9), STREAM) == []
+    assert compare(_stream(rss_growth_pct=-1.0), STREAM) == []
+    grew = diff_bench(_stream(rss_growth_pct=4.0), STREAM)
+    assert [r.key for r in grew.regressions] == ["stream_30fps.rss_growth_pct"]
+    assert "stream_30fps.rss_growth_pct: 0.5 -> 4 (+700.0%, +3.5 points)" in format_regressions(grew)
+    assert compare(_stream(rss_growth_pct=30.0), _stream(rss_growth_pct=25.0), tolerance=0.25) == []  # 5 < 6.25
+    assert compare(_stream(rss_growth_pct=5.0), STREAM, tolerance=10) == []  # 4.5 points < 10 x 0.5
 
 
 def test_frames_the_replay_sent_late_are_regressions_like_drops() -> None:
@@ -279,7 +321,7 @@ def test_a_changed_run_setting_makes_the_comparison_fail_as_incomparable() -> No
     assert diff.mismatches == ("stream_30fps.target_fps: 30.0 in the baseline, 60.0 now",)
     text = format_regressions(diff)
     assert text.startswith("not comparable: 1 run setting(s) differ from the baseline's")
-    assert "no regressions beyond 15% (8 figures compared); but the settings differ (above)" in text
+    assert "no regressions beyond 15% (9 figures compared); but the settings differ (above)" in text
     # so does any other run setting beside the figures
     size = diff_bench(_changed(["roi_vs_full", "size"], 2048), BASELINE)
     assert not size.ok and size.mismatches == ("roi_vs_full.size: 4096 in the baseline, 2048 now",)

@@ -21,7 +21,10 @@ key                                         better       why
 ``drops``, ``errors``                       lower        frames lost (stream): see below
 ``late_source_items``                       lower        frames the replay sent late (stream): as drops
 ``analysed``                                higher       frames analysed (stream): see below
+``*_mb`` (``memory_mb``, ``peak_mb``, …)     lower        memory, MB: see below
+``rss_growth_pct``                          lower        RSS growth after warm-up (stream), %: see below
 ``pydicom_ms``, ``sgemm_gflops``            (ignored)    the reference measured beside us, not our code
+``file_mb``                                 (ignored)    the decode suite's input file, not our code
 other ``ratio`` keys                        (unknown)    reported as a note, never guessed
 ==========================================  ===========  ==============================================
 
@@ -32,6 +35,19 @@ frame not analysed (``frames - analysed``), or one the replay sent later than it
 period (``late_source_items``: the pipeline pushed back on a live source) is one
 when the baseline had none, and otherwise when the count grew by more than the
 tolerance.
+
+Memory is judged by the tolerance too, but a resident set moves by pages, arenas and
+the kernel's timing, so a small figure's relative change says little (on a 100-slice
+series, ``series_outputs``' ``peak_rss_mb`` was 10.7, 0.9 and 10.7 MB in three runs,
+its traced ``peak_mb`` 29.9 MB each time; the 320-frame stream's ``rss_growth_pct``
+-1.95, -2.33 and -2.78 %, and +0.04 to +2.3 % in the README's runs). A megabyte figure
+(an engine's ``memory_mb``, ``series_outputs``' ``peak_mb`` and ``peak_rss_mb``, a
+telemetry summary's ``rss_*_mb`` and ``gpu_*_mb``) is a regression when it grew by
+more than the tolerance *and* by more than :data:`MEMORY_FLOOR_MB`; the stream's
+``rss_growth_pct``, already a share of the process's RSS, when it rose by more than
+the tolerance of its value *and* by more than :data:`MEMORY_FLOOR_POINTS` points (+0.5 %
+in the baseline and +1.9 % now is noise; +4 % is not). An improvement is the same the
+other way.
 
 A result that ran in the baseline and has an ``error`` now (an engine row whose
 backend no longer loads) is a failure, listed as such, and :attr:`BenchDiff.ok` is
@@ -64,12 +80,12 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["Regression", "BenchDiff", "compare", "diff_bench", "format_regressions", "load_bench_json",
-           "direction"]
+           "direction", "MEMORY_FLOOR_MB", "MEMORY_FLOOR_POINTS"]
 
 LOWER, HIGHER = "lower", "higher"
 HIGHER_BETTER = frozenset({"speedup", "fps", "efficiency", "achieved_gflops", "gate_passed"})
 PERCENTILES = frozenset({"p50", "p95", "p99"})
-REFERENCE = frozenset({"pydicom_ms", "sgemm_gflops"})
+REFERENCE = frozenset({"pydicom_ms", "sgemm_gflops", "file_mb"})
 RATIO_LOWER = frozenset({"decode.rows[].ratio", "cold_start.ratio"})  # generic paths, list keys as []
 IDENTITY = ("syntax", "backend", "device", "precision", "size", "shape", "node", "stage", "edge")
 SETTINGS = frozenset({"size", "frames", "repeats", "model", "hardware", "target_fps",
@@ -78,6 +94,11 @@ SETTINGS = frozenset({"size", "frames", "repeats", "model", "hardware", "target_
 # some now": a failed frame is never noise (0), a dropped or late one is timing (the
 # tolerance, None).
 LOST = {"errors": 0.0, "drops": None, "analysed": None, "late_source_items": None}
+#: Memory: how much a figure in MB (``*_mb``) must grow, on top of the tolerance, to be a
+#: regression, and how many points a growth in percent (``MEMORY_PCT``) must rise.
+MEMORY_FLOOR_MB = 16.0
+MEMORY_FLOOR_POINTS = 2.0
+MEMORY_PCT = frozenset({"rss_growth_pct"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +149,20 @@ def direction(path: str, key: str) -> str | None:
         return LOWER if path in RATIO_LOWER else "unknown"
     if key in HIGHER_BETTER:
         return HIGHER
+    if _memory_unit(key):
+        return LOWER
     if key in PERCENTILES or key.endswith("_ms") or "_ms_p" in key:
         return LOWER
+    return None
+
+
+def _memory_unit(key: str) -> str | None:
+    """``"MB"`` or ``"points"`` for a memory figure (``MEMORY_FLOOR_MB``,
+    ``MEMORY_FLOOR_POINTS``), None for any other key."""
+    if key in MEMORY_PCT:
+        return "points"
+    if key.endswith("_mb") and key not in REFERENCE:
+        return "MB"
     return None
 
 
@@ -243,6 +276,9 @@ class _Walker:
             self.notes.append(f"{label}: no known direction for this ratio; not compared")
             return
         self.checked += 1
+        if _memory_unit(key):
+            self.memory(c, b, key, label)
+            return
         if b == 0:
             if c != b:
                 self.notes.append(f"{label}: baseline is 0, now {c:g}; no relative change")
@@ -253,6 +289,16 @@ class _Walker:
         if worse > self.tolerance:
             self.regressions.append(entry)
         elif -worse > self.tolerance:
+            self.improvements.append(entry)
+
+    def memory(self, c: float, b: float, key: str, label: str) -> None:
+        """Judge a memory figure: worse by more than the tolerance and by more than its floor."""
+        floor = MEMORY_FLOOR_POINTS if _memory_unit(key) == "points" else MEMORY_FLOOR_MB
+        rise = c - b
+        entry = Regression(label, b, c, rise / abs(b) if b else (math.inf if rise > 0 else -math.inf if rise else 0.0))
+        if rise > floor and rise > self.tolerance * abs(b):
+            self.regressions.append(entry)
+        elif -rise > floor and -rise > self.tolerance * abs(b):
             self.improvements.append(entry)
 
     def lost(self, cur: Any, base: Any, key: str, label: str,
@@ -309,7 +355,11 @@ def format_regressions(result: BenchDiff | Sequence[Regression], tolerance: floa
     tol = diff.tolerance if tolerance is None else tolerance
 
     def row(r: Regression) -> str:
-        change = f"{r.change:+.1%}" if math.isfinite(r.change) else "none in the baseline"
+        unit = _memory_unit(r.key.rsplit(".", 1)[-1])
+        if unit:  # the rise too, which the floor judges (and the change alone when the baseline was 0)
+            change = (f"{r.change:+.1%}, " if math.isfinite(r.change) else "") + f"{round(r.current - r.baseline, 1):+g} {unit}"
+        else:
+            change = f"{r.change:+.1%}" if math.isfinite(r.change) else "none in the baseline"
         return f"  {r.key}: {r.baseline:g} -> {r.current:g} ({change})"
 
     lines = []

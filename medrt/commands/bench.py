@@ -198,7 +198,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--ray on a private cluster of this machine's cores, one worker and a worker per core, vs medrt batch on "
         "sample_dicom), series_outputs (a --frames-slice CT phantom's SEG, SR and other outputs after its last frame, "
         "stage by stage, with the ground truth as results: no model time). Exit code 1 when --compare finds a regression (a figure worse by more than "
-        "--tolerance; a frame failed, or dropped, not analysed or sent late, where the baseline had none), a "
+        "--tolerance, memory also by more than 16 MB or, RSS growth, 2 points; a frame failed, or dropped, not analysed or sent late, where the baseline had none), a "
         "result that ran in the baseline and fails now (an engine that no longer loads), or a run "
         "setting that differs from the baseline's (--size, --frames, --repeats, --fps, --stream-frames, the "
         "model, the core count, the pipeline's workers and depth); 2 when the baseline cannot be read or holds none of the suites run, checked before any runs.",
@@ -227,7 +227,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--profile-size", type=int, default=1024, help="input size for --profile-layers")
     p.add_argument("--compare", metavar="BASELINE.json", default=None,
                    help="compare with an earlier 'medrt bench --json' output of the same suites and options; "
-                        "flags what got slower and frames lost")
+                        "flags what got slower, memory that grew and frames lost")
     p.add_argument("--tolerance", type=float, default=0.15,
                    help="relative change --compare tolerates before calling it a regression (default 0.15)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
