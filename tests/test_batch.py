@@ -812,9 +812,8 @@ def test_a_series_waiting_for_its_seg_holds_no_pixels_and_no_empty_label_maps() 
     """What a series keeps of each frame until its SEG is written (strip_pixels): no pixels,
     and for a frame without lesions no label map (zero-stride views of the same shape); the
     SEG built from what it kept is the SEG of the full results."""
-    from test_export import truth_result
-
     from medrt.batch.outputs import strip_pixels
+    from medrt.bench.outputs import truth_result
     from medrt.export import build_seg
     from medrt.io.dicom import read_frames
     from medrt.phantom import load_ground_truth
@@ -982,10 +981,9 @@ def test_a_series_knows_it_is_complete_without_walking_all_its_files_per_frame(t
     and the series is complete exactly when its last frame (or failure) is in."""
     import dataclasses
 
-    from test_export import truth_result
-
     from medrt.batch.outputs import SeriesOutput
     from medrt.batch.plan import scan
+    from medrt.bench.outputs import truth_result
     from medrt.io.dicom import read_frames
 
     src = _small_input(tmp_path, 8)

@@ -22,7 +22,7 @@ import medrt
 from conftest import pydicom_test_dir, require_tool
 from medrt.analysis.tracking import link_series
 from medrt.bench.outputs import TRUTH_MODELS as MODELS
-from medrt.bench.outputs import truth_result  # the other tests import it from here too
+from medrt.bench.outputs import truth_result
 from medrt.export import (
     ExportError,
     build_sc,

@@ -320,9 +320,9 @@ def test_a_compressed_seg_reaches_a_peer_that_takes_it_only_uncompressed(tmp_pat
     it takes the files as they are. A peer that
     takes the SEG class in neither refuses that file alone (0x0122) and takes the rest."""
     from pynetdicom import AE, evt
-    from test_export import truth_result
 
     from conftest import run_storescp
+    from medrt.bench.outputs import truth_result
     from medrt.export import build_sc, build_seg, build_sr, write_dataset
     from medrt.io.dicom import read_frames
     from medrt.phantom import load_ground_truth, write_radiographs

@@ -12,10 +12,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from test_analysis_slices import as_acquisition
-from test_export import truth_result
 
 from medrt import read_frames
 from medrt.analysis.tracking import LesionCounter, link_series
+from medrt.bench.outputs import truth_result
 from medrt.phantom import load_ground_truth, write_ct_series, write_radiographs
 from medrt.types import FrameResult
 
