@@ -9,6 +9,7 @@ import copy
 import dataclasses
 import os
 import subprocess
+import warnings
 from pathlib import Path
 
 import highdicom as hd
@@ -29,7 +30,9 @@ from medrt.export import (
     build_sc_series,
     build_seg,
     build_sr,
+    plan_segs,
     seg_frame_numbers,
+    seg_left_out,
     segment_numbers,
     split_for_seg,
     write_dataset,
@@ -742,6 +745,150 @@ def test_multi_frame_source_seg_and_sr_reference_frames(enhanced_ct, tmp_path) -
     assert sc.SourceImageSequence[0].ReferencedFrameNumber == r.frame.frame_index + 1
     with pytest.raises(ValueError, match='"results" must cover every frame'):
         build_seg(enhanced_ct[:-1])
+
+
+def _pixel_measures_edited(enhanced: list[FrameResult], path: Path, measures: dict[int, tuple[str, str | None]], *,
+                           shared: bool) -> list[FrameResult]:
+    """``enhanced`` (the :func:`enhanced_ct` results) written again to ``path`` with frame ``i``'s
+    own Pixel Measures ``measures[i]`` (PixelSpacing, SliceThickness or None for none), the
+    shared ones kept or taken away (``shared``), and read back, each frame with its old labels:
+    as a scanner that writes Pixel Measures per frame, or a damaged one, would."""
+    ds = pydicom.dcmread(enhanced[0].frame.source.path)
+    for i, (spacing, thickness) in measures.items():
+        pm = Dataset()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # pydicom's own about a NaN DS: the damage wanted
+            pm.PixelSpacing = spacing.split("\\")
+            if thickness is not None:
+                pm.SliceThickness = thickness
+        ds.PerFrameFunctionalGroupsSequence[i].PixelMeasuresSequence = [pm]
+    if not shared:
+        del ds.SharedFunctionalGroupsSequence[0].PixelMeasuresSequence
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds.save_as(path, enforce_file_format=True)
+    labels = {r.frame.frame_index: r for r in enhanced}
+    return [dataclasses.replace(labels[f.frame_index], frame=f) for f in read_frames(path)]
+
+
+def _kept_frames(seg: Dataset) -> list[int]:
+    """The source frame numbers the SEG's frames derive from."""
+    return sorted({number for (_, number, _) in seg_frame_numbers(seg)})
+
+
+def test_per_frame_pixel_measures_alone_give_a_seg(enhanced_ct, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A scanner that writes each frame's Pixel Measures and no shared ones (many enhanced
+    MR, some CT): highdicom 0.28 reads the shared ones only, and the series' SEG was an
+    AttributeError ("'Dataset' object has no attribute 'PixelMeasuresSequence'"). Now the
+    frames' common Pixel Measures are the SEG's; it passes dciodvfy and reads back."""
+    good = pixel_measures(enhanced_ct[0].frame.source.path)
+    spacing, thickness = "\\".join(str(v) for v in good.PixelSpacing), str(good.SliceThickness)
+    results = _pixel_measures_edited(enhanced_ct, tmp_path / "own.dcm",
+                                     {i: (spacing, thickness) for i in range(len(enhanced_ct))}, shared=False)
+    assert split_for_seg(results) == [results]
+    seg = build_seg(results, omit_empty_frames=False)
+    assert seg is not None
+    path = dciodvfy(seg, tmp_path / "seg.dcm")
+    check_seg_round_trip(path, results)  # highdicom's segread
+    measures = pixel_measures(path)
+    assert [float(v) for v in measures.PixelSpacing] == [float(v) for v in good.PixelSpacing]
+    assert float(measures.SliceThickness) == float(good.SliceThickness)
+    assert _kept_frames(seg) == list(range(1, len(results) + 1))
+    # the source header is not changed
+    assert "PixelMeasuresSequence" not in results[0].frame.source.dataset.SharedFunctionalGroupsSequence[0]
+
+
+def test_frames_whose_own_pixel_measures_are_rejected_are_left_out_of_the_seg(  # type: ignore[no-untyped-def]
+        enhanced_ct, tmp_path, caplog) -> None:
+    """Good shared Pixel Measures overridden on some frames by values medrt does not take
+    (0, NaN, 1e300, a negative or a one-value PixelSpacing, a NaN SliceThickness): the SEG
+    claimed the shared spacing for those frames too. Now they are left out of it, as a
+    single-frame slice that bad is left out of its series' SEG, with a reason that names the
+    frame; the SEG of the others passes dciodvfy and reads back, and the SR places a lesion
+    on a left-out frame by its outline. Frames with only their own Pixel Measures, the same."""
+    good = pixel_measures(enhanced_ct[0].frame.source.path)
+    spacing, thickness = "\\".join(str(v) for v in good.PixelSpacing), str(good.SliceThickness)
+    lesion = next(r.frame.frame_index for r in enhanced_ct if r.lesions)
+    empty = [r.frame.frame_index for r in enhanced_ct if not r.lesions]
+    bad = {lesion: ("0\\0", thickness), empty[0]: ("NaN\\NaN", thickness), empty[1]: ("1e300\\1e300", thickness),
+           empty[2]: ("-0.5\\-0.5", thickness), empty[3]: ("0.7", thickness), empty[4]: (spacing, "NaN")}
+    n = len(enhanced_ct)
+    for shared in (True, False):
+        own = {i: bad.get(i, (spacing, thickness)) for i in range(n)} if not shared else bad
+        results = _pixel_measures_edited(enhanced_ct, tmp_path / f"bad_{shared}.dcm", own, shared=shared)
+        with caplog.at_level("WARNING", logger="medrt.export.seg"):
+            (group,) = split_for_seg(results)
+        left_out = sorted(set(r.frame.frame_index for r in results) - {r.frame.frame_index for r in group})
+        assert left_out == sorted(bad)
+        uid = results[0].frame.sop_instance_uid
+        reason = seg_left_out(results)[f"{uid}#{lesion}"]
+        assert reason.startswith(f"frame {lesion + 1} of {n} of this multi-frame image has no PixelSpacing in its "
+                                 "Pixel Measures (its PixelSpacing cannot be a length in mm)"), reason
+        assert f"while the other {n - len(bad)} frame(s) carry them" in reason
+        assert f"{uid}#{empty[4]} left out: frame {empty[4] + 1} of {n}" in caplog.text
+        assert "no SliceThickness" in seg_left_out(results)[f"{uid}#{empty[4]}"]
+        with pytest.raises(ExportError, match=rf"frames .* of {n} of \S*bad_{shared}\.dcm have no "
+                                              "PixelSpacing or SliceThickness a SEG can use"):
+            build_seg(results)  # the whole object: those frames cannot be placed
+        seg = build_seg(group, linked=link_series(results), omit_empty_frames=False)
+        assert seg is not None
+        path = dciodvfy(seg, tmp_path / f"seg_{shared}.dcm")
+        check_seg_round_trip(path, group, results)
+        assert _kept_frames(seg) == [i + 1 for i in range(n) if i not in bad]
+        assert [float(v) for v in pixel_measures(path).PixelSpacing] == [float(v) for v in good.PixelSpacing]
+        sr = dciodvfy(build_sr(results, seg=seg, plan=plan_segs(results, warn=False)), tmp_path / f"sr_{shared}.dcm")
+        outlined, in_seg = [], []
+        for g in hd.sr.srread(sr).content.get_planar_roi_measurement_groups():
+            ref = g.referenced_segmentation_frame
+            if ref is None:  # the left-out frame's lesion: its outline on that frame
+                outlined.append(int(g.roi.ContentSequence[0].ReferencedSOPSequence[0].ReferencedFrameNumber))
+            else:
+                in_seg.append(int(ref[1].ReferencedSOPSequence[0].ReferencedFrameNumber))
+        assert outlined == [lesion + 1] * len(next(r for r in results if r.frame.frame_index == lesion).lesions)
+        assert sorted(in_seg) == sorted(r.frame.frame_index + 1 for r in group for _ in r.lesions)
+
+
+def test_frames_of_different_spacings_get_no_seg_and_the_error_names_them(  # type: ignore[no-untyped-def]
+        enhanced_ct, tmp_path) -> None:
+    """Where the frames' own Pixel Measures really differ, one SEG's shared Pixel Measures
+    would be wrong for some of them: no SEG, and the error names the file, each spacing and
+    its frames (not a raw AttributeError)."""
+    n = len(enhanced_ct)
+    own = {i: ("0.5\\0.5" if i < 4 else "0.7\\0.7", "3") for i in range(n)}
+    results = _pixel_measures_edited(enhanced_ct, tmp_path / "mixed.dcm", own, shared=False)
+    assert split_for_seg(results) == [results]
+    with pytest.raises(ExportError) as caught:
+        build_seg(results)
+    text = str(caught.value)
+    assert str(tmp_path / "mixed.dcm") in text
+    assert f"PixelSpacing 0.5\\0.5, SliceThickness 3 on frames 1, 2, 3, 4 of {n}" in text
+    assert f"PixelSpacing 0.7\\0.7, SliceThickness 3 on frames 5, 6, 7, 8, 9, 10 and 2 more of {n}" in text
+    # no frame with a spacing a SEG can carry: no SEG either, and the error says so
+    zero = _pixel_measures_edited(enhanced_ct, tmp_path / "zero.dcm", {i: ("0\\0", "3") for i in range(n)},
+                                  shared=False)
+    assert split_for_seg(zero) == [zero]
+    with pytest.raises(ExportError, match=r"zero\.dcm has a Frame of Reference UID but no frame with PixelSpacing "
+                                          r"in its Pixel Measures \(absent, or not a length in mm\)"):
+        build_seg(zero)
+
+
+def test_frames_without_slice_thickness_get_a_seg_with_it_inferred(enhanced_ct, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Every frame's Pixel Measures without SliceThickness: as for single-frame slices that
+    all leave theirs empty, the SEG's is inferred from the step between the frames."""
+    from medrt.export import inferred_slice_thickness
+
+    good = pixel_measures(enhanced_ct[0].frame.source.path)
+    spacing = "\\".join(str(v) for v in good.PixelSpacing)
+    results = _pixel_measures_edited(enhanced_ct, tmp_path / "thin.dcm",
+                                     {i: (spacing, None) for i in range(len(enhanced_ct))}, shared=False)
+    inferred = inferred_slice_thickness(results)
+    assert inferred is not None and inferred[:2] == (3.0, "slice positions")
+    assert plan_segs(results).thickness == {results[0].frame.sop_instance_uid: inferred}
+    seg = build_seg(results)
+    assert seg is not None
+    path = dciodvfy(seg, tmp_path / "seg.dcm")
+    check_seg_round_trip(path, results)
+    assert float(pixel_measures(path).SliceThickness) == 3.0
 
 
 @pytest.mark.filterwarnings("ignore:The string \"PLA\":UserWarning")  # the bundled file's name

@@ -36,6 +36,15 @@ Decisions (see REFERENCE.md, "DICOM output conventions"):
   such groups (one per pass of a series of several acquisitions at the same positions).
   A multi-frame source needs every frame's result and a Frame of
   Reference (an ultrasound cine has none): otherwise :class:`ExportError`.
+- **An enhanced source's Pixel Measures may be per frame.** highdicom 0.28 reads a
+  multi-frame source's shared Pixel Measures only (an AttributeError for a scanner that
+  writes them per frame, as many enhanced MR do) and writes one for all SEG frames; it is
+  handed a shallow copy of the header whose shared group holds the Pixel Measures the
+  frames share (:func:`_with_shared_measures`). A frame whose own PixelSpacing or
+  SliceThickness is absent or not a length, while the others' are good, is left out
+  (:func:`seg_left_out`, as a damaged single-frame slice is: the SEG must not claim another
+  frame's spacing for it), the other frames placed by their positions; frames whose good
+  Pixel Measures differ get no SEG, and the error names them.
 - **An empty SliceThickness is inferred.** It is Type 2 in the CT Image module (some
   anonymisers and older scanners leave it empty on every slice), but Type 1C in the
   SEG's Pixel Measures, which highdicom copies from the first source image: such a
@@ -79,6 +88,8 @@ from medrt.io.header import (
     MAX_SLICE_THICKNESS_MM,
     believable_mm,
     finite_float,
+    frames_text,
+    functional_item,
     spacing_is_believable,
 )
 from medrt.io.series import regular_step
@@ -221,8 +232,17 @@ def inferred_slice_thickness(results: Sequence[FrameResult]) -> InferredThicknes
     sources, or where nothing can be inferred (a lone slice without SpacingBetweenSlices,
     uneven steps): :func:`build_seg` then says why there is no SEG."""
     headers = [r.frame.source.dataset for r in results]
-    if not headers or any(r.frame.source.number_of_frames != 1 for r in results) or not all(
-            lacks_slice_thickness(ds) for ds in headers):
+    if not headers:
+        return None
+    if any(r.frame.source.number_of_frames != 1 for r in results):
+        # one enhanced object: its frames' Pixel Measures hold the SliceThickness
+        objects = {r.frame.sop_instance_uid for r in results}
+        if len(objects) > 1 or not _in_patient_coordinates(headers[0]):
+            return None
+        headers = [m if m is not None else Dataset() for m in _frame_measures(headers[0])]
+        if any(spacing_is_believable(m, "SliceThickness") for m in headers):
+            return None
+    elif not all(lacks_slice_thickness(ds) for ds in headers):
         return None
     said = "empty" if all(spacing_is_believable(ds, "SliceThickness") is None for ds in headers) else (
         "not a length in mm")
@@ -232,6 +252,107 @@ def inferred_slice_thickness(results: Sequence[FrameResult]) -> InferredThicknes
     positions = [along_normal(r.frame) for r in results]
     step = regular_step([p for p in positions if p is not None]) if None not in positions else None
     return None if step is None else InferredThickness(round(step, 4), "slice positions", said)
+
+
+#: What a SEG copies from each frame's Pixel Measures of an enhanced multi-frame source.
+_MEASURES = ("PixelSpacing", "SliceThickness")
+
+
+def _frame_measures(ds: Dataset) -> list[Dataset | None]:
+    """Each frame's Pixel Measures item of a multi-frame ``ds`` (its own, else the shared
+    one: :func:`medrt.io.header.functional_item`, as the reader takes them), None where
+    neither has one."""
+    n = int(ds.get("NumberOfFrames") or 1)
+    return [functional_item(ds, "PixelMeasuresSequence", i) for i in range(n)]
+
+
+def _frame_lacking(measures: Dataset | None, *, thickness_inferred: bool = False) -> list[str]:
+    """What a frame whose Pixel Measures are ``measures`` lacks of :data:`_MEASURES`
+    (absent, empty, or not a length in mm: :func:`_believable`)."""
+    return [k for k in _MEASURES if (measures is None or spacing_is_believable(measures, k) is not True)
+            and not (thickness_inferred and k == "SliceThickness")]
+
+
+def _frames_lacking(ds: Dataset, *, thickness_inferred: bool = False) -> dict[int, list[str]]:
+    """``{frame index: what it lacks}`` for the frames of a multi-frame source in patient
+    coordinates whose Pixel Measures a SEG cannot copy ({} outside patient coordinates)."""
+    if not _in_patient_coordinates(ds):
+        return {}
+    return {i: missing for i, m in enumerate(_frame_measures(ds))
+            if (missing := _frame_lacking(m, thickness_inferred=thickness_inferred))}
+
+
+def _frame_reason(ds: Dataset, index: int, missing: list[str], kept: int) -> str:
+    """Why frame ``index`` of a multi-frame source is left out of its SEG (numbered from 1)."""
+    measures = _frame_measures(ds)
+    holder = measures[index] if measures[index] is not None else Dataset()
+    return (f"frame {index + 1} of {len(measures)} of this multi-frame image has no {', '.join(missing)} "
+            f"in its Pixel Measures{_unbelievable_note(holder, missing)}, which a SEG copies from its "
+            f"source, while the other {kept} frame(s) carry them")
+
+
+def _shared_measures(ds: Dataset, name: str, placed: list[int], *,
+                     thickness_inferred: bool) -> hd.PixelMeasuresSequence:
+    """The one Pixel Measures the ``placed`` frames of multi-frame ``ds`` share, for the
+    SEG's shared functional groups (highdicom writes one for all frames). Frames whose
+    PixelSpacing or SliceThickness differ (beyond 0.01 %) get no SEG: it must not claim one
+    spacing for frames that have another (:class:`ExportError` naming ``name`` and the frames).
+    SpacingBetweenSlices is kept where every frame gives the same one; highdicom computes it
+    from the positions otherwise."""
+    items = [m if m is not None else Dataset() for m in _frame_measures(ds)]
+    keys = _MEASURES[:1] if thickness_inferred else _MEASURES
+    values: list[tuple[tuple[float, ...], list[int]]] = []  # each set of values, with its frames
+    for i in placed:
+        these = tuple(float(v) for k in keys for v in _as_list(items[i][k].value))
+        known = next((frames for v, frames in values if np.allclose(these, v, rtol=1e-4, atol=0.0)), None)
+        if known is None:
+            values.append((these, [i + 1]))
+        else:
+            known.append(i + 1)
+    if len(values) > 1:
+        said = "; ".join(f"{_measures_text(v, keys)} on {frames_text(frames, len(items))}" for v, frames in values)
+        raise ExportError(
+            f'Argument "results": the frames of {name} differ in their Pixel Measures ({said}); a SEG built '
+            "with highdicom carries one Pixel Measures for all its frames, which would be wrong for some: "
+            "no SEG for this image (its SR and overlays keep each frame's own sizes)."
+        )
+    between = [believable_mm(items[i].get("SpacingBetweenSlices"), MAX_SLICE_THICKNESS_MM) for i in placed]
+    first = items[placed[0]]
+    return hd.PixelMeasuresSequence(
+        pixel_spacing=[float(v) for v in first.PixelSpacing],
+        slice_thickness=None if thickness_inferred else float(first.SliceThickness),
+        spacing_between_slices=between[0] if None not in between and np.allclose(between, between[0], rtol=1e-4)
+        else None,
+    )
+
+
+def _as_list(value: object) -> list[object]:
+    return list(value) if isinstance(value, (list, MultiValue)) else [value]
+
+
+def _measures_text(values: tuple[float, ...], keys: tuple[str, ...]) -> str:
+    spacing = "PixelSpacing " + "\\".join(f"{v:g}" for v in values[:2])
+    return spacing if len(keys) == 1 else f"{spacing}, SliceThickness {values[2]:g}"
+
+
+def _with_shared_measures(ds: Dataset, measures: hd.PixelMeasuresSequence) -> Dataset:
+    """A shallow copy of ``ds`` whose shared functional groups hold ``measures``: highdicom
+    0.28 reads a multi-frame source's Pixel Measures from its shared group only (an
+    AttributeError where a scanner writes them per frame), and copies them into the SEG.
+    The source is not changed: the copies hold its data elements themselves, so the two
+    replaced are taken out first (assigning to one would set the source's value)."""
+    shared = Dataset()
+    if ds.get("SharedFunctionalGroupsSequence"):
+        shared.update(ds.SharedFunctionalGroupsSequence[0])
+    if "PixelMeasuresSequence" in shared:
+        del shared.PixelMeasuresSequence
+    shared.PixelMeasuresSequence = measures
+    out = Dataset()
+    out.update(ds)
+    if "SharedFunctionalGroupsSequence" in out:
+        del out.SharedFunctionalGroupsSequence
+    out.SharedFunctionalGroupsSequence = [shared]
+    return out
 
 
 def _check_plane_attributes(results: list[FrameResult], headers: list[Dataset], *,
@@ -255,11 +376,15 @@ def _check_plane_attributes(results: list[FrameResult], headers: list[Dataset], 
 
 
 def _layout(results: list[FrameResult], *, thickness_inferred: bool = False,
-            ) -> tuple[list[Dataset], list[FrameResult]]:
-    """The source headers and the results in highdicom's frame order.
+            ) -> tuple[list[Dataset], list[FrameResult], list[hd.PlanePositionSequence] | None]:
+    """The source headers, the results in highdicom's frame order, and the plane positions
+    of those frames where they are not all the source's (None: every frame).
 
     Single-frame images: one header per result, in the same order. One multi-frame
-    image: its header once, results in frame order, every frame needed.
+    image: its header once (with the Pixel Measures its frames share in its shared group,
+    :func:`_with_shared_measures`), results in frame order, every frame needed but those
+    whose Pixel Measures a SEG cannot copy (:func:`seg_left_out` names them), which must
+    not be among ``results``.
     """
     objects = {r.frame.sop_instance_uid: r.frame.source for r in results}
     multi = [uid for uid, src in objects.items() if src.number_of_frames > 1]
@@ -267,7 +392,7 @@ def _layout(results: list[FrameResult], *, thickness_inferred: bool = False,
         _check_planes(results)
         headers = [_plane_header(r.frame.source.dataset) for r in results]
         _check_plane_attributes(results, headers, thickness_inferred=thickness_inferred)
-        return headers, results
+        return headers, results, None
     if len(objects) > 1:
         raise ExportError(
             f'Argument "results" spans {len(objects)} objects, {len(multi)} of them multi-frame: '
@@ -282,13 +407,42 @@ def _layout(results: list[FrameResult], *, thickness_inferred: bool = False,
             "Export SR and SC for it instead."
         )
     by_index = {r.frame.frame_index: r for r in results}
-    missing = sorted(set(range(src.number_of_frames)) - set(by_index))
+    name = str(src.path or multi[0])
+    n = src.number_of_frames
+    lacking = _frames_lacking(src.dataset, thickness_inferred=thickness_inferred)
+    if len(lacking) == n:
+        said = sorted({k for missing in lacking.values() for k in missing})
+        raise ExportError(
+            f'Argument "results": {name} has a Frame of Reference UID but no frame with {" and ".join(said)} '
+            "in its Pixel Measures (absent, or not a length in mm), which a SEG copies from its source; "
+            "no SEG can be built for this image (its SR and overlays can)."
+        )
+    given = sorted(set(by_index) & set(lacking))
+    if given:
+        raise ExportError(
+            f'Argument "results": {frames_text([i + 1 for i in given], n)} of {name} have no '
+            f"{' or '.join(sorted({k for i in given for k in lacking[i]}))} a SEG can use in their Pixel "
+            "Measures (absent, or not a length in mm), which it copies from its source; leave them out "
+            "(split_for_seg does) to have a SEG of the other frames."
+        )
+    placed = [i for i in range(n) if i not in lacking]
+    missing = sorted(set(placed) - set(by_index))
     if missing:
         raise ValueError(
             f'Argument "results" must cover every frame of the multi-frame source {multi[0]}: '
-            f"{len(missing)} of {src.number_of_frames} missing (first: frame index {missing[0]})."
+            f"{len(missing)} of {n} missing (first: frame index {missing[0]})."
         )
-    return [readable_header(src.dataset)], [by_index[i] for i in range(src.number_of_frames)]
+    header = readable_header(src.dataset)
+    if _in_patient_coordinates(header):  # (a slide's header goes to highdicom as it is)
+        header = _with_shared_measures(header, _shared_measures(header, name, placed,
+                                                                thickness_inferred=thickness_inferred))
+    positions = None
+    if lacking:
+        from highdicom.utils import get_plane_positions_of_image
+
+        every = get_plane_positions_of_image(header)
+        positions = [every[i] for i in placed]
+    return [header], [by_index[i] for i in placed], positions
 
 
 def _segments(results: list[FrameResult], linked: Linked) -> tuple[list[int], np.ndarray]:
@@ -346,8 +500,9 @@ def build_seg(
     studies, repeat a frame, lack their DICOM header, have label values without
     a lesion record, or leave out frames of a multi-frame source; naming "linked"
     when it lacks one of their lesions; :class:`ExportError` (a ValueError) when
-    the source cannot carry a SEG (several multi-frame objects, or a multi-frame
-    object without a Frame of Reference).
+    the source cannot carry a SEG (several multi-frame objects, a multi-frame object
+    without a Frame of Reference, whose frames' Pixel Measures differ, or with frames
+    :func:`seg_left_out` names among ``results``).
     """
     items = check_results(results)
     series = single_value(items, "series", lambda r: r.frame.series_instance_uid)
@@ -359,7 +514,7 @@ def build_seg(
         log.info("no lesion in %d frames of series %s: no SEG", len(items), series)
         return None
     thickness = inferred_slice_thickness(items)
-    sources, ordered = _layout(items, thickness_inferred=thickness is not None)
+    sources, ordered, positions = _layout(items, thickness_inferred=thickness is not None)
     linked = linked_lesions(items, linked)
     lesions, masks = _segments(ordered, linked)
     uids = {les.number: les.uid for les in linked[0]}
@@ -371,7 +526,7 @@ def build_seg(
                  "×".join(map(str, items[0].frame.shape)))
         syntax = ExplicitVRLittleEndian
     try:
-        seg = _segmentation(sources, masks, segments, omit_empty_frames=omit,
+        seg = _segmentation(sources, masks, segments, omit_empty_frames=omit, plane_positions=positions,
                             series_number=series_number, series_instance_uid=series_instance_uid,
                             sop_instance_uid=sop_instance_uid, instance_number=instance_number,
                             series_description=series_description,
@@ -388,7 +543,8 @@ def build_seg(
 
 
 def _segmentation(sources: list[Dataset], masks: np.ndarray, segments: list[hd.seg.SegmentDescription], *,
-                  omit_empty_frames: bool, series_number: int, series_instance_uid: str | None,
+                  omit_empty_frames: bool, plane_positions: list[hd.PlanePositionSequence] | None,
+                  series_number: int, series_instance_uid: str | None,
                   sop_instance_uid: str | None, instance_number: int,
                   series_description: str, transfer_syntax_uid: str) -> hd.seg.Segmentation:
     seg = hd.seg.Segmentation(
@@ -406,6 +562,8 @@ def _segmentation(sources: list[Dataset], masks: np.ndarray, segments: list[hd.s
         series_description=series_description,
         omit_empty_frames=omit_empty_frames,
         transfer_syntax_uid=transfer_syntax_uid,
+        # some frames of a multi-frame source left out: highdicom matches these to its frames
+        plane_positions=plane_positions,
     )
     if "FrameOfReferenceUID" not in seg and "PatientOrientation" not in seg:
         # General Image: Patient Orientation is Type 2C when there is no patient
@@ -464,7 +622,9 @@ def seg_left_out(results: Sequence[FrameResult]) -> dict[str, str]:
     That is a single-frame image with a Frame of Reference UID lacking an attribute a
     SEG copies from its sources (ImagePositionPatient, ImageOrientationPatient,
     PixelSpacing, SliceThickness) while another image of its group carries them all: a
-    damaged or hand-edited slice. One such slice used to cost the whole series its SEG;
+    damaged or hand-edited slice; or a frame of an enhanced multi-frame object whose
+    Pixel Measures lack PixelSpacing or SliceThickness (or give one that is not a length)
+    while other frames' have them. One such slice used to cost the whole series its SEG;
     now the SEG covers the rest, and the caller reports the one left out (its lesions
     stay in the SR, located by their outline on that image). Where no image of a group
     carries them, nothing is left out and :func:`build_seg` says why there is no SEG.
@@ -513,6 +673,19 @@ def _plan(results: Sequence[FrameResult]) -> SegPlan:
         inferred = inferred_slice_thickness(group)  # every image's is empty: not damaged
         if inferred is not None:
             thickness.update((r.frame.sop_instance_uid, inferred) for r in group)
+        src = group[0].frame.source
+        if src.number_of_frames > 1:  # one enhanced object: its frames' own Pixel Measures
+            frames = _frames_lacking(src.dataset, thickness_inferred=inferred is not None)
+            if frames and len(frames) < src.number_of_frames:
+                for r in group:
+                    if r.frame.frame_index in frames:
+                        left_out[r.frame.key] = _frame_reason(src.dataset, r.frame.frame_index,
+                                                              frames[r.frame.frame_index],
+                                                              src.number_of_frames - len(frames))
+                kept.append([r for r in group if r.frame.key not in left_out])
+            else:
+                kept.append(group)
+            continue
         lacking = {r.frame.key: missing for r in group
                    if (missing := _lacking(r.frame.source.dataset, thickness_inferred=inferred is not None))}
         if not lacking or len(lacking) == len(group):
