@@ -737,6 +737,14 @@ def test_multi_frame_source_seg_and_sr_reference_frames(enhanced_ct, tmp_path) -
     seg = build_seg(enhanced_ct)
     assert seg is not None
     check_seg_round_trip(dciodvfy(seg, tmp_path / "seg.dcm"), enhanced_ct)
+    # medrt's own reader (the viewer's SEG overlay, eval of SEGs): a frame number alone is one IS
+    from medrt.io.seg import read_seg
+
+    masks = read_seg(tmp_path / "seg.dcm").masks
+    uid = enhanced_ct[0].frame.sop_instance_uid
+    for r in enhanced_ct:
+        key = f"{uid}#{r.frame.frame_index}"
+        assert np.array_equal(masks[key] > 0, r.labels > 0) if r.lesions else key not in masks or not masks[key].any()
     check_sr(dciodvfy(build_sr(enhanced_ct, seg=seg), tmp_path / "sr.dcm"), enhanced_ct, seg)
     # one entry for the one object; highdicom cannot describe an enhanced header's planes
     check_image_library(tmp_path / "sr.dcm", enhanced_ct[:1], described=False)
