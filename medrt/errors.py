@@ -31,11 +31,31 @@ __all__ = [
     "UnsupportedImageError",
     "DecoderMissingError",
     "describe_source",
+    "drop_tracebacks",
 ]
 
 
 class MedrtError(Exception):
     """Base class of every error medrt raises on purpose."""
+
+
+def drop_tracebacks(exc: BaseException) -> BaseException:
+    """``exc`` with no traceback on it or on its cause and context; returned for chaining.
+
+    For an exception kept after it was handled (a file's reason in a batch's error list):
+    a traceback holds the frames it passed through and each of them the frame that called
+    it, with all their locals, so a kept one held a whole batch run's frames, pipeline and
+    pixels, and made a cycle with the list that kept it (freed only by a full collection,
+    many series later in a listener). medrt reports the reason, never the traceback."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        current.__traceback__ = None
+        if current.__cause__ is not None and id(current.__cause__) not in seen:
+            drop_tracebacks(current.__cause__)
+        current = current.__context__
+    return exc
 
 
 def describe_source(source: object) -> str:

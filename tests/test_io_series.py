@@ -303,6 +303,35 @@ def test_mixed_folder_separates_series_and_reports_bad_and_non_image_inputs(
     assert "SR" in result.non_images[0].kind
 
 
+def test_a_bad_inputs_reason_is_kept_without_the_frames_that_met_it(tmp_path: Path) -> None:
+    """A bad input's error is kept without its traceback: that held the frame of
+    group_series and, through each frame's caller, the caller's locals (a batch run's
+    pipeline and every frame it analysed), in a cycle with the error list itself, freed
+    only by a full collection. Reference counting alone (the collector off) frees them."""
+    import gc
+    import weakref
+
+    (tmp_path / "notes.txt").write_text("not DICOM")
+
+    class Held:
+        pass
+
+    def caller() -> tuple[object, weakref.ref[Held]]:
+        held = Held()  # a local of the caller, as run_batch's pipeline is
+        return group_series(tmp_path), weakref.ref(held)
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        result, held = caller()
+        assert held() is None
+        (bad,) = result.errors  # type: ignore[attr-defined]
+        assert "notes.txt" in bad.source and bad.reason and bad.error.__traceback__ is None
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def test_accepts_datasets_and_frames(tmp_path: Path) -> None:
     write_series(tmp_path, n=4, instances=[4, 3, 2, 1])
     files = shuffled_files(tmp_path)

@@ -130,6 +130,37 @@ def test_an_exception_is_reported_with_its_item_and_the_pipeline_goes_on():
     assert all(e.stage == "fragile" and "bad item" in e.reason for e in sink.errors)
 
 
+def test_a_finished_pipeline_and_what_its_sinks_hold_are_freed_without_the_cyclic_gc():
+    """A finished pipeline is freed by reference counting, with its sinks and what they
+    hold (a batch's frames, masks and headers), errors included. A discard callback bound
+    to the pipeline (pipeline -> queue -> method -> pipeline) and a stage error kept with
+    its traceback (error -> frame of the stage's loop -> pipeline) made cycles that lived
+    until a full collection: in the listener, ~12 MB more per 40-slice series for several
+    series. The collector is off here, so only reference counting frees anything."""
+    import gc
+    import weakref
+
+    def fragile(x):
+        if x == 3:
+            raise ValueError("bad item")
+        return x
+
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        sink = Collect()
+        p = Pipeline(range(8), [Stage("fragile", fragile, workers=2), Stage("next", lambda x: x)], [sink])
+        assert p.run(timeout=30)
+        (error,) = sink.errors
+        gone = [weakref.ref(p), weakref.ref(sink)]
+        del p, sink
+        assert [ref() for ref in gone] == [None, None]
+        assert "bad item" in error.reason and error.error.__traceback__ is None  # the reason stays, not the frames
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def test_an_input_error_is_logged_naming_its_file_once(caplog):
     """The warning line names the item (its file) once; the error's own message, which
     names the file too, is not repeated in it."""

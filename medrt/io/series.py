@@ -36,6 +36,7 @@ from medrt.errors import (
     InputError,
     UnsupportedImageError,
     describe_source,
+    drop_tracebacks,
 )
 from medrt.io.dicom import is_image_sop_class, number_of_frames, read_dataset, read_frames
 from medrt.io.header import (
@@ -157,10 +158,14 @@ class Series:
 
 @dataclass(frozen=True, slots=True)
 class BadInput:
-    """An input that could not be grouped, and why; grouping went on without it."""
+    """An input that could not be grouped, and why; grouping went on without it.
+    ``error`` is kept without its traceback (:func:`~medrt.errors.drop_tracebacks`)."""
 
     source: str
     error: InputError
+
+    def __post_init__(self) -> None:
+        drop_tracebacks(self.error)
 
     @property
     def reason(self) -> str:
