@@ -186,3 +186,20 @@ def test_pipeline_suites_replay_what_batch_takes_named_dcm_or_not(tmp_path):
     s = stream_replay(folder=spool, fps=0, frames=6, policy="block", workers=1)
     assert (s["analysed"], s["errors"], s["lesion_sections"]) == (6, 0, named["lesion_sections"])
     assert named["lesion_sections"] > 0
+
+
+def test_listener_memory_suite_reads_the_listeners_memory_after_each_series(capsys):
+    """`--only listener_memory --series N`: `medrt listen` in a process of its own is sent
+    N new series one after another; its resident memory after the warm-up (2 series) and
+    after the last, the growth between them, and each series' reading. Figures only, no
+    bound (a bound on RSS would fail by chance); what the listener keeps per series is
+    tested in test_pacs.py. Fewer than 3 series is refused before anything runs."""
+    assert main(["bench", "--only", "listener_memory", "--series", "2", "--json"]) == 2
+    assert "--series must be at least 3" in capsys.readouterr().err
+    assert main(["bench", "--only", "listener_memory", "--series", "3", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["listener_memory"]
+    assert (row["series"], row["warmup_series"], row["images_per_series"]) == (3, 2, 40)
+    assert len(row["rss_mb"]) == 3 and row["rss_after_warmup_mb"] == row["rss_mb"][1]
+    assert row["rss_last_mb"] == row["rss_mb"][2] and row["rss_peak_mb"] >= max(row["rss_mb"]) > row["rss_start_mb"] > 0
+    assert abs(row["mb_per_series"] - (row["rss_last_mb"] - row["rss_after_warmup_mb"])) <= 0.1  # one series after
+    assert len(row["lesions"]) == 1 and row["lesions"][0] > 0  # each copy of the series: the same lesions

@@ -61,7 +61,8 @@ values of whichever of ``syntax``, ``backend``, ``device``, ``precision``,
 ``size``, ``shape``, ``node``, ``stage``, ``edge`` it has (engine rows by
 backend/device/precision/size, decode rows by syntax). A key or row present on
 one side only is a note, not a regression. A changed run setting (``size``,
-``frames``, ``repeats``, ``model``, ``hardware``, ``target_fps``; ``cores``, the
+``frames``, ``repeats``, ``model``, ``hardware``, ``target_fps``, ``series`` (the
+listener's memory suite, ``--series``; ray's series count); ``cores``, the
 usable cores, as a core count changes what a pipelined/serial or cluster/local
 ratio means; ``workers``, ``processes``, ``depth`` and ``max_in_flight``, the
 pipeline's layout, which decide its throughput, latency and drops) makes the
@@ -89,7 +90,7 @@ REFERENCE = frozenset({"pydicom_ms", "sgemm_gflops", "file_mb"})
 RATIO_LOWER = frozenset({"decode.rows[].ratio", "cold_start.ratio"})  # generic paths, list keys as []
 IDENTITY = ("syntax", "backend", "device", "precision", "size", "shape", "node", "stage", "edge")
 SETTINGS = frozenset({"size", "frames", "repeats", "model", "hardware", "target_fps",
-                      "cores", "workers", "processes", "depth", "max_in_flight"})
+                      "cores", "workers", "processes", "depth", "max_in_flight", "series"})
 # Frames lost (or sent late), and the tolerance each gets on top of "none in the baseline,
 # some now": a failed frame is never noise (0), a dropped or late one is timing (the
 # tolerance, None).

@@ -12,19 +12,31 @@ What it measures, per repeat (interleaved with the baseline):
 
 ``series_vs_batch`` is the listener's series time over the batch time: what the
 spool, the index and forwarding cost on top of the analysis.
+
+:func:`listener_memory` (``medrt bench --only listener_memory --series N``) is the other
+question a listener that runs for months raises: does it give back what a series took?
+``medrt listen --idle 0.5`` runs in a process of its own (its resident memory alone, as a
+service's), and is sent the sample series ``N`` times, one after another, each copy with
+new Study, Series and SOP Instance UIDs (a new series every time, as a scanner sends),
+by pynetdicom; ``VmRSS`` is read once each series' outcome line is printed.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import statistics
+import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from medrt.bench import SETTLE_S
 
-__all__ = ["listener_vs_batch"]
+__all__ = ["listener_memory", "listener_vs_batch"]
 
 
 def _send(files: list[Path], port: int) -> float:
@@ -102,4 +114,141 @@ def listener_vs_batch(folder: Path | None = None, repeats: int = 3, workers: int
         "lesions_batch": sorted(lesions["batch"]),
         "repeats": repeats,
         "workers": workers,
+    }
+
+
+def _vm(pid: int) -> dict[str, float]:
+    """``VmRSS`` and ``VmHWM`` (the resident peak) of process ``pid`` in MB (Linux)."""
+    found = {}
+    with open(f"/proc/{pid}/status", encoding="ascii") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                found[key] = int(value.split()[0]) / 1024.0
+    return found
+
+
+def _copy_series(files: list[Path], folder: Path) -> list[Path]:
+    """``files`` written into ``folder`` as a new series: new Study, Series and SOP Instance
+    UIDs, pixel data as it was (still compressed)."""
+    import pydicom
+    from pydicom.uid import generate_uid
+
+    study, series = generate_uid(), generate_uid()
+    folder.mkdir(parents=True)
+    copies = []
+    for path in files:
+        ds = pydicom.dcmread(path)
+        ds.StudyInstanceUID, ds.SeriesInstanceUID = study, series
+        ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = generate_uid()
+        copy = folder / path.name
+        ds.save_as(copy, enforce_file_format=True)
+        copies.append(copy)
+    return copies
+
+
+class _ListenerProcess:
+    """``medrt listen`` in a process of its own; its output read on a thread, a line per
+    series outcome counted."""
+
+    def __init__(self, root: Path, idle_s: float) -> None:
+        import medrt
+
+        env = dict(os.environ)
+        here = str(Path(medrt.__file__).resolve().parents[1])  # this medrt, not another installed one
+        env["PYTHONPATH"] = os.pathsep.join([here, *filter(None, [env.get("PYTHONPATH")])])
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "medrt", "listen", "--spool", str(root / "spool"), "--out", str(root / "results"),
+             "--bind", "127.0.0.1", "--port", "0", "--idle", str(idle_s)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.port: int | None = None
+        self.outcomes: list[str] = []
+        self.tail: list[str] = []
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read, name="bench-listener-output", daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._changed:
+                self.tail = [*self.tail[-19:], line.rstrip()]
+                started = re.search(r"^medrt listen: \S+ on 127\.0\.0\.1:(\d+)", line)
+                if started and self.port is None:
+                    self.port = int(started.group(1))
+                elif line.startswith("series "):
+                    self.outcomes.append(line.strip())
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait(self, what: str, ready: Any, timeout_s: float) -> None:
+        with self._changed:
+            if not self._changed.wait_for(lambda: ready() or self.proc.poll() is not None, timeout_s) or not ready():
+                tail = "\n".join(self.tail[-8:])
+                raise RuntimeError(f"bench: medrt listen: no {what} within {timeout_s:.0f} s "
+                                   f"(exit status {self.proc.poll()}); its last lines:\n{tail}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def listener_memory(series: int = 12, warmup: int = 2, folder: Path | None = None,
+                    idle_s: float = 0.5) -> dict[str, Any]:
+    """The listener's resident memory over ``series`` series sent one after another (see
+    the module's docstring): after the ``warmup``-th and after the last, the growth
+    between them in % and in MB per series, the peak, and each series' reading."""
+    from medrt.bench.pipeline import default_stream
+
+    if series <= warmup:
+        raise ValueError(f"listener_memory: --series must be more than the {warmup} warm-up series, got {series}")
+    folder = default_stream() if folder is None else Path(folder)
+    files = sorted(folder.glob("*.dcm"))
+    if not files:
+        raise FileNotFoundError(f"{folder}: no .dcm files to send")
+    rss: list[float] = []
+    lesions: set[int] = set()
+    with tempfile.TemporaryDirectory(prefix="medrt-bench-listen-mem-") as tmp:
+        root = Path(tmp)
+        listener = _ListenerProcess(root, idle_s)
+        try:
+            listener.wait("start (the models loaded)", lambda: listener.port is not None, 600.0)
+            assert listener.port is not None
+            start = _vm(listener.proc.pid)["VmRSS"]
+            for n in range(1, series + 1):
+                copies = _copy_series(files, root / f"send{n}")
+                _send(copies, listener.port)
+                for path in copies:
+                    path.unlink()
+                listener.wait(f"outcome for series {n}", lambda n=n: len(listener.outcomes) >= n, 600.0)
+                line = listener.outcomes[n - 1]
+                if ": done, " not in line:
+                    raise RuntimeError(f"bench: series {n} did not end done: {line}")
+                found = re.search(r", (\d+) lesion\(s\)", line)
+                if found:
+                    lesions.add(int(found.group(1)))
+                rss.append(_vm(listener.proc.pid)["VmRSS"])
+            peak = _vm(listener.proc.pid)["VmHWM"]
+        finally:
+            listener.stop()
+    warm, last = rss[warmup - 1], rss[-1]
+    return {
+        "series": series,
+        "warmup_series": warmup,
+        "images_per_series": len(files),
+        "idle_s": idle_s,
+        "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX", "2 (medrt's default)"),
+        "rss_start_mb": round(start, 1),
+        "rss_after_warmup_mb": round(warm, 1),
+        "rss_last_mb": round(last, 1),
+        "rss_peak_mb": round(peak, 1),
+        "growth_pct": round(100.0 * (last - warm) / warm, 2),
+        "mb_per_series": round((last - warm) / (series - warmup), 2),
+        "rss_mb": [round(v, 1) for v in rss],
+        "lesions": sorted(lesions),  # one value when every series found the same
     }

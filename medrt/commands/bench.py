@@ -12,7 +12,7 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 SUITES = ("decode", "engines", "graph", "roi_vs_full", "pipelined", "stream", "int8", "cold_start", "efficiency",
-          "listener", "ray", "series_outputs")
+          "listener", "listener_memory", "ray", "series_outputs")
 #: ``--frames`` of each suite that takes it, when not given
 DEFAULT_FRAMES = {"roi_vs_full": 4, "series_outputs": 300}
 
@@ -85,6 +85,12 @@ def _listener(args: argparse.Namespace, _: Any) -> Any:
     return listener_vs_batch(repeats=max(1, args.repeats // 3))
 
 
+def _listener_memory(args: argparse.Namespace, _: Any) -> Any:
+    from medrt.bench.pacs import listener_memory
+
+    return listener_memory(series=args.series)
+
+
 def _ray(args: argparse.Namespace, _: Any) -> Any:
     from medrt.distributed import ray_available
 
@@ -103,11 +109,11 @@ def _series_outputs(args: argparse.Namespace, _: Any) -> Any:
 
 RUNNERS = {"decode": _decode, "engines": _engines, "graph": _graph, "roi_vs_full": _roi_vs_full, "int8": _int8,
            "cold_start": _cold_start, "efficiency": _efficiency, "pipelined": _pipelined, "stream": _stream,
-           "listener": _listener, "ray": _ray, "series_outputs": _series_outputs}
+           "listener": _listener, "listener_memory": _listener_memory, "ray": _ray, "series_outputs": _series_outputs}
 KEYS = {"roi_vs_full": "roi_vs_full", "int8": "int8_vs_fp32", "cold_start": "cold_start",
         "efficiency": "unet_efficiency", "engines": "engines", "graph": "concat_as_sum", "decode": "decode",
         "pipelined": "pipelined_vs_serial", "stream": "stream_30fps", "listener": "listener_vs_batch",
-        "ray": "ray_vs_local", "series_outputs": "series_outputs"}
+        "listener_memory": "listener_memory", "ray": "ray_vs_local", "series_outputs": "series_outputs"}
 
 
 def _print(results: dict[str, Any]) -> None:
@@ -129,6 +135,9 @@ def run(args: argparse.Namespace) -> int:
     unknown = [s for s in suites if s not in RUNNERS]
     if unknown:
         print(f"medrt bench: unknown suite(s) {unknown}; choose from {', '.join(SUITES)}")
+        return 2
+    if "listener_memory" in suites and args.series < 3:
+        print(f"medrt bench: --series must be at least 3 (2 warm up), got {args.series}", file=sys.stderr)
         return 2
     baseline = None
     if args.compare:  # refused before the (minutes of) benchmarks, not after them
@@ -194,7 +203,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "with the accuracy gate), cold_start (first frame vs steady state), efficiency (UNet GFLOP/s "
         "vs sgemm), pipelined (pipelined vs serial throughput on the 512² sample stream), stream "
         "(sustained replay at --fps: achieved fps, drops, p99), listener (the sample CT series by C-STORE into "
-        "medrt listen's spool, analysed and its SEG/SR forwarded, vs medrt batch on the same files), ray (medrt batch "
+        "medrt listen's spool, analysed and its SEG/SR forwarded, vs medrt batch on the same files), listener_memory "
+        "(medrt listen's resident memory, in a process of its own, over --series copies of the sample CT series "
+        "with new UIDs sent one after another: after the warm-up and after the last, growth % and MB per series), "
+        "ray (medrt batch "
         "--ray on a private cluster of this machine's cores, one worker and a worker per core, vs medrt batch on "
         "sample_dicom), series_outputs (a --frames-slice CT phantom's SEG, SR and other outputs after its last frame, "
         "stage by stage, with the ground truth as results: no model time). Exit code 1 when --compare finds a regression (a figure worse by more than "
@@ -211,6 +223,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--frames", type=_frames, default=None,
                    help="4096² frames for roi_vs_full (default 4); slices of the CT phantom for series_outputs "
                         "(default 300; written once into the user's cache, 1,200 slices take minutes)")
+    p.add_argument("--series", type=_frames, default=12,
+                   help="series sent one after another by the listener_memory suite (default 12; the first 2 warm up,"
+                        " so at least 3)")
     p.add_argument("--repeats", type=int, default=9, help="repeats per measurement (median is reported)")
     p.add_argument("--no-recheck", action="store_true", help="roi_vs_full without the 2x recheck")
     p.add_argument("--precision", default="fp32", choices=("fp32", "int8"),
