@@ -202,4 +202,5 @@ def test_listener_memory_suite_reads_the_listeners_memory_after_each_series(caps
     assert len(row["rss_mb"]) == 3 and row["rss_after_warmup_mb"] == row["rss_mb"][1]
     assert row["rss_last_mb"] == row["rss_mb"][2] and row["rss_peak_mb"] >= max(row["rss_mb"]) > row["rss_start_mb"] > 0
     assert abs(row["mb_per_series"] - (row["rss_last_mb"] - row["rss_after_warmup_mb"])) <= 0.1  # one series after
+    assert row["mb_per_series_last_half"] == row["mb_per_series"]  # of one series, the later half is that one
     assert len(row["lesions"]) == 1 and row["lesions"][0] > 0  # each copy of the series: the same lesions

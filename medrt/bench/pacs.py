@@ -202,7 +202,8 @@ def listener_memory(series: int = 12, warmup: int = 2, folder: Path | None = Non
                     idle_s: float = 0.5) -> dict[str, Any]:
     """The listener's resident memory over ``series`` series sent one after another (see
     the module's docstring): after the ``warmup``-th and after the last, the growth
-    between them in % and in MB per series, the peak, and each series' reading."""
+    between them in % and in MB per series (and over the later half of the series after
+    the warm-up alone), the peak, and each series' reading."""
     from medrt.bench.pipeline import default_stream
 
     if series <= warmup:
@@ -237,6 +238,7 @@ def listener_memory(series: int = 12, warmup: int = 2, folder: Path | None = Non
         finally:
             listener.stop()
     warm, last = rss[warmup - 1], rss[-1]
+    half = warmup + (series - warmup) // 2  # the later half's growth: a warm-up that ended low does not count
     return {
         "series": series,
         "warmup_series": warmup,
@@ -249,6 +251,7 @@ def listener_memory(series: int = 12, warmup: int = 2, folder: Path | None = Non
         "rss_peak_mb": round(peak, 1),
         "growth_pct": round(100.0 * (last - warm) / warm, 2),
         "mb_per_series": round((last - warm) / (series - warmup), 2),
+        "mb_per_series_last_half": round((last - rss[half - 1]) / (series - half), 2),
         "rss_mb": [round(v, 1) for v in rss],
         "lesions": sorted(lesions),  # one value when every series found the same
     }
