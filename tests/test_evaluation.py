@@ -491,3 +491,32 @@ def test_proportion_interval_is_wilsons() -> None:
     # more lesions, the same rate: a narrower interval
     small, large = proportion_interval(17, 20), proportion_interval(170, 200)
     assert large[1] - large[0] < (small[1] - small[0]) / 2
+
+
+def test_the_ground_truth_of_a_multi_frame_object_keeps_every_frame(tmp_path: Path) -> None:
+    """An enhanced CT holds its slices as frames of one SOP instance: its ground truth lists
+    one UID with frame_index 0..n-1. Each frame was kept under the UID, so each overwrote
+    the one before: ``medrt eval`` of a batch's results.jsonl stopped at "two predictions for
+    the same frame", and of its SEG looked for a mask the .npz did not hold (KeyError)."""
+    single = load_ground_truth(SAMPLE_DIR / "ct_stream")
+    doc = json.loads((SAMPLE_DIR / "ct_stream" / "ground_truth.json").read_text())
+    uid = "1.2.826.0.1.3680043.8.498.1"
+    masks = {}
+    for i, fr in enumerate(doc["frames"]):
+        masks[f"{uid}#{i}"] = single[fr["sop_instance_uid"]].mask
+        fr.update(file="enhanced.dcm", sop_instance_uid=uid, frame_index=i)
+    (tmp_path / "ground_truth.json").write_text(json.dumps(doc))
+    np.savez_compressed(tmp_path / "ground_truth_masks.npz", **masks)
+    truth = load_ground_truth(tmp_path)
+    assert len(truth) == len(single) == 40
+    assert list(truth) == [uid] + [f"{uid}#{i}" for i in range(1, 40)] == [t.key for t in truth.values()]
+    expected = sum(len(t.scored_lesions) for t in single.values())
+    # keyed as a batch's results.jsonl keys them (frame 0 the bare UID), and as a SEG's are
+    for keys in ([t.key for t in truth.values()], [f"{uid}#{i}" for i in range(40)]):
+        report = evaluate([perfect(k, t) for k, t in zip(keys, truth.values(), strict=True)], truth)
+        assert report.frames == 40 and report.frames_without_prediction == 0
+        assert report.gt_lesions == report.detected == expected and report.dice_mean == 1.0
+    doc["frames"].append(doc["frames"][5])
+    (tmp_path / "ground_truth.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match=f"frame 5 of {uid} is listed twice"):
+        load_ground_truth(tmp_path)

@@ -29,6 +29,7 @@ __all__ = [
     "FrameTruth",
     "TruthWriter",
     "load_ground_truth",
+    "truth_key",
 ]
 
 SCHEMA_VERSION = 1
@@ -74,10 +75,18 @@ class FrameTruth:
     volume: str = ""
 
     @property
+    def key(self) -> str:
+        """The frame's key in :func:`load_ground_truth` and in the masks ``.npz``: the
+        SOPInstanceUID, ``UID#n`` for frame n > 0 of a multi-frame object (frame 0 keeps
+        the bare UID, which :func:`medrt.evaluation.evaluate` also finds as ``UID#0``)."""
+        return truth_key(self.sop_instance_uid, self.frame_index)
+
+    @property
     def mask(self) -> np.ndarray:
         if "mask" not in self._cache:
             with np.load(self.masks_path) as npz:
-                arr = np.asarray(npz[self.sop_instance_uid])
+                key = self.key if self.key in npz.files else f"{self.sop_instance_uid}#{self.frame_index}"
+                arr = np.asarray(npz[key])
             arr.flags.writeable = False
             self._cache["mask"] = arr
         return self._cache["mask"]
@@ -97,6 +106,11 @@ class FrameTruth:
     def scored_lesions(self) -> tuple[LesionTruth, ...]:
         """The lesions an evaluation should count (not flagged ``ignore``)."""
         return tuple(t for t in self.lesions if not t.extras.get("ignore"))
+
+
+def truth_key(sop_instance_uid: str, frame_index: int) -> str:
+    """A ground-truth frame's key: the UID, with ``#n`` for frame n > 0 of a multi-frame object."""
+    return sop_instance_uid if frame_index == 0 else f"{sop_instance_uid}#{frame_index}"
 
 
 def _lesion_json(t: LesionTruth) -> dict[str, Any]:
@@ -183,10 +197,12 @@ class TruthWriter:
 
 
 def load_ground_truth(folder: str | Path) -> dict[str, FrameTruth]:
-    """Read a phantom folder's sidecar: ``{SOPInstanceUID: FrameTruth}``.
+    """Read a phantom folder's sidecar: ``{key: FrameTruth}``, the key the SOPInstanceUID,
+    ``UID#n`` for frame n > 0 of a multi-frame object (:attr:`FrameTruth.key`).
 
     Raises FileNotFoundError when the folder has no ``ground_truth.json`` and
-    ValueError when its schema version is not one this code reads.
+    ValueError when its schema version is not one this code reads, or when it lists
+    one frame twice.
     """
     folder = Path(folder)
     doc = json.loads((folder / TRUTH_JSON).read_text(encoding="utf-8"))
@@ -197,12 +213,15 @@ def load_ground_truth(folder: str | Path) -> dict[str, FrameTruth]:
     masks = folder / str(doc.get("masks", MASKS_NPZ))
     out: dict[str, FrameTruth] = {}
     for fr in doc["frames"]:
-        uid = str(fr["sop_instance_uid"])
+        uid, index = str(fr["sop_instance_uid"]), int(fr["frame_index"])
+        key = truth_key(uid, index)
+        if key in out:  # a multi-frame object's frames differ by frame_index; each was once kept as the last
+            raise ValueError(f"{folder / TRUTH_JSON}: frame {index} of {uid} is listed twice")
         loc = fr.get("slice_location")
-        out[uid] = FrameTruth(
+        out[key] = FrameTruth(
             file=folder / fr["file"],
             sop_instance_uid=uid,
-            frame_index=int(fr["frame_index"]),
+            frame_index=index,
             spacing_mm=(float(fr["spacing_mm"][0]), float(fr["spacing_mm"][1])),
             spacing_source=str(fr["spacing_source"]),
             rows=int(fr["rows"]),
