@@ -28,7 +28,13 @@ from medrt.io.dicom import read_dataset
 from medrt.io.header import finite_int
 from medrt.io.scan import iter_files
 from medrt.io.seg import SEG_SOP_CLASSES, SegMasks
-from medrt.io.series import ORIENTATION_ATOL, group_series, slice_order
+from medrt.io.series import (
+    ORIENTATION_ATOL,
+    SeriesItem,
+    frames_in_position_order,
+    group_series,
+    slice_order,
+)
 from medrt.privacy import describe_exception
 from medrt.types import Frame, FrameResult
 
@@ -342,7 +348,7 @@ class Study:
             stacks = s.stacks or (s.items,)
             items = [i for stack in stacks for i in (reversed(stack) if s.ordered_by == "position" else stack)]
             for item in items:
-                for i in range(item.frames):
+                for i in _frames_head_first(item):
                     entry.add(Slot(frame_key(item.sop_instance_uid, item.frames, i), path=item.path))
             study.series.append(entry)
         study.slice_order = slice_order(grouped.series)
@@ -464,6 +470,21 @@ def _name(source: object) -> str:
     text = str(source)
     path = Path(text)
     return f"{path.parent.name}/{path.name}" if path.parent.name else path.name
+
+
+def _frames_head_first(item: SeriesItem) -> list[int]:
+    """An object's frames in the order its slices are shown: a multi-frame object's head
+    first, as a series of single-frame slices is, where each frame has a place of its own
+    (:func:`medrt.io.series.frames_in_position_order`); they were shown in frame order, which
+    an enhanced CT need not store in slice order, so scrolling jumped about the volume."""
+    if item.frames < 2 or not isinstance(item.source, (str, os.PathLike)):
+        return list(range(item.frames))
+    try:
+        ds = read_dataset(item.source, stop_before_pixels=True)
+    except InputError:
+        return list(range(item.frames))  # its own error comes when it is decoded
+    order = frames_in_position_order(ds, item.frames)
+    return list(range(item.frames)) if order is None else order[::-1]
 
 
 def _patient_of(source: object) -> PatientInfo | None:

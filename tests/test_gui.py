@@ -758,6 +758,35 @@ def test_seg_opened_beside_its_source(bot, make_window, tmp_path: Path) -> None:
     assert "none of the open images" in w.statusBar().currentMessage()
 
 
+def test_an_enhanced_ct_stored_out_of_position_order_is_shown_head_first(bot, make_window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """An enhanced CT may store its frames in any order. Its images were shown in frame order,
+    so scrolling jumped about the volume (-112, -88, -115 ... mm on a shuffled phantom); they
+    now come head first, as a series of single-frame slices does."""
+    import random
+
+    import highdicom as hd
+    from pydicom.uid import generate_uid
+
+    from medrt.phantom.folders import write_ct_series
+
+    slices = write_ct_series(tmp_path / "phantom", seed=25, n_frames=6, size=128, compress="none")
+    datasets = [pydicom.dcmread(p) for p in slices]
+    random.Random(5).shuffle(datasets)
+    path = tmp_path / "enhanced.dcm"
+    hd.legacy.LegacyConvertedEnhancedCTImage(
+        legacy_datasets=datasets, series_instance_uid=generate_uid(), series_number=9,
+        sop_instance_uid=generate_uid(), instance_number=1, include_dimension_index=False,
+    ).save_as(path, enforce_file_format=True)
+    z = {f.key: f.geometry.position[2] for f in read_frames(path)}
+    assert list(z.values()) != sorted(z.values(), reverse=True)  # stored out of order
+    w = make_window(analysis=False)
+    study = w.open_path(path)
+    assert [s.key for s in study.series[0].slots] == sorted(z, key=z.__getitem__, reverse=True)
+    w.show_image(1)
+    wait_shown(bot, w)
+    assert w.current_slot().frame.geometry.position[2] == sorted(z.values(), reverse=True)[1]
+
+
 def test_export_view_as_png(bot, make_window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from PIL import Image
 

@@ -58,8 +58,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 __all__ = [
     "OrderedBy", "SeriesInput", "SeriesItem", "Series", "BadInput", "NonImage", "GroupResult",
-    "group_series", "order_items", "order_stacks", "regular_step", "series_to_sitk",
-    "slice_order",
+    "frames_in_position_order", "group_series", "order_items", "order_stacks", "regular_step",
+    "series_to_sitk", "slice_order",
 ]
 
 log = logging.getLogger(__name__)
@@ -346,6 +346,24 @@ def _unit_normal(orientation: Sequence[float]) -> np.ndarray:
 
 def _project(geometry: Geometry, normal: Sequence[float] | np.ndarray) -> float:
     return float(np.dot(np.asarray(geometry.position, dtype=np.float64), np.asarray(normal, dtype=np.float64)))
+
+
+def frames_in_position_order(ds: Dataset, n_frames: int) -> list[int] | None:
+    """A multi-frame object's frame indices in slice order, ascending along the slice normal
+    as :func:`group_series` orders a series' items, read from the header alone (frame order
+    need not be slice order: an enhanced CT may store its frames in any order). None where
+    the frames do not each have a place of their own on one orientation (no per-frame
+    geometry, several phases or stacks at one place): their frame order keeps those together."""
+    geometries = frame_geometries(ds, n_frames)
+    first = geometries[0] if geometries else None
+    if n_frames < 2 or first is None or any(
+            g is None or not np.allclose(g.orientation, first.orientation, atol=ORIENTATION_ATOL) for g in geometries):
+        return None
+    normal = _unit_normal(first.orientation)
+    positions = [_project(g, normal) for g in geometries]  # type: ignore[arg-type]
+    if len({round(p, 3) for p in positions}) < n_frames:
+        return None
+    return sorted(range(n_frames), key=positions.__getitem__)
 
 
 # --------------------------------------------------------------------------- ordering
