@@ -122,6 +122,36 @@ def test_an_enhanced_ct_stored_out_of_position_order_gets_the_findings_of_a_sort
     assert findings(enhanced(tmp_path / "shuffled", True)) == findings(enhanced(tmp_path / "sorted", False))
 
 
+def test_an_enhanced_phantom_scores_as_the_single_frame_phantom_of_its_seed(analyzer, tmp_path, capsys):
+    """``medrt phantom ct --enhanced`` writes the series of a seed as one multi-frame object,
+    its ground truth one entry per frame (``UID#n``). ``medrt batch`` then ``medrt eval`` score
+    it as they score the single-frame series of the seed: the same pixels, positions and
+    lesions, so the same detections, false positives and Dice, from results.jsonl and from
+    the SEG."""
+    from medrt.cli import main
+    from medrt.io.dicom import read_frames
+
+    scores = {}
+    for name, extra in (("enhanced", ["--enhanced"]), ("single", [])):
+        src, out = tmp_path / name / "in", tmp_path / name / "out"
+        assert main(["phantom", "ct", "--out", str(src), "--seed", "25", "--frames", "20", *extra]) == 0
+        assert run_batch(BatchConfig(src, out), analyzer=analyzer).exit_code == 0
+        capsys.readouterr()
+        for seg in ([], ["--seg"]):
+            assert main(["eval", str(out), str(src), "--json", *seg]) == 0
+            scores[name, bool(seg)] = json.loads(capsys.readouterr().out)
+    (path,) = (tmp_path / "enhanced" / "in").glob("*.dcm")
+    assert len(read_frames(path)) == 20  # one object, every slice a frame
+    single = scores["single", False]
+    assert single["detected"] > 0 and single["dice"]["n"] > 0 and single["frames"] == 20  # lesions found
+    assert scores["enhanced", False] == single
+    # A SEG of a multi-frame source holds only the frames it segments: eval cannot tell the
+    # others from frames it was not given (counted as predicted empty, as they are)
+    for name in ("enhanced", "single"):
+        scores[name, True].pop("frames_without_prediction")
+    assert scores["enhanced", True] == scores["single", True]
+
+
 def test_a_slice_without_its_position_costs_neither_the_series_seg_nor_its_lesion_count(plain, analyzer, tmp_path):
     """One slice lacking ImagePositionPatient (a damaged or hand-edited header) cost the whole
     series its SEG (highdicom copies the position from every source image), and split each

@@ -398,3 +398,63 @@ def test_cli_writes_a_phantom(tmp_path: Path, capsys) -> None:
     assert len(load_ground_truth(tmp_path / "dx64")) == 3
     with pytest.raises(SystemExit):
         main(["phantom", "ct", "--out", str(tmp_path / "x"), "--size", "8"])
+
+
+# --- enhanced (multi-frame) CT ---------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", ["none", "rle", "jpegls", "j2k", "htj2k", "jpegxl"])
+def test_an_enhanced_ct_phantom_holds_the_series_slices_as_frames(tmp_path: Path, codec: str) -> None:
+    """``write_enhanced_ct``: the series of a seed as one Legacy Converted Enhanced CT, in
+    the transfer syntax asked for; each frame the slice of the single-frame series at its
+    position, pixel for pixel, and its ground truth that slice's, keyed by frame
+    (``UID#n``). ``shuffle_frames`` stores them out of position order, the truth following."""
+    from pydicom.uid import LegacyConvertedEnhancedCTImageStorage
+
+    from medrt.io.dicom import read_frames
+    from medrt.phantom import COMPRESSIONS, write_enhanced_ct
+    from medrt.phantom.truth import truth_key
+
+    series = {f.position[2]: f for f in generate_ct_series(CT_SEED, 5, 64)}
+    for shuffle in (False, True):
+        folder = tmp_path / f"{codec}-{shuffle}"
+        (path,) = write_enhanced_ct(folder, CT_SEED, n_frames=5, size=64, compress=codec, shuffle_frames=shuffle)
+        ds = pydicom.dcmread(path, stop_before_pixels=True)
+        assert ds.SOPClassUID == LegacyConvertedEnhancedCTImageStorage and int(ds.NumberOfFrames) == 5
+        assert ds.file_meta.TransferSyntaxUID == COMPRESSIONS[codec]
+        frames = read_frames(path)
+        z = [f.geometry.position[2] for f in frames]
+        in_order = z == sorted(z) or z == sorted(z, reverse=True)
+        assert in_order != shuffle
+        truth = load_ground_truth(folder)
+        assert len(truth) == 5
+        for f in frames:
+            slice_ = series[f.geometry.position[2]]
+            assert np.array_equal(f.pixels, slice_.pixels)
+            t = truth[truth_key(f.sop_instance_uid, f.frame_index)]
+            assert (t.frame_index, t.file, t.slice_location) == (f.frame_index, path, slice_.slice_location)
+            assert t.lesions == slice_.lesions and np.array_equal(t.mask, slice_.labels)
+
+
+def test_an_enhanced_ct_phantom_is_the_same_bytes_each_time(tmp_path: Path) -> None:
+    """highdicom stamps the conversion's time and a new Dimension Organization UID; the
+    phantom fixes both, so the same arguments give the same file."""
+    from medrt.phantom import write_enhanced_ct
+
+    a, b = (write_enhanced_ct(tmp_path / k, 3, n_frames=4, size=64, shuffle_frames=True)[0] for k in "ab")
+    assert a.read_bytes() == b.read_bytes()
+    assert (tmp_path / "a" / TRUTH_JSON).read_bytes() == (tmp_path / "b" / TRUTH_JSON).read_bytes()
+    assert (tmp_path / "a" / "ground_truth_masks.npz").read_bytes() == (tmp_path / "b" / "ground_truth_masks.npz").read_bytes()
+
+
+def test_cli_writes_an_enhanced_phantom(tmp_path: Path, capsys) -> None:
+    from medrt.cli import main
+
+    args = f"phantom ct --out {tmp_path / 'ct'} --frames 4 --size 64 --seed 4 --enhanced --shuffle-frames --compress jpegls"
+    assert main(args.split()) == 0
+    assert "wrote 1 files" in capsys.readouterr().out
+    ds = pydicom.dcmread(tmp_path / "ct" / "ct_enhanced.dcm", stop_before_pixels=True)
+    assert int(ds.NumberOfFrames) == 4 and ds.file_meta.TransferSyntaxUID == "1.2.840.10008.1.2.4.80"
+    assert len(load_ground_truth(tmp_path / "ct")) == 4
+    assert main(f"phantom ct --out {tmp_path / 'x'} --frames 4 --shuffle-frames".split()) == 2
+    assert "--shuffle-frames needs --enhanced" in capsys.readouterr().err

@@ -29,12 +29,22 @@ def _summary(out: Path, paths: list[Path], seconds: float, what: str = "lesions"
 
 
 def _run_ct(args: argparse.Namespace) -> int:
-    from medrt.phantom import write_ct_series
+    import sys
 
+    from medrt.phantom import write_ct_series, write_enhanced_ct
+
+    if args.shuffle_frames and not args.enhanced:
+        print("medrt phantom ct: --shuffle-frames needs --enhanced (single-frame slices have no frame order)",
+              file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
-    paths = write_ct_series(
-        args.out, args.seed, n_frames=args.frames, size=args.size, compress=args.compress
-    )
+    if args.enhanced:
+        paths = write_enhanced_ct(args.out, args.seed, n_frames=args.frames, size=args.size,
+                                  compress=args.compress, shuffle_frames=args.shuffle_frames)
+    else:
+        paths = write_ct_series(
+            args.out, args.seed, n_frames=args.frames, size=args.size, compress=args.compress
+        )
     print(_summary(Path(args.out), paths, time.perf_counter() - t0, "lesion cross-sections"))
     return 0
 
@@ -127,6 +137,18 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         choices=codecs,
         default="rle",
         help="transfer syntax: lossless RLE, JPEG-LS, JPEG 2000, HTJ2K, JPEG XL, or none (default rle)",
+    )
+    ct.add_argument(
+        "--enhanced",
+        action="store_true",
+        help="write the series as one multi-frame Legacy Converted Enhanced CT file "
+        "(ct_enhanced.dcm; ground truth per frame, UID#n), not one file per slice",
+    )
+    ct.add_argument(
+        "--shuffle-frames",
+        action="store_true",
+        help="with --enhanced, store the frames out of position order (drawn from the seed), "
+        "as some scanners and conversions do",
     )
     ct.set_defaults(func=_run_ct)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from medrt.phantom.ct import generate_ct_series
 from medrt.phantom.dicom_write import COMPRESSIONS, ct_dataset, dx_dataset, phantom_uid
+from medrt.phantom.enhanced import write_enhanced_ct
 from medrt.phantom.folders import (
     SAMPLE_CT,
     SAMPLE_CT_SEED,
@@ -38,6 +39,7 @@ __all__ = [
     "generate_ct_series",
     "generate_radiograph",
     "write_ct_series",
+    "write_enhanced_ct",
     "write_radiographs",
     "make_sample",
     "load_ground_truth",

@@ -28,7 +28,7 @@ from pydicom.uid import (
 from medrt.phantom.frame import CT, PhantomFrame
 from medrt.phantom.xray import XRAY_MAX
 
-__all__ = ["COMPRESSIONS", "phantom_uid", "ct_dataset", "dx_dataset", "write_dataset"]
+__all__ = ["COMPRESSIONS", "phantom_uid", "ct_dataset", "dx_dataset", "fixed_times", "write_dataset"]
 
 log = logging.getLogger(__name__)
 
@@ -192,8 +192,19 @@ def dx_dataset(frame: PhantomFrame, monochrome1: bool = False) -> tuple[Dataset,
     return ds, values
 
 
+def fixed_times(ds: Dataset) -> None:
+    """The phantom's fixed date and time on ``ds`` where a library that builds an object
+    from the phantom's (highdicom) stamps the current one: the instance creation and each
+    contributing equipment's ContributionDateTime."""
+    ds.InstanceCreationDate, ds.InstanceCreationTime = _DATE, _TIME
+    for item in ds.get("ContributingEquipmentSequence", ()):
+        if "ContributionDateTime" in item:
+            item.ContributionDateTime = _DATE + _TIME
+
+
 def write_dataset(ds: Dataset, stored: np.ndarray, path: Path, compress: str = "none") -> Path:
-    """Attach the pixels (compressed as asked) and write a conformant Part 10 file."""
+    """Attach the pixels (compressed as asked) and write a conformant Part 10 file.
+    ``stored``: (rows, cols), or (frames, rows, cols) for a multi-frame ``ds``."""
     if compress not in COMPRESSIONS:
         raise ValueError(
             f'Argument "compress" must be one of {", ".join(COMPRESSIONS)}, got {compress!r}.'
@@ -237,11 +248,12 @@ def _encapsulate_imagecodecs(ds: Dataset, stored: np.ndarray, compress: str) -> 
 
     import medrt.io.codecs  # noqa: F401  (names JPEG XL for pydicom 3.0, which writes the file)
 
-    if compress == "htj2k":
-        data = imagecodecs.htj2k_encode(stored, reversible=True)
-    else:
-        data = imagecodecs.jpegxl_encode(stored, lossless=True, effort=3)
-    ds.PixelData = encapsulate([data])
+    def encode(values: np.ndarray) -> bytes:
+        if compress == "htj2k":
+            return imagecodecs.htj2k_encode(values, reversible=True)
+        return imagecodecs.jpegxl_encode(values, lossless=True, effort=3)
+
+    ds.PixelData = encapsulate([encode(f) for f in (stored if stored.ndim == 3 else [stored])])  # a fragment a frame
     ds["PixelData"].VR = "OB"
     ds["PixelData"].is_undefined_length = True
     ds.file_meta.TransferSyntaxUID = COMPRESSIONS[compress]

@@ -1,8 +1,9 @@
 """The ground-truth sidecar of a phantom folder: ``ground_truth.json`` + a masks ``.npz``.
 
-The JSON lists every written frame with its file, SOPInstanceUID, pixel spacing
-and lesions (the :class:`medrt.types.LesionTruth` fields). The ``.npz`` holds one
-uint16 label map per frame, keyed by SOPInstanceUID, in the frame's source pixel
+The JSON lists every written frame with its file, SOPInstanceUID, frame index, pixel
+spacing and lesions (the :class:`medrt.types.LesionTruth` fields). The ``.npz`` holds one
+uint16 label map per frame, keyed by :func:`truth_key` (the SOPInstanceUID; ``UID#n`` for
+frame n > 0 of a multi-frame object), in the frame's source pixel
 grid and display semantics (what medrt's reader returns). The schema is described
 in ``sample_dicom/README.md``. Both files are written byte-for-byte reproducibly.
 """
@@ -40,13 +41,15 @@ _UNITS = {"ct": "HU", "xray": "presentation values 0..4095, display semantics"}
 
 @dataclass(frozen=True, slots=True)
 class TruthEntry:
-    """What the writer knows about one written frame."""
+    """What the writer knows about one written frame (``frame_index``: its frame in a
+    multi-frame object, 0 for a single-frame image)."""
 
     frame: PhantomFrame
     file: str
     sop_instance_uid: str
     photometric: str
     spacing_source: str
+    frame_index: int = 0
 
 
 @dataclass(frozen=True)
@@ -161,7 +164,7 @@ class TruthWriter:
         f = e.frame
         buf = io.BytesIO()
         np.lib.format.write_array(buf, np.ascontiguousarray(f.labels), allow_pickle=False)
-        info = zipfile.ZipInfo(f"{e.sop_instance_uid}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+        info = zipfile.ZipInfo(f"{truth_key(e.sop_instance_uid, e.frame_index)}.npy", date_time=(1980, 1, 1, 0, 0, 0))
         info.compress_type = zipfile.ZIP_DEFLATED
         info.external_attr = 0o644 << 16
         self._zip.writestr(info, buf.getvalue(), compresslevel=6)
@@ -169,7 +172,7 @@ class TruthWriter:
             {
                 "file": e.file,
                 "sop_instance_uid": e.sop_instance_uid,
-                "frame_index": 0,
+                "frame_index": e.frame_index,
                 "index": f.index,
                 "spacing_mm": [f.spacing_mm[0], f.spacing_mm[1]],
                 "spacing_source": e.spacing_source,

@@ -1,0 +1,108 @@
+"""The CT phantom as one Enhanced multi-frame object, frames optionally stored out of order.
+
+Many scanners and PACS conversions store a CT series as one Enhanced (or Legacy Converted
+Enhanced) CT object: the slices are its frames, each with its own position in the Per-frame
+Functional Groups, and nothing requires frame order to be slice order. medrt reads such an
+object, orders its frames by position where that matters (the 2.5-D neighbours, the lesion
+count, the viewer), and scores it against a ground truth whose frames each keep their own
+key (``UID#n``, :func:`medrt.phantom.truth.truth_key`). This writes that case from the same
+phantom as :func:`medrt.phantom.folders.write_ct_series`, so the two can be compared frame for
+frame: the same pixels, positions and lesions, one file.
+
+The conversion is highdicom's :class:`~highdicom.legacy.LegacyConvertedEnhancedCTImage`
+(the single-frame headers of :func:`medrt.phantom.dicom_write.ct_dataset` made into one
+object, as a PACS converts a series), not hand-built functional groups. Its instance creation
+date and time are fixed afterwards, and its UIDs derive from the seed, so the same arguments
+give the same bytes.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+from pydicom.dataset import Dataset, FileMetaDataset
+from pydicom.uid import ExplicitVRLittleEndian
+
+from medrt.phantom.ct import generate_ct_series
+from medrt.phantom.dicom_write import (
+    COMPRESSIONS,
+    ct_dataset,
+    fixed_times,
+    phantom_uid,
+    write_dataset,
+)
+from medrt.phantom.frame import CT
+from medrt.phantom.truth import TruthEntry, TruthWriter
+from medrt.types import SpacingSource
+
+__all__ = ["ENHANCED_CT_NAME", "write_enhanced_ct", "shuffled_order"]
+
+log = logging.getLogger(__name__)
+
+ENHANCED_CT_NAME = "ct_enhanced.dcm"
+
+
+def shuffled_order(seed: int, n: int) -> list[int]:
+    """The slice indices in the order a shuffled object stores them: drawn from ``seed``,
+    never in position order either way (for three slices or more; two have no other order)."""
+    order = [int(i) for i in np.random.default_rng([seed, 0x5EED]).permutation(n)]
+    steps = np.diff(order)
+    if n > 2 and (np.all(steps > 0) or np.all(steps < 0)):  # drawn in order: move the first to the middle
+        order.insert(n // 2, order.pop(0))
+    return order
+
+
+def write_enhanced_ct(
+    out_dir: str | Path, seed: int, n_frames: int = 40, size: int = 512, compress: str = "rle",
+    *, shuffle_frames: bool = False, thickness_mm: float | None = None,
+) -> list[Path]:
+    """Write the CT phantom of ``seed`` (:func:`medrt.phantom.generate_ct_series`) as one
+    Legacy Converted Enhanced CT object, :data:`ENHANCED_CT_NAME`, plus its ground truth (one
+    entry per frame, with its ``frame_index``); return ``[path]``. Frames are stored in slice
+    order (highdicom's Dimension Index by position), or with ``shuffle_frames`` in the order
+    :func:`shuffled_order` draws from the seed and without a Dimension Index, as a conversion
+    that keeps arrival order stores them."""
+    if compress not in COMPRESSIONS:
+        raise ValueError(f'Argument "compress" must be one of {", ".join(COMPRESSIONS)}, got {compress!r}.')
+    import highdicom as hd
+
+    out = Path(out_dir)
+    frames = generate_ct_series(seed, n_frames=n_frames, size=size, thickness_mm=thickness_mm)
+    legacy: list[Dataset] = []
+    for f in frames:
+        ds, values = ct_dataset(f)
+        ds.file_meta = FileMetaDataset()
+        ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
+        ds.PixelData = values.tobytes()
+        legacy.append(ds)
+    order = shuffled_order(seed, len(frames)) if shuffle_frames else list(range(len(frames)))
+    parts = ("shuffled",) if shuffle_frames else ()
+    mf = hd.legacy.LegacyConvertedEnhancedCTImage(
+        legacy_datasets=[legacy[i] for i in order],
+        series_instance_uid=phantom_uid(seed, CT, "enhanced-series", *parts),
+        series_number=2,
+        sop_instance_uid=phantom_uid(seed, CT, "enhanced", *parts),
+        instance_number=1,
+        include_dimension_index=not shuffle_frames,  # with one, highdicom puts the frames in order
+    )
+    fixed_times(mf)
+    for item in (*mf.get("DimensionOrganizationSequence", ()), *mf.get("DimensionIndexSequence", ())):
+        # (highdicom draws a new one each time)
+        item.DimensionOrganizationUID = phantom_uid(seed, CT, "dimension-organization", *parts)
+    # which slice each stored frame is: highdicom names each frame's source image
+    by_uid = {ds.SOPInstanceUID: (f, ds) for ds, f in zip(legacy, frames, strict=True)}
+    sources = [by_uid[group.ConversionSourceAttributesSequence[0].ReferencedSOPInstanceUID]
+               for group in mf.PerFrameFunctionalGroupsSequence]
+    placed = [f for f, _ in sources]
+    pixels = np.stack([np.frombuffer(ds.PixelData, np.uint16) for _, ds in sources]).reshape(len(placed), *frames[0].shape)
+    path = write_dataset(mf, pixels, out / ENHANCED_CT_NAME, compress)
+    with TruthWriter(out, seed, CT) as truth:
+        for k, f in enumerate(placed):
+            truth.add(TruthEntry(f, ENHANCED_CT_NAME, mf.SOPInstanceUID, mf.PhotometricInterpretation,
+                                 SpacingSource.PIXEL_SPACING.value, frame_index=k))
+    log.info("wrote %d CT slices as the frames of %s%s", len(placed), path,
+             " (stored out of position order)" if shuffle_frames else "")
+    return [path]
+
