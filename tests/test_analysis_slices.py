@@ -410,3 +410,32 @@ def test_a_live_sequential_ct_numbering_each_slice_stays_one_pass(thin: list) ->
     want = series_neighbours(numbered, 3.0)
     for i in range(3, len(thin)):
         assert got[i].neighbours[0] is want[i][0], i  # the slice 3 mm before it (the next has not come)
+
+
+def test_decode_hands_on_an_enhanced_cts_frames_head_first_whatever_their_storage_order(tmp_path: Path) -> None:
+    """An enhanced CT may store its frames in any order. decode handed them on in frame order,
+    and a stream links each frame's lesions to the frame before it (LesionCounter), so a
+    shuffled one counted a lesion once per slice it crosses. They now come head first; each
+    keeps its own frame_index (results, SEG references and overlays name the stored frame),
+    and its neighbours are the slices beside it."""
+    from medrt.analysis.slices import along_normal, head_first
+    from medrt.phantom import write_enhanced_ct
+
+    (path,) = write_enhanced_ct(tmp_path, 3, n_frames=6, size=64, compress="none", shuffle_frames=True)
+    stored = read_frames(path)
+    z = [f.geometry.position[2] for f in stored]
+    assert z != sorted(z) and z != sorted(z, reverse=True)  # stored out of position order
+    out = decode(path)
+    assert [d.frame.geometry.position[2] for d in out] == sorted(z, reverse=True)  # head first
+    by_index = {f.frame_index: f for f in stored}
+    for d in out:  # the same frame, under its own number
+        assert d.frame.key == f"{d.frame.sop_instance_uid}#{d.frame.frame_index}"
+        np.testing.assert_array_equal(d.frame.pixels, by_index[d.frame.frame_index].pixels)
+    assert sorted(d.frame.frame_index for d in out) == list(range(6))
+    frames = [d.frame for d in out]
+    assert [d.neighbours for d in out] == [(frames[i - 1] if i else None, frames[i + 1] if i < 5 else None)
+                                           for i in range(6)]
+    # frames without a place each of their own (two stacks at the same positions) keep frame order
+    twice = [*stored[:3], *(replace(f, frame_index=f.frame_index + 6) for f in stored[:3])]
+    assert head_first(twice) is None and head_first(stored[:1]) is None
+    assert [along_normal(stored[i]) for i in head_first(stored)] == sorted(map(along_normal, stored), reverse=True)

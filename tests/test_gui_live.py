@@ -348,3 +348,29 @@ def test_a_live_series_without_one_geometry_is_in_instance_order() -> None:
         study.add_live_frame(frames[n], None)
     study.add_live_frame(dataclasses.replace(frames[15], geometry=None), None)  # a header without it
     assert [s.place[1] for s in study.series[0].slots] == [13, 15, 17]
+
+
+def test_a_replayed_enhanced_ct_arrives_head_first_whatever_its_frame_order(bot, window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The viewer's live sessions decode through the pipeline's decode step, which hands an
+    enhanced CT's frames on in the order the file stores them no longer: they arrive head
+    first (followed, the view moved down the volume, not about it), and each image's result
+    is its own frame's (its frame_index, under its key)."""
+    from medrt.cli import main
+
+    folder = tmp_path / "in"
+    assert main(["phantom", "ct", "--out", str(folder), "--seed", "25", "--frames", "8", "--size", "128",
+                 "--enhanced", "--shuffle-frames", "--compress", "none"]) == 0
+    w = window
+    arrived: list[tuple[str, float]] = []
+    w.bridge.frameArrived.connect(lambda a: arrived.append((a.frame.key, a.frame.geometry.position[2])))
+    assert w.start_replay(folder, fps=10, loop=1) is not None
+    with bot.waitSignal(w.sessionFinished, timeout=180_000):
+        pass
+    bot.waitUntil(lambda: not w.render_pending, timeout=30_000)
+    z = [pos for _, pos in arrived]
+    assert len(z) == 8 and z == sorted(z, reverse=True)  # head first, as the file does not store them
+    slots = w.current_series.slots
+    assert [s.key for s in slots] == [key for key, _ in arrived]
+    for s in slots:
+        if s.result is not None:
+            assert s.result.frame.key == s.key == f"{s.result.frame.sop_instance_uid}#{s.result.frame.frame_index}"

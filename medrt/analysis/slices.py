@@ -35,7 +35,7 @@ from medrt.preprocess import normalize
 from medrt.types import Frame
 
 __all__ = ["MAX_GAP_MM", "MAX_REACH", "Neighbours", "Sides", "adjacent", "along_normal", "frame_stacks",
-           "in_stacks", "nearest_at", "nearest_sides",
+           "head_first", "in_stacks", "nearest_at", "nearest_sides",
            "ordered_sides",
            "slice_stack", "series_neighbours",
            "stack_pixels", "phantom_input", "phantom_sides"]
@@ -65,6 +65,25 @@ def along_normal(frame: Frame) -> float | None:
     n = g.normal
     along = float(np.dot(g.position, n))
     return -along if n[int(np.argmax(np.abs(n)))] < 0 else along
+
+
+def head_first(frames: Sequence[Frame]) -> list[int] | None:
+    """The indices of one multi-frame object's ``frames`` in slice order, head first (the
+    larger :func:`along_normal` first, as :func:`medrt.analysis.tracking.link_series` and
+    the viewer order a series' slices), where every frame has a place of its own on one
+    orientation; None otherwise (no per-frame geometry, several phases or stacks at one
+    place, frames of several orientations: their frame order keeps those together). An
+    enhanced CT may store its frames in any order, and a stream that handed them on in
+    frame order linked each frame's lesions to those of a slice from elsewhere in the volume."""
+    if len(frames) < 2 or any(f.geometry is None for f in frames):
+        return None
+    normal = frames[0].geometry.normal  # type: ignore[union-attr]
+    if any(float(np.dot(normal, f.geometry.normal)) < 0.999 for f in frames[1:]):  # type: ignore[union-attr]
+        return None
+    positions = [along_normal(f) for f in frames]
+    if len({round(p, 3) for p in positions}) < len(frames):  # type: ignore[arg-type]
+        return None
+    return sorted(range(len(frames)), key=lambda i: -positions[i])  # type: ignore[operator]
 
 
 def frame_stacks(frames: Sequence[Frame]) -> list[int] | None:

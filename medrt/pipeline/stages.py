@@ -22,6 +22,7 @@ from medrt.analysis.slices import (
     MAX_REACH,
     adjacent,
     along_normal,
+    head_first,
     nearest_at,
     nearest_sides,
     series_neighbours,
@@ -65,13 +66,22 @@ class Decoded:
 
 def decode(item: Any) -> list[Decoded]:
     """A path (or bytes, or an already decoded Frame) → one :class:`Decoded` per frame.
-    Bad input raises an :class:`~medrt.errors.InputError` that names the file."""
+    Bad input raises an :class:`~medrt.errors.InputError` that names the file.
+
+    A multi-frame object's frames come in slice order, head first, where each has a place
+    of its own (:func:`medrt.analysis.slices.head_first`), whatever order the file stores
+    them in; each keeps its own ``frame_index``. A stream links each frame's lesions to
+    the frame before it (:class:`medrt.analysis.tracking.LesionCounter`), so an enhanced
+    CT stored out of position order counted a lesion once per slice it crosses."""
     if isinstance(item, Frame):
         return [Decoded(item, 0.0)]
     t0 = time.perf_counter()
     frames = read_frames(item if not isinstance(item, (str, os.PathLike)) else Path(item))
     ms = (time.perf_counter() - t0) * 1000.0 / max(1, len(frames))
     if len(frames) > 1:  # a multi-frame object: its frames are each other's neighbours
+        order = head_first(frames)
+        if order is not None:
+            frames = [frames[i] for i in order]
         return [Decoded(f, ms, nb) for f, nb in zip(frames, series_neighbours(frames), strict=True)]
     return [Decoded(f, ms) for f in frames]
 
