@@ -593,23 +593,31 @@ def test_a_finished_series_leaves_nothing_of_its_analysis_behind(tmp_path, analy
     from medrt.pipeline.graph import Pipeline
     from medrt.types import Frame, FrameResult
 
+    sent: set[str] = set()  # this test's series: other tests' objects may be alive in one test run
+
     def alive() -> dict[str, int]:
         found = {"Frame": 0, "FrameResult": 0, "Pipeline": 0}
         for obj in gc.get_objects():
-            for kind in (Frame, FrameResult, Pipeline):
-                if isinstance(obj, kind):
-                    found[kind.__name__] += 1
+            if isinstance(obj, Frame) and obj.series_instance_uid in sent:
+                found["Frame"] += 1
+            elif isinstance(obj, FrameResult) and obj.frame.series_instance_uid in sent:
+                found["FrameResult"] += 1
+            elif isinstance(obj, Pipeline) and id(obj) not in before:
+                found["Pipeline"] += 1
         return found
 
     spool = Spool(tmp_path / "spool")
     service = PacsService(spool, tmp_path / "out", analyzer, idle_s=0.0)
     enabled = gc.isenabled()
+    gc.collect()  # what earlier tests left for the collector
+    before = {id(obj) for obj in gc.get_objects() if isinstance(obj, Pipeline)}  # held by others, e.g. fixtures
     gc.disable()
     try:
         with Listener(spool, host="127.0.0.1", port=0) as listener:
             for n in range(4):
                 datasets = [pydicom.dcmread(p) for p in CT[:3]]
                 study, series = pydicom.uid.generate_uid(), pydicom.uid.generate_uid()
+                sent.add(series)
                 for ds in datasets:
                     ds.StudyInstanceUID, ds.SeriesInstanceUID = study, series
                     ds.SOPInstanceUID = ds.file_meta.MediaStorageSOPInstanceUID = pydicom.uid.generate_uid()
