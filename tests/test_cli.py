@@ -109,6 +109,23 @@ def test_info_ok_exit_code_and_missing_path(tmp_path: Path) -> None:
     assert named.returncode == 1 and "ERROR (NotDicomError)" in named.stdout
 
 
+def test_info_says_why_a_spacing_in_the_header_is_not_used(tmp_path: Path) -> None:
+    """A PixelSpacing of 0\\0 read "no spacing", as a header without one does; the analysis
+    and the log say why it is not used, and so does medrt info now."""
+    import pydicom
+
+    ds = pydicom.dcmread(pydicom_test_dir() / "CT_small.dcm")
+    ds.PixelSpacing = ["0", "0"]
+    ds.save_as(tmp_path / "zero.dcm")
+    del ds.PixelSpacing
+    ds.save_as(tmp_path / "none.dcm")
+    zero, none = medrt("info", str(tmp_path / "zero.dcm")), medrt("info", str(tmp_path / "none.dcm"))
+    assert r"no usable spacing (PixelSpacing 0\0 is not a length in mm)" in zero.stdout, zero.stdout
+    assert "| no spacing |" in none.stdout, none.stdout
+    (row,) = json.loads(medrt("info", "--json", str(tmp_path / "zero.dcm")).stdout)["files"]
+    assert row["spacing_mm"] is None and row["spacing_problem"] == r"PixelSpacing 0\0 is not a length in mm"
+
+
 def test_info_says_a_series_holds_two_whole_acquisitions(tmp_path: Path) -> None:
     """Two passes at the same positions in one series (pre- and post-contrast) are each
     analysed; medrt info says so, where it would otherwise look like 4 duplicates."""

@@ -15,6 +15,7 @@ from pydicom.uid import UID
 from medrt.commands.options import DEFAULT_SEG_MODEL, add_routing_options
 from medrt.errors import CorruptDicomError, InputError
 from medrt.io.dicom import frames_from_dataset, read_dataset
+from medrt.io.header import spacing_problem
 from medrt.io.media import is_dicomdir, read_dicomdir
 from medrt.io.scan import iter_files
 from medrt.types import Frame
@@ -42,6 +43,7 @@ class FileInfo:
     frames: int | None = None
     spacing_mm: list[float] | None = None
     spacing_source: str | None = None
+    spacing_problem: str | None = None  # why a spacing the header gives is not used
     photometric: str | None = None
     bits_stored: int | None = None
     window: dict[str, Any] | None = None
@@ -107,6 +109,8 @@ def inspect_file(path: Path, routed: Router | None = None) -> FileInfo:
     info.rows, info.cols, info.frames = first.rows, first.cols, len(frames)
     info.spacing_mm = list(first.spacing_mm) if first.spacing_mm else None
     info.spacing_source = first.spacing_source.value
+    if not first.spacing_mm:
+        info.spacing_problem = spacing_problem(ds, first.frame_index)
     info.photometric = first.photometric
     info.bits_stored = int(first.source.dataset.get("BitsStored", 0) or 0) or None
     info.window = {"center": round(first.window.center, 3), "width": round(first.window.width, 3), "source": first.window.source.value}
@@ -132,7 +136,8 @@ def _human(info: FileInfo) -> str:
     if not info.ok:
         return f"{info.path}\n  ERROR ({info.error_kind}): {info.error}"
     spacing = (
-        f"{info.spacing_mm[0]:g}x{info.spacing_mm[1]:g} mm ({info.spacing_source})" if info.spacing_mm else "no spacing"
+        f"{info.spacing_mm[0]:g}x{info.spacing_mm[1]:g} mm ({info.spacing_source})" if info.spacing_mm
+        else f"no usable spacing ({info.spacing_problem})" if info.spacing_problem else "no spacing"
     )
     window = info.window or {}
     parts = [
