@@ -25,7 +25,7 @@ from medrt_gui.patient import PatientInfo, patients_text
 
 from medrt.errors import InputError
 from medrt.io.dicom import read_dataset
-from medrt.io.header import finite_int
+from medrt.io.header import finite_int, frame_geometries
 from medrt.io.scan import iter_files
 from medrt.io.seg import SEG_SOP_CLASSES, SegMasks
 from medrt.io.series import (
@@ -346,7 +346,7 @@ class Study:
             # the lesions' sections are counted: medrt.analysis.tracking); a series of several
             # whole acquisitions at the same positions one pass after the other
             stacks = s.stacks or (s.items,)
-            items = [i for stack in stacks for i in (reversed(stack) if s.ordered_by == "position" else stack)]
+            items = [i for stack in stacks for i in (_head_first(stack) if s.ordered_by == "position" else stack)]
             for item in items:
                 for i in _frames_head_first(item):
                     entry.add(Slot(frame_key(item.sop_instance_uid, item.frames, i), path=item.path))
@@ -484,7 +484,26 @@ def _frames_head_first(item: SeriesItem) -> list[int]:
     except InputError:
         return list(range(item.frames))  # its own error comes when it is decoded
     order = frames_in_position_order(ds, item.frames)
-    return list(range(item.frames)) if order is None else order[::-1]
+    if order is None:
+        return list(range(item.frames))
+    first = frame_geometries(ds, 1)[0]
+    return order if first is not None and _normal_points_down(first.orientation) else order[::-1]
+
+
+def _normal_points_down(orientation: Any) -> bool:
+    """Whether row x column points away from its largest patient axis (to the feet on an axial
+    feet-first scan, ImageOrientationPatient -1\\0\\0\\0\\1\\0): medrt.io.series orders slices
+    ascending along row x column, so such a series is then already head first."""
+    n = np.cross(np.asarray(orientation[:3], dtype=np.float64), np.asarray(orientation[3:], dtype=np.float64))
+    return bool(n[int(np.argmax(np.abs(n)))] < 0)
+
+
+def _head_first(stack: Any) -> list[Any]:
+    """A stack ordered by position (ascending along row x column) head first, the larger
+    :func:`medrt.analysis.slices.along_normal` first, as a live series' slots are placed: a
+    feet-first series was shown from the feet up."""
+    geometry = stack[0].geometry if stack else None
+    return list(stack) if geometry is not None and _normal_points_down(geometry.orientation) else list(reversed(stack))
 
 
 def _patient_of(source: object) -> PatientInfo | None:

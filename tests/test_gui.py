@@ -787,6 +787,40 @@ def test_an_enhanced_ct_stored_out_of_position_order_is_shown_head_first(bot, ma
     assert w.current_slot().frame.geometry.position[2] == sorted(z.values(), reverse=True)[1]
 
 
+def test_a_feet_first_series_is_shown_head_first_as_a_head_first_one(bot, make_window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Row x column points to the feet on a feet-first scan (ImageOrientationPatient
+    -1\\0\\0\\0\\1\\0): an opened folder's slices, ordered along it, were shown from the feet
+    up, the other way from a head-first series and from the same series arriving live.
+    Both now open head first, as a series' single slices and an enhanced CT's frames."""
+    import highdicom as hd
+    from pydicom.uid import generate_uid
+
+    from medrt.phantom.folders import write_ct_series
+
+    slices = write_ct_series(tmp_path / "phantom", seed=25, n_frames=5, size=128, compress="none")
+    ffs = tmp_path / "ffs"
+    ffs.mkdir()
+    datasets = []
+    for p in slices:
+        ds = pydicom.dcmread(p)
+        ipp = [float(v) for v in ds.ImagePositionPatient]
+        ipp[0] += (ds.Columns - 1) * float(ds.PixelSpacing[1])
+        ds.ImagePositionPatient, ds.ImageOrientationPatient, ds.PatientPosition = ipp, [-1, 0, 0, 0, 1, 0], "FFS"
+        ds.save_as(ffs / p.name, enforce_file_format=True)
+        datasets.append(ds)
+    enhanced = tmp_path / "enhanced.dcm"
+    hd.legacy.LegacyConvertedEnhancedCTImage(
+        legacy_datasets=datasets, series_instance_uid=generate_uid(), series_number=9,
+        sop_instance_uid=generate_uid(), instance_number=1, include_dimension_index=False,
+    ).save_as(enhanced, enforce_file_format=True)
+    w = make_window(analysis=False)
+    for path in (tmp_path / "phantom", ffs, enhanced):
+        study = w.open_path(path)
+        z = [read_frames(s.path)[int(s.key.split("#")[1]) if "#" in s.key else 0].geometry.position[2]
+             for s in study.series[0].slots]
+        assert z == sorted(z, reverse=True) and len(z) == 5, (path.name, z)
+
+
 def test_export_view_as_png(bot, make_window, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     from PIL import Image
 
