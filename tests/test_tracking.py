@@ -276,3 +276,19 @@ def test_a_slice_without_a_position_stands_in_its_gap_by_instance_number(ct) -> 
     order = list(range(1, len(damaged) + 1))
     random.Random(6).shuffle(order)  # instance numbers that say nothing of the slice order
     assert len(link_series([renumbered(r, n) for r, n in zip(damaged, order, strict=True)])[0]) > len(lesions)
+
+
+def test_live_passes_forget_the_pairs_of_an_acquisition_they_no_longer_hold() -> None:
+    """A series of one AcquisitionNumber per image, all at one place (a dynamic or cine
+    series): each image is apart from every held one. The acquisitions held are capped
+    (``per_series``), but their pairs were kept for good: with the default cap, about a
+    thousand more pairs an image for as long as a watched folder runs."""
+    from medrt.io.stacks import LivePasses
+
+    passes = LivePasses(per_series=4)
+    for acquisition in range(1, 101):
+        passes.add("s", acquisition, 0.0)
+    assert passes.apart("s", 99, 100) and passes.apart("s", 100, 97) and passes.of_its_own("s", 100)
+    assert not passes.apart("s", 1, 2) and not passes.of_its_own("s", 1)  # long gone
+    held = passes._apart["s"]
+    assert set(held) == {97, 98, 99, 100} and all(len(others) == 3 for others in held.values())

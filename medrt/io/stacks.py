@@ -120,7 +120,8 @@ class LivePasses:
         self.keep, self.per_series, self.positions = keep, per_series, positions
         # series -> AcquisitionNumber -> the positions along the normal its images were at (sorted)
         self._held: OrderedDict[str, OrderedDict[int, list[float]]] = OrderedDict()
-        self._apart: dict[str, set[frozenset[int]]] = {}  # series -> pairs of acquisitions seen at one place
+        # series -> acquisition -> the acquisitions it was seen at one place with (both ways)
+        self._apart: dict[str, dict[int, set[int]]] = {}
 
     def add(self, series: str, acquisition: int | None, position: float | None) -> None:
         """An image of ``series`` arrived (or was seen ahead of its turn: adding it again
@@ -134,24 +135,32 @@ class LivePasses:
             self._apart.pop(gone, None)
         for other, places in held.items():
             if other != acquisition and _holds(places, position):
-                self._apart.setdefault(series, set()).add(frozenset((acquisition, other)))
+                apart = self._apart.setdefault(series, {})
+                apart.setdefault(acquisition, set()).add(other)
+                apart.setdefault(other, set()).add(acquisition)
         mine = held.pop(acquisition, [])
         held[acquisition] = mine
         if not _holds(mine, position):
             bisect.insort(mine, position)
             if len(mine) > self.positions:
                 mine.pop(0 if position > mine[len(mine) // 2] else -1)  # the far end from this one
-        while len(held) > self.per_series:
-            held.popitem(last=False)
+        while len(held) > self.per_series:  # its pairs go with it (one acquisition per image, all at one place)
+            gone_acquisition, _ = held.popitem(last=False)
+            apart = self._apart.get(series, {})
+            for other in apart.pop(gone_acquisition, ()):
+                if other in apart:
+                    apart[other].discard(gone_acquisition)
+                    if not apart[other]:
+                        del apart[other]
 
     def apart(self, series: str, a: int | None, b: int | None) -> bool:
         """Whether images of ``series`` with AcquisitionNumbers ``a`` and ``b`` are of two
         passes (never each other's neighbours)."""
-        return a is not None and b is not None and a != b and frozenset((a, b)) in self._apart.get(series, ())
+        return a is not None and b is not None and a != b and b in self._apart.get(series, {}).get(a, ())
 
     def of_its_own(self, series: str, acquisition: int | None) -> bool:
         """Whether ``acquisition`` is a pass apart from another of ``series``."""
-        return acquisition is not None and any(acquisition in pair for pair in self._apart.get(series, ()))
+        return acquisition is not None and bool(self._apart.get(series, {}).get(acquisition))
 
 
 def _holds(places: list[float], position: float) -> bool:
