@@ -87,6 +87,7 @@ from medrt.export.common import (
 from medrt.io.header import (
     MAX_SLICE_THICKNESS_MM,
     believable_mm,
+    dicom_values,
     finite_float,
     frames_text,
     functional_item,
@@ -303,7 +304,7 @@ def _shared_measures(ds: Dataset, name: str, placed: list[int], *,
     keys = _MEASURES[:1] if thickness_inferred else _MEASURES
     values: list[tuple[tuple[float, ...], list[int]]] = []  # each set of values, with its frames
     for i in placed:
-        these = tuple(float(v) for k in keys for v in _as_list(items[i][k].value))
+        these = tuple(float(v) for k in keys for v in dicom_values(items[i][k].value))
         known = next((frames for v, frames in values if np.allclose(these, v, rtol=1e-4, atol=0.0)), None)
         if known is None:
             values.append((these, [i + 1]))
@@ -324,10 +325,6 @@ def _shared_measures(ds: Dataset, name: str, placed: list[int], *,
         spacing_between_slices=between[0] if None not in between and np.allclose(between, between[0], rtol=1e-4)
         else None,
     )
-
-
-def _as_list(value: object) -> list[object]:
-    return list(value) if isinstance(value, (list, MultiValue)) else [value]
 
 
 def _measures_text(values: tuple[float, ...], keys: tuple[str, ...]) -> str:

@@ -36,6 +36,7 @@ __all__ = [
     "spacing_is_believable",
     "spacing_problem",
     "frames_text",
+    "dicom_values",
     "MAX_PIXEL_SPACING_MM",
     "MAX_SLICE_THICKNESS_MM",
 ]
@@ -281,7 +282,7 @@ def _unbelievable(holder: Dataset | None, keyword: str) -> str | None:
     cannot but is written so customarily (:func:`_customary`); None when it can or is absent."""
     if holder is None or spacing_is_believable(holder, keyword) is not False:
         return None
-    values = _values(holder[keyword].value)
+    values = dicom_values(holder[keyword].value)
     return "" if _customary(keyword, values) else keyword + " " + "\\".join(str(v) for v in values)
 
 
@@ -319,7 +320,7 @@ def spacing_problem(ds: Dataset, index: int = 0) -> str | None:
             continue
         try:
             value = holder[keyword].value
-            values = _values(value)
+            values = dicom_values(value)
         except Exception:  # a value pydicom cannot convert: unusable, and not shown
             return f"{keyword} cannot be read"
         if values and _float_pair(value) is None:
@@ -350,7 +351,7 @@ def spacing_is_believable(ds: Dataset, keyword: str) -> bool | None:
     :func:`believable_mm`); None when it is absent or empty."""
     if keyword not in ds:
         return None
-    values = _values(ds[keyword].value)
+    values = dicom_values(ds[keyword].value)
     if not values:
         return None
     if keyword in ("PixelSpacing", "ImagerPixelSpacing") and len(values) != 2:
@@ -358,7 +359,7 @@ def spacing_is_believable(ds: Dataset, keyword: str) -> bool | None:
     return all(believable_mm(v, _SPACING_LIMITS[keyword]) is not None for v in values)
 
 
-def _values(value: Any) -> list[Any]:
+def dicom_values(value: Any) -> list[Any]:
     """A DICOM value as a list of its values ([] for none)."""
     if value is None or value == "":
         return []

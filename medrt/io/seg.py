@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from medrt.io.header import dicom_values
 from medrt.privacy import describe_exception
 
 __all__ = ["SegMasks", "read_seg", "SEG_SOP_CLASSES"]
@@ -127,23 +128,13 @@ def read_seg(path: str | os.PathLike[str], segments: Sequence[int | str] | None 
     return SegMasks(path, masks, labels, str(seg.SeriesInstanceUID), numbers, _colors(seg, path))
 
 
-def _numbers(value: object) -> list[object]:
-    """A ReferencedFrameNumber's values: a frame number alone is one IS, not a list of them."""
-    if value is None or value == "":
-        return []
-    try:
-        return list(value)  # type: ignore[call-overload]
-    except TypeError:
-        return [value]
-
-
 def _by_frames(seg: object, uid: str, numbers: tuple[int, ...]) -> dict[str, np.ndarray]:
     """A multi-frame source: one label map per referenced frame, keyed ``uid#index``."""
     found = sorted({int(n) for item in seg.PerFrameFunctionalGroupsSequence  # type: ignore[attr-defined]
                     for d in item.get("DerivationImageSequence", [])
                     for s in d.get("SourceImageSequence", [])
                     if str(s.ReferencedSOPInstanceUID) == uid
-                    for n in _numbers(s.get("ReferencedFrameNumber"))})
+                    for n in dicom_values(s.get("ReferencedFrameNumber"))})
     if not found:
         return {}
     px = seg.get_pixels_by_source_frame(uid, found, segment_numbers=list(numbers),  # type: ignore[attr-defined]
