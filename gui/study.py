@@ -486,24 +486,20 @@ def _frames_head_first(item: SeriesItem) -> list[int]:
     order = frames_in_position_order(ds, item.frames)
     if order is None:
         return list(range(item.frames))
-    first = frame_geometries(ds, 1)[0]
-    return order if first is not None and _normal_points_down(first.orientation) else order[::-1]
+    from medrt.analysis.slices import points_away  # as along_normal above: only when needed
 
-
-def _normal_points_down(orientation: Any) -> bool:
-    """Whether row x column points away from its largest patient axis (to the feet on an axial
-    feet-first scan, ImageOrientationPatient -1\\0\\0\\0\\1\\0): medrt.io.series orders slices
-    ascending along row x column, so such a series is then already head first."""
-    n = np.cross(np.asarray(orientation[:3], dtype=np.float64), np.asarray(orientation[3:], dtype=np.float64))
-    return bool(n[int(np.argmax(np.abs(n)))] < 0)
+    first = frame_geometries(ds, 1)[0]  # frames_in_position_order: ascending along row x column
+    return order if first is not None and points_away(first.normal) else order[::-1]
 
 
 def _head_first(stack: Any) -> list[Any]:
     """A stack ordered by position (ascending along row x column) head first, the larger
     :func:`medrt.analysis.slices.along_normal` first, as a live series' slots are placed: a
     feet-first series was shown from the feet up."""
+    from medrt.analysis.slices import points_away
+
     geometry = stack[0].geometry if stack else None
-    return list(stack) if geometry is not None and _normal_points_down(geometry.orientation) else list(reversed(stack))
+    return list(stack) if geometry is not None and points_away(geometry.normal) else list(reversed(stack))
 
 
 def _patient_of(source: object) -> PatientInfo | None:

@@ -35,7 +35,7 @@ from medrt.preprocess import normalize
 from medrt.types import Frame
 
 __all__ = ["MAX_GAP_MM", "MAX_REACH", "Neighbours", "Sides", "adjacent", "along_normal", "frame_stacks",
-           "head_first", "in_stacks", "nearest_at", "nearest_sides",
+           "head_first", "in_stacks", "points_away", "nearest_at", "nearest_sides",
            "ordered_sides",
            "slice_stack", "series_neighbours",
            "stack_pixels", "phantom_input", "phantom_sides"]
@@ -64,7 +64,15 @@ def along_normal(frame: Frame) -> float | None:
         return None
     n = g.normal
     along = float(np.dot(g.position, n))
-    return -along if n[int(np.argmax(np.abs(n)))] < 0 else along
+    return -along if points_away(n) else along
+
+
+def points_away(normal: Sequence[float]) -> bool:
+    """Whether a slice normal (row × column) points away from its largest patient axis: to
+    the feet on an axial feet-first scan (ImageOrientationPatient -1\\0\\0\\0\\1\\0), where
+    :func:`along_normal` counts the other way and a stack ascending along row × column is
+    already head first."""
+    return bool(normal[int(np.argmax(np.abs(normal)))] < 0)
 
 
 def head_first(frames: Sequence[Frame]) -> list[int] | None:
