@@ -62,6 +62,7 @@ from medrt.io.header import (
     frames_text,
     modality_values,
     percentile_window,
+    pixel_measures_conflicts,
     unbelievable_spacings,
 )
 from medrt.io.rle import LABEL as RLE_LABEL
@@ -344,6 +345,11 @@ def _frames(ds: Dataset, path: Path | None, label: object) -> list[Frame]:
         log.warning("%s: %s cannot be a length in mm (it must be finite, above 0 and at most %g mm per pixel, "
                     "%g mm per slice): not used%s", describe_source(label), "; ".join(unbelievable),
                     MAX_PIXEL_SPACING_MM, MAX_SLICE_THICKNESS_MM, in_pixels)
+    conflicts = pixel_measures_conflicts(ds)
+    if conflicts:
+        log.warning("%s: Pixel Measures both shared and per frame, with different values (%s); each frame is "
+                    "measured with its own, as a functional group belongs in one or the other",
+                    describe_source(label), "; ".join(conflicts))
     geometries = frame_geometries(ds, n_frames)
     uids = {
         "sop_class_uid": sop_class,
