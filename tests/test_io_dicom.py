@@ -882,6 +882,27 @@ def test_pixel_measures_both_shared_and_per_frame_measure_each_frame_by_its_own_
     assert not caplog.records  # both, but saying the same: nothing to warn of
 
 
+def test_errors_and_warnings_name_an_open_file_by_its_path(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Read from an open file, a data set's errors and warnings named it "<dataset UID>" (and
+    the log of its read "<BufferedReader>"): the file's own name says which file it is."""
+    ds = _mono_dataset("MONOCHROME2", np.arange(16, dtype=np.uint16).reshape(4, 4), PixelSpacing=[0, 0])
+    path = tmp_path / "zero_spacing.dcm"
+    ds.save_as(path, enforce_file_format=True)
+    with caplog.at_level("WARNING", logger="medrt.io.dicom"), path.open("rb") as fh:
+        (frame,) = read_frames(fh)
+    assert frame.spacing_mm is None
+    (record,) = [r for r in caplog.records if "cannot be a length" in r.getMessage()]
+    assert record.getMessage().startswith(f"{path}: "), record.getMessage()
+    del ds.PixelData
+    ds.save_as(path, enforce_file_format=True)
+    with path.open("rb") as fh, pytest.raises(NoPixelDataError) as err:
+        read_frames(fh)
+    assert err.value.source == str(path)
+    with pytest.raises(NoPixelDataError) as err:  # from memory: known by its UID, as before
+        read_frames(io.BytesIO(path.read_bytes()))
+    assert err.value.source == f"<dataset {ds.SOPInstanceUID}>"
+
+
 def test_one_bad_value_on_many_frames_is_said_once() -> None:
     from medrt.io.header import unbelievable_spacings
 

@@ -66,7 +66,7 @@ from medrt.io.header import (
     unbelievable_spacings,
 )
 from medrt.io.rle import LABEL as RLE_LABEL
-from medrt.logsource import reading
+from medrt.logsource import reading, source_name
 from medrt.privacy import redact
 from medrt.types import Frame, SourceRef, Window, WindowSource
 
@@ -169,7 +169,7 @@ def _read_dataset(source: DicomSource, stop_before_pixels: bool, defer_size: int
     if isinstance(source, (bytes, bytearray, memoryview)):
         return _parse(source, io.BytesIO(source), stop_before_pixels, None)
     if hasattr(source, "read"):
-        name = getattr(source, "name", source)
+        name = source_name(source)  # an open file's path, not <BufferedReader>
         fp = source if _seekable(source) else io.BytesIO(source.read())
         return _parse(name, fp, stop_before_pixels, None)
     raise TypeError(f"cannot read DICOM from {type(source).__name__}")
@@ -270,7 +270,9 @@ def read_frames(source: DicomSource) -> list[Frame]:
     # From a path, large values stay in the file until used: uncompressed pixel
     # data is then cast straight from a memory map (see _native_view).
     ds = read_dataset(source, defer_size=_DEFER_SIZE if path else None)
-    return frames_from_dataset(ds, path=path, name=source if path else None)
+    # errors and warnings name a path, an open file by its path, else the data set (its UID)
+    named = source_name(source)
+    return frames_from_dataset(ds, path=path, name=named if isinstance(named, (str, os.PathLike)) else None)
 
 
 def frames_from_dataset(ds: Dataset, *, path: Path | None = None, name: object = None) -> list[Frame]:
