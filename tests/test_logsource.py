@@ -151,3 +151,18 @@ def test_an_open_file_is_named_by_its_path(tmp_path: Path, console: _Records) ->
         assert current_source() == "<BytesIO>" and source_name(blob) is blob
     with path.open("rb") as fh, open(fh.fileno(), "rb", closefd=False) as by_number:  # its name is a number
         assert source_name(by_number) is by_number
+
+
+def test_an_error_about_an_open_file_names_its_path(tmp_path: Path) -> None:
+    """``InputError(fh, ...)`` raised anywhere named an open file "<BufferedReader>"; it names
+    the file's path, and a BytesIO (no name) or a file opened from a descriptor (a number for
+    a name) by its kind."""
+    from medrt.errors import InputError, describe_source
+
+    path = tmp_path / "x.dcm"
+    path.write_bytes(b"not DICOM")
+    with path.open("rb") as fh:
+        assert str(InputError(fh, "damaged header")) == f"{path}: bad input: damaged header"
+        with open(fh.fileno(), "rb", closefd=False) as by_number:
+            assert describe_source(by_number) == "<BufferedReader>"
+    assert describe_source(io.BytesIO(b"x")) == "<BytesIO>"
