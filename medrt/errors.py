@@ -59,13 +59,21 @@ def drop_tracebacks(exc: BaseException) -> BaseException:
 
 
 def describe_source(source: object) -> str:
-    """A short, PHI-free name for an input: a path as given, or the kind of object."""
+    """A short, PHI-free name for an input: a path as given, an open file's path, or the
+    kind of object."""
     if isinstance(source, (str, PathLike)):
         return str(source)
     if isinstance(source, (bytes, bytearray, memoryview)):
         return f"<{len(source)} bytes>"
     if source is None:
         return "<unknown input>"
+    if hasattr(source, "read"):  # an open file: its path, where its name is one (a BytesIO has none)
+        try:
+            name = getattr(source, "name", None)
+        except Exception:  # a file-like object whose name is a property that fails
+            name = None
+        if isinstance(name, (str, PathLike)) and str(name):
+            return str(name)
     try:
         uid = getattr(source, "SOPInstanceUID", None)
     except Exception:  # a damaged header: the UID itself may be unreadable

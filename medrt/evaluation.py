@@ -77,6 +77,7 @@ __all__ = [
     "iter_predictions",
     "iter_seg_predictions",
     "load_predictions",
+    "multi_frame_counts",
 ]
 
 log = logging.getLogger(__name__)
@@ -537,13 +538,16 @@ def load_predictions(path: str | Path) -> list[FramePrediction]:
     return list(iter_predictions(path))
 
 
-def iter_seg_predictions(path: str | Path, segments: Sequence[int | str] | None = None) -> Iterator[FramePrediction]:
+def iter_seg_predictions(path: str | Path, segments: Sequence[int | str] | None = None,
+                         source_frames: Mapping[str, int] | None = None) -> Iterator[FramePrediction]:
     """Read DICOM SEG objects (a file, or every SEG in a folder, searched recursively) frame
     by frame: each connected region of the ``segments`` (numbers or labels; all by
     default) on a source frame is one predicted lesion, with its mask. Every image a SEG
-    names as a source is a prediction, so frames it left out are predicted empty. Raises
-    InputError naming the file when it is not a readable SEG or lacks a segment asked for,
-    or when a folder holds no SEG."""
+    names as a source is a prediction, so frames it left out are predicted empty; so is
+    every frame of a multi-frame source whose number of frames ``source_frames`` gives
+    (:func:`multi_frame_counts` of the ground truth), which the SEG itself does not say.
+    Raises InputError naming the file when it is not a readable SEG or lacks a segment
+    asked for, or when a folder holds no SEG."""
     from medrt.analysis.lesions import lesions_from_probability
     from medrt.io.seg import read_seg
 
@@ -551,7 +555,7 @@ def iter_seg_predictions(path: str | Path, segments: Sequence[int | str] | None 
     files = [path] if path.is_file() else _seg_files(path)
     for file in files:
         try:
-            seg = read_seg(file, segments)
+            seg = read_seg(file, segments, source_frames)
         except ValueError as exc:
             raise InputError(file, str(exc).removeprefix(f"{file.name}: ")) from exc
         for key, labels in seg.masks.items():
@@ -559,6 +563,16 @@ def iter_seg_predictions(path: str | Path, segments: Sequence[int | str] | None 
             # (scoring measures with the ground truth's spacing)
             found, lesions = lesions_from_probability((labels > 0).astype(np.float32), None, 0.5)
             yield FramePrediction(key, tuple(lesions), found)
+
+
+def multi_frame_counts(truth: Mapping[str, FrameTruth]) -> dict[str, int]:
+    """The number of frames of each multi-frame object of ``truth`` ({SOPInstanceUID: n}, n
+    one more than its last frame_index), for :func:`iter_seg_predictions`."""
+    counts: dict[str, int] = {}
+    for t in truth.values():
+        if t.frame_index > 0:
+            counts[t.sop_instance_uid] = max(counts.get(t.sop_instance_uid, 0), t.frame_index + 1)
+    return counts
 
 
 def _seg_files(root: Path) -> list[Path]:

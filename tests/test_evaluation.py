@@ -520,3 +520,55 @@ def test_the_ground_truth_of_a_multi_frame_object_keeps_every_frame(tmp_path: Pa
     (tmp_path / "ground_truth.json").write_text(json.dumps(doc))
     with pytest.raises(ValueError, match=f"frame 5 of {uid} is listed twice"):
         load_ground_truth(tmp_path)
+
+
+def test_the_seg_of_an_enhanced_ct_is_scored_on_every_frame_as_its_results_are(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A SEG names a multi-frame source as a whole and holds frames only where a segment is
+    (highdicom's default, and ``medrt batch``'s): its other frames are predicted empty, as a
+    SEG of single-frame slices means. ``medrt eval --seg`` took them for frames without a
+    prediction (12 of 20 on ``medrt phantom ct --enhanced``, where the results.jsonl had 0),
+    stored in position order or shuffled."""
+    import highdicom as hd
+    import pydicom
+    from pydicom.sr.codedict import codes
+
+    from medrt.evaluation import multi_frame_counts
+    from medrt.io.seg import read_seg
+    from medrt.phantom.enhanced import write_enhanced_ct
+
+    algorithm = hd.AlgorithmIdentificationSequence(name="other", family=codes.cid7162.ArtificialIntelligence,
+                                                   version="1")
+    nodule = hd.seg.SegmentDescription(1, "Nodule", codes.SCT.MorphologicallyAbnormalStructure, codes.SCT.Nodule,
+                                       hd.seg.SegmentAlgorithmTypeValues.AUTOMATIC, algorithm)
+    for shuffle in (False, True):
+        gt = tmp_path / f"gt_{shuffle}"
+        [path] = write_enhanced_ct(gt, seed=1, n_frames=12, size=128, compress="none", shuffle_frames=shuffle)
+        truth = load_ground_truth(gt)
+        ts = sorted(truth.values(), key=lambda t: t.frame_index)  # as stored
+        assert 0 < sum(bool(t.lesions) for t in ts) < len(ts), "frames with lesions and without"
+        seg = hd.seg.Segmentation(
+            source_images=[pydicom.dcmread(path)], pixel_array=np.stack([t.mask > 0 for t in ts]),
+            segmentation_type=hd.seg.SegmentationTypeValues.BINARY, segment_descriptions=[nodule],
+            series_instance_uid=hd.UID(), series_number=50, sop_instance_uid=hd.UID(), instance_number=1,
+            manufacturer="other", manufacturer_model_name="other", software_versions="1", device_serial_number="1")
+        seg_path = tmp_path / f"seg_{shuffle}.dcm"
+        seg.save_as(seg_path)
+        assert int(seg.NumberOfFrames) < len(ts)  # the empty frames left out
+        counts = multi_frame_counts(truth)
+        assert counts == {ts[0].sop_instance_uid: len(ts)}
+        masks = read_seg(seg_path, source_frames=counts).masks
+        assert set(masks) == {f"{t.sop_instance_uid}#{t.frame_index}" for t in ts}
+        for t in ts:
+            assert np.array_equal(masks[f"{t.sop_instance_uid}#{t.frame_index}"] > 0, t.mask > 0), t.frame_index
+        from_seg = evaluate(iter_seg_predictions(seg_path, None, counts), truth)
+        from_results = evaluate([perfect(k, t) for k, t in truth.items()], truth)  # keyed as results.jsonl is
+        for r in (from_seg, from_results):
+            assert r.frames == len(ts) and r.frames_without_prediction == 0
+            assert r.detected == r.gt_lesions > 0 and r.false_positives == 0
+        assert [(m.key, m.gt_label) for m in from_seg.matches] == [(m.key, m.gt_label) for m in from_results.matches]
+        assert from_seg.negative_frames == from_results.negative_frames == from_seg.negative_frames_clean
+        # the command finds the frame counts in the ground truth
+        assert main(["eval", "--seg", str(seg_path), str(gt), "--json"]) == 0
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["frames"] == len(ts) and doc["frames_without_prediction"] == 0 and doc["sensitivity"] == 1.0

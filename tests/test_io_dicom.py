@@ -855,6 +855,54 @@ def test_per_frame_pixel_measures_that_cannot_be_lengths_are_warned_of_by_frame(
         assert said in text, text
 
 
+def test_pixel_measures_both_shared_and_per_frame_measure_each_frame_by_its_own_and_warn_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A functional group belongs in the shared or the per-frame groups (PS3.3 C.7.6.16), but
+    some conversions write Pixel Measures in both. Each frame is measured with its own (as the
+    SEG writer reads them, per frame first), and one warning names the file and what differs;
+    the object was read without a word that its shared PixelSpacing was not the one used."""
+    ds = _enhanced_ct_with_pixel_measures([("0.5\\0.5", "2.5"), ("0.5\\0.5", "2.5"), ("0.7\\0.7", "2.5")])
+    del ds.PerFrameFunctionalGroupsSequence[1].PixelMeasuresSequence  # frame 2 has only the shared one
+    shared = Dataset()
+    shared.PixelSpacing, shared.SliceThickness = [0.7, 0.7], 2.5
+    ds.SharedFunctionalGroupsSequence[0].PixelMeasuresSequence = [shared]
+    path = tmp_path / "both.dcm"
+    ds.save_as(path, enforce_file_format=True)
+    with caplog.at_level("WARNING", logger="medrt.io.dicom"):
+        frames = read_frames(path)
+    assert [f.spacing_mm for f in frames] == [(0.5, 0.5), (0.7, 0.7), (0.7, 0.7)]
+    (record,) = [r for r in caplog.records if "Pixel Measures" in r.getMessage()]
+    text = record.getMessage()
+    assert text.startswith(f"{path}: ") and "PixelSpacing 0.7\\0.7 shared, 0.5\\0.5 on frame 1 of 3" in text, text
+    assert "SliceThickness" not in text  # the same in both
+    ds.PerFrameFunctionalGroupsSequence[0].PixelMeasuresSequence[0].PixelSpacing = [0.7, 0.7]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="medrt.io.dicom"):
+        assert [f.spacing_mm for f in read_frames(ds)] == [(0.7, 0.7)] * 3
+    assert not caplog.records  # both, but saying the same: nothing to warn of
+
+
+def test_errors_and_warnings_name_an_open_file_by_its_path(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Read from an open file, a data set's errors and warnings named it "<dataset UID>" (and
+    the log of its read "<BufferedReader>"): the file's own name says which file it is."""
+    ds = _mono_dataset("MONOCHROME2", np.arange(16, dtype=np.uint16).reshape(4, 4), PixelSpacing=[0, 0])
+    path = tmp_path / "zero_spacing.dcm"
+    ds.save_as(path, enforce_file_format=True)
+    with caplog.at_level("WARNING", logger="medrt.io.dicom"), path.open("rb") as fh:
+        (frame,) = read_frames(fh)
+    assert frame.spacing_mm is None
+    (record,) = [r for r in caplog.records if "cannot be a length" in r.getMessage()]
+    assert record.getMessage().startswith(f"{path}: "), record.getMessage()
+    del ds.PixelData
+    ds.save_as(path, enforce_file_format=True)
+    with path.open("rb") as fh, pytest.raises(NoPixelDataError) as err:
+        read_frames(fh)
+    assert err.value.source == str(path)
+    with pytest.raises(NoPixelDataError) as err:  # from memory: known by its UID, as before
+        read_frames(io.BytesIO(path.read_bytes()))
+    assert err.value.source == f"<dataset {ds.SOPInstanceUID}>"
+
+
 def test_one_bad_value_on_many_frames_is_said_once() -> None:
     from medrt.io.header import unbelievable_spacings
 

@@ -127,3 +127,42 @@ def test_two_inputs_read_from_memory_are_not_taken_for_one(console: _Records, wr
     found = [line for line in lines if "Expected explicit VR, but found implicit VR" in line]
     assert len(found) == 2, lines
     assert all(line.startswith(("<BytesIO>: ", f"<{len(blobs[0])} bytes>: ")) for line in found)
+
+
+def test_an_open_file_is_named_by_its_path(tmp_path: Path, console: _Records) -> None:
+    """A data set read from an open file (``read_frames(open(path, "rb"))``, as a library user
+    may) was named "<BufferedReader>" in pydicom's lines, and each message was let through
+    once per read, as for an input known by nothing unique. Now the file's ``name`` names it,
+    once per path as a path does; a BytesIO, which has no name, stays "<BytesIO>"."""
+    from medrt.logsource import current_source, reading, source_name
+
+    path = tmp_path / "implicit.dcm"
+    path.write_bytes(_implicit_body_under_explicit_meta(pydicom.uid.generate_uid()))
+    for _ in range(2):
+        with path.open("rb") as fh:
+            read_frames(fh)
+    lines = [r.getMessage() for r in console.records if r.name == "pydicom"]
+    found = [line for line in lines if "Expected explicit VR, but found implicit VR" in line]
+    assert found == [f"{path}: {found[0].partition(': ')[2]}"], lines  # named by its path, once for both reads
+    with path.open("rb") as fh, reading(fh):
+        assert current_source() == str(path) and source_name(fh) == str(path)
+    blob = io.BytesIO(path.read_bytes())
+    with reading(blob):
+        assert current_source() == "<BytesIO>" and source_name(blob) is blob
+    with path.open("rb") as fh, open(fh.fileno(), "rb", closefd=False) as by_number:  # its name is a number
+        assert source_name(by_number) is by_number
+
+
+def test_an_error_about_an_open_file_names_its_path(tmp_path: Path) -> None:
+    """``InputError(fh, ...)`` raised anywhere named an open file "<BufferedReader>"; it names
+    the file's path, and a BytesIO (no name) or a file opened from a descriptor (a number for
+    a name) by its kind."""
+    from medrt.errors import InputError, describe_source
+
+    path = tmp_path / "x.dcm"
+    path.write_bytes(b"not DICOM")
+    with path.open("rb") as fh:
+        assert str(InputError(fh, "damaged header")) == f"{path}: bad input: damaged header"
+        with open(fh.fileno(), "rb", closefd=False) as by_number:
+            assert describe_source(by_number) == "<BufferedReader>"
+    assert describe_source(io.BytesIO(b"x")) == "<BytesIO>"

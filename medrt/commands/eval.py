@@ -17,6 +17,7 @@ from medrt.evaluation import (
     evaluate,
     iter_predictions,
     iter_seg_predictions,
+    multi_frame_counts,
 )
 from medrt.phantom.truth import TRUTH_JSON, FrameTruth, load_ground_truth
 
@@ -97,13 +98,16 @@ def format_report(r: EvalReport) -> str:
 KIND_NAMES = {"ct": "CT", "xray": "radiographs"}
 
 
-def predictions(pred: str, *, seg: bool = False, segments: list[str] | None = None) -> Predictions:
+def predictions(pred: str, *, seg: bool = False, segments: list[str] | None = None,
+                truth: dict[str, FrameTruth] | None = None) -> Predictions:
     """How to read ``pred``, each time from the start: DICOM SEG objects (with ``seg``, a
-    SEG file, or a folder without a results.jsonl), else a results.jsonl."""
+    SEG file, or a folder without a results.jsonl), else a results.jsonl. ``truth`` says how
+    many frames each multi-frame source has, so a SEG's frames left out read as empty."""
     path = Path(pred)
     if seg or segments or (path.is_dir() and not (path / RESULTS_JSONL).is_file()) or (
             path.is_file() and path.suffix.lower() != ".jsonl" and _is_dicom(path)):
-        return lambda: iter_seg_predictions(path, segments)
+        counts = multi_frame_counts(truth or {})
+        return lambda: iter_seg_predictions(path, segments, counts)
     return lambda: iter_predictions(path)
 
 
@@ -130,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
     from medrt.cli import EXIT_OK
 
     truth = load_truth_tree(args.gt)
-    read = predictions(args.pred, seg=args.seg, segments=args.segment)
+    read = predictions(args.pred, seg=args.seg, segments=args.segment, truth=truth)
     report = evaluate(read(), truth)
     parts = by_kind(read, truth)
     if args.json:

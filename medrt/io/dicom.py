@@ -62,10 +62,11 @@ from medrt.io.header import (
     frames_text,
     modality_values,
     percentile_window,
+    pixel_measures_conflicts,
     unbelievable_spacings,
 )
 from medrt.io.rle import LABEL as RLE_LABEL
-from medrt.logsource import reading
+from medrt.logsource import reading, source_name
 from medrt.privacy import redact
 from medrt.types import Frame, SourceRef, Window, WindowSource
 
@@ -168,7 +169,7 @@ def _read_dataset(source: DicomSource, stop_before_pixels: bool, defer_size: int
     if isinstance(source, (bytes, bytearray, memoryview)):
         return _parse(source, io.BytesIO(source), stop_before_pixels, None)
     if hasattr(source, "read"):
-        name = getattr(source, "name", source)
+        name = source_name(source)  # an open file's path, not <BufferedReader>
         fp = source if _seekable(source) else io.BytesIO(source.read())
         return _parse(name, fp, stop_before_pixels, None)
     raise TypeError(f"cannot read DICOM from {type(source).__name__}")
@@ -269,7 +270,9 @@ def read_frames(source: DicomSource) -> list[Frame]:
     # From a path, large values stay in the file until used: uncompressed pixel
     # data is then cast straight from a memory map (see _native_view).
     ds = read_dataset(source, defer_size=_DEFER_SIZE if path else None)
-    return frames_from_dataset(ds, path=path, name=source if path else None)
+    # errors and warnings name a path, an open file by its path, else the data set (its UID)
+    named = source_name(source)
+    return frames_from_dataset(ds, path=path, name=named if isinstance(named, (str, os.PathLike)) else None)
 
 
 def frames_from_dataset(ds: Dataset, *, path: Path | None = None, name: object = None) -> list[Frame]:
@@ -344,6 +347,11 @@ def _frames(ds: Dataset, path: Path | None, label: object) -> list[Frame]:
         log.warning("%s: %s cannot be a length in mm (it must be finite, above 0 and at most %g mm per pixel, "
                     "%g mm per slice): not used%s", describe_source(label), "; ".join(unbelievable),
                     MAX_PIXEL_SPACING_MM, MAX_SLICE_THICKNESS_MM, in_pixels)
+    conflicts = pixel_measures_conflicts(ds)
+    if conflicts:
+        log.warning("%s: Pixel Measures both shared and per frame, with different values (%s); each frame is "
+                    "measured with its own, as a functional group belongs in one or the other",
+                    describe_source(label), "; ".join(conflicts))
     geometries = frame_geometries(ds, n_frames)
     uids = {
         "sop_class_uid": sop_class,

@@ -33,6 +33,7 @@ __all__ = [
     "finite_int",
     "believable_mm",
     "unbelievable_spacings",
+    "pixel_measures_conflicts",
     "spacing_is_believable",
     "spacing_problem",
     "frames_text",
@@ -275,6 +276,46 @@ def unbelievable_spacings(ds: Dataset) -> list[str]:
                 frames.setdefault(said, []).append(number)
         out.extend(f"{said} on {frames_text(numbers, len(per_frame))}" for said, numbers in frames.items())
     return out
+
+
+def pixel_measures_conflicts(ds: Dataset) -> list[str]:
+    """``"PixelSpacing 0.7\\0.7 shared, 0.5\\0.5 on frames 1, 2 of 20"``, one for each of PixelSpacing
+    and SliceThickness that an enhanced multi-frame object gives both in its shared Pixel Measures
+    and, with another value (beyond 0.01 %), in some frames' own; [] otherwise. A functional
+    group belongs in one or the other (PS3.3 C.7.6.16), so such an object says two things of
+    those frames: each is measured with its own value (:func:`functional_item` reads the
+    per-frame group first, as the SEG writer does), and this is for a warning that says so."""
+    shared = _shared_item(ds, "PixelMeasuresSequence")
+    per_frame = ds.get("PerFrameFunctionalGroupsSequence") or []
+    out = []
+    for keyword in ("PixelSpacing", "SliceThickness"):
+        common = _floats(shared, keyword)
+        if common is None:
+            continue
+        frames: dict[tuple[float, ...], list[int]] = {}  # each other value, with the frames that give it
+        for number, group in enumerate(per_frame, 1):
+            own = _floats(_first_item(group, "PixelMeasuresSequence"), keyword)
+            if own is not None and (len(own) != len(common) or not np.allclose(own, common, rtol=1e-4, atol=0.0)):
+                frames.setdefault(own, []).append(number)
+        if frames:
+            said = "; ".join(f"{_joined(v)} on {frames_text(numbers, len(per_frame))}" for v, numbers in frames.items())
+            out.append(f"{keyword} {_joined(common)} shared, {said}")
+    return out
+
+
+def _floats(holder: Dataset | None, keyword: str) -> tuple[float, ...] | None:
+    """``holder``'s ``keyword`` as finite floats; None when absent, empty or not numbers."""
+    if holder is None or keyword not in holder:
+        return None
+    try:
+        values = tuple(float(v) for v in dicom_values(holder[keyword].value))
+    except Exception:  # a value pydicom cannot convert: not a value to compare
+        return None
+    return values if values and all(np.isfinite(values)) else None
+
+
+def _joined(values: tuple[float, ...]) -> str:
+    return "\\".join(f"{v:g}" for v in values)
 
 
 def _unbelievable(holder: Dataset | None, keyword: str) -> str | None:

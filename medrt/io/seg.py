@@ -5,6 +5,9 @@ its images (``medrt view --seg``) and ``medrt eval`` scores it against ground tr
 Each map is keyed like :attr:`medrt.types.Frame.key` (the source SOPInstanceUID, or
 ``UID#index`` for a frame of a multi-frame source). Every image the SEG names as a source
 gets a map, so frames a SEG left out (no segment on them) read as empty, as DICOM means.
+A multi-frame source is named as a whole, but the SEG does not say how many frames it has:
+given that (``source_frames``, as ``medrt eval`` takes it from the ground truth), each of its
+frames gets a map too; without it, only the frames the SEG holds a segment on do.
 
 Segments may overlap in another tool's SEG (a "Lung" segment around "Nodule" ones), which
 highdicom's ``combine_segments`` refuses: the map holds, per pixel, the highest segment
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -100,10 +103,14 @@ def _label_map(stack: np.ndarray, numbers: tuple[int, ...]) -> np.ndarray:
     return out
 
 
-def read_seg(path: str | os.PathLike[str], segments: Sequence[int | str] | None = None) -> SegMasks:
+def read_seg(path: str | os.PathLike[str], segments: Sequence[int | str] | None = None,
+             source_frames: Mapping[str, int] | None = None) -> SegMasks:
     """Read a DICOM SEG into per-frame label maps of ``segments`` (numbers or labels; every
-    segment by default). Raises ValueError naming the file when it is not a SEG highdicom
-    can read, names no segment asked for, or refers to no image frame."""
+    segment by default). ``source_frames`` gives the number of frames of multi-frame source
+    images (by SOPInstanceUID) where the caller knows it: every frame of such a source the SEG
+    names gets a map, empty where the SEG left the frame out. Raises ValueError naming the
+    file when it is not a SEG highdicom can read, names no segment asked for, or refers to
+    no image frame."""
     import highdicom as hd  # only when a SEG is read
 
     path = Path(path)
@@ -114,7 +121,12 @@ def read_seg(path: str | os.PathLike[str], segments: Sequence[int | str] | None 
     labels = tuple(str(d.SegmentLabel) for d in sorted(seg.SegmentSequence, key=lambda d: int(d.SegmentNumber)))
     numbers = _chosen(seg, segments, path)
     masks: dict[str, np.ndarray] = {}
+    frames_of = source_frames or {}
     for _, _, uid in seg.get_source_image_uids():
+        n_frames = int(frames_of.get(uid, 1))
+        if n_frames > 1:  # a multi-frame source, named as a whole: each of its frames
+            masks.update(_by_frames(seg, uid, numbers, n_frames))
+            continue
         try:
             px = seg.get_pixels_by_source_instance([uid], segment_numbers=list(numbers), combine_segments=False,
                                                    assert_missing_frames_are_empty=True)
@@ -128,15 +140,20 @@ def read_seg(path: str | os.PathLike[str], segments: Sequence[int | str] | None 
     return SegMasks(path, masks, labels, str(seg.SeriesInstanceUID), numbers, _colors(seg, path))
 
 
-def _by_frames(seg: object, uid: str, numbers: tuple[int, ...]) -> dict[str, np.ndarray]:
-    """A multi-frame source: one label map per referenced frame, keyed ``uid#index``."""
+def _by_frames(seg: object, uid: str, numbers: tuple[int, ...], n_frames: int = 0) -> dict[str, np.ndarray]:
+    """A multi-frame source: one label map per referenced frame, keyed ``uid#index``, and an
+    empty one for each other frame of its ``n_frames`` (when known), which the SEG left out."""
     found = sorted({int(n) for item in seg.PerFrameFunctionalGroupsSequence  # type: ignore[attr-defined]
                     for d in item.get("DerivationImageSequence", [])
                     for s in d.get("SourceImageSequence", [])
                     if str(s.ReferencedSOPInstanceUID) == uid
                     for n in dicom_values(s.get("ReferencedFrameNumber"))})
-    if not found:
-        return {}
-    px = seg.get_pixels_by_source_frame(uid, found, segment_numbers=list(numbers),  # type: ignore[attr-defined]
-                                        combine_segments=False, assert_missing_frames_are_empty=True)
-    return {f"{uid}#{n - 1}": _label_map(stack, numbers) for n, stack in zip(found, px, strict=True)}
+    out: dict[str, np.ndarray] = {}
+    if found:
+        px = seg.get_pixels_by_source_frame(uid, found, segment_numbers=list(numbers),  # type: ignore[attr-defined]
+                                            combine_segments=False, assert_missing_frames_are_empty=True)
+        out = {f"{uid}#{n - 1}": _label_map(stack, numbers) for n, stack in zip(found, px, strict=True)}
+    shape = (int(seg.Rows), int(seg.Columns))  # type: ignore[attr-defined]
+    for i in range(n_frames):
+        out.setdefault(f"{uid}#{i}", np.zeros(shape, np.uint16))
+    return out
