@@ -25,14 +25,15 @@ from medrt_gui.patient import PatientInfo, patients_text
 
 from medrt.errors import InputError
 from medrt.io.dicom import read_dataset
-from medrt.io.header import finite_int, frame_geometries
+from medrt.io.header import finite_int
 from medrt.io.scan import iter_files
 from medrt.io.seg import SEG_SOP_CLASSES, SegMasks
 from medrt.io.series import (
     ORIENTATION_ATOL,
     SeriesItem,
-    frames_in_position_order,
+    frames_head_first,
     group_series,
+    points_away,
     slice_order,
 )
 from medrt.privacy import describe_exception
@@ -475,29 +476,23 @@ def _name(source: object) -> str:
 def _frames_head_first(item: SeriesItem) -> list[int]:
     """An object's frames in the order its slices are shown: a multi-frame object's head
     first, as a series of single-frame slices is, where each frame has a place of its own
-    (:func:`medrt.io.series.frames_in_position_order`); they were shown in frame order, which
-    an enhanced CT need not store in slice order, so scrolling jumped about the volume."""
+    (:func:`medrt.io.series.frames_head_first`, the rule decode orders them by for batch,
+    stream and the listener); they were shown in frame order, which an enhanced CT need not
+    store in slice order, so scrolling jumped about the volume."""
     if item.frames < 2 or not isinstance(item.source, (str, os.PathLike)):
         return list(range(item.frames))
     try:
         ds = read_dataset(item.source, stop_before_pixels=True)
     except InputError:
         return list(range(item.frames))  # its own error comes when it is decoded
-    order = frames_in_position_order(ds, item.frames)
-    if order is None:
-        return list(range(item.frames))
-    from medrt.analysis.slices import points_away  # as along_normal above: only when needed
-
-    first = frame_geometries(ds, 1)[0]  # frames_in_position_order: ascending along row x column
-    return order if first is not None and points_away(first.normal) else order[::-1]
+    order = frames_head_first(ds, item.frames)
+    return order if order is not None else list(range(item.frames))
 
 
 def _head_first(stack: Any) -> list[Any]:
     """A stack ordered by position (ascending along row x column) head first, the larger
     :func:`medrt.analysis.slices.along_normal` first, as a live series' slots are placed: a
     feet-first series was shown from the feet up."""
-    from medrt.analysis.slices import points_away
-
     geometry = stack[0].geometry if stack else None
     return list(stack) if geometry is not None and points_away(geometry.normal) else list(reversed(stack))
 

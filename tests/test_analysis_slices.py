@@ -4,6 +4,7 @@ hands each file its neighbouring slices."""
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -439,3 +440,57 @@ def test_decode_hands_on_an_enhanced_cts_frames_head_first_whatever_their_storag
     twice = [*stored[:3], *(replace(f, frame_index=f.frame_index + 6) for f in stored[:3])]
     assert head_first(twice) is None and head_first(stored[:1]) is None
     assert [along_normal(stored[i]) for i in head_first(stored)] == sorted(map(along_normal, stored), reverse=True)
+
+
+def _with_frame_orientations(path: Path, orientations: list[tuple[float, ...]]) -> None:
+    """Give each stored frame of an enhanced object its own ImageOrientationPatient."""
+    import pydicom
+    from pydicom.dataset import Dataset
+
+    ds = pydicom.dcmread(path)
+    del ds.SharedFunctionalGroupsSequence[0].PlaneOrientationSequence
+    for group, orientation in zip(ds.PerFrameFunctionalGroupsSequence, orientations, strict=True):
+        item = Dataset()
+        item.ImageOrientationPatient = [f"{v:.6g}" for v in orientation]
+        group.PlaneOrientationSequence = [item]
+    ds.save_as(path)
+
+
+@pytest.mark.parametrize("hair, ordered", [
+    # cosines 8e-4 short of unit length on every other frame: one orientation to the 1e-3 a
+    # series' items are ordered by, but the normals' dot product is 0.998 (< 0.999): the
+    # viewer showed the frames head first, decode (stream, batch, the listener) in frame order
+    ((0.9992, 0.0, 0.0, 0.0, 0.9992, 0.0), True),
+    # turned 0.003 rad in plane on every other frame: the same normal (dot 1.0), cosines 3e-3
+    # apart: decode put the frames head first, the viewer left them in frame order
+    ((math.cos(0.003), math.sin(0.003), 0.0, -math.sin(0.003), math.cos(0.003), 0.0), False),
+])
+def test_every_path_orders_a_shuffled_enhanced_cts_frames_alike_whatever_a_hair_in_their_orientations(
+        tmp_path: Path, hair: tuple[float, ...], ordered: bool) -> None:
+    """An enhanced CT stored out of position order, its frames' orientations differing by a
+    hair. The viewer (from the header) and decode (from the decoded frames: batch, stream,
+    the listener, the viewer's live source) had a rule each for whether the frames have one
+    orientation, so each of these was ordered head first by one and left in frame order by
+    the other. One rule (medrt.io.series.head_first_order) now decides for all of them."""
+    import pydicom
+    from medrt_gui.study import Study
+
+    from medrt.analysis.slices import head_first
+    from medrt.io.series import frames_head_first
+    from medrt.phantom import write_enhanced_ct
+
+    (path,) = write_enhanced_ct(tmp_path, 3, n_frames=6, size=64, compress="none", shuffle_frames=True)
+    _with_frame_orientations(path, [hair if k % 2 else (1.0, 0.0, 0.0, 0.0, 1.0, 0.0) for k in range(6)])
+    stored = read_frames(path)
+    z = [f.geometry.position[2] for f in stored]
+    assert z != sorted(z) and z != sorted(z, reverse=True)  # stored out of position order
+    assert {f.geometry.orientation for f in stored} == {(1.0, 0.0, 0.0, 0.0, 1.0, 0.0),
+                                                         tuple(float(f"{v:.6g}") for v in hair)}
+    want = sorted(range(6), key=lambda i: -z[i]) if ordered else list(range(6))  # head first, or frame order
+
+    header = pydicom.dcmread(path, stop_before_pixels=True)
+    assert (frames_head_first(header, 6) or list(range(6))) == want  # the header (None: frame order)
+    assert (head_first(stored) or list(range(6))) == want  # the decoded frames
+    assert [d.frame.frame_index for d in decode(path)] == want  # batch, stream, the listener
+    slots = Study.from_paths([path]).series[0].slots  # the viewer, an opened file
+    assert [int(s.key.rsplit("#", 1)[1]) for s in slots] == want

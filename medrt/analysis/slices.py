@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from medrt.io.header import finite_int
+from medrt.io.series import head_first_order, points_away
 from medrt.io.stacks import acquisition_stacks
 from medrt.preprocess import normalize
 from medrt.types import Frame
@@ -67,14 +68,6 @@ def along_normal(frame: Frame) -> float | None:
     return -along if points_away(n) else along
 
 
-def points_away(normal: Sequence[float]) -> bool:
-    """Whether a slice normal (row × column) points away from its largest patient axis: to
-    the feet on an axial feet-first scan (ImageOrientationPatient -1\\0\\0\\0\\1\\0), where
-    :func:`along_normal` counts the other way and a stack ascending along row × column is
-    already head first."""
-    return bool(normal[int(np.argmax(np.abs(normal)))] < 0)
-
-
 def head_first(frames: Sequence[Frame]) -> list[int] | None:
     """The indices of one multi-frame object's ``frames`` in slice order, head first (the
     larger :func:`along_normal` first, as :func:`medrt.analysis.tracking.link_series` and
@@ -82,16 +75,10 @@ def head_first(frames: Sequence[Frame]) -> list[int] | None:
     orientation; None otherwise (no per-frame geometry, several phases or stacks at one
     place, frames of several orientations: their frame order keeps those together). An
     enhanced CT may store its frames in any order, and a stream that handed them on in
-    frame order linked each frame's lesions to those of a slice from elsewhere in the volume."""
-    if len(frames) < 2 or any(f.geometry is None for f in frames):
-        return None
-    normal = frames[0].geometry.normal  # type: ignore[union-attr]
-    if any(float(np.dot(normal, f.geometry.normal)) < 0.999 for f in frames[1:]):  # type: ignore[union-attr]
-        return None
-    positions = [along_normal(f) for f in frames]
-    if len({round(p, 3) for p in positions}) < len(frames):  # type: ignore[arg-type]
-        return None
-    return sorted(range(len(frames)), key=lambda i: -positions[i])  # type: ignore[operator]
+    frame order linked each frame's lesions to those of a slice from elsewhere in the volume.
+    The rule is :func:`medrt.io.series.head_first_order`, the one the viewer orders the
+    frames by from the header, so no path orders one object's frames another way."""
+    return head_first_order([f.geometry for f in frames])
 
 
 def frame_stacks(frames: Sequence[Frame]) -> list[int] | None:

@@ -58,8 +58,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
 __all__ = [
     "OrderedBy", "SeriesInput", "SeriesItem", "Series", "BadInput", "NonImage", "GroupResult",
-    "frames_in_position_order", "group_series", "order_items", "order_stacks", "regular_step",
-    "series_to_sitk", "slice_order",
+    "frames_head_first", "group_series", "head_first_order", "order_items", "order_stacks", "regular_step",
+    "points_away", "series_to_sitk", "slice_order",
 ]
 
 log = logging.getLogger(__name__)
@@ -348,22 +348,53 @@ def _project(geometry: Geometry, normal: Sequence[float] | np.ndarray) -> float:
     return float(np.dot(np.asarray(geometry.position, dtype=np.float64), np.asarray(normal, dtype=np.float64)))
 
 
-def frames_in_position_order(ds: Dataset, n_frames: int) -> list[int] | None:
-    """A multi-frame object's frame indices in slice order, ascending along the slice normal
-    as :func:`group_series` orders a series' items, read from the header alone (frame order
-    need not be slice order: an enhanced CT may store its frames in any order). None where
-    the frames do not each have a place of their own on one orientation (no per-frame
-    geometry, several phases or stacks at one place): their frame order keeps those together."""
-    geometries = frame_geometries(ds, n_frames)
-    first = geometries[0] if geometries else None
-    if n_frames < 2 or first is None or any(
-            g is None or not np.allclose(g.orientation, first.orientation, atol=ORIENTATION_ATOL) for g in geometries):
+def points_away(normal: Sequence[float]) -> bool:
+    """Whether a slice normal (row × column) points away from its largest patient axis: to
+    the feet on an axial feet-first scan (ImageOrientationPatient -1\\0\\0\\0\\1\\0), where
+    :func:`medrt.analysis.slices.along_normal` counts the other way and a stack ascending
+    along row × column is already head first."""
+    return bool(normal[int(np.argmax(np.abs(normal)))] < 0)
+
+
+def head_first_order(geometries: Sequence[Geometry | None]) -> list[int] | None:
+    """The indices of one multi-frame object's frames (their ``geometries``:
+    :func:`medrt.io.header.frame_geometries`, or the decoded frames' own) in slice order,
+    head first: descending along the slice normal turned to its largest patient axis (the
+    larger :func:`medrt.analysis.slices.along_normal` first), as a series' slices are shown
+    and a lesion's sections counted. None where the frames do not each have a place of their
+    own on one orientation (fewer than two, one without geometry, direction cosines spread
+    by more than :data:`ORIENTATION_ATOL` (the rule a series' items are ordered by), several
+    phases or stacks at one place, positions equal to 1e-3 mm): their frame order keeps
+    those together.
+
+    The one rule for every path: the viewer orders an object's frames by it from the header
+    (:func:`frames_head_first`), and decode (batch, stream, the listener, a viewer's live
+    source) from the decoded frames (:func:`medrt.analysis.slices.head_first`). They had a
+    rule each (1e-3 on the cosines against a normal's dot product of 0.999, each frame
+    projected on its own normal against one normal for all), so frames whose orientations
+    differ by a hair, or whose cosines are a hair short of unit length, were ordered by one
+    and left in frame order by the other. The positions are projected on the normal of the
+    frames' mean orientation, the same whatever order they are stored in."""
+    if len(geometries) < 2 or any(g is None for g in geometries):
         return None
-    normal = _unit_normal(first.orientation)
-    positions = [_project(g, normal) for g in geometries]  # type: ignore[arg-type]
-    if len({round(p, 3) for p in positions}) < n_frames:
+    orientations = np.asarray([g.orientation for g in geometries], dtype=np.float64)  # type: ignore[union-attr]
+    if float(np.ptp(orientations, axis=0).max()) > ORIENTATION_ATOL:
         return None
-    return sorted(range(n_frames), key=positions.__getitem__)
+    normal = _unit_normal(orientations.mean(axis=0))
+    if not np.any(normal):
+        return None
+    positions = np.asarray([g.position for g in geometries], dtype=np.float64) @ normal  # type: ignore[union-attr]
+    if len({round(float(p), 3) for p in positions}) < len(geometries):
+        return None
+    if not points_away(normal):  # row x column towards the head: the larger position first
+        positions = -positions
+    return [int(i) for i in np.argsort(positions, kind="stable")]
+
+
+def frames_head_first(ds: Dataset, n_frames: int) -> list[int] | None:
+    """:func:`head_first_order` of a multi-frame object's frames, read from its header alone
+    (frame order need not be slice order: an enhanced CT may store its frames in any order)."""
+    return head_first_order(frame_geometries(ds, n_frames))
 
 
 # --------------------------------------------------------------------------- ordering
