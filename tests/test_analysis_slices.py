@@ -494,3 +494,22 @@ def test_every_path_orders_a_shuffled_enhanced_cts_frames_alike_whatever_a_hair_
     assert [d.frame.frame_index for d in decode(path)] == want  # batch, stream, the listener
     slots = Study.from_paths([path]).series[0].slots  # the viewer, an opened file
     assert [int(s.key.rsplit("#", 1)[1]) for s in slots] == want
+
+
+def test_a_slice_whose_cosines_are_a_hair_short_keeps_its_place_and_its_neighbours(tmp_path: Path) -> None:
+    """Direction cosines a hair short of unit length (0.9992\\0\\0\\0\\0.9992\\0; one
+    orientation with 1\\0\\0\\0\\1\\0 to the 1e-3 a series and a multi-frame object are
+    ordered by): along_normal projected the position on row x column as it was, 0.9984
+    long, which put such a slice at 500.5 mm below its neighbour at 500 mm (the live viewer
+    places a frame by it), and adjacent's dot product of the two normals, 0.998, left the
+    two without each other as neighbours. Both now take the normal at unit length."""
+    from medrt.analysis.slices import along_normal, head_first
+    from medrt.phantom import write_enhanced_ct
+
+    (path,) = write_enhanced_ct(tmp_path, 3, n_frames=2, size=64, compress="none")
+    a, b = read_frames(path)
+    a = replace(a, geometry=Geometry(position=(0.0, 0.0, 500.0), orientation=(1.0, 0.0, 0.0, 0.0, 1.0, 0.0)))
+    b = replace(b, geometry=Geometry(position=(0.0, 0.0, 500.5), orientation=(0.9992, 0.0, 0.0, 0.0, 0.9992, 0.0)))
+    assert along_normal(b) == pytest.approx(500.5) and along_normal(b) > along_normal(a)
+    assert head_first([a, b]) == [1, 0]  # the order decode hands them on in, and the viewer's
+    assert adjacent(a, b) and adjacent(b, a)

@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from medrt.analysis.slices import adjacent, along_normal, frame_stacks, in_stacks
+from medrt.analysis.slices import adjacent, along_normal, frame_stacks, in_stacks, parallel
 from medrt.io.header import finite_int
 from medrt.io.stacks import LivePasses
 from medrt.types import Frame, FrameResult, Lesion
@@ -164,7 +164,7 @@ def _bridged(ordered: list[FrameResult], i: int, step: float | None) -> tuple[in
         if (f.series_instance_uid, f.shape, f.spacing_mm, f.modality or "") != \
                 (x.series_instance_uid, x.shape, x.spacing_mm, x.modality or ""):
             return None
-    if float(np.dot(before.geometry.normal, after.geometry.normal)) < 0.999:
+    if not parallel(before.geometry, after.geometry):
         return None
     gap = abs(along_normal(before) - along_normal(after))  # type: ignore[operator]
     if abs(gap - 2 * step) > 0.1 * step or _grid_shift(before, after) != (0, 0):
