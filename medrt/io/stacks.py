@@ -112,6 +112,14 @@ class LivePasses:
     :data:`POSITION_ATOL_MM`: slices that can be neighbours lie at most 10 mm apart, where
     1e-3 of the spacing (:func:`position_tolerance`) is less.
 
+    Two passes sent interleaved in opposite directions (one head to feet, one feet to head)
+    are one pass until they meet: before that, nothing tells them from a sequential CT's
+    rotations sent in another order than acquired (both are acquisitions at positions none
+    of the others holds, seen going either way), and parting the rotations would cost every
+    slice at a rotation's edge its neighbours. The few slices just before the two passes
+    meet may take the other's as a neighbour; a direction rule that parted them (tried in
+    session 43) was left out for that reason.
+
     Holds the positions of the last ``keep`` series (of up to ``per_series`` acquisitions
     each, the latest ``positions`` positions of each): a watched folder runs for days.
     """
