@@ -92,11 +92,14 @@ def write_enhanced_ct(
         # (highdicom draws a new one each time)
         item.DimensionOrganizationUID = phantom_uid(seed, CT, "dimension-organization", *parts)
     # which slice each stored frame is: highdicom names each frame's source image
-    by_uid = {ds.SOPInstanceUID: (f, ds) for ds, f in zip(legacy, frames, strict=True)}
-    sources = [by_uid[group.ConversionSourceAttributesSequence[0].ReferencedSOPInstanceUID]
-               for group in mf.PerFrameFunctionalGroupsSequence]
-    placed = [f for f, _ in sources]
-    pixels = np.stack([np.frombuffer(ds.PixelData, np.uint16) for _, ds in sources]).reshape(len(placed), *frames[0].shape)
+    by_uid = {ds.SOPInstanceUID: f for ds, f in zip(legacy, frames, strict=True)}
+    placed = [by_uid[group.ConversionSourceAttributesSequence[0].ReferencedSOPInstanceUID]
+              for group in mf.PerFrameFunctionalGroupsSequence]
+    # The single-frame datasets are converted: free their pixels (one copy of the volume)
+    # before encoding, and encode the frames highdicom joined, in its order, without
+    # another copy (write_dataset replaces the joined bytes by the encoded ones).
+    del legacy, by_uid
+    pixels = np.frombuffer(mf.PixelData, np.uint16).reshape(len(placed), *frames[0].shape)
     path = write_dataset(mf, pixels, out / ENHANCED_CT_NAME, compress)
     with TruthWriter(out, seed, CT) as truth:
         for k, f in enumerate(placed):
