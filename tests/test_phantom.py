@@ -6,7 +6,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -445,6 +447,22 @@ def test_an_enhanced_ct_phantom_is_the_same_bytes_each_time(tmp_path: Path) -> N
     assert a.read_bytes() == b.read_bytes()
     assert (tmp_path / "a" / TRUTH_JSON).read_bytes() == (tmp_path / "b" / TRUTH_JSON).read_bytes()
     assert (tmp_path / "a" / "ground_truth_masks.npz").read_bytes() == (tmp_path / "b" / "ground_truth_masks.npz").read_bytes()
+
+
+def test_an_enhanced_ct_phantom_is_the_same_bytes_in_another_process(tmp_path: Path) -> None:
+    """highdicom lists the converted slices in the Referenced Series Sequence from a set,
+    whose order follows each process's string hashing; the phantom lists them in frame
+    order, so two processes with different PYTHONHASHSEED write the same file."""
+    code = "import sys; from medrt.phantom import write_enhanced_ct; write_enhanced_ct(sys.argv[1], 3, n_frames=6, size=64)"
+    for hash_seed in ("1", "2"):
+        subprocess.run([sys.executable, "-c", code, str(tmp_path / hash_seed)], check=True, timeout=300,
+                       env={**os.environ, "PYTHONHASHSEED": hash_seed})
+    a, b = ((tmp_path / k / "ct_enhanced.dcm").read_bytes() for k in "12")
+    assert a == b
+    ds = pydicom.dcmread(tmp_path / "1" / "ct_enhanced.dcm", stop_before_pixels=True)
+    (series,) = ds.ReferencedSeriesSequence
+    assert [i.ReferencedSOPInstanceUID for i in series.ReferencedInstanceSequence] == [
+        g.ConversionSourceAttributesSequence[0].ReferencedSOPInstanceUID for g in ds.PerFrameFunctionalGroupsSequence]
 
 
 def test_cli_writes_an_enhanced_phantom(tmp_path: Path, capsys) -> None:

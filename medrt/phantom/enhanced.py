@@ -92,9 +92,17 @@ def write_enhanced_ct(
         # (highdicom draws a new one each time)
         item.DimensionOrganizationUID = phantom_uid(seed, CT, "dimension-organization", *parts)
     # which slice each stored frame is: highdicom names each frame's source image
+    sources = [group.ConversionSourceAttributesSequence[0].ReferencedSOPInstanceUID
+               for group in mf.PerFrameFunctionalGroupsSequence]
     by_uid = {ds.SOPInstanceUID: f for ds, f in zip(legacy, frames, strict=True)}
-    placed = [by_uid[group.ConversionSourceAttributesSequence[0].ReferencedSOPInstanceUID]
-              for group in mf.PerFrameFunctionalGroupsSequence]
+    placed = [by_uid[uid] for uid in sources]
+    # highdicom lists the source slices in the Referenced Series Sequence from a set, so in an
+    # order that follows the process's string hashing (PYTHONHASHSEED): list them in frame order
+    frame_of = {uid: k for k, uid in enumerate(sources)}
+    for series in mf.get("ReferencedSeriesSequence", ()):
+        series.ReferencedInstanceSequence = sorted(
+            series.ReferencedInstanceSequence,
+            key=lambda item: (frame_of.get(item.ReferencedSOPInstanceUID, len(frame_of)), item.ReferencedSOPInstanceUID))
     # The single-frame datasets are converted: free their pixels (one copy of the volume)
     # before encoding, and encode the frames highdicom joined, in its order, without
     # another copy (write_dataset replaces the joined bytes by the encoded ones).
