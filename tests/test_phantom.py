@@ -25,6 +25,7 @@ from medrt.phantom import (
     longest_diameter_mm,
     radiograph_scenario,
     write_ct_series,
+    write_enhanced_ct,
     write_radiographs,
 )
 from medrt.phantom.dicom_write import ct_dataset, dx_dataset
@@ -212,16 +213,40 @@ def small_files(tmp_path_factory) -> dict[str, list[Path]]:
         out[f"dx-{codec}"] = write_radiographs(
             root / f"dx-{codec}", 2, count=2, size=256, compress=codec
         )
+    for codec in ("none", "rle", "jpegls"):
+        out[f"ct-enhanced-{codec}"] = write_enhanced_ct(root / f"ct-enhanced-{codec}", 2, n_frames=3, size=64, compress=codec)
+    out["ct-enhanced-shuffled"] = write_enhanced_ct(root / "ct-enhanced-shuffled", 2, n_frames=3, size=64, shuffle_frames=True)
     return out
 
 
-@pytest.mark.parametrize("key", ["ct-rle", "ct-none", "dx-jpegls", "dx-none"])
+# dicom3tools before its 2026 releases (Debian/Ubuntu ship 1.00~20220618) does not count a Legacy
+# Converted Enhanced image's Conversion Source Attributes Sequence (each frame's source slice) as
+# references to other instances, so it calls the Referenced Series Sequence listing those slices
+# superfluous. PS3.3 C.12.2 requires that sequence for them (highdicom writes it; dicom3tools
+# 20260927 reports no error); the test accepts this one message only when the sequence lists
+# exactly the frames' sources.
+_OLD_DCIODVFY_CONVERSION_SOURCES = "Error - ReferencedSeriesSequence present but Instance does not reference Instances"
+
+
+def _lists_exactly_the_conversion_sources(path: Path) -> bool:
+    ds = pydicom.dcmread(path, stop_before_pixels=True)
+    sources = {item.ReferencedSOPInstanceUID for group in ds.get("PerFrameFunctionalGroupsSequence", ())
+               for item in group.get("ConversionSourceAttributesSequence", ())}
+    listed = [item.ReferencedSOPInstanceUID for series in ds.get("ReferencedSeriesSequence", ())
+              for item in series.ReferencedInstanceSequence]
+    return bool(sources) and sorted(listed) == sorted(sources)
+
+
+@pytest.mark.parametrize("key", ["ct-rle", "ct-none", "dx-jpegls", "dx-none", "ct-enhanced-none",
+                                 "ct-enhanced-rle", "ct-enhanced-jpegls", "ct-enhanced-shuffled"])
 def test_dciodvfy_reports_no_errors(small_files, key: str) -> None:
     tool = require_tool("dciodvfy")
     for path in small_files[key]:
         res = subprocess.run([tool, str(path)], capture_output=True, text=True, timeout=60)
         text = res.stdout + res.stderr
         errors = [line for line in text.splitlines() if line.startswith("Error")]
+        if _lists_exactly_the_conversion_sources(path):
+            errors = [e for e in errors if not e.startswith(_OLD_DCIODVFY_CONVERSION_SOURCES)]
         assert not errors, f"{path.name}: {errors}"
 
 
