@@ -91,6 +91,11 @@ def write_enhanced_ct(
     for item in (*mf.get("DimensionOrganizationSequence", ()), *mf.get("DimensionIndexSequence", ())):
         # (highdicom draws a new one each time)
         item.DimensionOrganizationUID = phantom_uid(seed, CT, "dimension-organization", *parts)
+    for group in (*mf.SharedFunctionalGroupsSequence, *mf.PerFrameFunctionalGroupsSequence):
+        for voi in group.get("FrameVOILUTSequence", ()):
+            # free text in a CT Image ("SOFT TISSUE"); a CT Frame VOI LUT has defined terms
+            if voi.get("WindowCenterWidthExplanation") == "SOFT TISSUE":
+                voi.WindowCenterWidthExplanation = "SOFT_TISSUE"
     # which slice each stored frame is: highdicom names each frame's source image
     sources = [group.ConversionSourceAttributesSequence[0].ReferencedSOPInstanceUID
                for group in mf.PerFrameFunctionalGroupsSequence]
