@@ -751,6 +751,11 @@ def test_multi_frame_source_seg_and_sr_reference_frames(enhanced_ct, tmp_path) -
     r = next(r for r in enhanced_ct if r.lesions)
     sc = pydicom.dcmread(dciodvfy(build_sc(r), tmp_path / "sc.dcm"))
     assert sc.SourceImageSequence[0].ReferencedFrameNumber == r.frame.frame_index + 1
+    # the frame's anatomy (Frame Anatomy: abdomen, unpaired), not an empty Laterality, which
+    # dciodvfy warns is only for a body part not known
+    anatomy = r.frame.source.dataset.SharedFunctionalGroupsSequence[0].FrameAnatomySequence[0]
+    assert sc.ImageLaterality == anatomy.FrameLaterality == "U" and "Laterality" not in sc
+    assert sc.AnatomicRegionSequence[0].CodeValue == anatomy.AnatomicRegionSequence[0].CodeValue
     with pytest.raises(ValueError, match='"results" must cover every frame'):
         build_seg(enhanced_ct[:-1])
 

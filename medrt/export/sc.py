@@ -77,13 +77,32 @@ def _source_reference(frame: Frame) -> Dataset:
     return item
 
 
-def _copy_body_part(src: Dataset, sc: Dataset) -> None:
+def _frame_anatomy(src: Dataset, index: int) -> Dataset | None:
+    """The Frame Anatomy item of frame ``index`` of a multi-frame source (its own, else the
+    shared one), or None."""
+    per_frame = src.get("PerFrameFunctionalGroupsSequence") or ()
+    groups = [per_frame[index]] if index < len(per_frame) else []
+    for group in (*groups, *(src.get("SharedFunctionalGroupsSequence") or ())):
+        if group.get("FrameAnatomySequence"):
+            return group.FrameAnatomySequence[0]
+    return None
+
+
+def _copy_body_part(src: Dataset, sc: Dataset, frame_index: int = 0) -> None:
     """Body part and laterality of the source (General Series Laterality is Type 2C on the
-    body part); when the source names none of them, Laterality is left empty: unknown."""
+    body part); an enhanced source names them per frame (Frame Anatomy: the region and the
+    frame's laterality, as the SC's Anatomic Region and Image Laterality). When the source
+    names none of them, Laterality is left empty: unknown."""
     for keyword in ("BodyPartExamined", "Laterality", "ImageLaterality"):
         value = src.get(keyword)
         if value:
             setattr(sc, keyword, value)
+    anatomy = _frame_anatomy(src, frame_index)
+    if anatomy is not None:
+        if anatomy.get("AnatomicRegionSequence") and "AnatomicRegionSequence" not in sc:
+            sc.AnatomicRegionSequence = [Dataset(item) for item in anatomy.AnatomicRegionSequence]
+        if anatomy.get("FrameLaterality") and "ImageLaterality" not in sc:
+            sc.ImageLaterality = anatomy.FrameLaterality
     if not any(k in sc for k in ("BodyPartExamined", "Laterality", "ImageLaterality")):
         sc.Laterality = ""
 
@@ -149,7 +168,7 @@ def build_sc(
                 or f"As calibrated in the source image ({kind})")
     if not single:
         sc.PatientOrientation = list(orientation) if orientation is not None else ""
-    _copy_body_part(frame.source.dataset, sc)
+    _copy_body_part(frame.source.dataset, sc, frame.frame_index)
     sc.BurnedInAnnotation = "YES"
     sc.SourceImageSequence = [_source_reference(frame)]
     sc.DerivationDescription = "Lesion overlay and sizes burned in by medrt"

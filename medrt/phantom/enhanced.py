@@ -91,12 +91,28 @@ def write_enhanced_ct(
     for item in (*mf.get("DimensionOrganizationSequence", ()), *mf.get("DimensionIndexSequence", ())):
         # (highdicom draws a new one each time)
         item.DimensionOrganizationUID = phantom_uid(seed, CT, "dimension-organization", *parts)
+    for group in (*mf.SharedFunctionalGroupsSequence, *mf.PerFrameFunctionalGroupsSequence):
+        for voi in group.get("FrameVOILUTSequence", ()):
+            # free text in a CT Image ("SOFT TISSUE"); a CT Frame VOI LUT has defined terms
+            if voi.get("WindowCenterWidthExplanation") == "SOFT TISSUE":
+                voi.WindowCenterWidthExplanation = "SOFT_TISSUE"
     # which slice each stored frame is: highdicom names each frame's source image
-    by_uid = {ds.SOPInstanceUID: (f, ds) for ds, f in zip(legacy, frames, strict=True)}
-    sources = [by_uid[group.ConversionSourceAttributesSequence[0].ReferencedSOPInstanceUID]
+    sources = [group.ConversionSourceAttributesSequence[0].ReferencedSOPInstanceUID
                for group in mf.PerFrameFunctionalGroupsSequence]
-    placed = [f for f, _ in sources]
-    pixels = np.stack([np.frombuffer(ds.PixelData, np.uint16) for _, ds in sources]).reshape(len(placed), *frames[0].shape)
+    by_uid = {ds.SOPInstanceUID: f for ds, f in zip(legacy, frames, strict=True)}
+    placed = [by_uid[uid] for uid in sources]
+    # highdicom lists the source slices in the Referenced Series Sequence from a set, so in an
+    # order that follows the process's string hashing (PYTHONHASHSEED): list them in frame order
+    frame_of = {uid: k for k, uid in enumerate(sources)}
+    for series in mf.get("ReferencedSeriesSequence", ()):
+        series.ReferencedInstanceSequence = sorted(
+            series.ReferencedInstanceSequence,
+            key=lambda item: (frame_of.get(item.ReferencedSOPInstanceUID, len(frame_of)), item.ReferencedSOPInstanceUID))
+    # The single-frame datasets are converted: free their pixels (one copy of the volume)
+    # before encoding, and encode the frames highdicom joined, in its order, without
+    # another copy (write_dataset replaces the joined bytes by the encoded ones).
+    del legacy, by_uid
+    pixels = np.frombuffer(mf.PixelData, np.uint16).reshape(len(placed), *frames[0].shape)
     path = write_dataset(mf, pixels, out / ENHANCED_CT_NAME, compress)
     with TruthWriter(out, seed, CT) as truth:
         for k, f in enumerate(placed):
