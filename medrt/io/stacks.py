@@ -117,8 +117,8 @@ class LivePasses:
     rotations sent in another order than acquired (both are acquisitions at positions none
     of the others holds, seen going either way), and parting the rotations would cost every
     slice at a rotation's edge its neighbours. The few slices just before the two passes
-    meet may take the other's as a neighbour; a direction rule that parted them (tried in
-    session 43) was left out for that reason.
+    meet may take the other's as a neighbour; a rule that parted acquisitions going opposite
+    ways was tried and left out for that reason.
 
     Holds the positions of the last ``keep`` series (of up to ``per_series`` acquisitions
     each, the latest ``positions`` positions of each): a watched folder runs for days.
