@@ -13,6 +13,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -68,11 +69,18 @@ def missing(reason: str) -> None:
     pytest.skip(reason)
 
 
+_FROM_ENVIRONMENT = {"dciodvfy"}
+
+
 def require_tool(name: str) -> str:
-    """Return the path of executable ``name``, or skip (fail in CI) when it is not installed."""
-    path = shutil.which(name)
+    """Return the path of executable ``name``, or skip (fail in CI) when it is not installed.
+    dicom3tools' come from this Python's environment first (the dev extra's, newer than the
+    distributions' package), then from PATH; the others from PATH only (pynetdicom installs
+    a ``storescu`` of its own there, which is not DCMTK's)."""
+    here = Path(sys.executable).parent / name
+    path = str(here) if name in _FROM_ENVIRONMENT and os.access(here, os.X_OK) else shutil.which(name)
     if path is None:
-        missing(f"executable {name!r} is not installed (see .ci/run for the apt package)")
+        missing(f"executable {name!r} is not installed (see .ci/run for the apt package, pyproject.toml's dev extra for dciodvfy)")
     return path  # type: ignore[return-value]
 
 

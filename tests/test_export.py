@@ -665,6 +665,9 @@ def test_a_jpeg2000_seg_is_the_same_seg_far_smaller(dx, ct, tmp_path) -> None:  
     tiny = pydicom.dcmread(pydicom_test_dir() / "rtdose_1frame.dcm")  # 10×10, in patient space
     tiny.SOPClassUID = tiny.file_meta.MediaStorageSOPClassUID = pydicom.uid.CTImageStorage
     tiny.Modality, tiny.SliceThickness = "CT", 2.0  # as a CT slice has it
+    # its own UIDs: pydicom's file has made-up roots, which dciodvfy 2026 calls errors where the SEG references them
+    tiny.SOPInstanceUID = tiny.file_meta.MediaStorageSOPInstanceUID = pydicom.uid.generate_uid()
+    tiny.FrameOfReferenceUID = pydicom.uid.generate_uid()
     tiny.save_as(tmp_path / "tiny.dcm")
     (frame,) = read_frames(tmp_path / "tiny.dcm")
     mask = np.zeros(frame.shape, np.uint8)
