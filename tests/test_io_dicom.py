@@ -882,6 +882,15 @@ def test_pixel_measures_both_shared_and_per_frame_measure_each_frame_by_its_own_
     assert not caplog.records  # both, but saying the same: nothing to warn of
 
 
+def test_an_enhanced_objects_pixel_measures_come_before_a_top_level_pixel_spacing_left_behind() -> None:
+    """A conversion that leaves the single-frame PixelSpacing at the top level of an enhanced
+    object had that measure every frame, though the functional groups (which the SEG is built
+    with) say otherwise; the frame's Pixel Measures now come first."""
+    ds = _enhanced_ct_with_pixel_measures([("0.5\\0.5", "2.5"), ("0.6\\0.6", "2.5")])
+    ds.PixelSpacing = [0.9, 0.9]
+    assert [f.spacing_mm for f in read_frames(ds)] == [(0.5, 0.5), (0.6, 0.6)]
+
+
 def test_errors_and_warnings_name_an_open_file_by_its_path(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """Read from an open file, a data set's errors and warnings named it "<dataset UID>" (and
     the log of its read "<BufferedReader>"): the file's own name says which file it is."""

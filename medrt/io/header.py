@@ -151,7 +151,7 @@ def frame_pixel_spacings(ds: Dataset, n_frames: int) -> list[tuple[tuple[float, 
 def pixel_spacing(ds: Dataset, index: int = 0) -> tuple[tuple[float, float] | None, SpacingSource]:
     """Frame ``index``'s pixel spacing (row, column; mm) and what it means (PS3.3 10.7.1.1).
 
-    PixelSpacing first (also from the enhanced Pixel Measures group): in the patient,
+    PixelSpacing first (from the enhanced Pixel Measures group before a top-level one): in the patient,
     unless it repeats the ImagerPixelSpacing of a radiograph, which is at the detector.
     A radiograph's PixelSpacing that differs was calibrated, as its
     PixelSpacingCalibrationType says (GEOMETRY, or FIDUCIAL and the like: CALIBRATED)
@@ -169,7 +169,9 @@ def pixel_spacing(ds: Dataset, index: int = 0) -> tuple[tuple[float, float] | No
     # its PixelSpacing is in the patient, whatever the other says.
     sliced = modality not in PROJECTION_MODALITIES and (
         "ImageOrientationPatient" in ds or functional_item(ds, "PlaneOrientationSequence", index) is not None)
-    for value in (ds.get("PixelSpacing"), measures.get("PixelSpacing") if measures is not None else None):
+    # an enhanced object's Pixel Measures first: a conversion may leave a top-level PixelSpacing
+    # behind, but the functional groups are the frame's (and what its SEG is built with)
+    for value in (measures.get("PixelSpacing") if measures is not None else None, ds.get("PixelSpacing")):
         pair = _float_pair(value)
         if pair is not None:
             if sliced:
