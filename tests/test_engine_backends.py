@@ -144,6 +144,38 @@ def test_threads_share_a_session_without_sharing_bindings(tiny: ModelSpec) -> No
     assert not hasattr(backend, "_lock")
 
 
+def _rss_mb() -> float:
+    with open("/proc/self/status") as fh:
+        return int(fh.read().split("VmRSS:")[1].split()[0]) / 1024
+
+
+def test_cpu_sessions_share_one_arena_and_answer_as_with_their_own() -> None:
+    """Each CPU session kept an arena of its own, grown to its peak and never given back, so
+    the listener's models held about 280 MB more than one shared arena needs. Now sessions
+    take their buffers from the process's one arena (``session.use_env_allocators``): three
+    more sessions running a 768² frame, once the arena has seen it, take next to nothing more,
+    where three with arenas of their own take one peak each (~45 MB here); same outputs."""
+    spec = find_spec("lesion_unet_lite")
+    x = np.random.default_rng(0).standard_normal((1, spec.inputs[0].shape[1], 768, 768), dtype=np.float32)
+    first = OnnxRuntimeBackend(spec, threads=1)
+    assert first.shared_arena
+    assert first.session.get_session_options().get_session_config_entry("session.use_env_allocators") == "1"
+    reference = first.infer(x)[0]  # the shared arena has now seen this shape
+    held = [first]
+
+    def growth(shared: bool) -> float:
+        sessions = [OnnxRuntimeBackend(spec, threads=1, shared_arena=shared) for _ in range(3)]
+        held.extend(sessions)  # kept alive: an arena is given back only with its session
+        before = _rss_mb()
+        for session in sessions:
+            assert np.array_equal(session.infer(x)[0], reference)
+        return _rss_mb() - before
+
+    own, shared = growth(False), growth(True)
+    assert own > 60, own  # the measure sees an arena's peak
+    assert shared < own / 3, (shared, own)
+
+
 def test_plain_run_mode_matches(tiny: ModelSpec) -> None:
     x = _x((1, 1, 40, 24))
     got = OnnxRuntimeBackend(tiny, io_binding=False).infer(x)

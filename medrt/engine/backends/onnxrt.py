@@ -19,6 +19,16 @@ segmenter's in another session, whose threads the spinning ones starved. On this
 (segment stage 15.4 → 6.9 ms); turning it off for the segmenters too cost them more
 than it gave back (12.7 ms).
 
+Memory: on the CPU every session takes its buffers from one arena for the process
+(:func:`shared_cpu_arena`: ORT's environment allocator, ``session.use_env_allocators``).
+Each session kept an arena of its own, grown to its own peak over the shapes it had seen,
+and none gave any back, though the models run one after another: the listener held
+1,560 MB after 8 series with them and 1,227 MB with one (``medrt bench --only
+listener_memory --series 8``), and each model ran within a few per cent of its time
+with its own (``benchmarks/ort_arena.py``: both kinds side by side, three runs; a 1024²
+crop 1-3 % slower, small shapes either way by noise). ``shared_arena=False`` gives a
+session its own.
+
 Graph: an FP32 model on the CPU is loaded with each convolution of a channel
 ``Concat`` written as a sum of convolutions (:func:`medrt.engine.rewrite.concat_as_sum`:
 the same function, float rounding aside; 2-6 % faster for the UNets here), in memory:
@@ -40,7 +50,7 @@ from medrt.bands import usable_cores
 from medrt.engine.backends.base import Backend, BackendInfo
 from medrt.engine.registry import ModelError, ModelSpec
 
-__all__ = ["OnnxRuntimeBackend", "providers_for"]
+__all__ = ["OnnxRuntimeBackend", "providers_for", "shared_cpu_arena"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +59,33 @@ CPU, CUDA, TRT = "CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecu
 GPU_HINT = "install onnxruntime-gpu (pip install 'medrt[gpu]') on a machine with an NVIDIA driver"
 
 ProviderArg = str | tuple[str, dict[str, Any]]
+
+_ARENA_LOCK = threading.Lock()
+_arena_registered = False
+# OrtArenaCfg's arena_extend_strategy: 0 kNextPowerOfTwo (ORT's default), 1 kSameAsRequested
+# (which held 1,281 MB in the listener against 1,227 MB, and ran small shapes 5-12 % slower)
+NEXT_POWER_OF_TWO = 0
+
+
+def shared_cpu_arena() -> bool:
+    """Register, once per process, the CPU arena every session made with
+    ``shared_arena=True`` takes its buffers from (ORT's environment allocator: no
+    limit, grown as ORT grows its own). Returns False where this onnxruntime cannot
+    (the session then keeps an arena of its own)."""
+    global _arena_registered
+    import onnxruntime as ort
+
+    with _ARENA_LOCK:
+        if not _arena_registered:
+            try:
+                cfg = ort.OrtArenaCfg(0, NEXT_POWER_OF_TWO, -1, -1)
+                info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+                ort.create_and_register_allocator(info, cfg)
+            except Exception as exc:  # an onnxruntime without environment allocators
+                log.info("onnxruntime %s: no shared CPU arena (%s); each model keeps its own", ort.__version__, exc)
+                return False
+            _arena_registered = True
+        return True
 
 
 def providers_for(device: str, precision: str) -> list[ProviderArg]:
@@ -140,6 +177,7 @@ class OnnxRuntimeBackend(Backend):
         reuse_outputs: bool = False,
         max_shapes: int = 16,
         split_concats: bool = True,
+        shared_arena: bool = True,
     ) -> None:
         import onnxruntime as ort
 
@@ -170,6 +208,10 @@ class OnnxRuntimeBackend(Backend):
         if spec.task == "roi_classifier":  # another session runs right after it (module docstring)
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # the process's one CPU arena (module docstring); a GPU provider's memory is its own
+        self.shared_arena = shared_arena and _name(chosen[0]) == CPU and shared_cpu_arena()
+        if self.shared_arena:
+            opts.add_session_config_entry("session.use_env_allocators", "1")
         source: str | bytes = str(spec.path)
         self.rewritten: tuple[str, ...] = ()  # the Concat nodes concat_as_sum replaced
         if split_concats and _name(chosen[0]) == CPU and precision == "fp32" and not spec.quantization:
