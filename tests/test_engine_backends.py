@@ -151,7 +151,7 @@ def _rss_mb() -> float:
 
 def test_cpu_sessions_share_one_arena_and_answer_as_with_their_own() -> None:
     """Each CPU session kept an arena of its own, grown to its peak and never given back, so
-    the listener's models held about 280 MB more than one shared arena needs. Now sessions
+    the listener's models held about 330 MB more than one shared arena needs. Now sessions
     take their buffers from the process's one arena (``session.use_env_allocators``): three
     more sessions running a 768² frame, once the arena has seen it, take next to nothing more,
     where three with arenas of their own take one peak each (~45 MB here); same outputs."""
