@@ -31,6 +31,7 @@ __all__ = [
     "UnsupportedImageError",
     "DecoderMissingError",
     "describe_source",
+    "source_name",
     "drop_tracebacks",
 ]
 
@@ -58,22 +59,30 @@ def drop_tracebacks(exc: BaseException) -> BaseException:
     return exc
 
 
+def source_name(source: object) -> object:
+    """What to name ``source`` by: an open file's path (its ``name``, where that is a str or a
+    path) for the file object, which would otherwise be named ``<BufferedReader>``; ``source``
+    itself otherwise (a path, bytes, a Dataset, a ``BytesIO``, which has no name, or a file
+    opened from a descriptor, whose name is a number)."""
+    if isinstance(source, (str, PathLike, bytes, bytearray, memoryview)) or not hasattr(source, "read"):
+        return source
+    try:
+        name = getattr(source, "name", None)
+    except Exception:  # a file-like object whose name is a property that fails
+        return source
+    return name if isinstance(name, (str, PathLike)) and str(name) else source
+
+
 def describe_source(source: object) -> str:
     """A short, PHI-free name for an input: a path as given, an open file's path, or the
     kind of object."""
+    source = source_name(source)
     if isinstance(source, (str, PathLike)):
         return str(source)
     if isinstance(source, (bytes, bytearray, memoryview)):
         return f"<{len(source)} bytes>"
     if source is None:
         return "<unknown input>"
-    if hasattr(source, "read"):  # an open file: its path, where its name is one (a BytesIO has none)
-        try:
-            name = getattr(source, "name", None)
-        except Exception:  # a file-like object whose name is a property that fails
-            name = None
-        if isinstance(name, (str, PathLike)) and str(name):
-            return str(name)
     try:
         uid = getattr(source, "SOPInstanceUID", None)
     except Exception:  # a damaged header: the UID itself may be unreadable

@@ -12,7 +12,7 @@ reads in it); :class:`SourceFilter`, on the console's handler, puts that input's
 of each such record, takes out pydicom's link to the VR table, and lets each message
 through once per input. Records from outside a read pass unchanged.
 
-An open file is named by its path (:func:`source_name`: its ``name``), not ``<BufferedReader>``.
+An open file is named by its path (:func:`medrt.errors.source_name`: its ``name``), not ``<BufferedReader>``.
 "Once per input" is once per path (the scan and the decode read a file twice) or per
 SOPInstanceUID of a Dataset; an input known by nothing unique (bytes, a ``BytesIO``, a
 Dataset without a UID: ``<BytesIO>``, ``<39198 bytes>``) is one input per read, so two
@@ -31,7 +31,7 @@ import re
 import threading
 from collections.abc import Iterator
 
-__all__ = ["reading", "current_source", "source_name", "SourceFilter"]
+__all__ = ["reading", "current_source", "SourceFilter"]
 
 # (the input's name, the key its messages are passed once under) while it is read
 _SOURCE: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("medrt_reading", default=None)
@@ -47,7 +47,7 @@ _VR_LINK = re.compile(r"\s*Please see <[^>]*> for allowed values for each VR\.?"
 def reading(source: object) -> Iterator[None]:
     """Mark ``source`` as the input this thread is parsing, for :class:`SourceFilter`.
     Nested reads of the same input keep the outer mark."""
-    from medrt.errors import describe_source
+    from medrt.errors import describe_source, source_name
 
     if _SOURCE.get() is not None:
         yield
@@ -59,21 +59,6 @@ def reading(source: object) -> Iterator[None]:
         yield
     finally:
         _SOURCE.reset(token)
-
-
-def source_name(source: object) -> object:
-    """What to name ``source`` by in log lines and errors: an open file's path (its ``name``,
-    where that is a str or a path) for the file object, which
-    :func:`medrt.errors.describe_source` calls ``<BufferedReader>``; ``source`` itself
-    otherwise (a path, bytes, a Dataset, a ``BytesIO``, which has no name, or a file opened
-    from a descriptor, whose name is a number)."""
-    if isinstance(source, (str, os.PathLike, bytes, bytearray, memoryview)) or not hasattr(source, "read"):
-        return source
-    try:
-        name = getattr(source, "name", None)
-    except Exception:  # a file-like object whose name is a property that fails
-        return source
-    return name if isinstance(name, (str, os.PathLike)) and os.fspath(name) else source
 
 
 def _unique(source: object, name: str) -> bool:

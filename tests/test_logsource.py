@@ -134,7 +134,8 @@ def test_an_open_file_is_named_by_its_path(tmp_path: Path, console: _Records) ->
     may) was named "<BufferedReader>" in pydicom's lines, and each message was let through
     once per read, as for an input known by nothing unique. Now the file's ``name`` names it,
     once per path as a path does; a BytesIO, which has no name, stays "<BytesIO>"."""
-    from medrt.logsource import current_source, reading, source_name
+    from medrt.errors import source_name
+    from medrt.logsource import current_source, reading
 
     path = tmp_path / "implicit.dcm"
     path.write_bytes(_implicit_body_under_explicit_meta(pydicom.uid.generate_uid()))

@@ -49,6 +49,7 @@ from medrt.errors import (
     NotDicomError,
     UnsupportedImageError,
     describe_source,
+    source_name,
 )
 from medrt.io.codecs import UNCOMPRESSED_LE, decoder_packages, preferred_plugins
 from medrt.io.header import (
@@ -66,7 +67,7 @@ from medrt.io.header import (
     unbelievable_spacings,
 )
 from medrt.io.rle import LABEL as RLE_LABEL
-from medrt.logsource import reading, source_name
+from medrt.logsource import reading
 from medrt.privacy import redact
 from medrt.types import Frame, SourceRef, Window, WindowSource
 
