@@ -7,8 +7,8 @@ them in the shared or per-frame functional groups. Each function looks in both.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 from pydicom.dataset import Dataset
@@ -43,6 +43,8 @@ __all__ = [
 ]
 
 _PERCENTILE_MAX_SAMPLES = 1 << 20
+
+_V = TypeVar("_V", bound=Hashable)
 
 
 def modality_values(arr: np.ndarray, ds: Dataset) -> tuple[np.ndarray, float, float]:
@@ -269,14 +271,8 @@ def unbelievable_spacings(ds: Dataset) -> list[str]:
             if said is not None:
                 out.extend([said] if said else [])
                 break
-    per_frame = ds.get("PerFrameFunctionalGroupsSequence") or []
     for keyword in _SPACING_LIMITS:
-        frames: dict[str, list[int]] = {}  # each value said, with the frames that give it
-        for number, group in enumerate(per_frame, 1):
-            said = _unbelievable(_first_item(group, "PixelMeasuresSequence"), keyword)
-            if said:
-                frames.setdefault(said, []).append(number)
-        out.extend(f"{said} on {frames_text(numbers, len(per_frame))}" for said, numbers in frames.items())
+        out.extend(f"{said} on {where}" for said, where in _on_frames(ds, lambda own, k=keyword: _unbelievable(own, k)))
     return out
 
 
@@ -288,21 +284,39 @@ def pixel_measures_conflicts(ds: Dataset) -> list[str]:
     those frames: each is measured with its own value (:func:`functional_item` reads the
     per-frame group first, as the SEG writer does), and this is for a warning that says so."""
     shared = _shared_item(ds, "PixelMeasuresSequence")
-    per_frame = ds.get("PerFrameFunctionalGroupsSequence") or []
     out = []
     for keyword in ("PixelSpacing", "SliceThickness"):
         common = _floats(shared, keyword)
         if common is None:
             continue
-        frames: dict[tuple[float, ...], list[int]] = {}  # each other value, with the frames that give it
-        for number, group in enumerate(per_frame, 1):
-            own = _floats(_first_item(group, "PixelMeasuresSequence"), keyword)
-            if own is not None and (len(own) != len(common) or not np.allclose(own, common, rtol=1e-4, atol=0.0)):
-                frames.setdefault(own, []).append(number)
-        if frames:
-            said = "; ".join(f"{_joined(v)} on {frames_text(numbers, len(per_frame))}" for v, numbers in frames.items())
+        others = _on_frames(ds, lambda own, k=keyword, c=common: _other_than(own, k, c))
+        said = "; ".join(f"{_joined(v)} on {where}" for v, where in others)
+        if said:
             out.append(f"{keyword} {_joined(common)} shared, {said}")
     return out
+
+
+def _other_than(own: Dataset | None, keyword: str, common: tuple[float, ...]) -> tuple[float, ...] | None:
+    """``own``'s ``keyword`` where it gives one other than ``common`` (beyond 0.01 %), else None."""
+    value = _floats(own, keyword)
+    if value is None or (len(value) == len(common) and np.allclose(value, common, rtol=1e-4, atol=0.0)):
+        return None
+    return value
+
+
+def _on_frames(ds: Dataset, value_of: Callable[[Dataset | None], _V | None]) -> list[tuple[_V, str]]:
+    """Each value ``value_of`` finds in the own Pixel Measures of an enhanced object's frames
+    (given the frame's item, None where it has none; None or "" from it: nothing to say), in
+    the order of the first frame that gives it, with those frames as :func:`frames_text`
+    names them ("frames 1, 2 of 20"); [] for an object without per-frame groups. What
+    :func:`unbelievable_spacings` and :func:`pixel_measures_conflicts` say of the frames."""
+    per_frame = ds.get("PerFrameFunctionalGroupsSequence") or []
+    frames: dict[_V, list[int]] = {}  # each value, with the frames (from 1) that give it
+    for number, group in enumerate(per_frame, 1):
+        value = value_of(_first_item(group, "PixelMeasuresSequence"))
+        if value:
+            frames.setdefault(value, []).append(number)
+    return [(value, frames_text(numbers, len(per_frame))) for value, numbers in frames.items()]
 
 
 def _floats(holder: Dataset | None, keyword: str) -> tuple[float, ...] | None:
