@@ -68,7 +68,7 @@ def slice_place(frame: Frame) -> str:
     normal; SliceThickness, also from an enhanced object's Pixel Measures. "" for a
     radiograph, which has neither."""
     from medrt.analysis.slices import along_normal
-    from medrt.io.header import finite_float, functional_item
+    from medrt.io.header import finite_float, pixel_measures_item
 
     ds = frame.source.dataset
     parts = []
@@ -76,7 +76,7 @@ def slice_place(frame: Frame) -> str:
     loc = along_normal(frame) if loc is None else loc
     if loc is not None:
         parts.append(f"loc {loc:.1f} mm")
-    measures = functional_item(ds, "PixelMeasuresSequence", frame.frame_index)
+    measures = pixel_measures_item(ds, frame.frame_index)
     thick = finite_float(ds.get("SliceThickness")) or (
         finite_float(measures.get("SliceThickness")) if measures is not None else None)
     if thick:

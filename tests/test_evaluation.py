@@ -572,3 +572,37 @@ def test_the_seg_of_an_enhanced_ct_is_scored_on_every_frame_as_its_results_are(
         assert main(["eval", "--seg", str(seg_path), str(gt), "--json"]) == 0
         doc = json.loads(capsys.readouterr().out)
         assert doc["frames"] == len(ts) and doc["frames_without_prediction"] == 0 and doc["sensitivity"] == 1.0
+
+
+def test_each_kind_is_scored_on_the_predictions_of_its_own_objects(tmp_path: Path) -> None:
+    """``medrt eval`` on a tree mixing an enhanced CT and radiographs reports each kind apart.
+    A prediction goes to the kind of the object its key names (``UID`` or ``UID#frame``), so
+    frame 0 of the CT keyed ``UID#0`` (as a SEG's frames are) is a CT frame, and one of a
+    frame the ground truth lacks counts in its kind's "not in the ground truth" as in the
+    pooled report: it went to no kind where the truth lacked the object's frame 0, whose bare
+    UID the kind was once found by."""
+    from medrt.commands.eval import by_kind, load_truth_tree
+    from medrt.phantom.enhanced import write_enhanced_ct
+
+    write_enhanced_ct(tmp_path / "ct", seed=1, n_frames=12, size=128, compress="none")
+    truth = load_truth_tree([str(tmp_path / "ct"), str(SAMPLE_DIR / "radiographs")])
+    ct = {k: t for k, t in truth.items() if t.kind == "ct"}
+    assert len(ct) == 12 and len(truth) == 15 and any(t.lesions for t in ct.values())
+    # keyed as a SEG's frames are: every frame of the multi-frame object UID#n, frame 0 too
+    preds = [perfect(f"{t.sop_instance_uid}#{t.frame_index}" if t.kind == "ct" else k, t) for k, t in truth.items()]
+    pooled = evaluate(preds, truth)
+    parts = by_kind(lambda: preds, truth)
+    assert sorted(parts) == ["CT", "radiographs"]
+    assert (parts["CT"].frames, parts["radiographs"].frames) == (12, 3)
+    assert parts["CT"].gt_lesions == sum(len(t.scored_lesions) for t in ct.values()) == parts["CT"].detected
+    assert parts["radiographs"].gt_lesions == pooled.gt_lesions - parts["CT"].gt_lesions > 0
+    for r in (pooled, *parts.values()):
+        assert r.frames_without_prediction == 0 and r.unknown_prediction_keys == 0 and r.false_positives == 0
+    # a ground truth without the CT's frame 0: its prediction is the CT's, not in its truth
+    first = next(k for k, t in ct.items() if t.frame_index == 0)
+    del truth[first]
+    pooled = evaluate(preds, truth)
+    parts = by_kind(lambda: preds, truth)
+    assert pooled.unknown_prediction_keys == parts["CT"].unknown_prediction_keys == 1
+    assert parts["radiographs"].unknown_prediction_keys == 0
+    assert (parts["CT"].frames, parts["CT"].frames_without_prediction) == (11, 0)

@@ -763,10 +763,10 @@ def test_multi_frame_source_seg_and_sr_reference_frames(enhanced_ct, tmp_path) -
         build_seg(enhanced_ct[:-1])
 
 
-def _pixel_measures_edited(enhanced: list[FrameResult], path: Path, measures: dict[int, tuple[str, str | None]], *,
-                           shared: bool) -> list[FrameResult]:
+def _pixel_measures_edited(enhanced: list[FrameResult], path: Path,
+                           measures: dict[int, tuple[str | None, str | None]], *, shared: bool) -> list[FrameResult]:
     """``enhanced`` (the :func:`enhanced_ct` results) written again to ``path`` with frame ``i``'s
-    own Pixel Measures ``measures[i]`` (PixelSpacing, SliceThickness or None for none), the
+    own Pixel Measures ``measures[i]`` (PixelSpacing, SliceThickness; None for none), the
     shared ones kept or taken away (``shared``), and read back, each frame with its old labels:
     as a scanner that writes Pixel Measures per frame, or a damaged one, would."""
     ds = pydicom.dcmread(enhanced[0].frame.source.path)
@@ -774,7 +774,8 @@ def _pixel_measures_edited(enhanced: list[FrameResult], path: Path, measures: di
         pm = Dataset()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # pydicom's own about a NaN DS: the damage wanted
-            pm.PixelSpacing = spacing.split("\\")
+            if spacing is not None:
+                pm.PixelSpacing = spacing.split("\\")
             if thickness is not None:
                 pm.SliceThickness = thickness
         ds.PerFrameFunctionalGroupsSequence[i].PixelMeasuresSequence = [pm]
@@ -862,6 +863,42 @@ def test_frames_whose_own_pixel_measures_are_rejected_are_left_out_of_the_seg(  
                 in_seg.append(int(ref[1].ReferencedSOPSequence[0].ReferencedFrameNumber))
         assert outlined == [lesion + 1] * len(next(r for r in results if r.frame.frame_index == lesion).lesions)
         assert sorted(in_seg) == sorted(r.frame.frame_index + 1 for r in group for _ in r.lesions)
+
+
+def test_a_frames_own_pixel_measures_lacking_what_the_shared_give_take_the_shared_value(  # type: ignore[no-untyped-def]
+        enhanced_ct, tmp_path) -> None:
+    """Pixel Measures both shared and per frame, a frame's own item without the PixelSpacing
+    (or the SliceThickness) the shared one gives, as some conversions write them: the frame was
+    read without a spacing (its sizes in pixels) and left out of the SEG, the lesion on it
+    placed by its outline only. A reader such as OHIF takes the shared value; now medrt does
+    too, attribute by attribute, for the reading and the SEG alike: every frame is kept, and
+    the SEG carries the measures the frames were measured with (it passes dciodvfy)."""
+    good = pixel_measures(enhanced_ct[0].frame.source.path)
+    spacing, thickness = "\\".join(str(v) for v in good.PixelSpacing), str(good.SliceThickness)
+    lesion = next(r.frame.frame_index for r in enhanced_ct if r.lesions)
+    empty = next(r.frame.frame_index for r in enhanced_ct if not r.lesions)
+    results = _pixel_measures_edited(enhanced_ct, tmp_path / "gaps.dcm",
+                                     {lesion: (None, thickness), empty: (spacing, None)}, shared=True)
+    expected = (float(good.PixelSpacing[0]), float(good.PixelSpacing[1]))
+    assert {r.frame.spacing_mm for r in results} == {expected}
+    assert seg_left_out(results) == {} and split_for_seg(results) == [results]
+    seg = build_seg(results, omit_empty_frames=False)
+    assert seg is not None
+    path = dciodvfy(seg, tmp_path / "seg.dcm")
+    check_seg_round_trip(path, results)
+    assert _kept_frames(seg) == list(range(1, len(results) + 1))
+    measures = pixel_measures(path)
+    assert tuple(float(v) for v in measures.PixelSpacing) == expected
+    assert float(measures.SliceThickness) == float(good.SliceThickness)
+    # every frame's own item without SliceThickness: the shared one is the SEG's, not one
+    # inferred from the slice positions (as where no Pixel Measures give one)
+    results = _pixel_measures_edited(enhanced_ct, tmp_path / "thin.dcm",
+                                     {i: (spacing, None) for i in range(len(enhanced_ct))}, shared=True)
+    assert plan_segs(results).thickness == {}
+    seg = build_seg(results)
+    assert seg is not None
+    assert float(pixel_measures(dciodvfy(seg, tmp_path / "thin_seg.dcm")).SliceThickness) == float(
+        good.SliceThickness)
 
 
 def test_frames_of_different_spacings_get_no_seg_and_the_error_names_them(  # type: ignore[no-untyped-def]

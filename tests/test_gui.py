@@ -1093,3 +1093,24 @@ def test_large_files_decode_in_a_process_small_ones_on_the_thread(bot, tmp_path:
         decoder.shutdown()
     assert not decoder._process.running
     decoder.want([dx])  # a render queued before the window closed may still ask: ignored
+
+
+def test_the_hud_gives_a_frame_the_thickness_of_the_shared_pixel_measures_its_own_leave_out(tmp_path: Path) -> None:
+    """An enhanced CT whose frame has Pixel Measures of its own without the SliceThickness the
+    shared ones give (some conversions write both): the HUD said no thickness for that frame.
+    It reads each attribute as the reader and the SEG writer do, the frame's own else the
+    shared one's, so every frame shows the shared thickness."""
+    from medrt_gui.window import slice_place
+    from pydicom.dataset import Dataset
+
+    from medrt.phantom.enhanced import write_enhanced_ct
+
+    (path,) = write_enhanced_ct(tmp_path, 3, n_frames=4, size=64, compress="none")
+    ds = pydicom.dcmread(path)
+    assert "SliceThickness" not in ds  # the functional groups' alone
+    shared = ds.SharedFunctionalGroupsSequence[0].PixelMeasuresSequence[0]
+    own = Dataset()
+    own.PixelSpacing = shared.PixelSpacing
+    ds.PerFrameFunctionalGroupsSequence[1].PixelMeasuresSequence = [own]
+    places = [slice_place(f) for f in read_frames(ds)]
+    assert all(place.endswith(f"thick {float(shared.SliceThickness):.1f} mm") for place in places), places

@@ -882,6 +882,39 @@ def test_pixel_measures_both_shared_and_per_frame_measure_each_frame_by_its_own_
     assert not caplog.records  # both, but saying the same: nothing to warn of
 
 
+def test_a_frames_own_pixel_measures_without_a_value_the_shared_give_take_the_shared_one_and_warn_once(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Pixel Measures both shared and per frame, a frame's own item without the PixelSpacing (or
+    SliceThickness) the shared one gives: the frame was read without a spacing, silently, while a
+    reader such as OHIF takes the shared one. Now each attribute comes from the frame's own item
+    where it gives one, else from the shared item, and one warning names the file and the frames.
+    A value the frame gives that is not a length (0\\0) stays refused: it is not the shared one."""
+    from medrt.io.header import pixel_measures_item
+
+    ds = _enhanced_ct_with_pixel_measures([("0.5\\0.5", "2.5")] * 3 + [("0\\0", "2.5"), ("0.5\\0.5", "2.5")])
+    shared = Dataset()
+    shared.PixelSpacing, shared.SliceThickness = [0.5, 0.5], 2.5
+    ds.SharedFunctionalGroupsSequence[0].PixelMeasuresSequence = [shared]
+    del ds.PerFrameFunctionalGroupsSequence[1].PixelMeasuresSequence[0].PixelSpacing
+    del ds.PerFrameFunctionalGroupsSequence[2].PixelMeasuresSequence[0].SliceThickness
+    ds.PerFrameFunctionalGroupsSequence[4].PixelMeasuresSequence[0].PixelSpacing = None  # empty: says nothing
+    path = tmp_path / "gaps.dcm"
+    ds.save_as(path, enforce_file_format=True)
+    with caplog.at_level("WARNING", logger="medrt.io.dicom"):
+        frames = read_frames(path)
+    assert [f.spacing_mm for f in frames] == [(0.5, 0.5)] * 3 + [None, (0.5, 0.5)]
+    assert float(pixel_measures_item(ds, 2).SliceThickness) == 2.5
+    assert "SliceThickness" not in ds.PerFrameFunctionalGroupsSequence[2].PixelMeasuresSequence[0]  # not changed
+    (record,) = [r for r in caplog.records if "shared value" in r.getMessage()]
+    text = record.getMessage()
+    assert text.startswith(f"{path}: "), text
+    assert "PixelSpacing 0.5\\0.5 shared, not in the own Pixel Measures of frames 2, 5 of 5" in text, text
+    assert "SliceThickness 2.5 shared, not in the own Pixel Measures of frame 3 of 5" in text, text
+    assert "frame 4" not in text
+    (record,) = [r for r in caplog.records if "cannot be a length" in r.getMessage()]
+    assert "PixelSpacing 0\\0 on frame 4 of 5" in record.getMessage()
+
+
 def test_an_enhanced_objects_pixel_measures_come_before_a_top_level_pixel_spacing_left_behind() -> None:
     """A conversion that leaves the single-frame PixelSpacing at the top level of an enhanced
     object had that measure every frame, though the functional groups (which the SEG is built

@@ -118,14 +118,18 @@ def _is_dicom(path: Path) -> bool:
 
 def by_kind(read: Predictions, truth: dict[str, FrameTruth]) -> dict[str, EvalReport]:
     """One report per phantom kind when ``truth`` mixes them (CT slices and radiographs
-    score very differently, so the pooled figures alone hide both); {} otherwise."""
-    kinds = sorted({t.kind for t in truth.values()})
+    score very differently, so the pooled figures alone hide both); {} otherwise. A
+    prediction goes to the kind of the object its key names (``SOPInstanceUID[#frame]``),
+    whichever of its frames the ground truth holds: one of a frame it lacks is counted in
+    that kind as not in the ground truth, as in the pooled report."""
+    kind_of = {t.sop_instance_uid: t.kind for t in truth.values()}
+    kinds = sorted(set(kind_of.values()))
     if len(kinds) < 2:
         return {}
     out = {}
     for kind in kinds:
         part = {key: t for key, t in truth.items() if t.kind == kind}
-        preds = (p for p in read() if p.key in part or p.key.partition("#")[0] in part)
+        preds = (p for p in read() if kind_of.get(p.key.partition("#")[0]) == kind)
         out[KIND_NAMES.get(kind, kind or "unknown")] = evaluate(preds, part)
     return out
 

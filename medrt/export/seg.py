@@ -40,8 +40,10 @@ Decisions (see REFERENCE.md, "DICOM output conventions"):
   multi-frame source's shared Pixel Measures only (an AttributeError for a scanner that
   writes them per frame, as many enhanced MR do) and writes one for all SEG frames; it is
   handed a shallow copy of the header whose shared group holds the Pixel Measures the
-  frames share (:func:`_with_shared_measures`). A frame whose own PixelSpacing or
-  SliceThickness is absent or not a length, while the others' are good, is left out
+  frames share (:func:`_with_shared_measures`), each frame's read attribute by attribute
+  (its own item's, else the shared one's: :func:`medrt.io.header.pixel_measures_item`, as
+  the reader measures it). A frame whose PixelSpacing or SliceThickness is then absent or
+  not a length, while the others' are good, is left out
   (:func:`seg_left_out`, as a damaged single-frame slice is: the SEG must not claim another
   frame's spacing for it), the other frames placed by their positions; frames whose good
   Pixel Measures differ get no SEG, and the error names them.
@@ -90,7 +92,7 @@ from medrt.io.header import (
     dicom_values,
     finite_float,
     frames_text,
-    functional_item,
+    pixel_measures_item,
     spacing_is_believable,
 )
 from medrt.io.series import regular_step
@@ -260,11 +262,11 @@ _MEASURES = ("PixelSpacing", "SliceThickness")
 
 
 def _frame_measures(ds: Dataset) -> list[Dataset | None]:
-    """Each frame's Pixel Measures item of a multi-frame ``ds`` (its own, else the shared
-    one: :func:`medrt.io.header.functional_item`, as the reader takes them), None where
-    neither has one."""
+    """Each frame's Pixel Measures of a multi-frame ``ds``, attribute by attribute its own,
+    else the shared one's (:func:`medrt.io.header.pixel_measures_item`: the measures the
+    reader measured the frame with), None where neither has an item."""
     n = int(ds.get("NumberOfFrames") or 1)
-    return [functional_item(ds, "PixelMeasuresSequence", i) for i in range(n)]
+    return [pixel_measures_item(ds, i) for i in range(n)]
 
 
 def _frame_lacking(measures: Dataset | None, *, thickness_inferred: bool = False) -> list[str]:

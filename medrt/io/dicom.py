@@ -64,6 +64,7 @@ from medrt.io.header import (
     modality_values,
     percentile_window,
     pixel_measures_conflicts,
+    pixel_measures_gaps,
     unbelievable_spacings,
 )
 from medrt.io.rle import LABEL as RLE_LABEL
@@ -353,6 +354,11 @@ def _frames(ds: Dataset, path: Path | None, label: object) -> list[Frame]:
         log.warning("%s: Pixel Measures both shared and per frame, with different values (%s); each frame is "
                     "measured with its own, as a functional group belongs in one or the other",
                     describe_source(label), "; ".join(conflicts))
+    gaps = pixel_measures_gaps(ds)
+    if gaps:
+        log.warning("%s: Pixel Measures both shared and per frame, some frames' own without a value the shared "
+                    "ones give (%s); those frames are measured with the shared value, as a functional group "
+                    "belongs in one or the other", describe_source(label), "; ".join(gaps))
     geometries = frame_geometries(ds, n_frames)
     uids = {
         "sop_class_uid": sop_class,

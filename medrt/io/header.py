@@ -7,8 +7,8 @@ them in the shared or per-frame functional groups. Each function looks in both.
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
 
 import numpy as np
 from pydicom.dataset import Dataset
@@ -23,6 +23,7 @@ __all__ = [
     "frame_pixel_spacings",
     "frame_header_windows",
     "functional_item",
+    "pixel_measures_item",
     "pixel_spacing",
     "frame_geometries",
     "header_window",
@@ -34,6 +35,7 @@ __all__ = [
     "believable_mm",
     "unbelievable_spacings",
     "pixel_measures_conflicts",
+    "pixel_measures_gaps",
     "spacing_is_believable",
     "spacing_problem",
     "frames_text",
@@ -43,6 +45,8 @@ __all__ = [
 ]
 
 _PERCENTILE_MAX_SAMPLES = 1 << 20
+
+_V = TypeVar("_V", bound=Hashable)
 
 
 def modality_values(arr: np.ndarray, ds: Dataset) -> tuple[np.ndarray, float, float]:
@@ -141,6 +145,45 @@ def functional_item(ds: Dataset, keyword: str, index: int) -> Dataset | None:
     return None
 
 
+def pixel_measures_item(ds: Dataset, index: int) -> Dataset | None:
+    """Frame ``index``'s Pixel Measures (PS3.3 C.7.6.16.2.1: PixelSpacing, SliceThickness,
+    SpacingBetweenSlices), attribute by attribute: each from the frame's own item where that
+    gives a value, else from the shared item (as Cornerstone/OHIF flatten the two groups);
+    None where neither has an item. A functional group belongs in one or the other, but some
+    conversions write both, with the frame's own item lacking what the shared one gives: the
+    frame is measured with the shared value, not left without one. A value the frame gives
+    that is not a length (0\\0, NaN) stays the frame's: it said something, and not the shared
+    value. The one rule for the reader (:func:`pixel_spacing`), the SEG writer and the
+    viewer; :func:`pixel_measures_gaps` is for a warning that says where it took the shared
+    value. The item returned holds the source's own data elements: do not change it."""
+    per_frame = ds.get("PerFrameFunctionalGroupsSequence")
+    own = _first_item(per_frame[index], "PixelMeasuresSequence") if per_frame and index < len(per_frame) else None
+    shared = _shared_item(ds, "PixelMeasuresSequence")
+    if own is None or shared is None:
+        return own if own is not None else shared
+    taken = [elem for elem in shared if _gives(shared, elem.tag) and not _gives(own, elem.tag)]
+    if not taken:
+        return own
+    out = Dataset()
+    out.update(own)
+    for elem in taken:
+        if elem.tag in out:  # an empty one of the frame's own
+            del out[elem.tag]
+        out.add(elem)
+    return out
+
+
+def _gives(holder: Dataset, tag: Any) -> bool:
+    """Whether ``holder`` has the data element ``tag`` with a value (a damaged one that cannot
+    be read included: it is there, though it is no value to use)."""
+    if tag not in holder:
+        return False
+    try:
+        return bool(dicom_values(holder[tag].value))
+    except Exception:  # a value pydicom cannot convert
+        return True
+
+
 def frame_pixel_spacings(ds: Dataset, n_frames: int) -> list[tuple[tuple[float, float] | None, SpacingSource]]:
     """:func:`pixel_spacing` of each frame (per-frame Pixel Measures), or one for all."""
     if not _per_frame(ds, "PixelMeasuresSequence"):
@@ -163,7 +206,7 @@ def pixel_spacing(ds: Dataset, index: int = 0) -> tuple[tuple[float, float] | No
     magnification is often 5-15 %, enough to move a nodule across a 6 or 8 mm threshold).
     """
     imager = _float_pair(ds.get("ImagerPixelSpacing"))
-    measures = functional_item(ds, "PixelMeasuresSequence", index)
+    measures = pixel_measures_item(ds, index)
     modality = str(ds.get("Modality", "")).upper()
     # A slice in the patient (CT, MR...) that also carries ImagerPixelSpacing is no radiograph:
     # its PixelSpacing is in the patient, whatever the other says.
@@ -269,14 +312,8 @@ def unbelievable_spacings(ds: Dataset) -> list[str]:
             if said is not None:
                 out.extend([said] if said else [])
                 break
-    per_frame = ds.get("PerFrameFunctionalGroupsSequence") or []
     for keyword in _SPACING_LIMITS:
-        frames: dict[str, list[int]] = {}  # each value said, with the frames that give it
-        for number, group in enumerate(per_frame, 1):
-            said = _unbelievable(_first_item(group, "PixelMeasuresSequence"), keyword)
-            if said:
-                frames.setdefault(said, []).append(number)
-        out.extend(f"{said} on {frames_text(numbers, len(per_frame))}" for said, numbers in frames.items())
+        out.extend(f"{said} on {where}" for said, where in _on_frames(ds, lambda own, k=keyword: _unbelievable(own, k)))
     return out
 
 
@@ -285,24 +322,70 @@ def pixel_measures_conflicts(ds: Dataset) -> list[str]:
     and SliceThickness that an enhanced multi-frame object gives both in its shared Pixel Measures
     and, with another value (beyond 0.01 %), in some frames' own; [] otherwise. A functional
     group belongs in one or the other (PS3.3 C.7.6.16), so such an object says two things of
-    those frames: each is measured with its own value (:func:`functional_item` reads the
-    per-frame group first, as the SEG writer does), and this is for a warning that says so."""
+    those frames: each is measured with its own value (:func:`pixel_measures_item`, as the SEG
+    writer reads them), and this is for a warning that says so."""
     shared = _shared_item(ds, "PixelMeasuresSequence")
-    per_frame = ds.get("PerFrameFunctionalGroupsSequence") or []
     out = []
     for keyword in ("PixelSpacing", "SliceThickness"):
         common = _floats(shared, keyword)
         if common is None:
             continue
-        frames: dict[tuple[float, ...], list[int]] = {}  # each other value, with the frames that give it
-        for number, group in enumerate(per_frame, 1):
-            own = _floats(_first_item(group, "PixelMeasuresSequence"), keyword)
-            if own is not None and (len(own) != len(common) or not np.allclose(own, common, rtol=1e-4, atol=0.0)):
-                frames.setdefault(own, []).append(number)
-        if frames:
-            said = "; ".join(f"{_joined(v)} on {frames_text(numbers, len(per_frame))}" for v, numbers in frames.items())
+        others = _on_frames(ds, lambda own, k=keyword, c=common: _other_than(own, k, c))
+        said = "; ".join(f"{_joined(v)} on {where}" for v, where in others)
+        if said:
             out.append(f"{keyword} {_joined(common)} shared, {said}")
     return out
+
+
+def pixel_measures_gaps(ds: Dataset) -> list[str]:
+    """``"SliceThickness 5 shared, not in the own Pixel Measures of frames 3, 5 of 20"``, one for
+    each of PixelSpacing and SliceThickness that an enhanced multi-frame object gives in its
+    shared Pixel Measures while some frames' own Pixel Measures leave it out (absent or
+    empty); [] otherwise. A functional group belongs in one or the other (PS3.3 C.7.6.16):
+    those frames take the shared value (:func:`pixel_measures_item`), and this is for a
+    warning that says the header is inconsistent. A frame with no Pixel Measures of its own
+    is not counted: it has no item that says otherwise."""
+    shared = _shared_item(ds, "PixelMeasuresSequence")
+    out = []
+    for keyword in ("PixelSpacing", "SliceThickness"):
+        if shared is None or not _gives(shared, keyword):
+            continue
+        value = _floats(shared, keyword)
+        common = _joined(value) if value is not None else _value_text(shared, keyword)
+        out.extend(f"{keyword} {common} shared, not in the own Pixel Measures of {where}" for _, where in
+                   _on_frames(ds, lambda own, k=keyword: own is not None and not _gives(own, k)))
+    return out
+
+
+def _value_text(holder: Dataset, keyword: str) -> str:
+    try:
+        return "\\".join(str(v) for v in dicom_values(holder[keyword].value))
+    except Exception:  # a value pydicom cannot convert: not shown
+        return "(unreadable)"
+
+
+def _other_than(own: Dataset | None, keyword: str, common: tuple[float, ...]) -> tuple[float, ...] | None:
+    """``own``'s ``keyword`` where it gives one other than ``common`` (beyond 0.01 %), else None."""
+    value = _floats(own, keyword)
+    if value is None or (len(value) == len(common) and np.allclose(value, common, rtol=1e-4, atol=0.0)):
+        return None
+    return value
+
+
+def _on_frames(ds: Dataset, value_of: Callable[[Dataset | None], _V | None]) -> list[tuple[_V, str]]:
+    """Each value ``value_of`` finds in the own Pixel Measures of an enhanced object's frames
+    (given the frame's item, None where it has none; None or "" from it: nothing to say), in
+    the order of the first frame that gives it, with those frames as :func:`frames_text`
+    names them ("frames 1, 2 of 20"); [] for an object without per-frame groups. What
+    :func:`unbelievable_spacings`, :func:`pixel_measures_conflicts` and
+    :func:`pixel_measures_gaps` say of the frames."""
+    per_frame = ds.get("PerFrameFunctionalGroupsSequence") or []
+    frames: dict[_V, list[int]] = {}  # each value, with the frames (from 1) that give it
+    for number, group in enumerate(per_frame, 1):
+        value = value_of(_first_item(group, "PixelMeasuresSequence"))
+        if value:
+            frames.setdefault(value, []).append(number)
+    return [(value, frames_text(numbers, len(per_frame))) for value, numbers in frames.items()]
 
 
 def _floats(holder: Dataset | None, keyword: str) -> tuple[float, ...] | None:
@@ -356,7 +439,7 @@ def spacing_problem(ds: Dataset, index: int = 0) -> str | None:
     header gives none at all, or where the frame has a pixel spacing."""
     if pixel_spacing(ds, index)[0] is not None:
         return None
-    measures = functional_item(ds, "PixelMeasuresSequence", index)
+    measures = pixel_measures_item(ds, index)
     for holder, keyword in ((ds, "PixelSpacing"), (measures, "PixelSpacing"), (ds, "ImagerPixelSpacing"),
                             (ds, "ImagePlanePixelSpacing"), (ds, "NominalScannedPixelSpacing")):
         if holder is None or keyword not in holder:
