@@ -313,7 +313,8 @@ def bucket_of(diameter_mm: float) -> str:
     return name
 
 
-def evaluate(predictions: Iterable[FramePrediction], truth: Mapping[str, FrameTruth]) -> EvalReport:
+def evaluate(predictions: Iterable[FramePrediction], truth: Mapping[str, FrameTruth], *,
+             require_match: bool = True) -> EvalReport:
     """Score ``predictions`` against ``truth`` ({key: FrameTruth}) with the module's rule.
 
     Every frame of ``truth`` is scored; frames with no prediction count as
@@ -321,7 +322,8 @@ def evaluate(predictions: Iterable[FramePrediction], truth: Mapping[str, FrameTr
     counted. Predictions are scored as they arrive, so a generator such as
     :func:`iter_predictions` holds one frame's label map at a time. Raises
     InputError for a duplicate key, a label map of the wrong shape, or when no
-    prediction matches any ground-truth frame.
+    prediction matches any ground-truth frame (unless ``require_match`` is False: a
+    part of a run whose whole was matched, as ``medrt eval`` scores each kind).
     """
     seen: set[str] = set()
     unknown = fp = ignored = negatives = clean = 0
@@ -346,7 +348,7 @@ def evaluate(predictions: Iterable[FramePrediction], truth: Mapping[str, FrameTr
             raise InputError(p.key, "two predictions for the same frame")
         seen.add(key)
         score(key, p)
-    if unknown and not seen:
+    if unknown and not seen and require_match:
         raise InputError(
             "predictions",
             f"none of {unknown} prediction keys matches one of the {len(truth)} ground-truth "

@@ -606,3 +606,25 @@ def test_each_kind_is_scored_on_the_predictions_of_its_own_objects(tmp_path: Pat
     assert pooled.unknown_prediction_keys == parts["CT"].unknown_prediction_keys == 1
     assert parts["radiographs"].unknown_prediction_keys == 0
     assert (parts["CT"].frames, parts["CT"].frames_without_prediction) == (11, 0)
+
+
+def test_a_kind_whose_predictions_all_name_frames_its_truth_lacks_is_scored_not_refused(tmp_path: Path) -> None:
+    """The pooled report matched the run, so ``by_kind`` scores a kind whose every prediction
+    names a frame the ground truth lacks (its frames predicted empty, those predictions counted
+    as not in the ground truth) instead of failing the whole ``medrt eval`` with "none of N
+    prediction keys matches"."""
+    from medrt.commands.eval import by_kind, load_truth_tree
+
+    truth = load_truth_tree([str(SAMPLE_DIR / "radiographs"), str(SAMPLE_DIR / "ct_stream")])
+    ct = {k: t for k, t in truth.items() if t.kind == "ct"}
+    assert ct and len(ct) < len(truth)
+    preds = [perfect(k, t) for k, t in truth.items() if t.kind != "ct"]
+    # a CT prediction for a frame of a CT object the ground truth does not hold
+    first = next(iter(ct.values()))
+    preds.append(perfect(f"{first.sop_instance_uid}#7", first))
+    pooled = evaluate(preds, truth)
+    assert pooled.unknown_prediction_keys == 1
+    parts = by_kind(lambda: preds, truth)
+    assert parts["CT"].unknown_prediction_keys == 1
+    assert parts["CT"].frames_without_prediction == len(ct) and parts["CT"].detected == 0
+    assert parts["radiographs"].detected == parts["radiographs"].gt_lesions > 0

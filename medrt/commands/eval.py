@@ -130,7 +130,9 @@ def by_kind(read: Predictions, truth: dict[str, FrameTruth]) -> dict[str, EvalRe
     for kind in kinds:
         part = {key: t for key, t in truth.items() if t.kind == kind}
         preds = (p for p in read() if kind_of.get(p.key.partition("#")[0]) == kind)
-        out[KIND_NAMES.get(kind, kind or "unknown")] = evaluate(preds, part)
+        # the pooled report has matched the run as a whole: a kind whose predictions all name
+        # frames its truth lacks is scored (every frame predicted empty), not refused
+        out[KIND_NAMES.get(kind, kind or "unknown")] = evaluate(preds, part, require_match=False)
     return out
 
 
