@@ -65,8 +65,9 @@ def _seg_text(slot: Slot) -> str:
 def slice_place(frame: Frame) -> str:
     """Where a slice lies and how thick it is, as viewers' overlays give them
     ("loc -188.7 mm · thick 5.0 mm"): SliceLocation, else the position along the slice
-    normal; SliceThickness, also from an enhanced object's Pixel Measures. "" for a
-    radiograph, which has neither."""
+    normal; SliceThickness, from an enhanced object's Pixel Measures before a top-level one
+    (a conversion may leave one behind; the frame is measured with its Pixel Measures, as
+    :func:`medrt.io.header.pixel_spacing` reads them). "" for a radiograph, which has neither."""
     from medrt.analysis.slices import along_normal
     from medrt.io.header import finite_float, pixel_measures_item
 
@@ -77,8 +78,8 @@ def slice_place(frame: Frame) -> str:
     if loc is not None:
         parts.append(f"loc {loc:.1f} mm")
     measures = pixel_measures_item(ds, frame.frame_index)
-    thick = finite_float(ds.get("SliceThickness")) or (
-        finite_float(measures.get("SliceThickness")) if measures is not None else None)
+    thick = (finite_float(measures.get("SliceThickness")) if measures is not None else None) or finite_float(
+        ds.get("SliceThickness"))
     if thick:
         parts.append(f"thick {thick:.1f} mm")
     return " · ".join(parts)

@@ -1099,7 +1099,8 @@ def test_the_hud_gives_a_frame_the_thickness_of_the_shared_pixel_measures_its_ow
     """An enhanced CT whose frame has Pixel Measures of its own without the SliceThickness the
     shared ones give (some conversions write both): the HUD said no thickness for that frame.
     It reads each attribute as the reader and the SEG writer do, the frame's own else the
-    shared one's, so every frame shows the shared thickness."""
+    shared one's, so every frame shows the shared thickness; and a top-level SliceThickness
+    left beside the functional groups does not hide theirs."""
     from medrt_gui.window import slice_place
     from pydicom.dataset import Dataset
 
@@ -1112,5 +1113,9 @@ def test_the_hud_gives_a_frame_the_thickness_of_the_shared_pixel_measures_its_ow
     own = Dataset()
     own.PixelSpacing = shared.PixelSpacing
     ds.PerFrameFunctionalGroupsSequence[1].PixelMeasuresSequence = [own]
+    places = [slice_place(f) for f in read_frames(ds)]
+    assert all(place.endswith(f"thick {float(shared.SliceThickness):.1f} mm") for place in places), places
+    # a top-level SliceThickness a conversion left behind: the Pixel Measures are the frames'
+    ds.SliceThickness = float(shared.SliceThickness) + 2.0
     places = [slice_place(f) for f in read_frames(ds)]
     assert all(place.endswith(f"thick {float(shared.SliceThickness):.1f} mm") for place in places), places
