@@ -131,7 +131,9 @@ def ceiling(seed: int = 5000, n_series: int = 8, n_frames: int = 40, size: int =
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m medrt.models.ceiling`` (tests/test_docs_commands.py parses the
+    docs' commands with it)."""
     p = argparse.ArgumentParser(prog="python -m medrt.models.ceiling", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=int, default=5000, help="5000: the validation series; 9000: the held-out ones")
@@ -141,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--specificity", type=float, default=0.9,
                    help="the classifier's specificity on lesion-free slices, for its coverage ceiling")
     p.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.fp <= 0 or not 0 < args.specificity < 1:
         p.error("--fp must be > 0 and --specificity in (0, 1)")

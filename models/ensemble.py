@@ -114,7 +114,9 @@ def ensemble_spec(name: str, onnx_path: Path, docs: list[dict[str, Any]], versio
             "training": training}
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m medrt.models.ensemble`` (tests/test_docs_commands.py parses the
+    docs' commands with it)."""
     p = argparse.ArgumentParser(prog="python -m medrt.models.ensemble", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", help="the members' model name (e.g. lesion_unet_lite)")
@@ -127,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="the fine sweep's confirmation on flipped views (radiograph segmenters; "
                         "default: the first member's, else medrt.analysis.sweep's), chosen on validation phantoms")
     p.add_argument("--threshold-note", default="", help="how the threshold was chosen, for the spec and the card")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if len(args.members) < 2:
         p.error("an ensemble needs at least two members")

@@ -192,7 +192,9 @@ def latency(backends: dict[str, Any], repeats: int = 7) -> dict[str, dict[str, f
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m medrt.models.evaluate`` (tests/test_docs_commands.py parses the
+    docs' commands with it)."""
     p = argparse.ArgumentParser(prog="python -m medrt.models.evaluate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="models")
@@ -209,6 +211,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=phantom_data.HELDOUT_SEED,
                    help="first phantom seed (default: the held-out one; 5000 = the validation frames used to"
                         " choose thresholds and candidates, which then never write cards)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     models = Path(args.models)

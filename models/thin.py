@@ -52,7 +52,9 @@ def measure(seed: int, series: int, frames: int, thickness: float, targets: list
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m medrt.models.thin`` (tests/test_docs_commands.py parses the
+    docs' commands with it)."""
     p = argparse.ArgumentParser(prog="python -m medrt.models.thin", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seed", type=int, default=9000)
@@ -61,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--thickness", type=float, default=1.0)
     p.add_argument("--targets", default="none,3",
                    help="neighbour distances to compare, mm; none = the next slice (default: none,3)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     targets = [None if t.strip().lower() == "none" else float(t) for t in args.targets.split(",")]
     t0 = time.perf_counter()

@@ -525,7 +525,9 @@ def write_spec(name: str, onnx_path: Path, info: dict, args: argparse.Namespace)
     return spec
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``python -m medrt.models.train`` (tests/test_docs_commands.py parses the
+    docs' commands with it)."""
     p = argparse.ArgumentParser(prog="python -m medrt.models.train", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", choices=[*ROI_MODELS, *UNET_VARIANTS])
@@ -589,6 +591,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--monitor-every", type=int, default=500, help="log Dice on fixed batches every N steps (0: never)")
     p.add_argument("--cache", default=str(Path.home() / ".cache" / "medrt" / "train"))
     p.add_argument("--out", default="models")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.amp == "bf16" and not native_bf16():
         p.error(f"--amp bf16: this CPU has no BF16 kernels (torch reports {torch.backends.cpu.get_cpu_capability()};"

@@ -1,29 +1,43 @@
-"""Every ``medrt ...`` command the docs show is one the CLI takes, and every ``make`` target
-they name is in the Makefile.
+"""Every ``medrt ...`` command the docs show is one the CLI takes, every ``python -m
+medrt.models.X ...`` (the training recipe: train, ensemble, evaluate, ceiling, thin) one
+that script takes, and every ``make`` target they name is in the Makefile.
 
 Clinicians and IT copy these lines; an option renamed or removed left them wrong with
 nothing to say so. The commands are read from the markdown files (README.md, docs/,
 models/, sample_dicom/) and from the installer's files an administrator edits or reads
 (listen.env's options, the unit's ExecStart, install-listener.sh's hint), then parsed by
-the real parser, ``medrt.cli.build_parser()``: argparse only, nothing runs.
+the real parser, ``medrt.cli.build_parser()``, or the script's own ``build_parser()`` for a
+``python -m medrt.models.X`` line: argparse only, nothing runs (importing the scripts
+imports torch, as they do).
 
 What counts as a command, and how each is checked:
 
 * fenced blocks (sh, console or none): a line whose command is ``medrt`` (after ``$ ``,
   ``VAR=value`` assignments, ``sudo -u USER``, ``/usr/bin/time -v``, a path such as
   ``.venv/bin/medrt``, or ``python -m medrt``; also after ``do``, ``;``, ``&&``, ``|``),
-  with ``\\`` continuations joined and ``#`` comments dropped. A gap of three or more
+  with ``\\`` continuations joined and ``#`` comments dropped; likewise a line whose command
+  is ``python -m medrt.models.X`` (its arguments may be none: ``evaluate``'s defaults). A
+  line of assignments only (``LITE="python -m medrt.models.train ..."``) is remembered
+  for the rest of its file, and a later ``$LITE`` as a whole word stands for its value
+  (``OMP_NUM_THREADS=1 $LITE --out m0``). A gap of three or more
   spaces ends the command: what follows is a usage table's description. An indented line
   that starts with ``[`` continues the command above it (a wrapped synopsis).
-* inline code spans that start with ``medrt `` (or one of those launchers); a span such as
-  ``medrt batch: cannot write ...`` (a word ending in ``:``) is a message medrt prints.
+* inline code spans that start with ``medrt `` or ``python -m medrt.models.X`` (or one of
+  those launchers); a span such as
+  ``medrt batch: cannot write ...`` (a word ending in ``:``) is a message medrt prints. A
+  model card's resumed run names its first run's command after a colon in the span
+  (``...; continuing the weights of a first run of N steps (S s): python -m ...``): that
+  one is read too.
 * a **synopsis** -- a command holding ``[``, ``...``, ``…`` or a ``|`` inside a word
   (``--png positive|all|none``) -- is checked for its names only: each (sub)command word,
+  each script of ``medrt.models.train|evaluate``,
   each alternative of ``list|verify``, each option name, and each alternative given as an
   option's value where the option has choices. A number in brackets after an option
   (``[--idle 10]``) is the default the usage shows, and must be the parser's.
 * every other command is parsed with ``parse_args`` as well, and its option names must be
   the full ones (argparse would take ``--keep-result`` for ``--keep-results-days``).
+  Records of what was run once, whose option has since been removed, are skipped by
+  ``HISTORICAL`` only (docs/models-log.md; the model cards and README must be current).
   Inline spans are shorthand in a sentence: they may leave out required arguments
   (``medrt batch heldout``), and a last option without its value (``medrt batch --ray``)
   is a mention of that option, checked by name.
@@ -33,6 +47,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import importlib
 import io
 import re
 import shlex
@@ -54,6 +70,17 @@ PLACEHOLDERS = {
     "medrt COMMAND --help",  # any command's --help
 }
 
+# The training recipe's scripts: ``python -m medrt.models.X``, each with its build_parser().
+SCRIPTS = ("train", "ensemble", "evaluate", "ceiling", "thin")
+
+# Lines of docs/models-log.md that record what was run then, with an option removed since:
+# history, not instructions, so they stay as they were. (file, the option) -> when it went.
+# Keep this short; a model card or README line is never allowed here. Empty so far: no
+# option of the five scripts has been removed (git log -p models/), only defaults changed.
+# An entry: ("docs/models-log.md", "--option"): "removed in <commit> (<date>, <why>)".
+HISTORICAL: dict[tuple[str, str], str] = {}
+
+PYTHON = re.compile(r"(\S*/)?python3?")
 SYNOPSIS_MARKS = re.compile(r"\[|\.\.\.|…|\S\|\S")
 SHELL_LANGS = {"", "sh", "bash", "shell", "console"}
 WRAPPERS = {"sudo": {"-u"}, "time": set(), "/usr/bin/time": set(), "exec": set()}  # with options taking a value
@@ -62,17 +89,27 @@ WRAPPERS = {"sudo": {"-u"}, "time": set(), "/usr/bin/time": set(), "exec": set()
 @dataclass
 class Command:
     where: str  # file:line
-    words: list[str]  # after "medrt"
+    words: list[str]  # after "medrt" (or "python -m medrt.models.X")
     inline: bool
     synopsis: bool
+    program: str = "medrt"  # or "medrt.models.train", ...
+
+    @property
+    def shown(self) -> str:
+        return " ".join([_display(self.program), *self.words])
 
 
 def _relative(path: Path) -> str:
-    return str(path.relative_to(ROOT))
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
 
 
-def _invocations(tokens: list[str], program: str) -> Iterator[list[str]]:
-    """The argument lists ``program`` is run with in one shell line's tokens."""
+def _display(program: str) -> str:
+    return program if program == "medrt" else f"python -m {program}"
+
+
+def _simple_commands(tokens: list[str]) -> Iterator[list[str]]:
+    """Each simple command's words in one shell line's tokens, from the command's name on
+    (the assignments and wrappers before it left out)."""
     simple: list[list[str]] = [[]]
     skip = False
     for tok in tokens:
@@ -96,14 +133,60 @@ def _invocations(tokens: list[str], program: str) -> Iterator[list[str]]:
             i += 1
             while i < len(words) and words[i].startswith("-"):
                 i += 2 if words[i] in takes_value else 1
-        if i >= len(words):
-            continue
-        head = words[i]
+        if i < len(words):
+            yield words[i:]
+
+
+def _invocations(tokens: list[str], program: str) -> Iterator[list[str]]:
+    """The argument lists ``program`` is run with in one shell line's tokens."""
+    for words in _simple_commands(tokens):
+        head = words[0]
         if head == program or re.search(rf"(^|/)(bin|{program})/{program}$", head):  # .venv/bin/medrt
-            if words[i + 1:]:  # the program's name alone is no command
-                yield words[i + 1:]
-        elif program == "medrt" and re.fullmatch(r"(\S*/)?python3?", head) and words[i + 1:i + 3] == ["-m", "medrt"]:
-            yield words[i + 3:]
+            if words[1:]:  # the program's name alone is no command
+                yield words[1:]
+        elif program == "medrt" and PYTHON.fullmatch(head) and words[1:3] == ["-m", "medrt"]:
+            yield words[3:]
+
+
+def _script_invocations(tokens: list[str]) -> Iterator[tuple[str, list[str]]]:
+    """``python -m medrt.models.X ...`` in one shell line's tokens: the module and its
+    arguments (none is a command too: evaluate and ceiling run on their defaults). A model
+    card's record of a resumed run shows the first run's command after a colon in a
+    sentence (``...; continuing the weights of a first run ...: python -m ...``). In a
+    synopsis, ``medrt.models.train|evaluate`` is each of them."""
+    for words in _simple_commands(tokens):
+        for i in range(len(words) - 2):
+            if (i == 0 or words[i - 1].endswith(":")) and PYTHON.fullmatch(words[i]) \
+                    and words[i + 1] == "-m" and words[i + 2].startswith("medrt.models."):
+                for script in words[i + 2].removeprefix("medrt.models.").split("|"):  # train|ensemble
+                    yield f"medrt.models.{script}", words[i + 3:]
+                break
+
+
+def _runs(tokens: list[str]) -> Iterator[tuple[str, list[str]]]:
+    """What one shell line runs: (program, arguments) for medrt and the training scripts."""
+    for words in _invocations(tokens, "medrt"):
+        yield "medrt", words
+    yield from _script_invocations(tokens)
+
+
+ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", flags=re.S)
+
+
+def _expanded(tokens: list[str], variables: dict[str, str]) -> list[str]:
+    """A line of assignments only is remembered; in any other, a word that is a remembered
+    ``$NAME`` or ``${NAME}`` is replaced by its value's words, as the shell splits them."""
+    if tokens and all(ASSIGNMENT.match(tok) for tok in tokens):
+        for tok in tokens:
+            name, value = ASSIGNMENT.match(tok).groups()  # type: ignore[union-attr]
+            variables[name] = value
+        return tokens
+    out: list[str] = []
+    for tok in tokens:
+        name = re.fullmatch(r"\$(?:\{(\w+)\}|(\w+))", tok)
+        key = name and (name.group(1) or name.group(2))
+        out.extend(variables[key].split() if key in variables else [tok])
+    return out
 
 
 def _split(text: str, synopsis: bool) -> list[str]:
@@ -174,22 +257,26 @@ def _inline_spans(path: Path) -> Iterator[tuple[int, str]]:
         yield number, re.sub(r"\s+", " ", span.replace("\\|", "|")).strip()
 
 
-def doc_commands() -> list[Command]:
+def markdown_commands(path: Path) -> list[Command]:
     commands = []
-    for path in MARKDOWN:
-        for number, text in _fenced_lines(path):
-            synopsis = bool(SYNOPSIS_MARKS.search(text))
-            for words in _invocations(_split(text, synopsis), "medrt"):
-                commands.append(Command(f"{_relative(path)}:{number}", words, False, synopsis))
-        for number, span in _inline_spans(path):
-            if span in PLACEHOLDERS:
+    variables: dict[str, str] = {}  # LITE="python -m medrt.models.train ...", for $LITE
+    for number, text in _fenced_lines(path):
+        synopsis = bool(SYNOPSIS_MARKS.search(text))
+        for program, words in _runs(_expanded(_split(text, synopsis), variables)):
+            commands.append(Command(f"{_relative(path)}:{number}", words, False, synopsis, program))
+    for number, span in _inline_spans(path):
+        if span in PLACEHOLDERS:
+            continue
+        synopsis = bool(SYNOPSIS_MARKS.search(span))
+        for program, words in _runs(_split(span, synopsis)):
+            if words and words[0].endswith(":"):  # "medrt batch: cannot write ...": a message
                 continue
-            synopsis = bool(SYNOPSIS_MARKS.search(span))
-            for words in _invocations(_split(span, synopsis), "medrt"):
-                if words and words[0].endswith(":"):  # "medrt batch: cannot write ...": a message
-                    continue
-                commands.append(Command(f"{_relative(path)}:{number}", words, True, synopsis))
-    return commands + installer_commands()
+            commands.append(Command(f"{_relative(path)}:{number}", words, True, synopsis, program))
+    return commands
+
+
+def doc_commands() -> list[Command]:
+    return [c for path in MARKDOWN for c in markdown_commands(path)] + installer_commands()
 
 
 def installer_commands() -> list[Command]:
@@ -242,10 +329,21 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
     return {}
 
 
-def _parsers(words: list[str]) -> tuple[list[argparse.ArgumentParser], str, list[str]]:
+@functools.cache
+def script_parser(module: str) -> argparse.ArgumentParser:
+    """A training script's own parser (``medrt.models.train`` -> its build_parser())."""
+    return importlib.import_module(module).build_parser()
+
+
+def _root(program: str) -> argparse.ArgumentParser:
+    return PARSER if program == "medrt" else script_parser(program)
+
+
+def _parsers(words: list[str], root: argparse.ArgumentParser, program: str = "medrt"
+             ) -> tuple[list[argparse.ArgumentParser], str, list[str]]:
     """The parsers the command words lead to (several for ``ct|xray|sample``), the command's
-    name and what is wrong with its words."""
-    parsers = [PARSER]
+    name (the program's, then its subcommands') and what is wrong with its words."""
+    parsers = [root]
     names: list[str] = []
     problems = []
     for word in words:
@@ -263,23 +361,24 @@ def _parsers(words: list[str]) -> tuple[list[argparse.ArgumentParser], str, list
         alternatives = word.strip("[]").split("|")
         unknown = [a for a in alternatives if not any(a in s for s in subs)]
         if unknown:
-            problems.append(f"no command {' '.join(['medrt', *names, *unknown])!r}")
+            problems.append(f"no command {' '.join([_display(program), *names, *unknown])!r}")
             break
         parsers = [s[a] for s in subs for a in alternatives if a in s]
         names.append(word)
-    return parsers, " ".join(names), problems
+    return parsers, " ".join([_display(program), *names]), problems
 
 
 def _option_problems(command: Command, parsers: list[argparse.ArgumentParser], name: str) -> list[str]:
     problems = []
+    root = _root(command.program)
     words = command.words
     for i, word in enumerate(words):
         for option in re.findall(r"(?:^|[\[|(])(--?[A-Za-z][\w-]*)", word):
             if re.fullmatch(r"-([A-Za-z])\1+", option):  # -vv: -v twice
                 option = option[:2]
             owners = [p for p in parsers if option in p._option_string_actions]
-            if not owners and option not in PARSER._option_string_actions:
-                problems.append(f"medrt {name} has no option {option}")
+            if not owners and option not in root._option_string_actions:
+                problems.append(f"{name} has no option {option}")
                 continue
             if not command.synopsis or not owners or i + 1 >= len(words):
                 continue
@@ -294,14 +393,14 @@ def _option_problems(command: Command, parsers: list[argparse.ArgumentParser], n
                 except (TypeError, ValueError, argparse.ArgumentTypeError):
                     same = False
                 if not same:
-                    problems.append(f"{option} of medrt {name}: the synopsis shows {shown}, "
+                    problems.append(f"{option} of {name}: the synopsis shows {shown}, "
                                     f"the default is {action.default}")
                 continue
             if action.choices is None:
                 continue
             wrong = [v for v in value.strip("[]").split("|") if not _a_choice(action, v)]
             if wrong:
-                problems.append(f"{option} of medrt {name} takes no {', '.join(wrong)} "
+                problems.append(f"{option} of {name} takes no {', '.join(wrong)} "
                                 f"(choices: {', '.join(map(str, action.choices))})")
     return problems
 
@@ -347,7 +446,7 @@ def _parse_problem(command: Command, parsers: list[argparse.ArgumentParser]) -> 
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-            PARSER.parse_args(words)
+            _root(command.program).parse_args(words)
     except SystemExit as exc:
         if exc.code == 0:  # --help, --version
             return None
@@ -359,9 +458,13 @@ def _parse_problem(command: Command, parsers: list[argparse.ArgumentParser]) -> 
 
 
 def command_problems(command: Command) -> list[str]:
-    if not command.words:
+    if command.program != "medrt":
+        script = command.program.removeprefix("medrt.models.")
+        if script not in SCRIPTS:
+            return [f"no script {command.program} (the recipe's: {', '.join(SCRIPTS)})"]
+    elif not command.words:
         return ["no command after medrt"]
-    parsers, name, problems = _parsers(command.words)
+    parsers, name, problems = _parsers(command.words, _root(command.program), command.program)
     if problems:
         return problems
     problems = _option_problems(command, parsers, name)
@@ -375,8 +478,21 @@ def command_problems(command: Command) -> list[str]:
 PARSER = build_parser()
 
 
+def _reported(commands: list[Command]) -> list[str]:
+    """Each command's problems, but for a historical record's removed option (HISTORICAL)."""
+    bad = []
+    for c in commands:
+        file = c.where.split(":")[0]
+        for problem in command_problems(c):
+            removed = re.search(r"has no option (\S+)$", problem)
+            if removed and (file, removed.group(1)) in HISTORICAL:
+                continue
+            bad.append(f"{c.where}: {c.shown}\n    {problem}")
+    return bad
+
+
 def test_every_documented_command_parses() -> None:
-    commands = doc_commands()
+    commands = [c for c in doc_commands() if c.program == "medrt"]
     # the extraction itself: it finds the usage table, a fenced example, the inline spans
     # and the installer's lines (a regression here would pass every line unread)
     assert len(commands) > 250, len(commands)
@@ -385,8 +501,25 @@ def test_every_documented_command_parses() -> None:
         "README.md", "docs/performance-log.md", "docs/conformance.md", "models/README.md",
         "sample_dicom/README.md", "installer/listen.env", "installer/medrt-listen.service",
         "installer/install-listener.sh", "installer/medrt-alerts.yml"}
-    bad = [f"{c.where}: medrt {' '.join(c.words)}\n    {p}" for c in commands for p in command_problems(c)]
+    bad = _reported(commands)
     assert not bad, f"{len(bad)} documented command(s) the CLI does not take:\n" + "\n".join(bad)
+
+
+def test_every_documented_training_command_parses() -> None:
+    """The training recipe (README, the model cards, models/README.md, the models log) as
+    each script's own parser takes it."""
+    commands = [c for c in doc_commands() if c.program != "medrt"]
+    # the extraction: each script read, fenced ($LITE expanded) and inline, from the recipe's files
+    assert len(commands) > 50, len(commands)
+    assert {c.program for c in commands} >= {f"medrt.models.{s}" for s in SCRIPTS}, commands
+    assert sum(not c.inline for c in commands) >= 12 and sum(c.synopsis for c in commands) >= 2
+    assert {c.where.split(":")[0] for c in commands} >= {
+        "README.md", "docs/models-log.md", "docs/performance-log.md", "models/README.md",
+        "models/lesion_unet.md", "models/lesion_unet_dx.md", "models/lesion_unet_lite.md",
+        "models/roi_classifier.md", "models/roi_classifier_dx.md"}
+    assert all(file == "docs/models-log.md" for file, _ in HISTORICAL), HISTORICAL
+    bad = _reported(commands)
+    assert not bad, f"{len(bad)} documented training command(s) the scripts do not take:\n" + "\n".join(bad)
 
 
 def _make_targets() -> set[str]:
@@ -446,3 +579,56 @@ def test_fenced_lines_and_spans_are_read_as_documented(tmp_path: Path) -> None:
     assert [w for _, t in _fenced_lines(doc) for w in _invocations(_split(t, False), "make")] == [["demo"]]
     assert [w for _, t in _inline_spans(doc) for w in _invocations(_split(t, False), "medrt")] == [
         ["batch", "IN", "--out", "OUT", "-v"], ["eval", "a", "b"]]
+
+
+@pytest.mark.parametrize(("program", "words", "inline", "expected"), [
+    ("medrt.models.train", ["lesion_unet", "--lesion-star", "0.5"], False, "has no option --lesion-star"),
+    ("medrt.models.train", ["lesion_unet_xl", "--steps", "1"], False, "invalid choice: 'lesion_unet_xl'"),
+    ("medrt.models.train", ["lesion_unet", "--data", "mr"], False, "invalid choice: 'mr'"),
+    ("medrt.models.ensemble", ["lesion_unet_lite", "m0", "m1"], False, "required: --version"),
+    ("medrt.models.evaluate", ["[--n-dx", "40]"], False, "the synopsis shows 40, the default is 160"),
+    ("medrt.models.thin", ["--seed", "many"], False, "--seed: invalid int value"),
+    ("medrt.models.ceiling", ["--json", "extra"], False, "unrecognized arguments: extra"),
+    ("medrt.models.ceiling", ["--specificity"], True, ""),  # an inline mention of the option: none
+    ("medrt.models.nosuch", [], True, "no script medrt.models.nosuch"),
+    ("medrt.models.thin", ["[--series", "N]", "[--fp", "P]"], True, "has no option --fp"),  # ceiling's
+])
+def test_a_stale_training_command_is_reported(program: str, words: list[str], inline: bool, expected: str) -> None:
+    """The training scripts' lines are checked as medrt's are, each by its own parser."""
+    command = Command("x.md:1", words, inline, bool(SYNOPSIS_MARKS.search(" ".join(words))), program)
+    problems = command_problems(command)
+    assert any(expected in p for p in problems) if expected else not problems, problems
+
+
+def test_a_removed_option_is_allowed_in_the_models_log_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HISTORICAL lets a models-log record keep an option removed since, and nothing more."""
+    monkeypatch.setitem(HISTORICAL, ("docs/models-log.md", "--gone"), "removed in abc1234 (test)")
+    record = ["lesion_unet", "--gone", "1", "--steps", "2"]
+    assert not _reported([Command("docs/models-log.md:7", record, True, False, "medrt.models.train")])
+    assert _reported([Command("models/lesion_unet.md:7", record, True, False, "medrt.models.train")])
+    also_wrong = ["lesion_unet", "--gone", "1", "--stepz", "2"]
+    assert _reported([Command("docs/models-log.md:7", also_wrong, True, False, "medrt.models.train")])
+
+
+def test_training_lines_are_read_as_documented(tmp_path: Path) -> None:
+    """``python -m medrt.models.X`` lines: fenced, with a remembered variable expanded, a
+    script with no arguments, and inline, with a card's resumed run after its colon."""
+    doc = tmp_path / "doc.md"
+    doc.write_text("Run `python -m medrt.models.evaluate` or `python -m medrt.models.train roi_classifier"
+                   " --steps 1; continuing the weights of a first run (1 s): python -m medrt.models.train"
+                   " roi_classifier --steps 2` (CPU).\n\n"
+                   "```sh\nLITE=\"python -m medrt.models.train lesion_unet_lite \\\n    --steps 3\"\n"
+                   "OMP_NUM_THREADS=1 $LITE --out m0 & .venv/bin/python -m medrt.models.ensemble x m0 m1 --version 1\n"
+                   "python3 -m medrt.models.evaluate       # the defaults\n"
+                   "python -m medrt batch IN --out OUT\n```\n\n"
+                   "Each of `python -m medrt.models.thin|ceiling [--seed N]`.\n", encoding="utf-8")
+    assert [(c.where, c.program, c.words, c.inline) for c in markdown_commands(doc)] == [
+        ("doc.md:6", "medrt.models.train", ["lesion_unet_lite", "--steps", "3", "--out", "m0"], False),
+        ("doc.md:6", "medrt.models.ensemble", ["x", "m0", "m1", "--version", "1"], False),
+        ("doc.md:7", "medrt.models.evaluate", [], False),
+        ("doc.md:8", "medrt", ["batch", "IN", "--out", "OUT"], False),
+        ("doc.md:1", "medrt.models.evaluate", [], True),
+        ("doc.md:1", "medrt.models.train", ["roi_classifier", "--steps", "1"], True),
+        ("doc.md:1", "medrt.models.train", ["roi_classifier", "--steps", "2"], True),
+        ("doc.md:11", "medrt.models.thin", ["[--seed", "N]"], True),
+        ("doc.md:11", "medrt.models.ceiling", ["[--seed", "N]"], True)]
