@@ -385,9 +385,12 @@ def export_only(name: str, out: Path, version: str | None = None) -> Path:
 def _resumed(args: argparse.Namespace) -> str:
     if not getattr(args, "resume", ""):
         return ""
+    # the options that resumed, so the command on the card reruns what was run
+    resumed = f" --resume {args.resume} --prior-steps {args.prior_steps} --prior-seconds {args.prior_seconds:g}"
     if args.prior_command:
-        return f"; continuing the weights of a first run of {args.prior_steps} steps ({args.prior_seconds:g} s): {args.prior_command}"
-    return f", continuing a first run of {args.prior_steps} steps with the same command"
+        return (f"{resumed}; continuing the weights of a first run of {args.prior_steps} steps "
+                f"({args.prior_seconds:g} s): {args.prior_command}")
+    return f"{resumed}, continuing a first run of {args.prior_steps} steps with the same command"
 
 
 def _jitter_note(args: argparse.Namespace) -> str:

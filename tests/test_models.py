@@ -1000,3 +1000,25 @@ def test_shipped_weights_export_under_the_current_network_code(name: str, tmp_pa
         got, want = (ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]).run(None, {"image": x})[0]
                      for p in (path, MODELS / f"{name}.onnx"))
         np.testing.assert_array_equal(got, want)
+
+
+def test_a_resumed_runs_card_command_carries_the_options_that_resumed_it() -> None:
+    """The command a resumed training writes on its card reruns it: with ``--resume``,
+    ``--prior-steps`` and ``--prior-seconds`` (it read as a fresh run from random weights), and
+    the first run's command after it."""
+    import shlex
+
+    from medrt.models.train import _resumed, build_parser
+
+    first = "python -m medrt.models.train roi_classifier_dx --steps 9 --lr 0.003 --data dx"
+    second = ["roi_classifier_dx", "--steps", "9", "--lr", "0.001", "--data", "dx", "--resume", "w/first.pt",
+              "--prior-steps", "8038", "--prior-seconds", "960.1", "--prior-command", first]
+    args = build_parser().parse_args(second)
+    said = f"roi_classifier_dx --steps 9{_resumed(args)}"
+    rerun, _, rest = said.partition("; ")
+    again = build_parser().parse_args(shlex.split(rerun))
+    assert (again.resume, again.prior_steps, again.prior_seconds) == ("w/first.pt", 8038, 960.1)
+    assert rest.endswith(f": {first}")
+    args.prior_command = ""
+    again = build_parser().parse_args(shlex.split(f"roi_classifier_dx{_resumed(args)}".partition(", ")[0]))
+    assert again.resume == "w/first.pt" and again.prior_steps == 8038
