@@ -234,6 +234,18 @@ def test_dciodvfy_reports_no_errors(small_files, key: str) -> None:
         assert not errors, f"{path.name}: {errors}"
         # the enhanced CT's window is named with PS3.3's defined term (SOFT_TISSUE)
         assert "Window Center & Width Explanation" not in text, path.name
+        if "enhanced" in key:
+            # and its Image Flavor too: VOLUME, where the conversion copied the single-frame
+            # CT's AXIAL into Image Type and Frame Type value 3 (dciodvfy: "Unrecognized
+            # defined term <AXIAL> for value 3"); nothing else is warned about either
+            warnings = [line for line in text.splitlines() if line.startswith("Warning")]
+            assert not warnings, f"{path.name}: {warnings}"
+            ds = pydicom.dcmread(path, stop_before_pixels=True)
+            kinds = [g.CTImageFrameTypeSequence[0] for g in (*ds.SharedFunctionalGroupsSequence,
+                                                             *ds.PerFrameFunctionalGroupsSequence)
+                     if "CTImageFrameTypeSequence" in g]
+            assert kinds and all(list(k.FrameType) == ["ORIGINAL", "PRIMARY", "VOLUME", "NONE"] for k in kinds)
+            assert list(ds.ImageType) == ["ORIGINAL", "PRIMARY", "VOLUME", "NONE"]
 
 
 @pytest.mark.parametrize("codec", ["rle", "jpegls", "j2k", "htj2k", "jpegxl"])

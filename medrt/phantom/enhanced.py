@@ -13,12 +13,14 @@ The conversion is highdicom's :class:`~highdicom.legacy.LegacyConvertedEnhancedC
 (the single-frame headers of :func:`medrt.phantom.dicom_write.ct_dataset` made into one
 object, as a PACS converts a series), not hand-built functional groups. Its instance creation
 date and time are fixed afterwards, and its UIDs derive from the seed, so the same arguments
-give the same bytes.
+give the same bytes. Two values the conversion copies from the single-frame headers are put in
+an enhanced CT's terms: the window's name (SOFT_TISSUE) and the Image Flavor (VOLUME, not AXIAL).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -54,6 +56,14 @@ def shuffled_order(seed: int, n: int) -> list[int]:
     if n > 2 and (np.all(steps > 0) or np.all(steps < 0)):  # drawn in order: move the first to the middle
         order.insert(n // 2, order.pop(0))
     return order
+
+
+def _flavor_volume(values: Sequence[str]) -> list[str]:
+    """An Image Type or Frame Type with value 3 AXIAL made VOLUME, the other values kept."""
+    out = [str(v) for v in values]
+    if len(out) > 2 and out[2] == "AXIAL":
+        out[2] = "VOLUME"
+    return out
 
 
 def write_enhanced_ct(
@@ -103,6 +113,15 @@ def write_enhanced_ct(
     for item in (*mf.get("DimensionOrganizationSequence", ()), *mf.get("DimensionIndexSequence", ())):
         # (highdicom draws a new one each time)
         item.DimensionOrganizationUID = phantom_uid(seed, CT, "dimension-organization", *parts)
+    # Image Type and Frame Type value 3, the Image Flavor: highdicom copies the single-frame
+    # CT's AXIAL (a defined term of the CT Image, PS3.3 C.8.2.1.1.1), which is none of an
+    # enhanced CT's (C.8.16.1.3, C.8.15.2.1.1.3; dciodvfy warns). The slices, parallel and
+    # evenly spaced, are a VOLUME ("a set of frames that define a regularly sampled volume").
+    # Value 4, Derived Pixel Contrast, stays NONE, as C.8.16.1.4 requires of ORIGINAL frames.
+    mf.ImageType = _flavor_volume(mf.ImageType)
+    for group in (*mf.SharedFunctionalGroupsSequence, *mf.PerFrameFunctionalGroupsSequence):
+        for kind in group.get("CTImageFrameTypeSequence", ()):
+            kind.FrameType = _flavor_volume(kind.FrameType)
     for group in (*mf.SharedFunctionalGroupsSequence, *mf.PerFrameFunctionalGroupsSequence):
         for voi in group.get("FrameVOILUTSequence", ()):
             # free text in a CT Image ("SOFT TISSUE"); a CT Frame VOI LUT has defined terms
