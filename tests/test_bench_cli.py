@@ -204,3 +204,55 @@ def test_listener_memory_suite_reads_the_listeners_memory_after_each_series(caps
     assert abs(row["mb_per_series"] - (row["rss_last_mb"] - row["rss_after_warmup_mb"])) <= 0.1  # one series after
     assert row["mb_per_series_last_half"] == row["mb_per_series"]  # of one series, the later half is that one
     assert len(row["lesions"]) == 1 and row["lesions"][0] > 0  # each copy of the series: the same lesions
+
+
+def test_stream_folder_replays_the_users_series_and_compare_takes_it_as_a_setting(tmp_path, capsys):
+    """`--stream-folder PATH`: the pipelined and stream suites replay the user's series (here
+    five slices of the sample, named without .dcm as a PACS export names them) instead of the
+    sample stream, and say which folder in their results; --compare takes another folder as
+    another run setting, a baseline saved before the setting existed as the sample stream's.
+    A folder that is not there, or holds no DICOM image, is refused before any suite runs."""
+    import shutil
+
+    from conftest import SAMPLE_DIR
+
+    series = tmp_path / "series"
+    series.mkdir()
+    for path in sorted((SAMPLE_DIR / "ct_stream").glob("*.dcm"))[14:19]:
+        shutil.copy(path, series / path.stem)
+    (series / "notes.txt").write_text("not DICOM: passed over")
+    args = ["bench", "--only", "pipelined,stream", "--stream-folder", str(series), "--stream-loops", "1",
+            "--stream-frames", "7", "--fps", "60", "--repeats", "1", "--json"]
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    pvs, s = out["pipelined_vs_serial"], out["stream_30fps"]
+    assert pvs["folder"] == s["folder"] == str(series.resolve())
+    assert pvs["frames"] == 5 and pvs["errors"] == 0  # the five slices, one pass
+    assert s["frames"] == 7 and s["analysed"] + s["drops"] + s["errors"] == 7  # the five, then two again
+
+    base = tmp_path / "base.json"
+    base.write_text(json.dumps(out))
+    stream = ["bench", "--only", "stream", "--stream-frames", "7", "--fps", "60", "--json"]
+    assert main([*stream, "--compare", str(base), "--tolerance", "10"]) == 1  # the sample stream now
+    captured = capsys.readouterr()
+    sample = json.loads(captured.out)["stream_30fps"]
+    assert sample["folder"] is None and sample["frames"] == 7
+    assert "1 run setting(s) differ" in captured.err
+    assert f"stream_30fps.folder: {str(series.resolve())!r} in the baseline, the sample stream now" in captured.err
+
+    del sample["folder"]  # a baseline of the sample stream saved before the folder was reported
+    base.write_text(json.dumps({"stream_30fps": sample}))
+    assert main([*stream, "--stream-folder", str(series), "--compare", str(base), "--tolerance", "10"]) == 1
+    err = capsys.readouterr().err
+    assert f"stream_30fps.folder: the sample stream in the baseline, {str(series.resolve())!r} now" in err
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "README").write_text("no images here")
+    cases = {tmp_path / "missing": "no such folder", empty: "no DICOM images", series / "notes.txt": "not a folder"}
+    for folder, reason in cases.items():  # refused before the suite's model load (no such model) or any run
+        rc = main(["bench", "--only", "pipelined", "--stream-model", "no_such_model", "--stream-folder", str(folder)])
+        out, err = capsys.readouterr()
+        assert rc == 2, folder
+        assert f"medrt bench: --stream-folder {folder}: {reason} for the stream benchmark" in err, err
+        assert "no shipped model" not in err and "== pipelined_vs_serial" not in out

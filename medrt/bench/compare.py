@@ -62,7 +62,9 @@ values of whichever of ``syntax``, ``backend``, ``device``, ``precision``,
 backend/device/precision/size, decode rows by syntax). A key or row present on
 one side only is a note, not a regression. A changed run setting (``size``,
 ``frames``, ``repeats``, ``model``, ``hardware``, ``target_fps``, ``series`` (the
-listener's memory suite, ``--series``; ray's series count); ``cores``, the
+listener's memory suite, ``--series``; ray's series count); ``folder``, the series the
+pipeline suites replay (``--stream-folder``; None, or absent in a result saved before it
+was reported, is the sample stream); ``cores``, the
 usable cores, as a core count changes what a pipelined/serial or cluster/local
 ratio means; ``workers``, ``processes``, ``depth`` and ``max_in_flight``, the
 pipeline's layout, which decide its throughput, latency and drops) makes the
@@ -90,7 +92,10 @@ REFERENCE = frozenset({"pydicom_ms", "sgemm_gflops", "file_mb"})
 RATIO_LOWER = frozenset({"decode.rows[].ratio", "cold_start.ratio"})  # generic paths, list keys as []
 IDENTITY = ("syntax", "backend", "device", "precision", "size", "shape", "node", "stage", "edge")
 SETTINGS = frozenset({"size", "frames", "repeats", "model", "hardware", "target_fps",
-                      "cores", "workers", "processes", "depth", "max_in_flight", "series"})
+                      "cores", "workers", "processes", "depth", "max_in_flight", "series", "folder"})
+# Settings a result saved before they were reported lacks, and the value they had then:
+# the pipeline suites replayed the sample stream (``folder`` None) until --stream-folder.
+ABSENT_SETTINGS: dict[str, Any] = {"folder": None}
 # Frames lost (or sent late), and the tolerance each gets on top of "none in the baseline,
 # some now": a failed frame is never noise (0), a dropped or late one is timing (the
 # tolerance, None).
@@ -167,6 +172,11 @@ def _memory_unit(key: str) -> str | None:
     return None
 
 
+def _setting(key: str, value: Any) -> str:
+    """A run setting's value for a mismatch line (``folder`` None is the sample stream)."""
+    return "the sample stream" if key == "folder" and value is None else repr(value)
+
+
 def _number(v: Any) -> float | None:
     if isinstance(v, bool):
         return float(v)
@@ -224,7 +234,11 @@ class _Walker:
             for key in list(base) + [k for k in cur if k not in base]:
                 sub_label = f"{label}.{key}" if label else str(key)
                 sub_path = f"{path}.{key}" if path else str(key)
-                if key not in cur:
+                if key in ABSENT_SETTINGS and (key not in cur or key not in base):
+                    default = ABSENT_SETTINGS[key]
+                    self.leaf_or_walk(cur.get(key, default), base.get(key, default), str(key), sub_label, sub_path,
+                                      (cur, base))
+                elif key not in cur:
                     self.notes.append(f"{sub_label}: in the baseline only")
                 elif key not in base:
                     self.notes.append(f"{sub_label}: new, not in the baseline")
@@ -257,7 +271,7 @@ class _Walker:
             self.walk(cur, base, label, path)
             return
         if key in SETTINGS and cur != base:
-            self.mismatches.append(f"{label}: {base!r} in the baseline, {cur!r} now")
+            self.mismatches.append(f"{label}: {_setting(key, base)} in the baseline, {_setting(key, cur)} now")
             return
         if key == "error":
             if cur != base:

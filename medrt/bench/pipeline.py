@@ -22,7 +22,7 @@ from typing import Any
 from medrt.bands import usable_cores
 from medrt.bench import SETTLE_S
 
-__all__ = ["pipelined_vs_serial", "stream_replay", "TimedBackend", "default_stream"]
+__all__ = ["pipelined_vs_serial", "stream_replay", "TimedBackend", "default_stream", "stream_files", "stream_folder"]
 
 
 def default_stream() -> Path:
@@ -77,13 +77,31 @@ def _dicom_paths(folder: Path) -> list[Path]:
     from medrt.io.series import group_series
 
     if not folder.is_dir():
-        raise FileNotFoundError(f"{folder}: no such folder for the stream benchmark")
+        raise FileNotFoundError(f"{folder}: {'not a folder' if folder.exists() else 'no such folder'} "
+                                "for the stream benchmark")
     grouped = group_series(list(iter_files([folder])), dicomdir=False)
     paths = {item.path for series in grouped.series for item in series.items if item.path is not None}
     paths |= {Path(bad.source) for bad in grouped.errors if not getattr(bad.error, "skippable", False)}
     if not paths:
         raise FileNotFoundError(f"{folder}: no DICOM images for the stream benchmark")
     return sorted(paths)
+
+
+def stream_files(folder: Path | str | None = None) -> list[Path]:
+    """The files the pipeline suites replay from ``folder`` (None: the sample stream), in
+    replay order; FileNotFoundError, naming the folder, when it is not a folder or holds no
+    DICOM image."""
+    return _dicom_paths(default_stream() if folder is None else Path(folder))
+
+
+def stream_folder(folder: Path | str | None) -> str | None:
+    """The folder a pipeline suite replays, as its result names it (``folder``, a run setting
+    that ``medrt bench --compare`` matches): None for the sample stream, else the folder's
+    absolute path."""
+    if folder is None:
+        return None
+    path = Path(folder).resolve()
+    return None if path == default_stream().resolve() else str(path)
 
 
 def _slice_order(paths: list[Path]) -> list[Path | None]:
@@ -96,7 +114,7 @@ def _slice_order(paths: list[Path]) -> list[Path | None]:
 
 
 def pipelined_vs_serial(
-    model: str = "lesion_unet_lite", folder: Path | None = None, loops: int = 3, repeats: int = 3,
+    model: str = "lesion_unet_lite", folder: Path | str | None = None, loops: int = 3, repeats: int = 3,
     workers: int | None = None, processes: int | None = None, precision: str = "fp32",
 ) -> dict[str, Any]:
     """Throughput of the same stream through the pipeline and through the serial loop,
@@ -111,7 +129,7 @@ def pipelined_vs_serial(
     from medrt.pipeline.graph import Pipeline, run_serial
     from medrt.pipeline.stages import analysis_stages
 
-    paths = _dicom_paths(folder or default_stream())
+    paths = stream_files(folder)
     order = _slice_order(paths)
     cores = usable_cores()
     workers = workers or cores
@@ -173,7 +191,8 @@ def pipelined_vs_serial(
     model_ms = (sum(r.ms for r in rois) + sum(s.ms for s in segs)) / max(1, sink.n)
     pipelined_ms = 1000.0 / med[best_pipe_key]
     return {
-        "model": one.seg.spec.ident, "frames": n, "workers": workers, "cores": cores, "processes": processes,
+        "model": one.seg.spec.ident, "folder": stream_folder(folder), "frames": n, "workers": workers, "cores": cores,
+        "processes": processes,
         "fps": {k: round(v, 1) for k, v in med.items()},
         # frames that failed in all the timed runs (each layout's fps counts the frames analysed):
         # not 0 means the figures are of a broken run, and --compare calls it a regression
@@ -197,7 +216,7 @@ def pipelined_vs_serial(
 
 
 def stream_replay(
-    model: str = "lesion_unet_lite", folder: Path | None = None, fps: float = 30.0, frames: int = 320,
+    model: str = "lesion_unet_lite", folder: Path | str | None = None, fps: float = 30.0, frames: int = 320,
     policy: str = "latest", workers: int | None = None, precision: str = "fp32", max_in_flight: int | None = None,
 ) -> dict[str, Any]:
     """Replay the stream at ``fps`` for ``frames`` frames through the live pipeline
@@ -212,7 +231,7 @@ def stream_replay(
 
     if isinstance(frames, bool) or not isinstance(frames, int) or frames < 1:
         raise ValueError(f'Argument "frames" must be a whole number >= 1, got {frames!r}.')
-    paths = _dicom_paths(folder or default_stream())
+    paths = stream_files(folder)
     workers = workers or usable_cores()
     analyzer = load_analyzer(seg_model=model, threads=1, precision=precision)
     source = FileReplay([paths[i % len(paths)] for i in range(frames)], fps=fps)
@@ -230,7 +249,8 @@ def stream_replay(
     counters = pipe.counters()
     drops = sum(c["drops"] + c["rejects"] for c in counters.values())
     return {
-        "model": analyzer.seg.spec.ident, "target_fps": fps, "frames": len(source), "analysed": sink.n,
+        "model": analyzer.seg.spec.ident, "folder": stream_folder(folder), "target_fps": fps, "frames": len(source),
+        "analysed": sink.n,
         "fps": round(tel.throughput_fps(), 2), "drops": drops, "late_source_items": source.late,
         "p50_ms": round(e2e["p50"], 1), "p99_ms": round(e2e["p99"], 1), "max_ms": round(e2e["max"], 1),
         "rss_growth_pct": round(tel.rss_growth(), 2), "depth": pipe.depth, "workers": workers,

@@ -7,6 +7,7 @@ import json
 import logging
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -69,14 +70,15 @@ def _efficiency(args: argparse.Namespace, analyzer: Any) -> Any:
 def _pipelined(args: argparse.Namespace, _: Any) -> Any:
     from medrt.bench.pipeline import pipelined_vs_serial
 
-    return pipelined_vs_serial(args.stream_model, loops=args.stream_loops, repeats=max(1, args.repeats // 3),
-                               precision=args.precision)
+    return pipelined_vs_serial(args.stream_model, folder=args.stream_folder, loops=args.stream_loops,
+                               repeats=max(1, args.repeats // 3), precision=args.precision)
 
 
 def _stream(args: argparse.Namespace, _: Any) -> Any:
     from medrt.bench.pipeline import stream_replay
 
-    return stream_replay(args.stream_model, fps=args.fps, frames=args.stream_frames, precision=args.precision)
+    return stream_replay(args.stream_model, folder=args.stream_folder, fps=args.fps, frames=args.stream_frames,
+                         precision=args.precision)
 
 
 def _listener(args: argparse.Namespace, _: Any) -> Any:
@@ -139,6 +141,15 @@ def run(args: argparse.Namespace) -> int:
     if "listener_memory" in suites and args.series < 3:
         print(f"medrt bench: --series must be at least 3 (2 warm up), got {args.series}", file=sys.stderr)
         return 2
+    if args.stream_folder is not None and any(s in ("pipelined", "stream") for s in suites):
+        # a folder that is not there or holds no image is refused before any suite runs
+        from medrt.bench.pipeline import stream_files
+
+        try:
+            stream_files(args.stream_folder)
+        except FileNotFoundError as exc:
+            print(f"medrt bench: --stream-folder {exc}", file=sys.stderr)
+            return 2
     baseline = None
     if args.compare:  # refused before the (minutes of) benchmarks, not after them
         from medrt.bench.compare import load_bench_json
@@ -201,8 +212,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "UNets as ORT loads them for the CPU, skip connections as sums of convolutions, vs their files), "
         "roi_vs_full (ROI path vs full-frame sliding window on 4096² phantoms), int8 (INT8 vs FP32 "
         "with the accuracy gate), cold_start (first frame vs steady state), efficiency (UNet GFLOP/s "
-        "vs sgemm), pipelined (pipelined vs serial throughput on the 512² sample stream), stream "
-        "(sustained replay at --fps: achieved fps, drops, p99), listener (the sample CT series by C-STORE into "
+        "vs sgemm), pipelined (pipelined vs serial throughput on the 512² sample stream, or --stream-folder's "
+        "series), stream (sustained replay of the same at --fps: achieved fps, drops, p99), listener (the sample CT series by C-STORE into "
         "medrt listen's spool, analysed and its SEG/SR forwarded, vs medrt batch on the same files), listener_memory "
         "(medrt listen's resident memory, in a process of its own, over --series copies of the sample CT series "
         "with new UIDs sent one after another: after the warm-up and after the last, growth % and MB per series), "
@@ -212,8 +223,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "stage by stage, with the ground truth as results: no model time). Exit code 1 when --compare finds a regression (a figure worse by more than "
         "--tolerance, memory also by more than 16 MB or, RSS growth, 2 points; a frame failed, or dropped, not analysed or sent late, where the baseline had none), a "
         "result that ran in the baseline and fails now (an engine that no longer loads), or a run "
-        "setting that differs from the baseline's (--size, --frames, --repeats, --fps, --stream-frames, the "
-        "model, the core count, the pipeline's workers and depth); 2 when the baseline cannot be read or holds none of the suites run, checked before any runs.",
+        "setting that differs from the baseline's (--size, --frames, --repeats, --fps, --stream-frames, "
+        "--stream-folder, the model, the core count, the pipeline's workers and depth); 2 when the baseline cannot be read or holds none of the suites run, or --stream-folder is not a folder "
+        "holding DICOM images, checked before any runs.",
     )
     p.add_argument("--only", default="", help=f"comma-separated suites (default: all of {', '.join(SUITES)})")
     p.add_argument("--model", default="lesion_unet_dx",
@@ -232,10 +244,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                    help="models of the roi_vs_full, cold_start, pipelined and stream suites (int8: the gated"
                         " INT8 twins, made on first use; 'engines' and 'int8' measure both anyway)")
     p.add_argument("--stream-model", default="lesion_unet_lite", help="segmentation model for the stream suites")
-    p.add_argument("--stream-loops", type=int, default=3, help="passes over the sample stream for 'pipelined'")
+    p.add_argument("--stream-folder", type=Path, default=None, metavar="PATH",
+                   help="the series the 'pipelined' and 'stream' suites replay: the images medrt batch would take "
+                        "from PATH (named .dcm or not), by name (default: the 40-slice 512² sample CT stream, "
+                        "sample_dicom/ct_stream); --compare takes it as a run setting")
+    p.add_argument("--stream-loops", type=int, default=3, help="passes over the stream for 'pipelined'")
     p.add_argument("--stream-frames", type=_frames, default=320,
-                   help="frames replayed by the 'stream' suite, exactly: the 40-slice sample series over and over, "
-                        "the last pass cut short (default 320, eight passes)")
+                   help="frames replayed by the 'stream' suite, exactly: the series (the 40-slice sample, or "
+                        "--stream-folder's) over and over, the last pass cut short (default 320, eight passes of "
+                        "the sample)")
     p.add_argument("--fps", type=float, default=30.0, help="replay rate of the 'stream' suite")
     p.add_argument("--profile-layers", action="store_true",
                    help="also print the slowest model nodes (ONNX Runtime profiler) of --model")

@@ -13,18 +13,22 @@ The conversion is highdicom's :class:`~highdicom.legacy.LegacyConvertedEnhancedC
 (the single-frame headers of :func:`medrt.phantom.dicom_write.ct_dataset` made into one
 object, as a PACS converts a series), not hand-built functional groups. Its instance creation
 date and time are fixed afterwards, and its UIDs derive from the seed, so the same arguments
-give the same bytes.
+give the same bytes. Two values the conversion copies from the single-frame headers are put in
+an enhanced CT's terms: the window's name (SOFT_TISSUE) and the Image Flavor (VOLUME, not AXIAL).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from pydicom.dataset import Dataset, FileMetaDataset
 from pydicom.uid import ExplicitVRLittleEndian
 
+from medrt.allocator import trim
 from medrt.phantom.ct import generate_ct_series
 from medrt.phantom.dicom_write import (
     COMPRESSIONS,
@@ -54,6 +58,14 @@ def shuffled_order(seed: int, n: int) -> list[int]:
     return order
 
 
+def _flavor_volume(values: Sequence[str]) -> list[str]:
+    """An Image Type or Frame Type with value 3 AXIAL made VOLUME, the other values kept."""
+    out = [str(v) for v in values]
+    if len(out) > 2 and out[2] == "AXIAL":
+        out[2] = "VOLUME"
+    return out
+
+
 def write_enhanced_ct(
     out_dir: str | Path, seed: int, n_frames: int = 40, size: int = 512, compress: str = "rle",
     *, shuffle_frames: bool = False, thickness_mm: float | None = None,
@@ -71,12 +83,22 @@ def write_enhanced_ct(
     out = Path(out_dir)
     frames = generate_ct_series(seed, n_frames=n_frames, size=size, thickness_mm=thickness_mm)
     legacy: list[Dataset] = []
-    for f in frames:
+    for i, f in enumerate(frames):
         ds, values = ct_dataset(f)
         ds.file_meta = FileMetaDataset()
         ds.file_meta.TransferSyntaxUID = ExplicitVRLittleEndian
         ds.PixelData = values.tobytes()
         legacy.append(ds)
+        # The slice's float32 HU (twice its stored values) is not read again: the ground
+        # truth takes each frame's labels, lesions and shape. A NaN of the same shape (no
+        # memory) stands in, so a read of it would show.
+        frames[i] = replace(f, pixels=np.broadcast_to(np.float32(np.nan), f.shape))
+    # Hand the pages freed so far (those HU slices, generate_ct_series' tissue maps) back to
+    # the system before highdicom's first SOP class loads its IOD tables (a 22 MB JSON file,
+    # +110 MB while decoded, about 65 MB kept): they were free but still resident, and Python
+    # takes its objects' memory from new pages, not from malloc's free ones. With the line
+    # above, a 40-slice 512² phantom's peak fell from 418 to 366-374 MB (docs/performance-log.md).
+    trim()
     order = shuffled_order(seed, len(frames)) if shuffle_frames else list(range(len(frames)))
     parts = ("shuffled",) if shuffle_frames else ()
     mf = hd.legacy.LegacyConvertedEnhancedCTImage(
@@ -91,6 +113,15 @@ def write_enhanced_ct(
     for item in (*mf.get("DimensionOrganizationSequence", ()), *mf.get("DimensionIndexSequence", ())):
         # (highdicom draws a new one each time)
         item.DimensionOrganizationUID = phantom_uid(seed, CT, "dimension-organization", *parts)
+    # Image Type and Frame Type value 3, the Image Flavor: highdicom copies the single-frame
+    # CT's AXIAL (a defined term of the CT Image, PS3.3 C.8.2.1.1.1), which is none of an
+    # enhanced CT's (C.8.16.1.3, C.8.15.2.1.1.3; dciodvfy warns). The slices, parallel and
+    # evenly spaced, are a VOLUME ("a set of frames that define a regularly sampled volume").
+    # Value 4, Derived Pixel Contrast, stays NONE, as C.8.16.1.4 requires of ORIGINAL frames.
+    mf.ImageType = _flavor_volume(mf.ImageType)
+    for group in (*mf.SharedFunctionalGroupsSequence, *mf.PerFrameFunctionalGroupsSequence):
+        for kind in group.get("CTImageFrameTypeSequence", ()):
+            kind.FrameType = _flavor_volume(kind.FrameType)
     for group in (*mf.SharedFunctionalGroupsSequence, *mf.PerFrameFunctionalGroupsSequence):
         for voi in group.get("FrameVOILUTSequence", ()):
             # free text in a CT Image ("SOFT TISSUE"); a CT Frame VOI LUT has defined terms
