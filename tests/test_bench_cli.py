@@ -59,6 +59,27 @@ def test_precision_int8_runs_the_gated_twins_and_the_engine_table_lists_int8(cap
     assert s["model"].endswith("+int8") and s["analysed"] + s["drops"] == 40 and s["errors"] == 0
 
 
+def test_each_engine_row_counts_the_memory_its_own_backend_takes():
+    """An engine row's ``memory_mb`` is its backend's. With the ORT sessions in the process's
+    one arena (medrt's default) a row counted only what the rows and suites before it had
+    not grown the arena by: ``lesion_unet`` at 512², the table twice in one process gave
+    fp32 +84 then +25 MB and int8 +19 then +4 (each on its own: +84/+69 and +56/+56).
+    After the test above, lesion_unet's INT8 twin is in the tests' cache."""
+    from medrt.bench.engine import engine_table
+
+    def table() -> dict[tuple[str, str, str], dict]:
+        rows = engine_table("lesion_unet", size=512, repeats=3)
+        return {(r["backend"], r["device"], r["precision"]): r for r in rows}
+
+    first, again = table(), table()
+    fp32 = ("onnxruntime", "cpu", "fp32")
+    assert first[fp32]["memory_mb"] > 30, first[fp32]  # the measure sees an arena
+    ran = [k for k in first if "error" not in first[k] and "error" not in again[k]]
+    assert fp32 in ran and ("onnxruntime", "cpu", "int8") in ran, (first, again)
+    for key in ran:
+        assert again[key]["memory_mb"] > first[key]["memory_mb"] / 2, (key, first[key], again[key])
+
+
 def test_a_bad_baseline_is_refused_before_any_benchmark_runs(tmp_path, capsys):
     # The stream suite with a model that does not exist: had the suite started, its model
     # load would fail first ("no shipped model"). Each baseline is refused before that.

@@ -176,6 +176,51 @@ def test_cpu_sessions_share_one_arena_and_answer_as_with_their_own() -> None:
     assert shared < own / 3, (shared, own)
 
 
+def test_sessions_in_the_one_arena_run_at_once_and_answer_as_with_their_own() -> None:
+    """The pipeline's workers, the listener beside the viewer: sessions of different models
+    and shapes run at once from several threads, one of them from two threads at once, and
+    all take their buffers from the one arena (ORT's BFC arena allocates, frees and shrinks
+    under its own lock). Every output equals, bit for bit, that of a session with an arena
+    of its own run alone; a shrink requested by one run while the others run changes none."""
+    import onnxruntime as ort
+
+    jobs = [("roi_classifier", (256, 256)), ("lesion_unet", (160, 224)), ("lesion_unet", (96, 128)),
+            ("lesion_unet_lite", (192, 256))]
+    shared = {name: OnnxRuntimeBackend(find_spec(name), threads=1) for name, _ in jobs}
+    assert all(b.shared_arena for b in shared.values())
+    rng = np.random.default_rng(3)
+    xs = [rng.standard_normal((1, shared[name].spec.inputs[0].shape[1], *hw), dtype=np.float32) for name, hw in jobs]
+    want = [OnnxRuntimeBackend(find_spec(name), threads=1, shared_arena=False).infer(x)
+            for (name, _), x in zip(jobs, xs, strict=True)]
+    shrink = ort.RunOptions()
+    shrink.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    start = threading.Barrier(len(jobs) + 1)
+    wrong: list[tuple[str, int]] = []
+
+    def work(k: int) -> None:
+        backend = shared[jobs[k][0]]
+        start.wait()
+        for r in range(6):
+            if not all(np.array_equal(a, b) for a, b in zip(backend.infer(xs[k]), want[k], strict=True)):
+                wrong.append((jobs[k][0], r))
+
+    def shrinking() -> None:  # a run that gives the arena's free regions back, among the others
+        backend = shared["lesion_unet_lite"]
+        start.wait()
+        for _ in range(3):
+            got = backend.session.run(backend.output_names, {backend.input_name: xs[3]}, shrink)
+            if not all(np.array_equal(a, b) for a, b in zip(got, want[3], strict=True)):
+                wrong.append(("shrinking", 0))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(len(jobs))]
+    threads.append(threading.Thread(target=shrinking))
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, wrong
+
+
 def test_plain_run_mode_matches(tiny: ModelSpec) -> None:
     x = _x((1, 1, 40, 24))
     got = OnnxRuntimeBackend(tiny, io_binding=False).infer(x)

@@ -184,7 +184,15 @@ def _hardware(device: str) -> str:
 def engine_table(spec_name: str = "lesion_unet_dx", size: int = 1024, repeats: int = 15) -> list[dict[str, Any]]:
     """p50/p99 latency at ``size``² for each backend/precision available here. INT8 on
     the CPU is the gated twin (:func:`medrt.engine.int8cache.gated_int8`); a refused one
-    is a row with the gate's figures as its error."""
+    is a row with the gate's figures as its error.
+
+    ``memory_mb`` is what the row's backend took: an onnxruntime session here keeps an
+    arena of its own (``shared_arena=False``), given back with it. In the process's one
+    arena (medrt's default) a row took only what the rows and suites before it had not
+    already grown it by: ``lesion_unet_dx`` at 1024², int8 +15.9 MB after fp32 against
+    +351 MB on its own; ``lesion_unet`` at 512², the table again in the same process, fp32
+    +25 MB against +69 (the times: within a few per cent either way, module docstring of
+    :mod:`medrt.engine.backends.onnxrt`)."""
     from medrt.engine.registry import find_spec
     from medrt.engine.select import ALLOW_LIST, create_backend, probe
 
@@ -202,7 +210,8 @@ def engine_table(spec_name: str = "lesion_unet_dx", size: int = 1024, repeats: i
 
                 gated_int8(spec)  # made (or found in the cache) before the memory is counted
             before = _settled_rss_mb()
-            b = create_backend(spec, backend=backend, device=device, precision=precision)
+            b = create_backend(spec, backend=backend, device=device, precision=precision,
+                               options={"onnxruntime": {"shared_arena": False}})
         except Exception as exc:  # a runtime that is present but unusable: report, go on
             # with its size, so that --compare matches it to the row that ran in a baseline
             rows.append({"backend": backend, "device": device, "precision": precision, "size": size,

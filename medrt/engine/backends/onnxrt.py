@@ -27,7 +27,11 @@ and none gave any back, though the models run one after another: the listener he
 listener_memory --series 8``), and each model ran within a few per cent of its time
 with its own (``benchmarks/ort_arena.py``: both kinds side by side, three runs; a 1024²
 crop 1-3 % slower, small shapes either way by noise). ``shared_arena=False`` gives a
-session its own.
+session its own. ORT's BFC arena allocates, frees and shrinks under one lock, so sessions
+run at once from any threads with the outputs of their own arenas, bit for bit (tests).
+Over many frame sizes it stays bounded, like an arena each (``benchmarks/ort_arena_shapes.py``);
+ORT's per-run ``memory.enable_memory_arena_shrinkage`` works on it, but shrinking every run
+cost changing shapes 12-19 % (docs/performance-log.md, session 44), so it is not used.
 
 Graph: an FP32 model on the CPU is loaded with each convolution of a channel
 ``Concat`` written as a sum of convolutions (:func:`medrt.engine.rewrite.concat_as_sum`:
