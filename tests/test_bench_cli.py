@@ -40,6 +40,7 @@ def test_profile_layers_prints_the_slowest_nodes(capsys):
                  "--profile-size", "256", "--model", "lesion_unet_lite"]) == 0
     out = capsys.readouterr().out
     assert "slowest nodes of lesion_unet_lite" in out and "Conv" in out
+    assert "graph: as medrt's CPU session runs it, rewritten (8 skip-connection Concat" in out  # not the file's
 
 
 def test_precision_int8_runs_the_gated_twins_and_the_engine_table_lists_int8(capsys):

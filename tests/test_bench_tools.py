@@ -21,7 +21,7 @@ from medrt.bench.compare import (
     format_regressions,
     load_bench_json,
 )
-from medrt.bench.profile import format_profile, parse_profile, profile_layers
+from medrt.bench.profile import format_graph, format_profile, parse_profile, profile_layers
 
 # -- profile ------------------------------------------------------------------
 
@@ -39,6 +39,54 @@ def test_profile_layers_on_the_lite_unet(tmp_path: Path, monkeypatch: pytest.Mon
     assert list(tmp_path.iterdir()) == [], "the ORT trace file was left behind"
     text = format_profile(rows)
     assert rows[0]["op_type"] in text and "share" in text
+
+
+def _optimized_nodes(model: Any, tmp: Path) -> dict[str, str]:
+    """Node name -> op type of the graph ORT runs for ``model`` (a path or serialized bytes) on the
+    CPU at medrt's optimisation level, from ORT's own saved optimized model."""
+    import onnx
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.intra_op_num_threads = 1
+    opts.log_severity_level = 3  # its warning that an NCHWc graph is for this machine only
+    opts.optimized_model_filepath = str(tmp / "optimized.onnx")
+    ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+    return {n.name: n.op_type for n in onnx.load(opts.optimized_model_filepath).graph.node}
+
+
+def test_profile_layers_profiles_the_graph_the_session_runs(tmp_path: Path) -> None:
+    """The profile is of the graph medrt's CPU session runs: its skip-connection Concat
+    nodes rewritten as sums of convolutions (concat_as_sum), then ORT's fusions. It
+    profiled the file as it is, whose Concat nodes the session no longer has."""
+    import onnx
+
+    from medrt.engine.registry import find_spec
+    from medrt.engine.rewrite import concat_as_sum
+
+    spec = find_spec("lesion_unet_lite")
+    rewritten, concats = concat_as_sum(onnx.load(str(spec.path)))
+    assert concats, "the lite UNet's skip connections are rewritten"
+    (tmp_path / "rw").mkdir()
+    (tmp_path / "file").mkdir()
+    runs = _optimized_nodes(rewritten.SerializeToString(), tmp_path / "rw")
+
+    rows = profile_layers("lesion_unet_lite", shape=(64, 64), runs=1, top=10_000, threads=1)
+    assert {r["node"]: r["op_type"] for r in rows} == runs  # every node that runs, and only those
+    assert not {r["node"] for r in rows} & set(concats), "a Concat the session no longer has was profiled"
+    assert rows.graph["rewritten"] is True and sorted(rows.graph["rewrites"]["concat_as_sum"]) == sorted(concats)
+    assert rows.graph["model"] == spec.ident and rows.graph["shape"] == [64, 64] and rows.graph["runs"] == 1
+    assert "rewritten (8 skip-connection Concat" in format_graph(rows.graph)
+    doc = json.loads(json.dumps({"profile_layers": rows, "profile_graph": rows.graph}))
+    assert doc["profile_layers"] == list(rows) and doc["profile_graph"]["rewritten"] is True
+
+    # the file's graph on request, for a profile to compare with: its Concat nodes are back
+    plain = profile_layers("lesion_unet_lite", shape=(64, 64), runs=1, top=10_000, threads=1, split_concats=False)
+    assert {r["node"]: r["op_type"] for r in plain} == _optimized_nodes(str(spec.path), tmp_path / "file")
+    assert set(concats) <= {r["node"] for r in plain if r["op_type"] == "Concat"}
+    assert plain.graph["rewritten"] is False and plain.graph["rewrites"] == {"concat_as_sum": []}
+    assert format_graph(plain.graph) == "graph: the model file's, as it is"
 
 
 def test_profile_layers_checks_its_arguments() -> None:

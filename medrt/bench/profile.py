@@ -1,8 +1,13 @@
 """Where a model spends its time: ONNX Runtime's own per-node profile, slowest nodes first.
 
-The session is built like :class:`medrt.engine.backends.onnxrt.OnnxRuntimeBackend`
-builds it on the CPU (same threads, same graph optimisation), so the nodes are
-the fused ones that really run (``FusedConv``, ``Conv`` in NCHWc, reorders).
+The profiled session is :class:`medrt.engine.backends.onnxrt.OnnxRuntimeBackend`'s own,
+made with its ``profile_prefix`` (ORT's profiler on) and otherwise as medrt makes it on
+the CPU: the graph it loads (an FP32 UNet's skip-connection ``Concat`` convolutions as
+sums of convolutions, :func:`medrt.engine.rewrite.concat_as_sum`), its threads, session
+options and IO binding, so the nodes are the ones that really run, after ORT's own
+fusions (``FusedConv``, ``Conv`` in NCHWc, reorders). The file's graph would show the
+``Concat`` nodes the session no longer has and miss the convolutions that replaced them.
+Which graph ran is in :attr:`LayerProfile.graph`.
 ORT writes a chrome-trace JSON; its ``Node`` events named ``*_kernel_time`` are
 the kernels. The first run is a warm-up and is left out.
 """
@@ -19,11 +24,22 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["profile_layers", "parse_profile", "format_profile"]
+__all__ = ["LayerProfile", "profile_layers", "parse_profile", "format_profile", "format_graph"]
 
 log = logging.getLogger(__name__)
 
 KERNEL_SUFFIX = "_kernel_time"
+
+
+class LayerProfile(list):
+    """:func:`profile_layers`' rows (a list, as JSON writes it) and ``graph``, the graph
+    they are of: ``{"model", "shape", "threads", "runs", "rewritten", "rewrites"}``,
+    ``rewritten`` true when the session ran another graph than the file's and
+    ``rewrites`` each rewrite's replaced nodes (``{"concat_as_sum": [Concat names]}``)."""
+
+    def __init__(self, rows: Sequence[dict[str, Any]], graph: dict[str, Any]) -> None:
+        super().__init__(rows)
+        self.graph = graph
 
 
 def profile_layers(
@@ -32,18 +48,18 @@ def profile_layers(
     runs: int = 5,
     top: int = 15,
     threads: int | None = None,
-) -> list[dict[str, Any]]:
-    """The ``top`` slowest nodes of ``model`` at ``shape`` on ONNX Runtime CPU.
+    split_concats: bool = True,
+) -> LayerProfile:
+    """The ``top`` slowest nodes of ``model`` at ``shape`` on ONNX Runtime CPU, in the
+    session medrt runs it in (module docstring; ``split_concats=False``: the file's graph).
 
     The model runs ``runs`` + 1 times on one random input; the first run is the
     warm-up and is not counted. Each row is ``{"node", "op_type", "total_ms",
     "mean_ms", "share"}``: total over the counted runs, mean per call, and the
     share of all kernel time in those runs. Sorted by ``total_ms``, descending.
     """
-    import onnxruntime as ort
-
-    from medrt.bands import usable_cores
-    from medrt.engine.registry import ModelError, find_spec
+    from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
+    from medrt.engine.registry import find_spec
 
     if runs < 1:
         raise ValueError(f'Argument "runs" must be >= 1, got {runs!r}.')
@@ -57,26 +73,21 @@ def profile_layers(
                          f"for {spec.ident}.")
     x = np.random.default_rng(0).random((1, spec.slices, *shape), dtype=np.float32)
     with tempfile.TemporaryDirectory(prefix="medrt-profile-") as tmp:
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads or usable_cores()
-        opts.inter_op_num_threads = 1
-        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        opts.enable_profiling = True
-        opts.profile_file_prefix = str(Path(tmp) / "ort")
-        try:
-            session = ort.InferenceSession(str(spec.path), opts, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # onnxruntime raises its own exception types
-            raise ModelError(f"{spec.path}: onnxruntime cannot load the model ({exc})") from exc
-        feed = {spec.inputs[0].name: x}
-        for _ in range(runs + 1):
-            session.run(None, feed)
-        trace = Path(session.end_profiling())
+        backend = OnnxRuntimeBackend(spec, device="cpu", threads=threads, reuse_outputs=True,
+                                     split_concats=split_concats, profile_prefix=str(Path(tmp) / "ort"))
+        for _ in range(runs + 1):  # as medrt runs it: the first call plain, then through the IO binding
+            backend.infer(x)
+        trace = Path(backend.session.end_profiling())
         if not trace.is_absolute():  # older onnxruntime may return the bare name
             trace = Path(tmp) / trace.name
         events = json.loads(trace.read_text(encoding="utf-8"))
+    graph = {"model": spec.ident, "shape": [int(s) for s in shape], "threads": backend.threads, "runs": runs,
+             "rewritten": bool(backend.rewritten), "rewrites": {"concat_as_sum": list(backend.rewritten)}}
+    del backend
     rows = parse_profile(events, skip_runs=1)
-    log.info("profiled %s at %s: %d nodes, %d runs counted", spec.ident, tuple(shape), len(rows), runs)
-    return rows[:top]
+    log.info("profiled %s at %s: %d nodes, %d runs counted, %d Concat rewritten as sums", spec.ident, tuple(shape),
+             len(rows), runs, len(graph["rewrites"]["concat_as_sum"]))
+    return LayerProfile(rows[:top], graph)
 
 
 def parse_profile(events: Sequence[dict[str, Any]], skip_runs: int = 1) -> list[dict[str, Any]]:
@@ -120,3 +131,12 @@ def format_profile(rows: Sequence[dict[str, Any]]) -> str:
     lines.append(f"{'shown':<{width}}  {'':<{op_width}}  {sum(r['total_ms'] for r in rows):>9.2f}  {'':>8}"
                  f"  {sum(r['share'] for r in rows):>6.1%}")
     return "\n".join(lines)
+
+
+def format_graph(graph: dict[str, Any]) -> str:
+    """One line for people: which graph :func:`profile_layers` profiled."""
+    concats = graph.get("rewrites", {}).get("concat_as_sum", [])
+    if graph.get("rewritten"):
+        return (f"graph: as medrt's CPU session runs it, rewritten ({len(concats)} skip-connection Concat as sums "
+                "of convolutions, concat_as_sum); not the file's")
+    return "graph: the model file's, as it is"

@@ -172,16 +172,19 @@ def run(args: argparse.Namespace) -> int:
         log.info("bench suite %s", suite)
         results[KEYS[suite]] = RUNNERS[suite](args, analyzer)
     if args.profile_layers:
-        from medrt.bench.profile import format_profile, profile_layers
+        from medrt.bench.profile import format_graph, format_profile, profile_layers
 
         size = args.profile_size
-        results["profile_layers"] = profile_layers(args.model, shape=(size, size), runs=max(3, args.repeats // 2))
+        profile = profile_layers(args.model, shape=(size, size), runs=max(3, args.repeats // 2))
+        results["profile_layers"] = profile
+        results["profile_graph"] = profile.graph  # which graph ran: the session's, rewritten or not
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        _print({k: v for k, v in results.items() if k != "profile_layers"})
+        _print({k: v for k, v in results.items() if k not in ("profile_layers", "profile_graph")})
         if "profile_layers" in results:
             print(f"\n== slowest nodes of {args.model} at {args.profile_size}² (ORT profiler)")
+            print(format_graph(results["profile_graph"]))
             print(format_profile(results["profile_layers"]))
     if baseline is not None:
         from medrt.bench.compare import diff_bench, format_regressions
@@ -255,7 +258,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
                         "the sample)")
     p.add_argument("--fps", type=float, default=30.0, help="replay rate of the 'stream' suite")
     p.add_argument("--profile-layers", action="store_true",
-                   help="also print the slowest model nodes (ONNX Runtime profiler) of --model")
+                   help="also print the slowest model nodes (ONNX Runtime profiler) of --model, in the session "
+                        "medrt runs it in (its graph as loaded: skip connections as sums of convolutions)")
     p.add_argument("--profile-size", type=int, default=1024, help="input size for --profile-layers")
     p.add_argument("--compare", metavar="BASELINE.json", default=None,
                    help="compare with an earlier 'medrt bench --json' output of the same suites and options; "

@@ -160,6 +160,8 @@ class OnnxRuntimeBackend(Backend):
     and ``precision`` would choose. ``reuse_outputs=True`` returns the bound
     output buffers themselves (valid until the next call with the same input
     shape on the same thread); the default returns copies the caller may keep.
+    ``profile_prefix`` turns on ORT's per-node profiler, its chrome trace written under
+    that prefix when ``session.end_profiling()`` is called (:mod:`medrt.bench.profile`).
 
     Calls from several threads run at once: ONNX Runtime's ``Run`` is thread-safe
     and releases the GIL, and each thread has its own IO bindings and output
@@ -182,6 +184,7 @@ class OnnxRuntimeBackend(Backend):
         max_shapes: int = 16,
         split_concats: bool = True,
         shared_arena: bool = True,
+        profile_prefix: str | None = None,
     ) -> None:
         import onnxruntime as ort
 
@@ -216,6 +219,9 @@ class OnnxRuntimeBackend(Backend):
         self.shared_arena = shared_arena and _name(chosen[0]) == CPU and shared_cpu_arena()
         if self.shared_arena:
             opts.add_session_config_entry("session.use_env_allocators", "1")
+        if profile_prefix is not None:  # medrt bench --profile-layers: this very session, its graph and options
+            opts.enable_profiling = True
+            opts.profile_file_prefix = profile_prefix
         source: str | bytes = str(spec.path)
         self.rewritten: tuple[str, ...] = ()  # the Concat nodes concat_as_sum replaced
         if split_concats and _name(chosen[0]) == CPU and precision == "fp32" and not spec.quantization:
