@@ -477,3 +477,23 @@ def test_series_outputs_suite_times_a_phantom_series_outputs_and_writes_valid_se
     assert [str(s.ReferencedSOPSequence[0].ReferencedSOPInstanceUID)
             for e in sr.CurrentRequestedProcedureEvidenceSequence for s in e.ReferencedSeriesSequence
             if s.SeriesInstanceUID == seg.SeriesInstanceUID] == [seg.SOPInstanceUID]
+
+
+def test_a_layer_profile_of_the_files_graph_is_no_baseline_for_one_of_the_rewritten_graph() -> None:
+    """A ``--profile-layers`` result saved before ``profile_graph`` was reported profiled the
+    model file's graph, whose nodes the rewritten session no longer runs: comparing node times
+    across the two is a changed run setting (a mismatch, so ``--compare`` exits 1), not a pass
+    with a note. A run without any profile on either side stays as it was."""
+    rows = [{"node": "conv1", "op": "Conv", "ms": 1.0}]
+    graph = {"model": "lesion_unet_lite@4.1.1", "shape": [64, 64], "threads": 1, "runs": 3, "rewritten": True,
+             "rewrites": {"concat_as_sum": ["c1"]}}
+    now = {"profile_layers": rows, "profile_graph": graph}
+    old = {"profile_layers": rows}
+    diff = diff_bench(now, old)
+    assert not diff.ok and any("profile_graph.rewritten" in m for m in diff.mismatches), diff.mismatches
+    assert diff_bench(now, copy.deepcopy(now)).ok
+    # the file's graph profiled now, by name (split_concats=False), against an old profile: alike
+    assert diff_bench({**now, "profile_graph": {**graph, "rewritten": False, "rewrites": {}}}, old).ok
+    # no profile in the baseline at all: nothing to compare, no mismatch
+    plain = diff_bench(now, {"decode": {"rows": []}})
+    assert plain.ok and not plain.mismatches

@@ -64,7 +64,9 @@ one side only is a note, not a regression. A changed run setting (``size``,
 ``frames``, ``repeats``, ``model``, ``hardware``, ``target_fps``, ``series`` (the
 listener's memory suite, ``--series``; ray's series count); ``folder``, the series the
 pipeline suites replay (``--stream-folder``; None, or absent in a result saved before it
-was reported, is the sample stream); ``cores``, the
+was reported, is the sample stream); ``profile_graph.rewritten``, whether
+``--profile-layers`` profiled the rewritten graph the session runs (a profile saved
+before it was reported was of the file's graph: its nodes are others); ``cores``, the
 usable cores, as a core count changes what a pipelined/serial or cluster/local
 ratio means; ``workers``, ``processes``, ``depth`` and ``max_in_flight``, the
 pipeline's layout, which decide its throughput, latency and drops) makes the
@@ -92,10 +94,15 @@ REFERENCE = frozenset({"pydicom_ms", "sgemm_gflops", "file_mb"})
 RATIO_LOWER = frozenset({"decode.rows[].ratio", "cold_start.ratio"})  # generic paths, list keys as []
 IDENTITY = ("syntax", "backend", "device", "precision", "size", "shape", "node", "stage", "edge")
 SETTINGS = frozenset({"size", "frames", "repeats", "model", "hardware", "target_fps",
-                      "cores", "workers", "processes", "depth", "max_in_flight", "series", "folder"})
+                      "cores", "workers", "processes", "depth", "max_in_flight", "series", "folder",
+                      "rewritten"})
 # Settings a result saved before they were reported lacks, and the value they had then:
 # the pipeline suites replayed the sample stream (``folder`` None) until --stream-folder.
 ABSENT_SETTINGS: dict[str, Any] = {"folder": None}
+# The same for a setting beside a figure: a layer profile saved before ``profile_graph`` was
+# reported beside ``profile_layers`` was of the model file's graph, not the rewritten one the
+# session runs, so its nodes are not the nodes profiled now (``rewritten`` a setting).
+ABSENT_BESIDE: dict[str, tuple[str, Any]] = {"profile_graph": ("profile_layers", {"rewritten": False})}
 # Frames lost (or sent late), and the tolerance each gets on top of "none in the baseline,
 # some now": a failed frame is never noise (0), a dropped or late one is timing (the
 # tolerance, None).
@@ -234,7 +241,15 @@ class _Walker:
             for key in list(base) + [k for k in cur if k not in base]:
                 sub_label = f"{label}.{key}" if label else str(key)
                 sub_path = f"{path}.{key}" if path else str(key)
-                if key in ABSENT_SETTINGS and (key not in cur or key not in base):
+                if key in ABSENT_BESIDE and (key not in cur or key not in base):
+                    beside, default = ABSENT_BESIDE[key]
+                    c_, b_ = (side.get(key, default if beside in side else None) for side in (cur, base))
+                    if c_ is not None and b_ is not None:
+                        self.leaf_or_walk(c_, b_, str(key), sub_label, sub_path, (cur, base))
+                    else:
+                        self.notes.append(f"{sub_label}: " + ("in the baseline only" if c_ is None
+                                                               else "new, not in the baseline"))
+                elif key in ABSENT_SETTINGS and (key not in cur or key not in base):
                     default = ABSENT_SETTINGS[key]
                     self.leaf_or_walk(cur.get(key, default), base.get(key, default), str(key), sub_label, sub_path,
                                       (cur, base))
