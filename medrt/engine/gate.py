@@ -61,7 +61,6 @@ from medrt.engine.backends.onnxrt import OnnxRuntimeBackend
 from medrt.engine.registry import ModelError, ModelSpec, load_spec, shipped_models_dir
 from medrt.engine.routing import pick_for_modality
 from medrt.evaluation import FramePrediction, evaluate
-from medrt.phantom import generate_ct_series, generate_radiograph
 from medrt.phantom.frame import PhantomFrame
 from medrt.phantom.truth import FrameTruth
 
@@ -100,6 +99,11 @@ class GateSet:
 
     def groups(self, modalities: set[str]) -> Iterator[tuple[PhantomFrame, ...]]:
         """One CT series or one radiograph at a time, only of ``modalities`` (all when empty)."""
+        # here, not at the top: the analyzer imports this module for AccuracyGateError, and the
+        # generators bring SimpleITK (~145 MB) into every process that analyses
+        from medrt.phantom.ct import generate_ct_series
+        from medrt.phantom.xray import generate_radiograph
+
         if not modalities or "CT" in modalities:
             for s in range(self.ct_series):
                 yield tuple(generate_ct_series(self.seed + 100 + s, n_frames=self.ct_slices))
