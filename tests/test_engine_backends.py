@@ -600,3 +600,41 @@ def test_tensorrt_builds_caches_and_checks_the_shipped_lesion_unet(
     pinned.with_suffix(".json").write_text(json.dumps(doc))
     with pytest.raises(ModelError, match="precision: engine 'fp32', now 'fp16'"):
         TensorRTBackend(spec, precision="fp16", profile=profile, engine_path=pinned, rebuild_stale=False)
+
+
+def test_analysing_imports_neither_the_phantom_generators_nor_torch_on_a_cpu_server() -> None:
+    """A batch, listener or viewer process imports the modules below and creates its backends
+    through the probe. The lesion diameters (``medrt.phantom.shapes``) and the INT8 gate's
+    ground truth ran ``medrt/phantom/__init__`` and with it the generators and SimpleITK
+    (~145 MB); and on a machine without the NVIDIA driver the probe imported torch (~300 MB,
+    seconds) to ask for a CUDA device that cannot be there. ``medrt.phantom``'s names still
+    import when used."""
+    import ctypes
+
+    for library in ("libnvidia-ml.so.1", "libcuda.so.1"):
+        try:
+            ctypes.CDLL(library)
+        except OSError:
+            continue
+        pytest.skip(f"{library} loads here: the probe asks torch, as it should where a driver is")
+    code = (
+        "import sys\n"
+        "import medrt.batch.run, medrt.pacs.service, medrt.analyzer, medrt.engine.gate, medrt.commands.eval\n"
+        "from medrt.analysis.lesions import lesions_from_probability\n"
+        "from medrt.engine.select import probe\n"
+        "found = probe()\n"
+        "bad = [m for m in ('SimpleITK', 'medrt.phantom.ct', 'medrt.phantom.xray', 'torch', 'tensorrt')"
+        " if m in sys.modules]\n"
+        "assert not bad, bad\n"
+        "assert found.gpu_count == 0 and not found.cuda, found\n"
+        "import medrt.phantom\n"
+        "assert callable(medrt.phantom.generate_ct_series) and 'SimpleITK' in sys.modules\n"
+        "assert 'write_radiographs' in dir(medrt.phantom)\n"
+        "try:\n"
+        "    medrt.phantom.nothing\n"
+        "except AttributeError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise AssertionError('medrt.phantom.nothing')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

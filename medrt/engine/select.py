@@ -17,6 +17,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import logging
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -90,11 +91,16 @@ class Choice:
 # ---- probing -----------------------------------------------------------------------------
 def _nvml() -> tuple[int | None, str | None, tuple[int, int] | None, str | None]:
     """(GPU count, name and capability of GPU 0, note) from the driver's NVML; count None
-    when NVML cannot answer (no driver library; Jetson has CUDA without NVML). Creates no
+    when NVML cannot answer (Jetson has CUDA without NVML), 0 on Linux when neither NVML
+    nor the CUDA driver library is there. Creates no
     CUDA context, so it is safe before a fork and costs milliseconds."""
     try:
         lib = ctypes.CDLL("libnvidia-ml.so.1")
     except OSError:
+        if sys.platform.startswith("linux") and not _loadable("libcuda.so.1"):
+            # no driver at all (a CPU server): no CUDA device can be used, so torch and
+            # tensorrt need not be imported to ask (seconds and ~300 MB resident)
+            return 0, None, None, "no NVIDIA driver (neither libnvidia-ml.so.1 nor libcuda.so.1 found)"
         return None, None, None, "no NVIDIA driver (libnvidia-ml.so.1 not found)"
     try:
         if lib.nvmlInit_v2() != 0:
@@ -116,6 +122,16 @@ def _nvml() -> tuple[int | None, str | None, tuple[int, int] | None, str | None]
             lib.nvmlShutdown()
         except Exception:  # pragma: no cover
             pass
+
+
+def _loadable(library: str) -> bool:
+    """Whether the shared ``library`` loads (the CUDA driver's ``libcuda.so.1`` is on every
+    machine that can run CUDA, Jetson's too, which has no NVML)."""
+    try:
+        ctypes.CDLL(library)
+    except OSError:
+        return False
+    return True
 
 
 def _module(name: str) -> tuple[Any | None, str | None]:
