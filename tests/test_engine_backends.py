@@ -176,6 +176,40 @@ def test_cpu_sessions_share_one_arena_and_answer_as_with_their_own() -> None:
     assert shared < own / 3, (shared, own)
 
 
+def test_cpu_sessions_run_without_ort_memory_pattern_unless_asked(tiny: ModelSpec) -> None:
+    """ORT's memory pattern (a shape's later runs take their buffers as one block planned on
+    its first) grew the arena again on a second pass over many frame sizes (+173 MB against
+    +11 over 30 sizes) and held more on one shape, at no speed measurable here
+    (benchmarks/ort_mem_pattern.py). A CPU session is made without it; ``mem_pattern=True``
+    (also through the analyzer's ``backend_options``) brings it back."""
+    def enabled(backend: OnnxRuntimeBackend) -> bool:
+        return backend.session.get_session_options().enable_mem_pattern
+
+    default = OnnxRuntimeBackend(tiny)
+    assert default.mem_pattern is False and not enabled(default)
+    assert enabled(OnnxRuntimeBackend(tiny, mem_pattern=True))
+    assert not enabled(OnnxRuntimeBackend(tiny, mem_pattern=False, shared_arena=False))
+    chosen = create_backend(tiny, "onnxruntime", "cpu", options={"onnxruntime": {"mem_pattern": True}})
+    assert isinstance(chosen, OnnxRuntimeBackend) and enabled(chosen)
+
+
+def test_outputs_are_the_same_with_and_without_ort_memory_pattern() -> None:
+    """The memory pattern changes where a run's buffers lie, not what it computes: the
+    segmenters answer bit for bit the same with it and without it, over several shapes, on
+    each shape's first run (planned) and later ones (the pattern used where it is on)."""
+    rng = np.random.default_rng(5)
+    for name, shapes in (("lesion_unet_lite", [(512, 512), (96, 160), (512, 512)]),
+                         ("lesion_unet", [(128, 96), (256, 256), (128, 96), (256, 256)])):
+        on = OnnxRuntimeBackend(find_spec(name), threads=1, mem_pattern=True)
+        off = OnnxRuntimeBackend(find_spec(name), threads=1)
+        assert on.session.get_session_options().enable_mem_pattern and not off.mem_pattern
+        for hw in shapes:
+            x = rng.standard_normal((1, on.spec.inputs[0].shape[1], *hw), dtype=np.float32)
+            for _ in range(2):
+                for a, b in zip(on.infer(x), off.infer(x), strict=True):
+                    np.testing.assert_array_equal(a, b)
+
+
 def test_sessions_in_the_one_arena_run_at_once_and_answer_as_with_their_own() -> None:
     """The pipeline's workers, the listener beside the viewer: sessions of different models
     and shapes run at once from several threads, one of them from two threads at once, and

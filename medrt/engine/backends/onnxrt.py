@@ -32,6 +32,14 @@ run at once from any threads with the outputs of their own arenas, bit for bit (
 Over many frame sizes it stays bounded, like an arena each (``benchmarks/ort_arena_shapes.py``);
 ORT's per-run ``memory.enable_memory_arena_shrinkage`` works on it, but shrinking every run
 cost changing shapes 12-19 % (docs/performance-log.md, session 44), so it is not used.
+ORT's memory pattern (``SessionOptions.enable_mem_pattern``), which from a shape's second
+run takes that run's buffers as one block planned on its first, is off on the CPU: over 30
+frame sizes it grew the arena again on the second pass (+173 MB, 950 -> 1,123; off +11), and
+it held more on one shape too (``lesion_unet_dx`` at 1024² 315 against 227 MB,
+``lesion_unet_lite`` at 512² 145 against 126), at no speed measurable here: off/on 0.93-1.04
+on one shape, 0.99-1.04 over the sizes (``benchmarks/ort_mem_pattern.py``; docs/performance-log.md,
+session 44). ``mem_pattern=True`` turns it back on; a GPU provider keeps ORT's default (on),
+not measured there.
 
 Graph: an FP32 model on the CPU is loaded with each convolution of a channel
 ``Concat`` written as a sum of convolutions (:func:`medrt.engine.rewrite.concat_as_sum`:
@@ -162,6 +170,9 @@ class OnnxRuntimeBackend(Backend):
     shape on the same thread); the default returns copies the caller may keep.
     ``profile_prefix`` turns on ORT's per-node profiler, its chrome trace written under
     that prefix when ``session.end_profiling()`` is called (:mod:`medrt.bench.profile`).
+    ``mem_pattern`` sets ORT's memory pattern (None: off on the CPU; with a GPU provider
+    ORT's default, on: module docstring); ``shared_arena=False`` gives the session a CPU
+    arena of its own.
 
     Calls from several threads run at once: ONNX Runtime's ``Run`` is thread-safe
     and releases the GIL, and each thread has its own IO bindings and output
@@ -185,6 +196,7 @@ class OnnxRuntimeBackend(Backend):
         split_concats: bool = True,
         shared_arena: bool = True,
         profile_prefix: str | None = None,
+        mem_pattern: bool | None = None,
     ) -> None:
         import onnxruntime as ort
 
@@ -215,6 +227,9 @@ class OnnxRuntimeBackend(Backend):
         if spec.task == "roi_classifier":  # another session runs right after it (module docstring)
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        # ORT's memory pattern: off on the CPU, ORT's default (on) on a GPU (module docstring)
+        self.mem_pattern = _name(chosen[0]) != CPU if mem_pattern is None else mem_pattern
+        opts.enable_mem_pattern = self.mem_pattern
         # the process's one CPU arena (module docstring); a GPU provider's memory is its own
         self.shared_arena = shared_arena and _name(chosen[0]) == CPU and shared_cpu_arena()
         if self.shared_arena:
