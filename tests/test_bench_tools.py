@@ -497,3 +497,23 @@ def test_a_layer_profile_of_the_files_graph_is_no_baseline_for_one_of_the_rewrit
     # no profile in the baseline at all: nothing to compare, no mismatch
     plain = diff_bench(now, {"decode": {"rows": []}})
     assert plain.ok and not plain.mismatches
+
+
+def test_the_listener_memory_suite_waits_for_a_series_whole_not_a_partial_analysis() -> None:
+    """On a loaded host a sender can pause for longer than the suite's 0.5 s ``--idle``: the
+    listener analyses the images it has, says ``receiving`` (more came meanwhile) or done with
+    fewer frames, and analyses the series again once whole. The suite took the first line as
+    the series' end and failed ("series 1 did not end done: receiving, 34 frame(s)")."""
+    from medrt.bench.pacs import _final_outcome
+
+    uid, other = "1.2.3", "1.2.3.4"
+    lines = [f"series {other}: done, 40 frame(s), 9 lesion(s), 0 error(s) in 3.0 s -> x",
+             f"series {uid}: receiving, 34 frame(s), 7 lesion(s), 0 error(s) in 4.0 s -> y"]
+    assert _final_outcome(lines, uid, 40) is None
+    lines.append(f"series {uid}: done, 36 frame(s), 8 lesion(s), 0 error(s) in 3.1 s -> y")
+    assert _final_outcome(lines, uid, 40) is None  # analysed before its last images came
+    lines.append(f"series {uid}: done, 40 frame(s), 9 lesion(s), 0 error(s) in 3.2 s -> y")
+    assert _final_outcome(lines, uid, 40) == lines[-1]
+    assert _final_outcome(lines, other, 40) == lines[0]
+    failed = f"series {uid}: failed, 40 frame(s), 0 lesion(s), 1 error(s) in 0.1 s -> y"
+    assert _final_outcome([*lines, failed], uid, 40) == failed  # an end, to be reported

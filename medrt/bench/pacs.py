@@ -198,12 +198,28 @@ class _ListenerProcess:
                 self.proc.wait(10)
 
 
+def _final_outcome(outcomes: list[str], uid: str, images: int) -> str | None:
+    """The outcome line that ends series ``uid`` of ``images`` images (``"series UID: done, 40
+    frame(s), ..."``, or one that failed), or None while it has only partial ones: a series
+    whose sender paused for longer than ``--idle`` (a loaded host) is analysed with the images
+    it had, reported ``receiving`` (more came meanwhile) or done with fewer frames, and analysed
+    again, whole, once its last image has come and it is quiet again."""
+    for line in reversed(outcomes):
+        if line.startswith(f"series {uid}: "):
+            partial = line.startswith((f"series {uid}: receiving, ", f"series {uid}: done, ")) and not line.startswith(
+                f"series {uid}: done, {images} frame(s)")
+            return None if partial else line
+    return None
+
+
 def listener_memory(series: int = 12, warmup: int = 2, folder: Path | None = None,
                     idle_s: float = 0.5) -> dict[str, Any]:
     """The listener's resident memory over ``series`` series sent one after another (see
     the module's docstring): after the ``warmup``-th and after the last, the growth
     between them in % and in MB per series (and over the later half of the series after
     the warm-up alone), the peak, and each series' reading."""
+    import pydicom
+
     from medrt.bench.pipeline import default_stream
 
     if series <= warmup:
@@ -223,11 +239,15 @@ def listener_memory(series: int = 12, warmup: int = 2, folder: Path | None = Non
             start = _vm(listener.proc.pid)["VmRSS"]
             for n in range(1, series + 1):
                 copies = _copy_series(files, root / f"send{n}")
+                uid = str(pydicom.dcmread(copies[0], stop_before_pixels=True).SeriesInstanceUID)
+                images = len(copies)
                 _send(copies, listener.port)
                 for path in copies:
                     path.unlink()
-                listener.wait(f"outcome for series {n}", lambda n=n: len(listener.outcomes) >= n, 600.0)
-                line = listener.outcomes[n - 1]
+                listener.wait(f"outcome for series {n}",
+                              lambda uid=uid, images=images: _final_outcome(listener.outcomes, uid, images), 600.0)
+                line = _final_outcome(listener.outcomes, uid, images)
+                assert line is not None
                 if ": done, " not in line:
                     raise RuntimeError(f"bench: series {n} did not end done: {line}")
                 found = re.search(r", (\d+) lesion\(s\)", line)
